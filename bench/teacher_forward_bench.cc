@@ -1,0 +1,133 @@
+// Teacher forward throughput (tokens/s) of the hf backend on a model dir,
+// at a few packed batch shapes. Baseline, measured in the same run: the
+// same forward with transformers' eager attention kernel (matmul + fp32
+// softmax), against which the SDPA kernel's ratio is printed. Each shape
+// also prints a JSON line for collection.
+//
+//   ./build/bench/teacher_forward_bench --model_dir=examples/tiny-code-llama
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
+#include "common/dtype.h"
+#include "common/model_dir.h"
+#include "teacher_server/causal_lm.h"
+
+ABSL_FLAG(std::string, model_dir, "examples/tiny-code-llama", "Hugging Face model directory");
+ABSL_FLAG(std::string, dtype, "float32", "compute dtype");
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda[:N]");
+ABSL_FLAG(std::string, shapes, "1x128,4x256,8x512,ragged",
+          "batches: BxS (B samples of S tokens) or 'ragged' (chat-like lengths 37..700)");
+ABSL_FLAG(int, repeats, 3, "timed repetitions per shape (median reported)");
+ABSL_FLAG(bool, logits, false, "also compute the argmax over the lm_head (as the teacher serves)");
+
+namespace e3 {
+namespace {
+
+std::vector<std::vector<int32_t>> MakeBatch(const std::string& shape, int64_t vocab) {
+  std::vector<int64_t> lengths;
+  if (shape == "ragged") {
+    lengths = {37, 512, 129, 700, 64, 301, 90, 448};
+  } else {
+    std::vector<std::string> bs = absl::StrSplit(shape, 'x');
+    int64_t b = std::stoll(bs.at(0)), s = std::stoll(bs.at(1));
+    lengths.assign(b, s);
+  }
+  std::vector<std::vector<int32_t>> out;
+  uint64_t x = 88172645463325252ull;  // xorshift: deterministic ids, no zeros
+  for (int64_t n : lengths) {
+    std::vector<int32_t> ids(n);
+    for (auto& id : ids) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      id = static_cast<int32_t>(x % static_cast<uint64_t>(vocab));
+    }
+    out.push_back(std::move(ids));
+  }
+  return out;
+}
+
+double MedianSeconds(CausalLM& model, const PackedBatch& batch, const ForwardOptions& fwd, int repeats) {
+  auto run = [&] {
+    auto out = model.Forward(batch, fwd);
+    if (!out.ok()) {
+      std::fprintf(stderr, "forward failed: %s\n", std::string(out.status().message()).c_str());
+      std::exit(1);
+    }
+    if (model.options().device.is_cuda()) torch::cuda::synchronize();
+  };
+  run();  // warm-up
+  std::vector<double> times;
+  for (int i = 0; i < repeats; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    run();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+int Main() {
+  auto dir = ModelDir::Open(absl::GetFlag(FLAGS_model_dir));
+  if (!dir.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(dir.status().message()).c_str());
+    return 1;
+  }
+  auto dtype = ParseComputeDType(absl::GetFlag(FLAGS_dtype));
+  if (!dtype.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(dtype.status().message()).c_str());
+    return 1;
+  }
+  ModelOptions options;
+  options.dtype = *dtype == DType::kBF16 ? at::kBFloat16 : *dtype == DType::kF16 ? at::kHalf : at::kFloat;
+  options.device = at::Device(absl::GetFlag(FLAGS_device));
+  const ModelConfig& cfg = (*dir)->config();
+  ForwardOptions fwd;
+  fwd.aux_layer_ids = cfg.DefaultAuxLayerIds();
+  fwd.return_argmax = absl::GetFlag(FLAGS_logits);
+
+  std::printf("model %s: L=%ld H=%ld heads=%ld/%ld vocab=%ld, dtype %s, device %s, torch threads %d\n",
+              (*dir)->path().c_str(), static_cast<long>(cfg.num_hidden_layers), static_cast<long>(cfg.hidden_size),
+              static_cast<long>(cfg.num_attention_heads), static_cast<long>(cfg.num_key_value_heads),
+              static_cast<long>(cfg.vocab_size), absl::GetFlag(FLAGS_dtype).c_str(),
+              absl::GetFlag(FLAGS_device).c_str(), at::get_num_threads());
+  std::printf("%-10s %8s %14s %16s %8s\n", "shape", "tokens", "sdpa tok/s", "eager tok/s (base)", "ratio");
+  for (const std::string& shape : absl::StrSplit(absl::GetFlag(FLAGS_shapes), ',')) {
+    auto samples = MakeBatch(shape, cfg.vocab_size);
+    auto batch = PackSamples(samples, cfg.vocab_size, options.device);
+    double tok = static_cast<double>(batch->num_tokens());
+    double rates[2];
+    for (int k = 0; k < 2; ++k) {
+      options.attention = k == 0 ? AttentionKernel::kSdpa : AttentionKernel::kEager;
+      auto model = LoadCausalLM(**dir, options);
+      if (!model.ok()) {
+        std::fprintf(stderr, "%s\n", std::string(model.status().message()).c_str());
+        return 1;
+      }
+      rates[k] = tok / MedianSeconds(**model, *batch, fwd, absl::GetFlag(FLAGS_repeats));
+    }
+    std::printf("%-10s %8.0f %14.0f %16.0f %8.2f\n", shape.c_str(), tok, rates[0], rates[1], rates[0] / rates[1]);
+    std::printf("{\"bench\":\"teacher_forward\",\"backend\":\"hf\",\"shape\":\"%s\",\"tokens\":%.0f,"
+                "\"tok_per_s\":%.1f,\"baseline\":\"hf_eager_attention\",\"baseline_tok_per_s\":%.1f,"
+                "\"ratio\":%.3f,\"device\":\"%s\",\"dtype\":\"%s\"}\n",
+                shape.c_str(), tok, rates[0], rates[1], rates[0] / rates[1], absl::GetFlag(FLAGS_device).c_str(),
+                absl::GetFlag(FLAGS_dtype).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace e3
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return e3::Main();
+}

@@ -1,0 +1,60 @@
+# e3_library(NAME <n> SRCS ... DEPS ... [TORCH])
+#   One library per folder, aliased as e3::<n>. TORCH marks targets that
+#   include LibTorch; those get the shared precompiled header.
+# e3_test(NAME <n> SRCS ... DEPS ... [TORCH] [LABELS ...] [TIMEOUT s])
+#   One test binary per test file, discovered with gtest_discover_tests.
+
+include(CMakeParseArguments)
+
+function(e3_apply_common target)
+  target_compile_options(${target} PRIVATE ${E3_WARNING_FLAGS})
+  target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+endfunction()
+
+# One PCH for every LibTorch target: torch/torch.h is ~60% of their compile time.
+function(e3_use_torch_pch target)
+  if(NOT E3_USE_PCH)
+    return()
+  endif()
+  if(NOT TARGET e3_torch_pch)
+    add_library(e3_torch_pch STATIC ${PROJECT_SOURCE_DIR}/cmake/torch_pch.cc)
+    target_link_libraries(e3_torch_pch PUBLIC e3_torch)
+    target_precompile_headers(e3_torch_pch PRIVATE <torch/torch.h>)
+  endif()
+  target_precompile_headers(${target} REUSE_FROM e3_torch_pch)
+endfunction()
+
+function(e3_library)
+  cmake_parse_arguments(E3 "TORCH" "NAME" "SRCS;DEPS" ${ARGN})
+  add_library(e3_${E3_NAME} ${E3_SRCS})
+  add_library(e3::${E3_NAME} ALIAS e3_${E3_NAME})
+  e3_apply_common(e3_${E3_NAME})
+  target_link_libraries(e3_${E3_NAME} PUBLIC ${E3_DEPS})
+  if(E3_TORCH)
+    target_link_libraries(e3_${E3_NAME} PUBLIC e3_torch)
+    e3_use_torch_pch(e3_${E3_NAME})
+  endif()
+endfunction()
+
+function(e3_test)
+  cmake_parse_arguments(E3 "TORCH" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
+  if(NOT E3_TIMEOUT)
+    set(E3_TIMEOUT 120)
+  endif()
+  add_executable(${E3_NAME} ${E3_SRCS})
+  e3_apply_common(${E3_NAME})
+  target_link_libraries(${E3_NAME} PRIVATE ${E3_DEPS} GTest::gtest GTest::gtest_main)
+  target_compile_definitions(${E3_NAME} PRIVATE
+    E3_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+  set(_labels ${E3_LABELS})
+  if(E3_TORCH)
+    target_link_libraries(${E3_NAME} PRIVATE e3_torch)
+    e3_use_torch_pch(${E3_NAME})
+    list(APPEND _labels torch)
+  else()
+    list(APPEND _labels notorch)
+  endif()
+  gtest_discover_tests(${E3_NAME}
+    PROPERTIES LABELS "${_labels}" TIMEOUT ${E3_TIMEOUT}
+    DISCOVERY_TIMEOUT 60)
+endfunction()

@@ -1,0 +1,250 @@
+#include "common/model_config.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace e3 {
+namespace {
+
+using nlohmann::json;
+
+// Reads keys with a uniform error: "<file>: field \"k\": expected ..., got ...".
+class Fields {
+ public:
+  Fields(const json& obj, std::string source, std::string prefix)
+      : obj_(obj), source_(std::move(source)), prefix_(std::move(prefix)) {}
+
+  bool Has(const char* key) const { return obj_.contains(key) && !obj_.at(key).is_null(); }
+
+  absl::Status Error(const char* key, const std::string& what) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_, ": field \"", prefix_, key, "\": ", what));
+  }
+
+  absl::StatusOr<int64_t> Int(const char* key) const {
+    if (!Has(key)) return Error(key, "required integer is missing");
+    const json& v = obj_.at(key);
+    if (!v.is_number_integer()) return Error(key, absl::StrCat("expected an integer, got ", v.dump()));
+    return v.get<int64_t>();
+  }
+  absl::StatusOr<int64_t> Int(const char* key, int64_t fallback) const {
+    if (!Has(key)) return fallback;
+    return Int(key);
+  }
+  absl::StatusOr<int64_t> PositiveInt(const char* key) const {
+    E3_ASSIGN_OR_RETURN(int64_t v, Int(key));
+    if (v <= 0) return Error(key, absl::StrCat("expected a positive integer, got ", v));
+    return v;
+  }
+  absl::StatusOr<double> Num(const char* key) const {
+    if (!Has(key)) return Error(key, "required number is missing");
+    const json& v = obj_.at(key);
+    if (!v.is_number()) return Error(key, absl::StrCat("expected a number, got ", v.dump()));
+    return v.get<double>();
+  }
+  absl::StatusOr<double> Num(const char* key, double fallback) const {
+    if (!Has(key)) return fallback;
+    return Num(key);
+  }
+  absl::StatusOr<std::optional<double>> OptNum(const char* key) const {
+    if (!Has(key)) return std::optional<double>();
+    E3_ASSIGN_OR_RETURN(double v, Num(key));
+    return std::optional<double>(v);
+  }
+  absl::StatusOr<bool> Bool(const char* key, bool fallback) const {
+    if (!Has(key)) return fallback;
+    const json& v = obj_.at(key);
+    if (!v.is_boolean()) return Error(key, absl::StrCat("expected true or false, got ", v.dump()));
+    return v.get<bool>();
+  }
+  absl::StatusOr<std::string> Str(const char* key, const std::string& fallback) const {
+    if (!Has(key)) return fallback;
+    const json& v = obj_.at(key);
+    if (!v.is_string()) return Error(key, absl::StrCat("expected a string, got ", v.dump()));
+    return v.get<std::string>();
+  }
+
+ private:
+  const json& obj_;
+  std::string source_;
+  std::string prefix_;
+};
+
+absl::StatusOr<RopeConfig> ParseRope(const json& root, const std::string& source,
+                                     int64_t max_position_embeddings) {
+  // transformers 5 writes everything under rope_parameters; 4.x keeps
+  // rope_theta at top level and the scaling dict (or null) in rope_scaling.
+  json params = json::object();
+  std::string prefix;
+  if (root.contains("rope_parameters") && root.at("rope_parameters").is_object()) {
+    params = root.at("rope_parameters");
+    prefix = "rope_parameters.";
+  } else {
+    if (root.contains("rope_scaling") && root.at("rope_scaling").is_object()) {
+      params = root.at("rope_scaling");
+      prefix = "rope_scaling.";
+    } else if (root.contains("rope_scaling") && !root.at("rope_scaling").is_null()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": field \"rope_scaling\": expected an object or null"));
+    }
+    if (root.contains("rope_theta") && !params.contains("rope_theta")) params["rope_theta"] = root.at("rope_theta");
+  }
+  if (!params.contains("partial_rotary_factor") && root.contains("partial_rotary_factor")) {
+    params["partial_rotary_factor"] = root.at("partial_rotary_factor");
+  }
+  Fields f(params, source, prefix);
+  RopeConfig rope;
+  E3_ASSIGN_OR_RETURN(rope.theta, f.Num("rope_theta", 10000.0));
+  E3_ASSIGN_OR_RETURN(rope.partial_rotary_factor, f.Num("partial_rotary_factor", 1.0));
+  // Old configs spell the key "type".
+  std::string type;
+  E3_ASSIGN_OR_RETURN(type, f.Str("rope_type", ""));
+  if (type.empty()) {
+    E3_ASSIGN_OR_RETURN(type, f.Str("type", "default"));
+  }
+  if (type == "default") {
+    rope.type = RopeType::kDefault;
+  } else if (type == "linear") {
+    rope.type = RopeType::kLinear;
+    E3_ASSIGN_OR_RETURN(rope.factor, f.Num("factor"));
+  } else if (type == "llama3") {
+    rope.type = RopeType::kLlama3;
+    E3_ASSIGN_OR_RETURN(rope.factor, f.Num("factor"));
+    E3_ASSIGN_OR_RETURN(rope.low_freq_factor, f.Num("low_freq_factor"));
+    E3_ASSIGN_OR_RETURN(rope.high_freq_factor, f.Num("high_freq_factor"));
+    E3_ASSIGN_OR_RETURN(rope.original_max_position_embeddings, f.Int("original_max_position_embeddings"));
+    if (rope.high_freq_factor <= rope.low_freq_factor) {
+      return f.Error("high_freq_factor", "must exceed low_freq_factor");
+    }
+  } else if (type == "yarn") {
+    rope.type = RopeType::kYarn;
+    E3_ASSIGN_OR_RETURN(rope.original_max_position_embeddings,
+                        f.Int("original_max_position_embeddings", max_position_embeddings));
+    if (f.Has("factor")) {
+      E3_ASSIGN_OR_RETURN(rope.factor, f.Num("factor"));
+    } else {
+      rope.factor = static_cast<double>(max_position_embeddings) /
+                    static_cast<double>(rope.original_max_position_embeddings);
+    }
+    E3_ASSIGN_OR_RETURN(rope.attention_factor, f.OptNum("attention_factor"));
+    E3_ASSIGN_OR_RETURN(rope.beta_fast, f.Num("beta_fast", 32.0));
+    E3_ASSIGN_OR_RETURN(rope.beta_slow, f.Num("beta_slow", 1.0));
+    E3_ASSIGN_OR_RETURN(rope.mscale, f.OptNum("mscale"));
+    E3_ASSIGN_OR_RETURN(rope.mscale_all_dim, f.OptNum("mscale_all_dim"));
+    E3_ASSIGN_OR_RETURN(rope.truncate, f.Bool("truncate", true));
+  } else {
+    return f.Error("rope_type", absl::StrCat("unsupported rope type \"", type,
+                                             "\"; supported: default, linear, llama3, yarn"));
+  }
+  if (rope.factor <= 0) return f.Error("factor", "must be positive");
+  return rope;
+}
+
+}  // namespace
+
+const char* RopeTypeName(RopeType type) {
+  switch (type) {
+    case RopeType::kDefault: return "default";
+    case RopeType::kLinear: return "linear";
+    case RopeType::kLlama3: return "llama3";
+    case RopeType::kYarn: return "yarn";
+  }
+  return "?";
+}
+
+std::vector<int32_t> ModelConfig::DefaultAuxLayerIds() const {
+  const int32_t L = static_cast<int32_t>(num_hidden_layers);
+  return {std::min(1, L - 1), std::max(0, L / 2 - 1), std::max(0, L - 4)};
+}
+
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source) {
+  json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded() || !root.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  }
+  Fields f(root, source, "");
+  ModelConfig c;
+  c.source = source;
+  c.raw_json = json_text;
+  if (!root.contains("architectures") || !root.at("architectures").is_array() ||
+      root.at("architectures").empty() || !root.at("architectures")[0].is_string()) {
+    return f.Error("architectures", "expected a non-empty list of strings");
+  }
+  c.architecture_name = root.at("architectures")[0].get<std::string>();
+  static const char* kSupported[] = {"LlamaForCausalLM"};
+  if (c.architecture_name == "LlamaForCausalLM") {
+    c.architecture = Architecture::kLlama;
+  } else {
+    return f.Error("architectures",
+                   absl::StrCat("unknown architecture \"", c.architecture_name,
+                                "\"; supported: ", absl::StrJoin(kSupported, ", ")));
+  }
+  E3_ASSIGN_OR_RETURN(c.model_type, f.Str("model_type", ""));
+  E3_ASSIGN_OR_RETURN(c.hidden_size, f.PositiveInt("hidden_size"));
+  E3_ASSIGN_OR_RETURN(c.intermediate_size, f.PositiveInt("intermediate_size"));
+  E3_ASSIGN_OR_RETURN(c.num_hidden_layers, f.PositiveInt("num_hidden_layers"));
+  E3_ASSIGN_OR_RETURN(c.num_attention_heads, f.PositiveInt("num_attention_heads"));
+  E3_ASSIGN_OR_RETURN(c.num_key_value_heads, f.Int("num_key_value_heads", c.num_attention_heads));
+  if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0) {
+    return f.Error("num_key_value_heads",
+                   absl::StrCat("must divide num_attention_heads (", c.num_attention_heads, "), got ",
+                                c.num_key_value_heads));
+  }
+  if (f.Has("head_dim")) {
+    E3_ASSIGN_OR_RETURN(c.head_dim, f.PositiveInt("head_dim"));
+  } else {
+    if (c.hidden_size % c.num_attention_heads != 0) {
+      return f.Error("hidden_size", "is not divisible by num_attention_heads and head_dim is absent");
+    }
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  if (c.head_dim % 2 != 0) return f.Error("head_dim", "must be even for rotary embeddings");
+  E3_ASSIGN_OR_RETURN(c.vocab_size, f.PositiveInt("vocab_size"));
+  E3_ASSIGN_OR_RETURN(c.max_position_embeddings, f.Int("max_position_embeddings", 2048));
+  E3_ASSIGN_OR_RETURN(c.rms_norm_eps, f.Num("rms_norm_eps", 1e-6));
+  E3_ASSIGN_OR_RETURN(c.tie_word_embeddings, f.Bool("tie_word_embeddings", false));
+  E3_ASSIGN_OR_RETURN(c.attention_bias, f.Bool("attention_bias", false));
+  E3_ASSIGN_OR_RETURN(c.mlp_bias, f.Bool("mlp_bias", false));
+  std::string act;
+  E3_ASSIGN_OR_RETURN(act, f.Str("hidden_act", "silu"));
+  if (act != "silu") return f.Error("hidden_act", absl::StrCat("\"", act, "\" is unsupported; expected \"silu\""));
+  // transformers 5 writes "dtype"; 4.x wrote "torch_dtype".
+  E3_ASSIGN_OR_RETURN(c.torch_dtype, f.Str("dtype", ""));
+  if (c.torch_dtype.empty()) {
+    E3_ASSIGN_OR_RETURN(c.torch_dtype, f.Str("torch_dtype", ""));
+  }
+  E3_ASSIGN_OR_RETURN(c.rope, ParseRope(root, source, c.max_position_embeddings));
+  if (f.Has("bos_token_id")) {
+    E3_ASSIGN_OR_RETURN(c.bos_token_id, f.Int("bos_token_id"));
+  }
+  if (f.Has("eos_token_id")) {
+    const json& e = root.at("eos_token_id");
+    if (e.is_number_integer()) {
+      c.eos_token_ids.push_back(e.get<int64_t>());
+    } else if (e.is_array()) {
+      for (const auto& x : e) {
+        if (!x.is_number_integer()) return f.Error("eos_token_id", "expected integers");
+        c.eos_token_ids.push_back(x.get<int64_t>());
+      }
+    } else {
+      return f.Error("eos_token_id", "expected an integer or a list of integers");
+    }
+  }
+  return c;
+}
+
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open model config"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseModelConfig(ss.str(), path);
+}
+
+}  // namespace e3

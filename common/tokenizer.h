@@ -1,0 +1,46 @@
+// Byte-level BPE tokenizer read from a Hugging Face `tokenizer.json`
+// (the scheme GPT-2, Llama 3 and Qwen use). Encodes and decodes with the
+// same ids as the `tokenizers` library; added/special tokens are matched
+// in the raw text before pre-tokenization, as `tokenizers` does.
+#ifndef E3_COMMON_TOKENIZER_H_
+#define E3_COMMON_TOKENIZER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace e3 {
+
+struct Encoding {
+  std::vector<int32_t> ids;
+  // [begin, end) byte offsets of each token in the encoded text.
+  std::vector<std::pair<size_t, size_t>> offsets;
+};
+
+class Tokenizer {
+ public:
+  // Reads tokenizer.json. Unsupported models, pre-tokenizers or regex
+  // patterns are errors that name the file and the field.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromFile(const std::string& path);
+  virtual ~Tokenizer() = default;
+
+  // Encodes `text` without adding BOS/EOS (like add_special_tokens=False):
+  // chat templates put their special tokens in the text themselves.
+  virtual Encoding Encode(std::string_view text) const = 0;
+  virtual std::string Decode(absl::Span<const int32_t> ids, bool skip_special_tokens = false) const = 0;
+  virtual std::optional<int32_t> TokenToId(std::string_view token) const = 0;
+  virtual std::optional<std::string> IdToToken(int32_t id) const = 0;
+  // Size of the id space: max id + 1 over the vocab and added tokens.
+  virtual int64_t vocab_size() const = 0;
+};
+
+}  // namespace e3
+
+#endif  // E3_COMMON_TOKENIZER_H_

@@ -1,0 +1,71 @@
+#include "common/torch/tensor_convert.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace e3 {
+
+absl::StatusOr<at::ScalarType> ToScalarType(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return at::kFloat;
+    case DType::kF16: return at::kHalf;
+    case DType::kBF16: return at::kBFloat16;
+    case DType::kF64: return at::kDouble;
+    case DType::kI64: return at::kLong;
+    case DType::kI32: return at::kInt;
+    case DType::kI16: return at::kShort;
+    case DType::kI8: return at::kChar;
+    case DType::kU8: return at::kByte;
+    case DType::kBool: return at::kBool;
+  }
+  return absl::InvalidArgumentError("unknown DType");
+}
+
+absl::StatusOr<DType> FromScalarType(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return DType::kF32;
+    case at::kHalf: return DType::kF16;
+    case at::kBFloat16: return DType::kBF16;
+    case at::kDouble: return DType::kF64;
+    case at::kLong: return DType::kI64;
+    case at::kInt: return DType::kI32;
+    case at::kShort: return DType::kI16;
+    case at::kChar: return DType::kI8;
+    case at::kByte: return DType::kU8;
+    case at::kBool: return DType::kBool;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("no wire dtype for ", c10::toString(type)));
+  }
+}
+
+absl::StatusOr<at::Tensor> ViewToTensor(const TensorView& view, at::ScalarType dtype,
+                                        const at::Device& device) {
+  auto src_type = ToScalarType(view.dtype);
+  if (!src_type.ok()) return src_type.status();
+  try {
+    // from_blob does not own the mmap'd bytes; the conversion below copies.
+    at::Tensor src = torch::from_blob(const_cast<uint8_t*>(view.data), view.shape,
+                                      torch::TensorOptions().dtype(*src_type));
+    at::Tensor out = src.to(device, dtype, /*non_blocking=*/false, /*copy=*/true);
+    return out;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(view.file, ": tensor \"", view.name,
+                                            "\": conversion failed: ", e.what_without_backtrace()));
+  }
+}
+
+absl::StatusOr<TensorToWrite> TensorToWritable(const std::string& name, const at::Tensor& tensor) {
+  auto dtype = FromScalarType(tensor.scalar_type());
+  if (!dtype.ok()) return dtype.status();
+  at::Tensor cpu = tensor.detach().to(at::kCPU).contiguous();
+  TensorToWrite out;
+  out.name = name;
+  out.dtype = *dtype;
+  out.shape.assign(cpu.sizes().begin(), cpu.sizes().end());
+  out.data.resize(cpu.numel() * cpu.element_size());
+  if (!out.data.empty()) std::memcpy(out.data.data(), cpu.data_ptr(), out.data.size());
+  return out;
+}
+
+}  // namespace e3

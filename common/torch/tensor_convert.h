@@ -1,0 +1,27 @@
+// Conversions between on-disk/wire tensors (TensorView, DType) and
+// at::Tensor.
+#ifndef E3_COMMON_TORCH_TENSOR_CONVERT_H_
+#define E3_COMMON_TORCH_TENSOR_CONVERT_H_
+
+#include <torch/torch.h>
+
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+#include "common/safetensors.h"
+
+namespace e3 {
+
+absl::StatusOr<at::ScalarType> ToScalarType(DType dtype);
+absl::StatusOr<DType> FromScalarType(at::ScalarType type);
+
+// Copies a view's bytes into a new tensor of `dtype` on `device`
+// (bf16/fp16/fp32 on disk convert to the compute dtype).
+absl::StatusOr<at::Tensor> ViewToTensor(const TensorView& view, at::ScalarType dtype,
+                                        const at::Device& device = at::kCPU);
+
+// Contiguous CPU copy of `tensor` as a TensorToWrite (for safetensors).
+absl::StatusOr<TensorToWrite> TensorToWritable(const std::string& name, const at::Tensor& tensor);
+
+}  // namespace e3
+
+#endif  // E3_COMMON_TORCH_TENSOR_CONVERT_H_

@@ -1,0 +1,46 @@
+// The interface every teacher architecture implements, and the options
+// that pick precision, device and kernels.
+#ifndef E3_TEACHER_SERVER_CAUSAL_LM_H_
+#define E3_TEACHER_SERVER_CAUSAL_LM_H_
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/model_config.h"
+#include "common/model_dir.h"
+#include "teacher_server/forward_types.h"
+#include "teacher_server/layers/attention.h"
+
+namespace e3 {
+
+struct ModelOptions {
+  at::ScalarType dtype = at::kFloat;  // compute dtype; weights convert at load
+  at::Device device = at::kCPU;
+  AttentionKernel attention = AttentionKernel::kSdpa;
+  // Called after each tensor loads: (tensors done, tensors total).
+  std::function<void(int64_t, int64_t)> on_progress;
+};
+
+class CausalLM {
+ public:
+  virtual ~CausalLM() = default;
+  // Prefill-only forward. Errors (bad aux ids, c10 failures) come back as
+  // a status; nothing throws out of here.
+  virtual absl::StatusOr<ForwardOutput> Forward(const PackedBatch& batch, const ForwardOptions& options) = 0;
+  virtual const ModelConfig& config() const = 0;
+  virtual const ModelOptions& options() const = 0;
+  // Frozen tensors the student needs (DESIGN.md step 5).
+  virtual at::Tensor embed_tokens() const = 0;
+  virtual at::Tensor lm_head() const = 0;
+};
+
+// Builds the architecture named in the model's config.json.
+absl::StatusOr<std::unique_ptr<CausalLM>> LoadCausalLM(const ModelDir& dir, const ModelOptions& options);
+
+}  // namespace e3
+
+#endif  // E3_TEACHER_SERVER_CAUSAL_LM_H_

@@ -1,0 +1,73 @@
+#include "teacher_server/layers/attention.h"
+
+#include "teacher_server/layers/linear.h"
+
+#include <cmath>
+#include <limits>
+
+#include "common/torch/torch_compat.h"
+#include "teacher_server/layers/rotary.h"
+
+namespace e3 {
+namespace {
+
+// transformers' repeat_kv: kv head j serves query heads [j*n_rep, (j+1)*n_rep).
+at::Tensor RepeatKv(const at::Tensor& x, int64_t n_rep) {
+  if (n_rep == 1) return x;
+  const int64_t kvh = x.size(0), n = x.size(1), d = x.size(2);
+  return x.unsqueeze(1).expand({kvh, n_rep, n, d}).reshape({kvh * n_rep, n, d});
+}
+
+at::Tensor RopeOnPrefix(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t rotary_dim) {
+  if (rotary_dim == x.size(-1)) return ApplyRotary(x, cos, sin);
+  at::Tensor rot = ApplyRotary(x.narrow(-1, 0, rotary_dim), cos, sin);
+  return torch::cat({rot, x.narrow(-1, rotary_dim, x.size(-1) - rotary_dim)}, -1);
+}
+
+}  // namespace
+
+at::Tensor PackedCausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const std::vector<int64_t>& cu_seqlens, double scaling,
+                                 AttentionKernel kernel) {
+  const int64_t n_rep = q.size(1) / k.size(1);
+  at::Tensor out = torch::empty_like(q);
+  for (size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
+    const int64_t begin = cu_seqlens[s];
+    const int64_t n = cu_seqlens[s + 1] - begin;
+    // [n, heads, D] -> [heads, n, D]
+    at::Tensor qs = q.narrow(0, begin, n).transpose(0, 1);
+    at::Tensor ks = RepeatKv(k.narrow(0, begin, n).transpose(0, 1), n_rep);
+    at::Tensor vs = RepeatKv(v.narrow(0, begin, n).transpose(0, 1), n_rep);
+    at::Tensor o;
+    if (kernel == AttentionKernel::kEager) {
+      at::Tensor scores = at::matmul(qs, ks.transpose(1, 2)) * scaling;
+      at::Tensor causal = torch::ones({n, n}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
+      scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
+      at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+      o = at::matmul(probs, vs);
+    } else {
+      // The default SDPA scale is 1/sqrt(D), which is Llama's `scaling`.
+      o = compat::ScaledDotProductAttention(qs.unsqueeze(0), ks.unsqueeze(0), vs.unsqueeze(0), at::Tensor(),
+                                            /*is_causal=*/true)
+              .squeeze(0);
+    }
+    out.narrow(0, begin, n).copy_(o.transpose(0, 1));
+  }
+  return out;
+}
+
+at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const AttentionShape& shape,
+                         const at::Tensor& cos, const at::Tensor& sin,
+                         const std::vector<int64_t>& cu_seqlens, AttentionKernel kernel) {
+  const int64_t T = x.size(0);
+  at::Tensor q = Linear(x, w.q_proj, w.q_bias).view({T, shape.num_heads, shape.head_dim});
+  at::Tensor k = Linear(x, w.k_proj, w.k_bias).view({T, shape.num_kv_heads, shape.head_dim});
+  at::Tensor v = Linear(x, w.v_proj, w.v_bias).view({T, shape.num_kv_heads, shape.head_dim});
+  q = RopeOnPrefix(q, cos, sin, shape.rotary_dim);
+  k = RopeOnPrefix(k, cos, sin, shape.rotary_dim);
+  const double scaling = 1.0 / std::sqrt(static_cast<double>(shape.head_dim));
+  at::Tensor o = PackedCausalAttention(q, k, v, cu_seqlens, scaling, kernel);
+  return Linear(o.reshape({T, shape.num_heads * shape.head_dim}), w.o_proj, w.o_bias);
+}
+
+}  // namespace e3

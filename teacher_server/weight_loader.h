@@ -1,0 +1,42 @@
+// Loads named weights from a ModelDir into tensors of the compute dtype,
+// checking each shape against what the config implies.
+#ifndef E3_TEACHER_SERVER_WEIGHT_LOADER_H_
+#define E3_TEACHER_SERVER_WEIGHT_LOADER_H_
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model_dir.h"
+
+namespace e3 {
+
+class WeightLoader {
+ public:
+  WeightLoader(const ModelDir& dir, at::ScalarType dtype, at::Device device,
+               std::function<void(int64_t, int64_t)> on_progress = nullptr, int64_t expected_total = 0)
+      : dir_(dir), dtype_(dtype), device_(device), on_progress_(std::move(on_progress)),
+        expected_total_(expected_total) {}
+
+  // Required tensor with an exact shape.
+  absl::StatusOr<at::Tensor> Load(const std::string& name, const std::vector<int64_t>& shape);
+  // Optional tensor: undefined when absent, shape-checked when present.
+  absl::StatusOr<at::Tensor> LoadOptional(const std::string& name, const std::vector<int64_t>& shape);
+
+  int64_t loaded() const { return loaded_; }
+
+ private:
+  const ModelDir& dir_;
+  at::ScalarType dtype_;
+  at::Device device_;
+  std::function<void(int64_t, int64_t)> on_progress_;
+  int64_t expected_total_;
+  int64_t loaded_ = 0;
+};
+
+}  // namespace e3
+
+#endif  // E3_TEACHER_SERVER_WEIGHT_LOADER_H_

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs the build and test dependencies from Debian 12's registry.
+# Idempotent: when everything is present it returns without touching apt.
+set -euo pipefail
+PKGS=(
+  build-essential cmake ninja-build ccache pkg-config
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  libtorch-dev prometheus-cpp-dev libcpp-httplib-dev nlohmann-json3-dev libgloo-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  # The BLAS LibTorch runs on: BLIS (OpenMP). Never OpenBLAS's threaded
+  # builds: they break civetweb threads, and the reference BLAS is 30x slower.
+  libblis4-openmp
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  [[ "$p" == \#* ]] && continue
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  SUDO=""
+  [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+fi
