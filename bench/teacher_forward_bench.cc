@@ -100,7 +100,7 @@ int Main() {
               static_cast<long>(cfg.vocab_size), absl::GetFlag(FLAGS_dtype).c_str(),
               absl::GetFlag(FLAGS_device).c_str(), at::get_num_threads());
   std::printf("%-10s %8s %14s %16s %8s\n", "shape", "tokens", "sdpa tok/s", "eager tok/s (base)", "ratio");
-  for (const std::string& shape : absl::StrSplit(absl::GetFlag(FLAGS_shapes), ',')) {
+  for (const std::string& shape : std::vector<std::string>(absl::StrSplit(absl::GetFlag(FLAGS_shapes), ','))) {
     auto samples = MakeBatch(shape, cfg.vocab_size);
     auto batch = PackSamples(samples, cfg.vocab_size, options.device);
     double tok = static_cast<double>(batch->num_tokens());

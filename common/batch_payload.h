@@ -1,0 +1,62 @@
+// The bytes of one batch as they travel: named tensors laid out at aligned
+// offsets in one buffer, which is either process memory (sent inline in
+// gRPC) or a POSIX shm segment (read in place by a student on the host).
+#ifndef E3_COMMON_BATCH_PAYLOAD_H_
+#define E3_COMMON_BATCH_PAYLOAD_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+#include "common/shm_segment.h"
+#include "common/transport.h"
+
+namespace e3 {
+
+struct PayloadTensor {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  size_t offset = 0;  // within the buffer
+  size_t nbytes = 0;
+};
+
+// Describes one tensor to copy into a payload.
+struct PayloadSource {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  const void* data;
+  size_t nbytes;
+};
+
+class PayloadBuffer {
+ public:
+  // Lays the sources out 64-byte aligned and copies them in. For kShm,
+  // `shm_name` names the segment to create.
+  static absl::StatusOr<std::unique_ptr<PayloadBuffer>> Build(TransportKind transport,
+                                                              const std::vector<PayloadSource>& sources,
+                                                              const std::string& shm_name = "");
+
+  TransportKind transport() const { return transport_; }
+  const std::vector<PayloadTensor>& tensors() const { return tensors_; }
+  size_t total_bytes() const { return total_bytes_; }
+  const uint8_t* data() const;
+  const std::string& shm_name() const { return shm_name_; }
+
+ private:
+  PayloadBuffer() = default;
+  TransportKind transport_ = TransportKind::kInline;
+  std::vector<PayloadTensor> tensors_;
+  std::vector<uint8_t> bytes_;
+  std::unique_ptr<ShmSegment> shm_;
+  std::string shm_name_;
+  size_t total_bytes_ = 0;
+};
+
+}  // namespace e3
+
+#endif  // E3_COMMON_BATCH_PAYLOAD_H_

@@ -1,0 +1,440 @@
+#include "common/dataset.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string_view>
+#include <thread>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+
+namespace e3 {
+namespace {
+
+using Json = nlohmann::json;
+
+// Lines tokenized per parallel round. Bounds the raw text held in memory
+// and lets max_samples stop reading early.
+constexpr size_t kBlockLines = 2048;
+// Threads beyond this gain little: tokenizing is memory-bound.
+constexpr unsigned kMaxDefaultThreads = 16;
+// Longest excerpt of an offending value quoted back in a message.
+constexpr size_t kMaxQuoted = 40;
+
+enum class LineKind { kEmpty, kMalformed, kChat, kPretokenized };
+
+struct ParsedLine {
+  LineKind kind = LineKind::kEmpty;
+  std::string error;  // kMalformed: what was wrong, without "path:line: "
+  std::vector<int32_t> input_ids;
+  std::vector<uint8_t> loss_mask;
+};
+
+struct LineContext {
+  const Tokenizer* tokenizer;
+  const ChatTemplate* chat_template;
+  int64_t vocab_size;
+  bool train_on_all_tokens;
+};
+
+// Records where and why a line failed to parse. The DOM parser with
+// exceptions off only says "discarded"; this recovers the position.
+class ErrorLocator : public Json::json_sax_t {
+ public:
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return true; }
+  bool key(string_t&) override { return true; }
+  bool end_object() override { return true; }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t position, const std::string&,
+                   const nlohmann::detail::exception& ex) override {
+    message = absl::StrCat("invalid JSON at byte ", position, ": ", ex.what());
+    return false;
+  }
+  std::string message = "invalid JSON";
+};
+
+std::string Quote(const Json& value) {
+  std::string text = value.dump(-1, ' ', false, Json::error_handler_t::replace);
+  if (text.size() > kMaxQuoted) text = text.substr(0, kMaxQuoted) + "...";
+  return text;
+}
+
+const char* TypeName(const Json& value) { return value.type_name(); }
+
+ParsedLine Malformed(std::string error) {
+  ParsedLine out;
+  out.kind = LineKind::kMalformed;
+  out.error = std::move(error);
+  return out;
+}
+
+// Maps a ShareGPT "from" value to a chat role; nullptr when unknown.
+const char* RoleFromShareGpt(const std::string& from) {
+  if (from == "human" || from == "user") return "user";
+  if (from == "gpt" || from == "assistant" || from == "chatgpt" || from == "bot")
+    return "assistant";
+  if (from == "system") return "system";
+  return nullptr;
+}
+
+// Reads a string field of a turn; the error names the turn and field.
+bool TurnString(const Json& turn, const char* field, size_t index, std::string* out,
+                std::string* error) {
+  auto it = turn.find(field);
+  if (it == turn.end()) {
+    *error = absl::StrCat("conversations[", index, "]: missing \"", field, "\"");
+    return false;
+  }
+  if (!it->is_string()) {
+    *error = absl::StrCat("conversations[", index, "].", field, " is ", TypeName(*it),
+                          "; expected a string");
+    return false;
+  }
+  *out = it->get<std::string>();
+  return true;
+}
+
+ParsedLine ParseConversation(const Json& conversations, const LineContext& ctx) {
+  if (!conversations.is_array()) {
+    return Malformed(absl::StrCat("\"conversations\" is ", TypeName(conversations),
+                                  "; expected an array of turns"));
+  }
+  if (conversations.empty()) return Malformed("\"conversations\" is empty; expected turns");
+  std::vector<ChatMessage> messages;
+  messages.reserve(conversations.size());
+  for (size_t i = 0; i < conversations.size(); ++i) {
+    const Json& turn = conversations[i];
+    if (!turn.is_object()) {
+      return Malformed(
+          absl::StrCat("conversations[", i, "] is ", TypeName(turn), "; expected an object"));
+    }
+    ChatMessage message;
+    std::string error;
+    if (turn.contains("role")) {
+      if (!TurnString(turn, "role", i, &message.role, &error)) return Malformed(error);
+      if (message.role != "system" && message.role != "user" && message.role != "assistant") {
+        return Malformed(absl::StrCat("conversations[", i, "].role is ", Quote(turn["role"]),
+                                      "; expected \"system\", \"user\" or \"assistant\""));
+      }
+      if (!TurnString(turn, "content", i, &message.content, &error)) return Malformed(error);
+    } else if (turn.contains("from")) {
+      std::string from;
+      if (!TurnString(turn, "from", i, &from, &error)) return Malformed(error);
+      const char* role = RoleFromShareGpt(from);
+      if (role == nullptr) {
+        return Malformed(
+            absl::StrCat("conversations[", i, "].from is ", Quote(turn["from"]),
+                         "; expected human/user, gpt/assistant/chatgpt/bot or system"));
+      }
+      message.role = role;
+      if (!TurnString(turn, "value", i, &message.content, &error)) return Malformed(error);
+    } else {
+      return Malformed(absl::StrCat("conversations[", i,
+                                    "] has neither \"role\"/\"content\" nor \"from\"/\"value\""));
+    }
+    messages.push_back(std::move(message));
+  }
+  auto tokenized =
+      TokenizeChat(*ctx.tokenizer, *ctx.chat_template, messages, ctx.train_on_all_tokens);
+  if (!tokenized.ok()) {
+    return Malformed(absl::StrCat("chat template \"", ctx.chat_template->name(),
+                                  "\" rejected the conversation: ", tokenized.status().message()));
+  }
+  ParsedLine out;
+  out.kind = LineKind::kChat;
+  out.input_ids = std::move(tokenized->input_ids);
+  out.loss_mask = std::move(tokenized->loss_mask);
+  return out;
+}
+
+ParsedLine ParsePretokenized(const Json& object, const LineContext& ctx) {
+  auto ids_it = object.find("input_ids");
+  auto mask_it = object.find("loss_mask");
+  if (mask_it == object.end()) return Malformed("has \"input_ids\" but no \"loss_mask\"");
+  if (!ids_it->is_array()) {
+    return Malformed(
+        absl::StrCat("\"input_ids\" is ", TypeName(*ids_it), "; expected an array of token ids"));
+  }
+  if (!mask_it->is_array()) {
+    return Malformed(
+        absl::StrCat("\"loss_mask\" is ", TypeName(*mask_it), "; expected an array of 0/1"));
+  }
+  if (ids_it->size() != mask_it->size()) {
+    return Malformed(absl::StrCat("\"input_ids\" has ", ids_it->size(),
+                                  " values but \"loss_mask\" has ", mask_it->size(),
+                                  "; expected the same length"));
+  }
+  ParsedLine out;
+  out.kind = LineKind::kPretokenized;
+  out.input_ids.reserve(ids_it->size());
+  out.loss_mask.reserve(mask_it->size());
+  for (size_t t = 0; t < ids_it->size(); ++t) {
+    const Json& id = (*ids_it)[t];
+    int64_t value = -1;
+    if (id.is_number_unsigned()) {
+      // Clamp before narrowing so huge values cannot wrap into range.
+      value = static_cast<int64_t>(std::min<uint64_t>(
+          id.get<uint64_t>(), static_cast<uint64_t>(std::numeric_limits<int64_t>::max())));
+    } else if (id.is_number_integer()) {
+      value = id.get<int64_t>();
+    }
+    if (!id.is_number_integer() || value < 0 || value >= ctx.vocab_size) {
+      return Malformed(absl::StrCat("input_ids[", t, "] is ", Quote(id),
+                                    "; expected an integer in [0, ", ctx.vocab_size, ")"));
+    }
+    out.input_ids.push_back(static_cast<int32_t>(value));
+    const Json& mask = (*mask_it)[t];
+    if (mask.is_boolean()) {
+      out.loss_mask.push_back(mask.get<bool>() ? 1 : 0);
+    } else if (mask.is_number_integer() && (mask.get<int64_t>() == 0 || mask.get<int64_t>() == 1)) {
+      out.loss_mask.push_back(static_cast<uint8_t>(mask.get<int64_t>()));
+    } else {
+      return Malformed(absl::StrCat("loss_mask[", t, "] is ", Quote(mask), "; expected 0 or 1"));
+    }
+  }
+  return out;
+}
+
+ParsedLine ParseLine(std::string_view line, const LineContext& ctx) {
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);  // CRLF files
+  if (line.find_first_not_of(" \t") == std::string_view::npos) return ParsedLine();
+  Json object = Json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
+  if (object.is_discarded()) {
+    ErrorLocator locator;
+    Json::sax_parse(line.begin(), line.end(), &locator);
+    return Malformed(locator.message);
+  }
+  if (!object.is_object()) {
+    return Malformed(absl::StrCat("line is a JSON ", TypeName(object), "; expected an object"));
+  }
+  const bool has_chat = object.contains("conversations");
+  const bool has_ids = object.contains("input_ids");
+  if (has_chat && has_ids) {
+    return Malformed("has both \"conversations\" and \"input_ids\"; expected one of them");
+  }
+  if (has_chat) return ParseConversation(object["conversations"], ctx);
+  if (has_ids) return ParsePretokenized(object, ctx);
+  return Malformed("expected a \"conversations\" array, or \"input_ids\" and \"loss_mask\" arrays");
+}
+
+// Parses lines[i] into results[i] over `threads` workers. Each slot is
+// written by exactly one worker, so the output order is the input order.
+void ParseBlock(const std::vector<std::string>& lines, const LineContext& ctx, unsigned threads,
+                std::vector<ParsedLine>* results) {
+  results->assign(lines.size(), ParsedLine());
+  threads = std::min<unsigned>(threads, static_cast<unsigned>(lines.size()));
+  if (threads <= 1) {
+    for (size_t i = 0; i < lines.size(); ++i) (*results)[i] = ParseLine(lines[i], ctx);
+    return;
+  }
+  // Lines vary a lot in length; hand them out one at a time.
+  std::atomic<size_t> next{0};
+  auto work = [&]() {
+    for (size_t i = next.fetch_add(1); i < lines.size(); i = next.fetch_add(1)) {
+      (*results)[i] = ParseLine(lines[i], ctx);
+    }
+  };
+  std::vector<std::thread> workers;
+  workers.reserve(threads - 1);
+  for (unsigned t = 1; t < threads; ++t) workers.emplace_back(work);
+  work();
+  for (auto& w : workers) w.join();
+}
+
+unsigned ThreadCount(int requested) {
+  if (requested > 0) return static_cast<unsigned>(requested);
+  const unsigned hw = std::thread::hardware_concurrency();
+  return std::max(1u, std::min(hw == 0 ? 1u : hw, kMaxDefaultThreads));
+}
+
+absl::Status ValidateOptions(const DatasetOptions& options) {
+  if (options.max_length < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_length is ", options.max_length, "; expected >= 0 (0: no cut)"));
+  }
+  if (options.max_samples < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_samples is ", options.max_samples, "; expected >= 0 (0: all)"));
+  }
+  if (options.min_length < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_length is ", options.min_length, "; expected >= 0"));
+  }
+  if (options.max_length > 0 && options.min_length > options.max_length) {
+    return absl::InvalidArgumentError(absl::StrCat("min_length ", options.min_length,
+                                                   " exceeds max_length ", options.max_length,
+                                                   "; every sample would be dropped"));
+  }
+  if (options.vocab_size < 0 || options.vocab_size > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("vocab_size is ", options.vocab_size,
+                     "; expected 0 (the tokenizer's) or a positive int32"));
+  }
+  return absl::OkStatus();
+}
+
+void AddKeptToStats(const Sample& sample, DatasetStats* stats) {
+  ++stats->kept;
+  stats->total_tokens += sample.size();
+  for (uint8_t m : sample.loss_mask) stats->loss_tokens += m;
+  stats->max_sample_length = std::max(stats->max_sample_length, sample.size());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Load(const DatasetOptions& options,
+                                                       const Tokenizer& tokenizer,
+                                                       const ChatTemplate& chat_template) {
+  if (absl::Status valid = ValidateOptions(options); !valid.ok()) return valid;
+  std::error_code ec;
+  const std::filesystem::file_status status = std::filesystem::status(options.path, ec);
+  if (!std::filesystem::exists(status)) {
+    return absl::NotFoundError(absl::StrCat("dataset file not found: ", options.path));
+  }
+  if (std::filesystem::is_directory(status)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset path is a directory: ", options.path, "; expected a .jsonl file"));
+  }
+  std::ifstream in(options.path, std::ios::binary);
+  if (!in) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot open dataset file ", options.path, ": ", std::strerror(errno)));
+  }
+
+  LineContext ctx;
+  ctx.tokenizer = &tokenizer;
+  ctx.chat_template = &chat_template;
+  ctx.vocab_size = options.vocab_size > 0 ? options.vocab_size : tokenizer.vocab_size();
+  ctx.train_on_all_tokens = options.train_on_all_tokens;
+  const unsigned threads = ThreadCount(options.num_threads);
+
+  auto dataset = std::unique_ptr<Dataset>(new Dataset());
+  dataset->source_ = options.path;
+  DatasetStats& stats = dataset->stats_;
+  std::vector<std::string> lines;
+  std::vector<ParsedLine> parsed;
+  int64_t line_number = 0;
+  bool done = false;
+  while (!done && in) {
+    lines.clear();
+    std::string line;
+    while (lines.size() < kBlockLines && std::getline(in, line)) lines.push_back(std::move(line));
+    if (lines.empty()) break;
+    if (line_number == 0 && lines[0].rfind("\xEF\xBB\xBF", 0) == 0) lines[0].erase(0, 3);  // BOM
+    ParseBlock(lines, ctx, threads, &parsed);
+    for (ParsedLine& p : parsed) {
+      ++line_number;
+      ++stats.lines_read;
+      switch (p.kind) {
+        case LineKind::kEmpty:
+          ++stats.empty_lines;
+          continue;
+        case LineKind::kMalformed: {
+          std::string message = absl::StrCat(options.path, ":", line_number, ": ", p.error);
+          if (!options.skip_malformed) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(message, " (set skip_malformed to skip and count such lines)"));
+          }
+          ++stats.malformed;
+          if (static_cast<int>(stats.first_errors.size()) < options.max_error_messages) {
+            stats.first_errors.push_back(std::move(message));
+          }
+          continue;
+        }
+        case LineKind::kChat:
+        case LineKind::kPretokenized:
+          break;
+      }
+      if (options.max_length > 0 && static_cast<int64_t>(p.input_ids.size()) > options.max_length) {
+        p.input_ids.resize(static_cast<size_t>(options.max_length));
+        p.loss_mask.resize(static_cast<size_t>(options.max_length));
+        ++stats.truncated;
+      }
+      if (static_cast<int64_t>(p.input_ids.size()) < options.min_length) {
+        ++stats.dropped_short;
+        continue;
+      }
+      if (options.drop_empty_loss_mask &&
+          std::find(p.loss_mask.begin(), p.loss_mask.end(), 1) == p.loss_mask.end()) {
+        ++stats.dropped_empty_mask;
+        continue;
+      }
+      Sample sample;
+      sample.id = static_cast<int64_t>(dataset->samples_.size());
+      sample.line = line_number;
+      sample.input_ids = std::move(p.input_ids);
+      sample.loss_mask = std::move(p.loss_mask);
+      AddKeptToStats(sample, &stats);
+      ++(p.kind == LineKind::kChat ? stats.conversations : stats.pretokenized);
+      dataset->samples_.push_back(std::move(sample));
+      if (options.max_samples > 0 && stats.kept >= options.max_samples) {
+        done = true;
+        break;
+      }
+    }
+  }
+  if (in.bad()) {
+    return absl::DataLossError(
+        absl::StrCat("read error in dataset file ", options.path, " after line ", line_number));
+  }
+  return dataset;
+}
+
+std::unique_ptr<Dataset> Dataset::FromSamples(std::vector<Sample> samples, std::string source) {
+  auto dataset = std::unique_ptr<Dataset>(new Dataset());
+  dataset->source_ = std::move(source);
+  dataset->samples_ = std::move(samples);
+  DatasetStats& stats = dataset->stats_;
+  for (size_t i = 0; i < dataset->samples_.size(); ++i) {
+    Sample& sample = dataset->samples_[i];
+    sample.id = static_cast<int64_t>(i);
+    AddKeptToStats(sample, &stats);
+  }
+  stats.lines_read = stats.kept;
+  return dataset;
+}
+
+std::vector<int64_t> Dataset::Lengths() const {
+  std::vector<int64_t> lengths;
+  lengths.reserve(samples_.size());
+  for (const Sample& sample : samples_) lengths.push_back(sample.size());
+  return lengths;
+}
+
+std::string Dataset::Summary() const {
+  const DatasetStats& s = stats_;
+  std::string out =
+      absl::StrCat(source_, ": ", s.lines_read, " lines, ", s.kept, " samples kept (", s.malformed,
+                   " malformed, ", s.truncated, " truncated, ", s.dropped_short, " too short, ",
+                   s.dropped_empty_mask, " without trained tokens, ", s.empty_lines,
+                   " empty lines); ", s.total_tokens, " tokens");
+  if (s.kept > 0) {
+    absl::StrAppend(
+        &out, absl::StrFormat(" (mean %.1f, max %d per sample)",
+                              static_cast<double>(s.total_tokens) / s.kept, s.max_sample_length));
+  }
+  absl::StrAppend(&out, ", ", s.loss_tokens, " trained");
+  if (s.total_tokens > 0) {
+    absl::StrAppend(&out, absl::StrFormat(" (%.1f%%)", 100.0 * s.loss_tokens / s.total_tokens));
+  }
+  if (!s.first_errors.empty()) absl::StrAppend(&out, "; first malformed: ", s.first_errors[0]);
+  return out;
+}
+
+}  // namespace e3

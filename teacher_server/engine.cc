@@ -1,0 +1,395 @@
+#include "teacher_server/engine.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/torch/tensor_convert.h"
+
+namespace e3 {
+namespace {
+
+// How often the worker wakes to reclaim dead subscribers when idle.
+constexpr auto kIdleWake = std::chrono::milliseconds(100);
+
+PayloadSource SourceOf(const std::string& name, const at::Tensor& t, DType dtype) {
+  return {name, dtype, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()), t.data_ptr(),
+          static_cast<size_t>(t.numel()) * DTypeSize(dtype)};
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(CausalLM* model, const Dataset* dataset,
+                                                       EngineOptions options) {
+  if (dataset->size() == 0) return absl::InvalidArgumentError(absl::StrCat(dataset->source(), ": no samples"));
+  if (options.tokens_per_batch <= 0) return absl::InvalidArgumentError("tokens_per_batch must be positive");
+  if (options.epochs <= 0) return absl::InvalidArgumentError("epochs must be positive");
+  const int64_t L = model->config().num_hidden_layers;
+  for (int32_t id : options.aux_layer_ids) {
+    if (id < 0 || id >= L) {
+      return absl::InvalidArgumentError(absl::StrCat("aux layer id ", id, " is outside [0, ", L, ")"));
+    }
+  }
+  auto engine = std::unique_ptr<Engine>(new Engine(model, dataset, std::move(options)));
+  engine->lengths_ = dataset->Lengths();
+  E3_RETURN_IF_ERROR(engine->ledger_.Open(engine->options_.ledger_path, dataset->size()));
+  engine->worker_ = std::thread([e = engine.get()] { e->WorkerLoop(); });
+  return engine;
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+const std::vector<GlobalBatch>& Engine::PlanLocked(int64_t epoch) {
+  auto it = plans_.find(epoch);
+  if (it != plans_.end()) return it->second;
+  std::vector<int64_t> order = EpochOrder(dataset_->size(), options_.seed, epoch);
+  BatcherOptions b;
+  b.max_tokens = options_.tokens_per_batch * world_;
+  b.max_samples = options_.max_samples_per_batch * world_;
+  b.oversize = OversizePolicy::kOwnBatch;  // a long sample runs alone rather than failing mid-epoch
+  auto batches = PackBatches(order, lengths_, b, epoch);
+  // kOwnBatch cannot fail on valid lengths; an empty plan would stall, so
+  // fall back to one sample per batch rather than crash.
+  std::vector<GlobalBatch> plan;
+  if (batches.ok()) {
+    plan = std::move(batches).value();
+  } else {
+    std::fprintf(stderr, "teacher: batching failed (%s); one sample per batch\n",
+                 std::string(batches.status().message()).c_str());
+    for (size_t i = 0; i < order.size(); ++i) {
+      plan.push_back({epoch, static_cast<int64_t>(i), {order[i]}, lengths_[order[i]]});
+    }
+  }
+  return plans_.emplace(epoch, std::move(plan)).first->second;
+}
+
+Cursor Engine::NormalizeLocked(Cursor c) {
+  while (c.epoch < options_.epochs && c.next_batch >= static_cast<int64_t>(PlanLocked(c.epoch).size())) {
+    c = {c.epoch + 1, 0};
+  }
+  return c;
+}
+
+int Engine::world_size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return world_;
+}
+
+int64_t Engine::batches_per_epoch(int world) const {
+  std::vector<int64_t> order = EpochOrder(dataset_->size(), options_.seed, 0);
+  BatcherOptions b;
+  b.max_tokens = options_.tokens_per_batch * world;
+  b.max_samples = options_.max_samples_per_batch * world;
+  b.oversize = OversizePolicy::kOwnBatch;
+  auto batches = PackBatches(order, lengths_, b, 0);
+  return batches.ok() ? static_cast<int64_t>(batches->size()) : dataset_->size();
+}
+
+absl::StatusOr<uint64_t> Engine::Subscribe(const SubscribeParams& p) {
+  E3_ASSIGN_OR_RETURN(ShardSpec shard, ShardSpec::Create(p.rank, p.world_size));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (draining_) return absl::UnavailableError("teacher is draining (shutting down)");
+  if (world_ == 0) {
+    world_ = shard.world();
+  } else if (world_ != shard.world()) {
+    return absl::FailedPreconditionError(absl::StrCat("this teacher serves a world of ", world_,
+                                                      " student ranks; the subscriber says ", shard.world()));
+  }
+  if (p.resume.epoch < 0 || p.resume.next_batch < 0) {
+    return absl::InvalidArgumentError("resume cursor must not be negative");
+  }
+  static std::atomic<uint64_t> next_generation{1};
+  RankState& st = ranks_[p.rank];
+  ReclaimLocked(st);
+  if (p.resume < st.committed) {
+    ledger_.RecordEvent(absl::StrCat("{\"event\":\"rewind\",\"rank\":", p.rank, ",\"from_epoch\":", st.committed.epoch,
+                                     ",\"from_batch\":", st.committed.next_batch, ",\"to_epoch\":", p.resume.epoch,
+                                     ",\"to_batch\":", p.resume.next_batch, "}"));
+  }
+  st.subscriber_id = p.subscriber_id;
+  st.generation = next_generation++;
+  st.attached = true;
+  st.credit_window = std::max(1, std::min(p.credit_window, options_.max_credit_window));
+  st.transport = p.transport;
+  st.next_compute = NormalizeLocked(p.resume);
+  st.committed = p.resume;
+  st.end_sent = false;
+  st.notify = nullptr;
+  ledger_.RecordEvent(absl::StrCat("{\"event\":\"subscribe\",\"rank\":", p.rank, ",\"world\":", world_,
+                                   ",\"subscriber\":\"", p.subscriber_id, "\",\"epoch\":", p.resume.epoch,
+                                   ",\"batch\":", p.resume.next_batch, "}"));
+  cv_.notify_all();
+  return st.generation;
+}
+
+void Engine::SetNotifier(int rank, uint64_t generation, std::function<void()> notify) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = ranks_.find(rank);
+  if (it != ranks_.end() && it->second.generation == generation) it->second.notify = std::move(notify);
+}
+
+absl::StatusOr<std::optional<ReadyBatch>> Engine::TakeNext(int rank, uint64_t generation) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end() || it->second.generation != generation) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, ": this subscription was superseded by a newer one"));
+  }
+  RankState& st = it->second;
+  if (!st.ready.empty()) {
+    ReadyBatch b = std::move(st.ready.front());
+    st.ready.pop_front();
+    st.unacked[b.batch_id] = b;
+    ledger_.RecordDelivery(rank, b.epoch, b.index, b.sample_ids);
+    return std::optional<ReadyBatch>(std::move(b));
+  }
+  if (draining_) return absl::UnavailableError("teacher is draining (shutting down)");
+  if (AtEndLocked(st.next_compute) && !st.end_sent) {
+    st.end_sent = true;
+    ReadyBatch end;
+    end.rank = rank;
+    end.end_of_data = true;
+    end.epoch = options_.epochs;
+    return std::optional<ReadyBatch>(std::move(end));
+  }
+  return std::optional<ReadyBatch>();
+}
+
+void Engine::Detach(int rank, uint64_t generation) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end() || it->second.generation != generation) return;
+  it->second.attached = false;
+  it->second.detached_at = absl::Now();
+  it->second.notify = nullptr;
+  cv_.notify_all();
+}
+
+void Engine::ReclaimLocked(RankState& st) {
+  stats_.reclaimed_batches += static_cast<int64_t>(st.ready.size() + st.unacked.size());
+  st.ready.clear();    // payloads (and their shm segments) go with the last reference
+  st.unacked.clear();
+}
+
+absl::StatusOr<int> Engine::Ack(int rank, const std::string& subscriber_id, const std::vector<int64_t>& batch_ids,
+                                std::optional<Cursor> committed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end()) return absl::NotFoundError(absl::StrCat("rank ", rank, " has no subscription"));
+  RankState& st = it->second;
+  if (st.subscriber_id != subscriber_id) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " is now subscribed by \"", st.subscriber_id,
+                                                      "\", not \"", subscriber_id, "\""));
+  }
+  for (int64_t id : batch_ids) st.unacked.erase(id);
+  if (committed.has_value() && st.committed < *committed) {
+    Cursor c = NormalizeLocked(st.committed);
+    const Cursor stop = *committed;
+    while (c < stop && !AtEndLocked(c)) {
+      const GlobalBatch& g = PlanLocked(c.epoch)[c.next_batch];
+      std::vector<int64_t> share;
+      for (size_t i = static_cast<size_t>(rank); i < g.sample_ids.size(); i += world_) share.push_back(g.sample_ids[i]);
+      ledger_.RecordCommit(rank, c.epoch, c.next_batch, share);
+      c = NormalizeLocked({c.epoch, c.next_batch + 1});
+    }
+    st.committed = *committed;
+  }
+  cv_.notify_all();
+  return std::max(0, st.credit_window - static_cast<int>(st.ready.size() + st.unacked.size()));
+}
+
+void Engine::Drain() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    draining_ = true;
+  }
+  cv_.notify_all();
+  std::vector<std::function<void()>> notifies;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [r, st] : ranks_) {
+      if (st.notify) notifies.push_back(st.notify);
+    }
+  }
+  for (auto& n : notifies) n();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  EngineStats s = stats_;
+  for (const auto& [r, st] : ranks_) {
+    for (const auto& b : st.ready) {
+      ++s.buffered_batches;
+      if (b.payload) s.buffered_bytes += static_cast<int64_t>(b.payload->total_bytes());
+    }
+    for (const auto& [id, b] : st.unacked) {
+      ++s.buffered_batches;
+      if (b.payload) s.buffered_bytes += static_cast<int64_t>(b.payload->total_bytes());
+    }
+  }
+  return s;
+}
+
+LedgerReport Engine::ledger_report() const {
+  // Epochs every rank has committed past count as complete.
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t complete = options_.epochs;
+  if (ranks_.size() < static_cast<size_t>(std::max(world_, 1))) complete = 0;
+  for (const auto& [r, st] : ranks_) complete = std::min(complete, st.committed.epoch);
+  return ledger_.Report(complete);
+}
+
+bool Engine::PickWork(int* rank, uint64_t* generation, Cursor* cursor, TransportKind* transport) {
+  int best = -1;
+  size_t best_load = 0;
+  for (auto& [r, st] : ranks_) {
+    if (!st.attached || AtEndLocked(st.next_compute)) continue;
+    size_t load = st.ready.size() + st.unacked.size();
+    if (load >= static_cast<size_t>(st.credit_window)) continue;
+    if (best < 0 || load < best_load) {
+      best = r;
+      best_load = load;
+    }
+  }
+  if (best < 0) return false;
+  RankState& st = ranks_[best];
+  *rank = best;
+  *generation = st.generation;
+  *cursor = st.next_compute;
+  *transport = st.transport;
+  st.next_compute = NormalizeLocked({st.next_compute.epoch, st.next_compute.next_batch + 1});
+  return true;
+}
+
+void Engine::WorkerLoop() {
+  while (true) {
+    int rank = 0;
+    uint64_t generation = 0;
+    Cursor cursor;
+    TransportKind transport = TransportKind::kInline;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (stop_) return;
+      const absl::Time now = absl::Now();
+      for (auto& [r, st] : ranks_) {
+        if (!st.attached && (!st.ready.empty() || !st.unacked.empty()) &&
+            now - st.detached_at >= options_.subscriber_timeout) {
+          ReclaimLocked(st);
+          ledger_.RecordEvent(absl::StrCat("{\"event\":\"reclaim\",\"rank\":", r, "}"));
+        }
+      }
+      if (draining_ || !PickWork(&rank, &generation, &cursor, &transport)) {
+        cv_.wait_for(lock, kIdleWake);
+        continue;
+      }
+    }
+    auto batch = Compute(rank, cursor, transport);
+    std::function<void()> notify;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = ranks_.find(rank);
+      if (!batch.ok()) {
+        std::fprintf(stderr, "teacher: batch %ld:%ld for rank %d failed: %s\n", static_cast<long>(cursor.epoch),
+                     static_cast<long>(cursor.next_batch), rank, std::string(batch.status().message()).c_str());
+        // Retry the same batch later rather than skip it: skipping would
+        // lose samples. A persistent failure shows in the log and metrics.
+        if (it != ranks_.end() && it->second.generation == generation && cursor < it->second.next_compute) {
+          it->second.next_compute = cursor;
+        }
+      } else if (it != ranks_.end() && it->second.generation == generation) {
+        it->second.ready.push_back(std::move(batch).value());
+        notify = it->second.notify;
+      }
+    }
+    if (!batch.ok()) {
+      std::this_thread::sleep_for(kIdleWake);
+      continue;
+    }
+    if (notify) notify();
+  }
+}
+
+absl::StatusOr<ReadyBatch> Engine::Compute(int rank, const Cursor& cursor, TransportKind transport) {
+  GlobalBatch g;
+  int world;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    g = PlanLocked(cursor.epoch)[cursor.next_batch];
+    world = world_;
+  }
+  ReadyBatch out;
+  out.rank = rank;
+  out.epoch = cursor.epoch;
+  out.index = cursor.next_batch;
+  out.batch_id = BatchId(cursor.epoch, cursor.next_batch, rank);
+  for (size_t i = static_cast<size_t>(rank); i < g.sample_ids.size(); i += world) out.sample_ids.push_back(g.sample_ids[i]);
+
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;
+  std::vector<int32_t> cu{0};
+  std::vector<std::vector<int32_t>> samples;
+  for (int64_t s : out.sample_ids) {
+    const Sample& sample = (*dataset_)[s];
+    ids.insert(ids.end(), sample.input_ids.begin(), sample.input_ids.end());
+    mask.insert(mask.end(), sample.loss_mask.begin(), sample.loss_mask.end());
+    cu.push_back(static_cast<int32_t>(ids.size()));
+    samples.push_back(sample.input_ids);
+  }
+  out.num_tokens = static_cast<int64_t>(ids.size());
+  const int64_t T = out.num_tokens;
+  const int64_t H = model_->config().hidden_size;
+  const int64_t k = static_cast<int64_t>(options_.aux_layer_ids.size());
+  at::Tensor aux, last, argmax;
+  DType hidden_dtype = DType::kF32;
+  try {
+    E3_ASSIGN_OR_RETURN(hidden_dtype, FromScalarType(model_->options().dtype));
+    if (T > 0) {
+      E3_ASSIGN_OR_RETURN(PackedBatch batch, PackSamples(samples, model_->config().vocab_size, model_->options().device));
+      ForwardOptions fwd;
+      fwd.aux_layer_ids = options_.aux_layer_ids;
+      fwd.return_argmax = true;
+      auto t0 = std::chrono::steady_clock::now();
+      E3_ASSIGN_OR_RETURN(ForwardOutput fo, model_->Forward(batch, fwd));
+      aux = fo.aux_hidden.to(at::kCPU).contiguous();
+      last = fo.last_hidden.to(at::kCPU).contiguous();
+      argmax = fo.target_argmax.to(at::kCPU, at::kInt).contiguous();
+      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.forward_seconds += secs;
+    } else {
+      at::ScalarType st = model_->options().dtype;
+      aux = torch::empty({0, k * H}, torch::TensorOptions().dtype(st));
+      last = torch::empty({0, H}, torch::TensorOptions().dtype(st));
+      argmax = torch::empty({0}, torch::kInt);
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("forward failed: ", e.what_without_backtrace()));
+  }
+  std::vector<PayloadSource> sources = {
+      {"input_ids", DType::kI32, {T}, ids.data(), ids.size() * 4},
+      {"cu_seqlens", DType::kI32, {static_cast<int64_t>(cu.size())}, cu.data(), cu.size() * 4},
+      {"loss_mask", DType::kU8, {T}, mask.data(), mask.size()},
+      SourceOf("aux_hidden", aux, hidden_dtype),
+      SourceOf("last_hidden", last, hidden_dtype),
+      SourceOf("target_argmax", argmax, DType::kI32),
+  };
+  const std::string shm_name = absl::StrCat(options_.shm_prefix, "-", ::getpid(), "-", out.batch_id);
+  E3_ASSIGN_OR_RETURN(auto payload, PayloadBuffer::Build(transport, sources, shm_name));
+  out.payload = std::move(payload);
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.batches_computed += 1;
+  stats_.tokens_computed += T;
+  return out;
+}
+
+}  // namespace e3

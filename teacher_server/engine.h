@@ -1,0 +1,165 @@
+// The teacher's engine: dataset -> deterministic batches -> forward ->
+// payload buffers, per subscribed rank, computed ahead up to each
+// subscriber's credit window. It knows nothing of gRPC: the service layer
+// subscribes, takes ready batches, and forwards acks.
+#ifndef E3_TEACHER_SERVER_ENGINE_H_
+#define E3_TEACHER_SERVER_ENGINE_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/batch_payload.h"
+#include "common/dataset.h"
+#include "common/sample_order.h"
+#include "common/transport.h"
+#include "teacher_server/causal_lm.h"
+#include "teacher_server/ledger.h"
+
+namespace e3 {
+
+// The first global batch a rank has not yet committed.
+struct Cursor {
+  int64_t epoch = 0;
+  int64_t next_batch = 0;
+  bool operator<(const Cursor& o) const {
+    return epoch != o.epoch ? epoch < o.epoch : next_batch < o.next_batch;
+  }
+  bool operator==(const Cursor& o) const { return epoch == o.epoch && next_batch == o.next_batch; }
+  bool operator<=(const Cursor& o) const { return !(o < *this); }
+};
+
+struct EngineOptions {
+  int64_t tokens_per_batch = 4096;  // per rank; a global batch holds world x this
+  int64_t max_samples_per_batch = 0;  // per rank; 0: no bound
+  int64_t epochs = 1;
+  uint64_t seed = 42;
+  std::vector<int32_t> aux_layer_ids;
+  std::vector<TransportKind> transports = {TransportKind::kShm, TransportKind::kInline};
+  int max_credit_window = 16;
+  absl::Duration subscriber_timeout = absl::Seconds(60);
+  std::string shm_prefix = "/e3";  // segment names: <prefix>-<pid>-<rank>-<batch id>
+  std::string ledger_path;         // JSON lines; empty keeps the ledger in memory
+};
+
+struct SubscribeParams {
+  std::string subscriber_id;
+  int rank = 0;
+  int world_size = 1;
+  int credit_window = 4;
+  Cursor resume;
+  TransportKind transport = TransportKind::kInline;
+};
+
+struct ReadyBatch {
+  int64_t batch_id = 0;
+  int rank = 0;
+  int64_t epoch = 0;
+  int64_t index = 0;  // global batch index within the epoch
+  bool end_of_data = false;
+  std::vector<int64_t> sample_ids;
+  int64_t num_tokens = 0;
+  std::shared_ptr<const PayloadBuffer> payload;  // null for end_of_data
+};
+
+struct EngineStats {
+  int64_t batches_computed = 0;
+  int64_t tokens_computed = 0;
+  double forward_seconds = 0;
+  int64_t buffered_batches = 0;  // computed and not yet acked, all ranks
+  int64_t buffered_bytes = 0;
+  int64_t reclaimed_batches = 0;  // dropped with dead subscribers
+};
+
+class Engine {
+ public:
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(CausalLM* model, const Dataset* dataset,
+                                                        EngineOptions options);
+  ~Engine();
+
+  // (Re)subscribes a rank. Anything the rank had buffered is dropped and
+  // computation restarts at `resume`, so batches it received but did not
+  // commit are delivered again. Returns the subscription's generation.
+  absl::StatusOr<uint64_t> Subscribe(const SubscribeParams& params);
+  // Called (without engine locks held) whenever the rank may have a batch.
+  void SetNotifier(int rank, uint64_t generation, std::function<void()> notify);
+  // The next batch for this subscription, moved to the unacked set; nullopt
+  // when none is ready yet. FailedPrecondition once superseded or stopped.
+  absl::StatusOr<std::optional<ReadyBatch>> TakeNext(int rank, uint64_t generation);
+  // The stream is gone; after subscriber_timeout its buffers are reclaimed.
+  void Detach(int rank, uint64_t generation);
+  // Frees acked batches and returns the rank's free credits. `committed`
+  // marks every batch before it as committed in the ledger.
+  absl::StatusOr<int> Ack(int rank, const std::string& subscriber_id, const std::vector<int64_t>& batch_ids,
+                          std::optional<Cursor> committed);
+  // Stops computing new batches (SIGTERM); streams then end.
+  void Drain();
+  bool draining() const { return draining_; }
+
+  EngineStats stats() const;
+  LedgerReport ledger_report() const;
+  int world_size() const;
+  int64_t batches_per_epoch(int world) const;
+  const EngineOptions& options() const { return options_; }
+
+ private:
+  struct RankState {
+    std::string subscriber_id;
+    uint64_t generation = 0;
+    bool attached = false;
+    absl::Time detached_at;
+    int credit_window = 4;
+    TransportKind transport = TransportKind::kInline;
+    Cursor next_compute;
+    Cursor committed;
+    bool end_sent = false;
+    std::deque<ReadyBatch> ready;
+    std::map<int64_t, ReadyBatch> unacked;
+    std::function<void()> notify;
+  };
+
+  explicit Engine(CausalLM* model, const Dataset* dataset, EngineOptions options)
+      : model_(model), dataset_(dataset), options_(std::move(options)) {}
+  void WorkerLoop();
+  // Picks a rank needing a batch; returns false when none does.
+  bool PickWork(int* rank, uint64_t* generation, Cursor* cursor, TransportKind* transport);
+  absl::StatusOr<ReadyBatch> Compute(int rank, const Cursor& cursor, TransportKind transport);
+  const std::vector<GlobalBatch>& PlanLocked(int64_t epoch);
+  Cursor NormalizeLocked(Cursor c);
+  bool AtEndLocked(const Cursor& c) { return c.epoch >= options_.epochs; }
+  void ReclaimLocked(RankState& st);
+  int64_t BatchId(int64_t epoch, int64_t index, int rank) const {
+    return (epoch * 1000000000LL + index) * 10000LL + rank;
+  }
+
+  CausalLM* model_;
+  const Dataset* dataset_;
+  EngineOptions options_;
+  std::vector<int64_t> lengths_;
+  Ledger ledger_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int world_ = 0;  // fixed by the first subscriber
+  std::map<int64_t, std::vector<GlobalBatch>> plans_;
+  std::map<int, RankState> ranks_;
+  EngineStats stats_;
+  std::atomic<bool> draining_{false};
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+}  // namespace e3
+
+#endif  // E3_TEACHER_SERVER_ENGINE_H_

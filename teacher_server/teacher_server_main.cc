@@ -1,0 +1,261 @@
+// teacher_server: serves a Hugging Face model's hidden states to EAGLE-3
+// student trainers over gRPC (see README.md and DESIGN.md).
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/chat_template.h"
+#include "common/dataset.h"
+#include "common/dtype.h"
+#include "common/metrics_server.h"
+#include "common/model_dir.h"
+#include "common/tokenizer.h"
+#include "common/vocab_map.h"
+#include "teacher_server/causal_lm.h"
+#include "teacher_server/engine.h"
+#include "teacher_server/teacher_metrics.h"
+#include "teacher_server/teacher_service.h"
+
+ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory (config.json, safetensors, tokenizer.json)");
+ABSL_FLAG(std::string, data, "", "training data, jsonl (conversations or input_ids/loss_mask)");
+ABSL_FLAG(std::string, chat_template, "auto", "auto (detect from model_dir), llama3, llama3-plain or qwen");
+ABSL_FLAG(std::string, aux_layer_ids, "", "comma-separated decoder layers to capture; empty: [1, L/2-1, L-4]");
+ABSL_FLAG(int64_t, tokens_per_batch, 4096, "token budget of one rank's batch");
+ABSL_FLAG(int64_t, max_seq_len, 2048, "samples are cut to this many tokens");
+ABSL_FLAG(uint64_t, seed, 42, "seed of the sample order");
+ABSL_FLAG(int64_t, epochs, 1, "passes over the data");
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address (port 0 picks one)");
+ABSL_FLAG(std::string, port_file, "", "write the bound gRPC port here once serving");
+ABSL_FLAG(int, metrics_port, 0, "port of /metrics (0 picks one, -1 disables)");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address /metrics binds");
+ABSL_FLAG(std::string, backend, "hf", "forward backend: hf (reference)");
+ABSL_FLAG(std::string, dtype, "", "compute dtype; default float32 on CPU, bfloat16 on GPU");
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda:N");
+ABSL_FLAG(int64_t, draft_vocab_size, 32000, "draft vocabulary size (capped at the model's vocab)");
+ABSL_FLAG(std::string, vocab_map, "", "load d2t/t2d from this file instead of calibrating on the data");
+ABSL_FLAG(std::string, vocab_map_out, "", "save the calibrated d2t/t2d here");
+ABSL_FLAG(std::string, transports, "shm,inline", "transports offered, fastest first");
+ABSL_FLAG(int, max_credit_window, 16, "most batches in flight per subscriber");
+ABSL_FLAG(double, subscriber_timeout_s, 60, "buffers of a vanished subscriber are reclaimed after this");
+ABSL_FLAG(std::string, ledger, "", "append the delivery/commit ledger (JSON lines) here");
+ABSL_FLAG(bool, skip_malformed, true, "skip and count malformed data lines (false: fail on the first)");
+ABSL_FLAG(bool, train_on_all_tokens, false, "loss on every token, not only assistant turns");
+ABSL_FLAG(int64_t, max_samples, 0, "use at most this many samples (0: all)");
+ABSL_FLAG(bool, exit_when_done, false, "exit once every rank has committed every epoch");
+ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads (0: default)");
+
+namespace e3 {
+namespace {
+
+std::atomic<int> g_signal{0};
+
+void Fail(const absl::Status& s) {
+  std::fprintf(stderr, "teacher_server: error: %s\n", std::string(s.message()).c_str());
+  std::exit(1);
+}
+
+std::string HostName() {
+  char buf[256] = {0};
+  ::gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+int Main() {
+  const std::string model_path = absl::GetFlag(FLAGS_model_dir);
+  if (model_path.empty()) Fail(absl::InvalidArgumentError("--model_dir is required"));
+  if (absl::GetFlag(FLAGS_data).empty()) Fail(absl::InvalidArgumentError("--data is required"));
+  if (absl::GetFlag(FLAGS_backend) != "hf") {
+    Fail(absl::InvalidArgumentError(absl::StrCat("--backend=", absl::GetFlag(FLAGS_backend),
+                                                 " is not available in this build (hf)")));
+  }
+  if (absl::GetFlag(FLAGS_threads) > 0) at::set_num_threads(absl::GetFlag(FLAGS_threads));
+
+  auto dir = ModelDir::Open(model_path);
+  if (!dir.ok()) Fail(dir.status());
+  const ModelConfig& cfg = (*dir)->config();
+  std::printf("teacher: model %s (%s, L=%ld, H=%ld, vocab=%ld)\n", model_path.c_str(), cfg.architecture_name.c_str(),
+              static_cast<long>(cfg.num_hidden_layers), static_cast<long>(cfg.hidden_size),
+              static_cast<long>(cfg.vocab_size));
+
+  auto tokenizer = Tokenizer::FromFile(model_path + "/tokenizer.json");
+  if (!tokenizer.ok()) Fail(tokenizer.status());
+  const std::string tmpl_name = absl::GetFlag(FLAGS_chat_template);
+  auto tmpl = tmpl_name == "auto" ? ChatTemplate::DetectFromModelDir(model_path) : ChatTemplate::ByName(tmpl_name);
+  if (!tmpl.ok()) Fail(tmpl.status());
+  DatasetOptions dopts;
+  dopts.path = absl::GetFlag(FLAGS_data);
+  dopts.skip_malformed = absl::GetFlag(FLAGS_skip_malformed);
+  dopts.max_length = absl::GetFlag(FLAGS_max_seq_len);
+  dopts.train_on_all_tokens = absl::GetFlag(FLAGS_train_on_all_tokens);
+  dopts.max_samples = absl::GetFlag(FLAGS_max_samples);
+  dopts.vocab_size = cfg.vocab_size;
+  auto dataset = Dataset::Load(dopts, **tokenizer, *tmpl);
+  if (!dataset.ok()) Fail(dataset.status());
+  std::printf("teacher: data %s (template %s)\n", (*dataset)->Summary().c_str(), tmpl->name().c_str());
+  for (const auto& e : (*dataset)->stats().first_errors) std::printf("teacher:   skipped: %s\n", e.c_str());
+
+  VocabMap vocab;
+  if (!absl::GetFlag(FLAGS_vocab_map).empty()) {
+    auto loaded = LoadVocabMap(absl::GetFlag(FLAGS_vocab_map));
+    if (!loaded.ok()) Fail(loaded.status());
+    vocab = std::move(loaded).value();
+    if (vocab.target_vocab_size != cfg.vocab_size) {
+      Fail(absl::InvalidArgumentError(absl::StrCat(absl::GetFlag(FLAGS_vocab_map), ": target vocab ",
+                                                   vocab.target_vocab_size, " but the model has ", cfg.vocab_size)));
+    }
+  } else {
+    auto built = CalibrateVocabMap((*dataset)->samples(), cfg.vocab_size,
+                                   std::min(absl::GetFlag(FLAGS_draft_vocab_size), cfg.vocab_size));
+    if (!built.ok()) Fail(built.status());
+    vocab = std::move(built).value();
+  }
+  auto coverage = ComputeCoverage(vocab, (*dataset)->samples());
+  std::printf("teacher: draft vocab %ld of %ld, covers %.1f%% of trained tokens\n",
+              static_cast<long>(vocab.draft_vocab_size()), static_cast<long>(cfg.vocab_size),
+              coverage.ok() ? 100.0 * coverage->fraction() : 0.0);
+  if (!absl::GetFlag(FLAGS_vocab_map_out).empty()) {
+    auto s = SaveVocabMap(vocab, absl::GetFlag(FLAGS_vocab_map_out));
+    if (!s.ok()) Fail(s);
+  }
+
+  ModelOptions mopts;
+  try {
+    mopts.device = at::Device(absl::GetFlag(FLAGS_device));
+  } catch (const c10::Error& e) {
+    Fail(absl::InvalidArgumentError(absl::StrCat("--device=", absl::GetFlag(FLAGS_device), ": ", e.what_without_backtrace())));
+  }
+  std::string dtype_name = absl::GetFlag(FLAGS_dtype);
+  if (dtype_name.empty()) dtype_name = mopts.device.is_cuda() ? "bfloat16" : "float32";
+  auto dtype = ParseComputeDType(dtype_name);
+  if (!dtype.ok()) Fail(dtype.status());
+  mopts.dtype = *dtype == DType::kBF16 ? at::kBFloat16 : *dtype == DType::kF16 ? at::kHalf : at::kFloat;
+  mopts.on_progress = [](int64_t done, int64_t total) {
+    if (done == total || done % 16 == 0) {
+      std::printf("\rteacher: loading weights %ld/%ld", static_cast<long>(done), static_cast<long>(total));
+      if (done == total) std::printf("\n");
+      std::fflush(stdout);
+    }
+  };
+  auto model = LoadCausalLM(**dir, mopts);
+  if (!model.ok()) Fail(model.status());
+
+  EngineOptions eopts;
+  eopts.tokens_per_batch = absl::GetFlag(FLAGS_tokens_per_batch);
+  eopts.epochs = absl::GetFlag(FLAGS_epochs);
+  eopts.seed = absl::GetFlag(FLAGS_seed);
+  eopts.max_credit_window = absl::GetFlag(FLAGS_max_credit_window);
+  eopts.subscriber_timeout = absl::Seconds(absl::GetFlag(FLAGS_subscriber_timeout_s));
+  eopts.ledger_path = absl::GetFlag(FLAGS_ledger);
+  auto transports = ParseTransportList(absl::GetFlag(FLAGS_transports));
+  if (!transports.ok()) Fail(transports.status());
+  eopts.transports = *transports;
+  if (absl::GetFlag(FLAGS_aux_layer_ids).empty()) {
+    eopts.aux_layer_ids = cfg.DefaultAuxLayerIds();
+  } else {
+    for (const auto& piece : std::vector<std::string>(absl::StrSplit(absl::GetFlag(FLAGS_aux_layer_ids), ','))) {
+      int32_t id;
+      if (!absl::SimpleAtoi(piece, &id)) {
+        Fail(absl::InvalidArgumentError(absl::StrCat("--aux_layer_ids: \"", piece, "\" is not an integer")));
+      }
+      eopts.aux_layer_ids.push_back(id);
+    }
+  }
+  auto engine = Engine::Create(model->get(), dataset->get(), eopts);
+  if (!engine.ok()) Fail(engine.status());
+
+  TeacherMetrics metrics;
+  ServiceOptions sopts;
+  sopts.backend = absl::GetFlag(FLAGS_backend);
+  sopts.hostname = HostName();
+  auto service = TeacherServiceImpl::Create(engine->get(), model->get(), &vocab, dataset->get(), &metrics, sopts);
+  if (!service.ok()) Fail(service.status());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &bound_port);
+  builder.RegisterService(service->get());
+  builder.SetMaxSendMessageSize(512 << 20);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || bound_port == 0) {
+    Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen), " (in use?)")));
+  }
+  server->GetHealthCheckService()->SetServingStatus(true);
+
+  std::unique_ptr<MetricsServer> metrics_server;
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    auto ms = MetricsServer::Start(metrics.registry(), absl::GetFlag(FLAGS_metrics_host), absl::GetFlag(FLAGS_metrics_port));
+    if (!ms.ok()) Fail(ms.status());
+    metrics_server = std::move(ms).value();
+  }
+  std::string host = absl::GetFlag(FLAGS_listen);
+  host = host.substr(0, host.rfind(':'));
+  std::printf("teacher: serving on %s:%d (metrics on :%d), %ld batches/epoch for one rank\n", host.c_str(), bound_port,
+              metrics_server ? metrics_server->port() : -1, static_cast<long>((*engine)->batches_per_epoch(1)));
+  std::fflush(stdout);
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    std::string tmp = absl::GetFlag(FLAGS_port_file) + ".tmp";
+    std::ofstream(tmp) << bound_port << "\n";
+    std::rename(tmp.c_str(), absl::GetFlag(FLAGS_port_file).c_str());
+  }
+
+  auto last_print = std::chrono::steady_clock::now();
+  int64_t last_tokens = 0;
+  while (g_signal == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EngineStats st = (*engine)->stats();
+    metrics.Update(st);
+    auto now = std::chrono::steady_clock::now();
+    double dt = std::chrono::duration<double>(now - last_print).count();
+    if (dt >= 10) {
+      std::printf("teacher: %ld batches, %ld tokens (%.0f tok/s), %ld buffered, %d streams\n",
+                  static_cast<long>(st.batches_computed), static_cast<long>(st.tokens_computed),
+                  (st.tokens_computed - last_tokens) / dt, static_cast<long>(st.buffered_batches),
+                  (*service)->open_streams());
+      std::fflush(stdout);
+      last_print = now;
+      last_tokens = st.tokens_computed;
+    }
+    if (absl::GetFlag(FLAGS_exit_when_done) && (*engine)->ledger_report().epochs >= eopts.epochs) {
+      std::printf("teacher: every rank committed every epoch; exiting\n");
+      break;
+    }
+  }
+  if (g_signal != 0) std::printf("teacher: signal %d: draining\n", g_signal.load());
+  server->GetHealthCheckService()->SetServingStatus(false);
+  (*engine)->Drain();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  LedgerReport report = (*engine)->ledger_report();
+  std::printf("teacher: ledger %s\n", report.ToJson().c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+}  // namespace e3
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Serves a base model's hidden states to EAGLE-3 student trainers.");
+  absl::ParseCommandLine(argc, argv);
+  struct sigaction sa {};
+  sa.sa_handler = [](int sig) { e3::g_signal = sig; };
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  return e3::Main();
+}

@@ -1,0 +1,353 @@
+#include "teacher_server/teacher_service.h"
+
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/torch/tensor_convert.h"
+#include "proto/wire_codec.h"
+
+namespace e3 {
+namespace {
+
+// Inline weight chunks stay well under gRPC's default 4 MiB message cap.
+constexpr size_t kWeightChunkBytes = 1 << 20;
+
+template <typename T>
+class ErrorWriteReactor : public grpc::ServerWriteReactor<T> {
+ public:
+  explicit ErrorWriteReactor(grpc::Status status) { this->Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
+grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* ctx, const grpc::Status& status) {
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(status);
+  return reactor;
+}
+
+WeightBlob BlobOf(const std::string& name, const at::Tensor& t) {
+  auto w = TensorToWritable(name, t);
+  return {name, w->dtype, w->shape, std::move(w->data)};
+}
+
+// Streams the batches the engine makes for one subscription. All state is
+// guarded by `link->mu`, which the engine's notifier also takes, so the
+// notifier never touches a reactor that OnDone has deleted.
+class SubscribeReactor : public grpc::ServerWriteReactor<v1::BatchDescriptor> {
+ public:
+  struct Link {
+    std::recursive_mutex mu;
+    SubscribeReactor* reactor = nullptr;
+  };
+
+  SubscribeReactor(Engine* engine, TeacherMetrics* metrics, std::atomic<int>* open_streams, int rank,
+                   uint64_t generation)
+      : engine_(engine), metrics_(metrics), open_streams_(open_streams), rank_(rank), generation_(generation),
+        link_(std::make_shared<Link>()) {
+    link_->reactor = this;
+    ++*open_streams_;
+    metrics_->SetSubscribers(*open_streams_);
+    std::shared_ptr<Link> link = link_;
+    engine_->SetNotifier(rank_, generation_, [link] {
+      std::lock_guard<std::recursive_mutex> lock(link->mu);
+      if (link->reactor != nullptr) link->reactor->MaybeWriteLocked();
+    });
+    std::lock_guard<std::recursive_mutex> lock(link_->mu);
+    MaybeWriteLocked();
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::recursive_mutex> lock(link_->mu);
+    writing_ = false;
+    if (ok && current_payload_ != nullptr) {
+      metrics_->AddBytesSent(current_payload_->transport(), static_cast<double>(current_payload_->total_bytes()));
+      metrics_->BatchSent();
+    }
+    current_payload_.reset();
+    if (!ok) {
+      FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream broken"));
+      return;
+    }
+    if (last_written_) {
+      FinishLocked(grpc::Status::OK);
+      return;
+    }
+    MaybeWriteLocked();
+  }
+
+  void OnCancel() override {
+    std::lock_guard<std::recursive_mutex> lock(link_->mu);
+    FinishLocked(grpc::Status::CANCELLED);
+  }
+
+  void OnDone() override {
+    {
+      std::lock_guard<std::recursive_mutex> lock(link_->mu);
+      link_->reactor = nullptr;
+    }
+    engine_->Detach(rank_, generation_);
+    --*open_streams_;
+    metrics_->SetSubscribers(*open_streams_);
+    delete this;
+  }
+
+  void MaybeWriteLocked() {
+    if (writing_ || finished_) return;
+    auto next = engine_->TakeNext(rank_, generation_);
+    if (!next.ok()) {
+      FinishLocked(ToGrpcStatus(next.status()));
+      return;
+    }
+    if (!next->has_value()) return;
+    const ReadyBatch& b = **next;
+    msg_.Clear();
+    msg_.set_version(v1::PROTOCOL_VERSION_CURRENT);
+    msg_.set_batch_id(b.batch_id);
+    msg_.set_epoch(b.epoch);
+    msg_.set_index_in_epoch(b.index);
+    msg_.set_end_of_data(b.end_of_data);
+    msg_.set_num_samples(static_cast<int32_t>(b.sample_ids.size()));
+    msg_.set_num_tokens(b.num_tokens);
+    for (int64_t s : b.sample_ids) msg_.add_sample_ids(s);
+    if (b.payload) DescribePayload(*b.payload, &msg_);
+    current_payload_ = b.payload;  // keeps shm alive until written
+    last_written_ = b.end_of_data;
+    writing_ = true;
+    StartWrite(&msg_);
+  }
+
+ private:
+  void FinishLocked(const grpc::Status& status) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(status);
+  }
+
+  Engine* engine_;
+  TeacherMetrics* metrics_;
+  std::atomic<int>* open_streams_;
+  int rank_;
+  uint64_t generation_;
+  std::shared_ptr<Link> link_;
+  v1::BatchDescriptor msg_;
+  std::shared_ptr<const PayloadBuffer> current_payload_;
+  bool writing_ = false;
+  bool finished_ = false;
+  bool last_written_ = false;
+};
+
+class WeightsReactor : public grpc::ServerWriteReactor<v1::WeightChunk> {
+ public:
+  WeightsReactor(const std::vector<const WeightBlob*>& blobs) : blobs_(blobs) { Next(); }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream broken"));
+      return;
+    }
+    Next();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Next() {
+    if (blob_ >= blobs_.size()) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    const WeightBlob& b = *blobs_[blob_];
+    const size_t n = std::min(kWeightChunkBytes, b.bytes.size() - offset_);
+    msg_.Clear();
+    v1::TensorRef* ref = msg_.mutable_tensor();
+    ref->set_name(b.name);
+    for (int64_t d : b.shape) ref->add_shape(d);
+    ref->set_dtype(ToWire(b.dtype));
+    ref->set_inline_data(b.bytes.data() + offset_, n);
+    msg_.set_offset(offset_);
+    msg_.set_total_bytes(b.bytes.size());
+    offset_ += n;
+    if (offset_ >= b.bytes.size()) {
+      ++blob_;
+      offset_ = 0;
+    }
+    StartWrite(&msg_);
+  }
+  std::vector<const WeightBlob*> blobs_;
+  size_t blob_ = 0;
+  size_t offset_ = 0;
+  v1::WeightChunk msg_;
+};
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(s.code())), std::string(s.message()));
+}
+
+absl::StatusOr<std::unique_ptr<TeacherServiceImpl>> TeacherServiceImpl::Create(
+    Engine* engine, CausalLM* model, const VocabMap* vocab, const Dataset* dataset, TeacherMetrics* metrics,
+    ServiceOptions options) {
+  auto s = std::unique_ptr<TeacherServiceImpl>(new TeacherServiceImpl());
+  s->engine_ = engine;
+  s->model_ = model;
+  s->vocab_ = vocab;
+  s->dataset_ = dataset;
+  s->metrics_ = metrics;
+  s->options_ = std::move(options);
+  try {
+    std::vector<int64_t> ids = vocab->TargetIds();
+    at::Tensor index = torch::tensor(ids, torch::kLong).to(model->lm_head().device());
+    s->weights_.push_back(BlobOf("embed_tokens", model->embed_tokens()));
+    s->weights_.push_back(BlobOf("target_head", model->lm_head().index_select(0, index)));
+    s->weights_.push_back(BlobOf("d2t", torch::tensor(vocab->d2t, torch::kLong)));
+    std::vector<uint8_t> t2d = vocab->t2d;
+    s->weights_.push_back(
+        BlobOf("t2d", torch::from_blob(t2d.data(), {static_cast<int64_t>(t2d.size())}, torch::kUInt8).to(torch::kBool)));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("preparing weights for students: ", e.what_without_backtrace()));
+  }
+  return s;
+}
+
+grpc::ServerUnaryReactor* TeacherServiceImpl::GetInfo(grpc::CallbackServerContext* ctx, const v1::GetInfoRequest* req,
+                                                      v1::GetInfoResponse* resp) {
+  auto version = CheckProtocolVersion(req->version(), "student");
+  if (!version.ok()) return FinishUnary(ctx, ToGrpcStatus(version));
+  const ModelConfig& c = model_->config();
+  resp->set_version(v1::PROTOCOL_VERSION_CURRENT);
+  v1::ModelInfo* m = resp->mutable_model();
+  m->set_architecture(c.architecture_name);
+  m->set_hidden_size(static_cast<int32_t>(c.hidden_size));
+  m->set_num_hidden_layers(static_cast<int32_t>(c.num_hidden_layers));
+  m->set_num_attention_heads(static_cast<int32_t>(c.num_attention_heads));
+  m->set_num_key_value_heads(static_cast<int32_t>(c.num_key_value_heads));
+  m->set_head_dim(static_cast<int32_t>(c.head_dim));
+  m->set_intermediate_size(static_cast<int32_t>(c.intermediate_size));
+  m->set_vocab_size(c.vocab_size);
+  m->set_draft_vocab_size(vocab_->draft_vocab_size());
+  m->set_rms_norm_eps(c.rms_norm_eps);
+  m->set_max_position_embeddings(static_cast<int32_t>(c.max_position_embeddings));
+  for (int32_t id : engine_->options().aux_layer_ids) m->add_aux_layer_ids(id);
+  auto dtype = FromScalarType(model_->options().dtype);
+  m->set_compute_dtype(dtype.ok() ? ToWire(*dtype) : v1::DTYPE_UNSPECIFIED);
+  m->set_config_json(c.raw_json);
+  resp->mutable_layout()->set_tp_size(1);
+  resp->mutable_layout()->set_ep_size(1);
+  resp->mutable_layout()->set_teacher_ranks(1);
+  for (TransportKind k : engine_->options().transports) resp->add_transports(ToWire(k));
+  resp->set_dataset_samples(dataset_->size());
+  resp->set_dataset_tokens(dataset_->stats().total_tokens);
+  resp->set_backend(options_.backend);
+  return FinishUnary(ctx, grpc::Status::OK);
+}
+
+grpc::ServerWriteReactor<v1::BatchDescriptor>* TeacherServiceImpl::Subscribe(grpc::CallbackServerContext* ctx,
+                                                                              const v1::SubscribeRequest* req) {
+  auto version = CheckProtocolVersion(req->version(), "student");
+  if (!version.ok()) return new ErrorWriteReactor<v1::BatchDescriptor>(ToGrpcStatus(version));
+  if (req->subscriber_id().empty()) {
+    return new ErrorWriteReactor<v1::BatchDescriptor>(
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "subscriber_id is required"));
+  }
+  std::vector<TransportKind> accepted;
+  for (int t : req->accepted_transports()) {
+    auto kind = FromWire(static_cast<v1::Transport>(t));
+    if (kind.ok()) accepted.push_back(*kind);
+  }
+  Placement placement;
+  placement.same_host = !req->host().empty() && req->host() == options_.hostname;
+  placement.teacher_on_gpu = model_->options().device.is_cuda();
+  auto transport = NegotiateTransport(engine_->options().transports, accepted, placement);
+  if (!transport.ok()) return new ErrorWriteReactor<v1::BatchDescriptor>(ToGrpcStatus(transport.status()));
+  SubscribeParams p;
+  p.subscriber_id = req->subscriber_id();
+  p.rank = req->rank();
+  p.world_size = req->world_size();
+  p.credit_window = req->credit_window() > 0 ? req->credit_window() : 4;
+  p.resume = {req->resume().epoch(), req->resume().next_batch()};
+  p.transport = *transport;
+  auto generation = engine_->Subscribe(p);
+  if (!generation.ok()) return new ErrorWriteReactor<v1::BatchDescriptor>(ToGrpcStatus(generation.status()));
+  return new SubscribeReactor(engine_, metrics_, &open_streams_, p.rank, *generation);
+}
+
+grpc::ServerUnaryReactor* TeacherServiceImpl::Ack(grpc::CallbackServerContext* ctx, const v1::AckRequest* req,
+                                                  v1::AckResponse* resp) {
+  auto version = CheckProtocolVersion(req->version(), "student");
+  if (!version.ok()) return FinishUnary(ctx, ToGrpcStatus(version));
+  std::optional<Cursor> committed;
+  if (req->has_committed()) committed = Cursor{req->committed().epoch(), req->committed().next_batch()};
+  auto credits = engine_->Ack(req->rank(), req->subscriber_id(),
+                              std::vector<int64_t>(req->batch_ids().begin(), req->batch_ids().end()), committed);
+  if (!credits.ok()) return FinishUnary(ctx, ToGrpcStatus(credits.status()));
+  resp->set_credits(*credits);
+  return FinishUnary(ctx, grpc::Status::OK);
+}
+
+grpc::ServerWriteReactor<v1::WeightChunk>* TeacherServiceImpl::GetWeights(grpc::CallbackServerContext* ctx,
+                                                                          const v1::GetWeightsRequest* req) {
+  auto version = CheckProtocolVersion(req->version(), "student");
+  if (!version.ok()) return new ErrorWriteReactor<v1::WeightChunk>(ToGrpcStatus(version));
+  std::vector<const WeightBlob*> blobs;
+  for (const auto& b : weights_) {
+    bool wanted = req->names().empty();
+    for (const auto& n : req->names()) wanted |= (n == b.name);
+    if (wanted) blobs.push_back(&b);
+  }
+  for (const auto& n : req->names()) {
+    bool found = false;
+    for (const auto& b : weights_) found |= (b.name == n);
+    if (!found) {
+      return new ErrorWriteReactor<v1::WeightChunk>(grpc::Status(
+          grpc::StatusCode::NOT_FOUND, absl::StrCat("no weight \"", n, "\"; served: embed_tokens, target_head, d2t, t2d")));
+    }
+  }
+  return new WeightsReactor(blobs);
+}
+
+grpc::ServerUnaryReactor* TeacherServiceImpl::Generate(grpc::CallbackServerContext* ctx, const v1::GenerateRequest* req,
+                                                       v1::GenerateResponse* resp) {
+  auto version = CheckProtocolVersion(req->version(), "client");
+  if (!version.ok()) return FinishUnary(ctx, ToGrpcStatus(version));
+  const ModelConfig& c = model_->config();
+  if (req->input_ids().empty()) return FinishUnary(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty prompt"));
+  const int64_t max_new = std::min<int64_t>(req->max_new_tokens(), options_.max_generate_tokens);
+  if (req->input_ids_size() + max_new > c.max_position_embeddings) {
+    return FinishUnary(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                         absl::StrCat("prompt + max_new_tokens exceeds max_position_embeddings ",
+                                                      c.max_position_embeddings)));
+  }
+  auto* reactor = ctx->DefaultReactor();
+  std::vector<int32_t> ids(req->input_ids().begin(), req->input_ids().end());
+  // Greedy decoding recomputes the prefix each step (no KV cache): this
+  // RPC serves acceptance measurement, not production serving.
+  std::thread([this, reactor, resp, ids, max_new, &c]() mutable {
+    std::set<int64_t> eos(c.eos_token_ids.begin(), c.eos_token_ids.end());
+    for (int64_t step = 0; step < max_new; ++step) {
+      auto batch = PackSamples({ids}, c.vocab_size, model_->options().device);
+      if (!batch.ok()) {
+        reactor->Finish(ToGrpcStatus(batch.status()));
+        return;
+      }
+      ForwardOptions fwd;
+      fwd.return_argmax = true;
+      auto out = model_->Forward(*batch, fwd);
+      if (!out.ok()) {
+        reactor->Finish(ToGrpcStatus(out.status()));
+        return;
+      }
+      int32_t next = out->target_argmax[-1].item<int32_t>();
+      ids.push_back(next);
+      resp->add_output_ids(next);
+      if (eos.count(next)) break;
+    }
+    reactor->Finish(grpc::Status::OK);
+  }).detach();
+  return reactor;
+}
+
+}  // namespace e3

@@ -1,0 +1,72 @@
+// gRPC TeacherService over the callback API. Handlers are thin: they
+// validate, translate to engine calls, and stream what the engine makes
+// (one write in flight per stream is the backpressure).
+#ifndef E3_TEACHER_SERVER_TEACHER_SERVICE_H_
+#define E3_TEACHER_SERVER_TEACHER_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/vocab_map.h"
+#include "proto/teacher.grpc.pb.h"
+#include "teacher_server/causal_lm.h"
+#include "teacher_server/engine.h"
+#include "teacher_server/teacher_metrics.h"
+
+namespace e3 {
+
+// A frozen tensor the student fetches with GetWeights.
+struct WeightBlob {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+struct ServiceOptions {
+  std::string backend = "hf";
+  std::string hostname;      // compared with the student's to allow shm
+  int64_t max_generate_tokens = 512;
+};
+
+class TeacherServiceImpl final : public v1::TeacherService::CallbackService {
+ public:
+  // Builds the weight blobs (embed_tokens, target_head, d2t, t2d) once.
+  static absl::StatusOr<std::unique_ptr<TeacherServiceImpl>> Create(Engine* engine, CausalLM* model,
+                                                                    const VocabMap* vocab, const Dataset* dataset,
+                                                                    TeacherMetrics* metrics, ServiceOptions options);
+
+  grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* ctx, const v1::GetInfoRequest* req,
+                                    v1::GetInfoResponse* resp) override;
+  grpc::ServerWriteReactor<v1::BatchDescriptor>* Subscribe(grpc::CallbackServerContext* ctx,
+                                                           const v1::SubscribeRequest* req) override;
+  grpc::ServerUnaryReactor* Ack(grpc::CallbackServerContext* ctx, const v1::AckRequest* req,
+                                v1::AckResponse* resp) override;
+  grpc::ServerWriteReactor<v1::WeightChunk>* GetWeights(grpc::CallbackServerContext* ctx,
+                                                        const v1::GetWeightsRequest* req) override;
+  grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* ctx, const v1::GenerateRequest* req,
+                                     v1::GenerateResponse* resp) override;
+
+  int open_streams() const { return open_streams_; }
+
+ private:
+  TeacherServiceImpl() = default;
+  Engine* engine_ = nullptr;
+  CausalLM* model_ = nullptr;
+  const VocabMap* vocab_ = nullptr;
+  const Dataset* dataset_ = nullptr;
+  TeacherMetrics* metrics_ = nullptr;
+  ServiceOptions options_;
+  std::vector<WeightBlob> weights_;
+  std::atomic<int> open_streams_{0};
+};
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+}  // namespace e3
+
+#endif  // E3_TEACHER_SERVER_TEACHER_SERVICE_H_

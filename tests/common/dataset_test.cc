@@ -1,0 +1,494 @@
+#include "common/dataset.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "common/chat_template.h"
+#include "common/sample_order.h"
+#include "common/tokenizer.h"
+#include "common/vocab_map.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace e3 {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr char kModelDir[] = E3_SOURCE_DIR "/examples/tiny-code-llama";
+constexpr char kTrainData[] = E3_SOURCE_DIR "/examples/data/train_conversations.jsonl";
+constexpr char kTokenizerHead[] = E3_SOURCE_DIR "/tests/fixtures/tokenizer_head.jsonl";
+constexpr int64_t kTrainLines = 2999;
+
+class DatasetTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto tokenizer = Tokenizer::FromFile(std::string(kModelDir) + "/tokenizer.json");
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    tokenizer_ = std::move(tokenizer).value().release();
+    auto chat_template = ChatTemplate::DetectFromModelDir(kModelDir);
+    ASSERT_TRUE(chat_template.ok()) << chat_template.status();
+    template_ = new ChatTemplate(*chat_template);
+  }
+  static void TearDownTestSuite() {
+    delete tokenizer_;
+    delete template_;
+    tokenizer_ = nullptr;
+    template_ = nullptr;
+  }
+
+  void SetUp() override {
+    ASSERT_NE(tokenizer_, nullptr) << "tokenizer failed to load";
+    ASSERT_NE(template_, nullptr) << "chat template failed to load";
+    dir_ = std::filesystem::temp_directory_path() /
+           ("e3_dataset_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string Write(const std::string& name, const std::string& text) const {
+    const std::string path = (dir_ / name).string();
+    std::ofstream out(path, std::ios::binary);
+    out << text;
+    return path;
+  }
+
+  absl::StatusOr<std::unique_ptr<Dataset>> Load(const DatasetOptions& options) const {
+    return Dataset::Load(options, *tokenizer_, *template_);
+  }
+
+  DatasetOptions Options(const std::string& path) const {
+    DatasetOptions options;
+    options.path = path;
+    return options;
+  }
+
+  static Tokenizer* tokenizer_;
+  static ChatTemplate* template_;
+  std::filesystem::path dir_;
+};
+
+Tokenizer* DatasetTest::tokenizer_ = nullptr;
+ChatTemplate* DatasetTest::template_ = nullptr;
+
+// absl::string_view is not std::string_view in this build; gmock's string
+// matchers need a std::string.
+std::string Msg(const absl::Status& status) { return std::string(status.message()); }
+
+int64_t Sum(const std::vector<uint8_t>& mask) {
+  return std::accumulate(mask.begin(), mask.end(), int64_t{0});
+}
+
+TEST_F(DatasetTest, RoleContentAndFromValueAgree) {
+  const std::string path = Write(
+      "chat.jsonl",
+      R"({"conversations": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}]})"
+      "\n"
+      R"({"id": "x1", "conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello there"}]})"
+      "\n"
+      R"({"conversations": [{"from": "system", "value": "Be brief."}, {"from": "user", "value": "Hi"}, {"from": "chatgpt", "value": "Hello there"}]})"
+      "\n"
+      R"({"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi"}, {"from": "bot", "value": "Hello there"}]})"
+      "\n"
+      R"({"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi"}, {"from": "assistant", "value": "Hello there"}]})"
+      "\n");
+  auto dataset = Load(Options(path));
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  const Dataset& d = **dataset;
+  ASSERT_EQ(d.size(), 5);
+  EXPECT_EQ(d.stats().conversations, 5);
+  EXPECT_EQ(d.stats().malformed, 0);
+  for (int64_t i = 0; i < d.size(); ++i) {
+    EXPECT_EQ(d[i].id, i);
+    EXPECT_EQ(d[i].line, i + 1);
+    EXPECT_EQ(d[i].input_ids, d[0].input_ids) << "line " << i + 1;
+    EXPECT_EQ(d[i].loss_mask, d[0].loss_mask) << "line " << i + 1;
+  }
+
+  // The tokens match rendering the chat by hand and encoding it whole.
+  const std::string text =
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\nHello there<|eot_id|>";
+  EXPECT_EQ(d[0].input_ids, tokenizer_->Encode(text).ids);
+  // Only the assistant's words and its <|eot_id|> are trained.
+  const std::vector<int32_t> reply = tokenizer_->Encode("Hello there").ids;
+  const std::vector<uint8_t>& mask = d[0].loss_mask;
+  EXPECT_EQ(Sum(mask), static_cast<int64_t>(reply.size()) + 1);
+  EXPECT_EQ(mask.front(), 0);
+  EXPECT_EQ(mask.back(), 1);
+  EXPECT_EQ(d[0].input_ids.back(), *tokenizer_->TokenToId("<|eot_id|>"));
+  // The trained tokens are the tail of the sample.
+  const size_t n = mask.size();
+  for (size_t t = 0; t < n; ++t) EXPECT_EQ(mask[t], t + reply.size() + 1 >= n ? 1 : 0) << t;
+
+  DatasetOptions all = Options(path);
+  all.train_on_all_tokens = true;
+  auto everything = Load(all);
+  ASSERT_TRUE(everything.ok());
+  EXPECT_EQ((**everything)[0].input_ids, d[0].input_ids);
+  EXPECT_EQ(Sum((**everything)[0].loss_mask), static_cast<int64_t>(n));
+}
+
+TEST_F(DatasetTest, PretokenizedLines) {
+  const std::string path =
+      Write("ids.jsonl", R"({"input_ids": [1, 2, 3, 8191], "loss_mask": [0, 0, 1, 1]})"
+                         "\n"
+                         R"({"input_ids": [7, 7, 7], "loss_mask": [false, true, true]})"
+                         "\n");
+  auto dataset = Load(Options(path));
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  const Dataset& d = **dataset;
+  ASSERT_EQ(d.size(), 2);
+  EXPECT_THAT(d[0].input_ids, ElementsAre(1, 2, 3, 8191));
+  EXPECT_THAT(d[0].loss_mask, ElementsAre(0, 0, 1, 1));
+  EXPECT_THAT(d[1].input_ids, ElementsAre(7, 7, 7));
+  EXPECT_THAT(d[1].loss_mask, ElementsAre(0, 1, 1));
+  EXPECT_EQ(d.stats().pretokenized, 2);
+  EXPECT_EQ(d.stats().total_tokens, 7);
+  EXPECT_EQ(d.stats().loss_tokens, 4);
+  EXPECT_EQ(d.stats().max_sample_length, 4);
+  EXPECT_THAT(d.Lengths(), ElementsAre(4, 3));
+
+  // A bigger vocab_size admits ids the tokenizer does not know.
+  const std::string big = Write("big.jsonl", R"({"input_ids": [9000, 1], "loss_mask": [1, 1]})");
+  auto narrow = Load(Options(big));
+  ASSERT_TRUE(narrow.ok());
+  EXPECT_EQ((**narrow).size(), 0);
+  EXPECT_EQ((**narrow).stats().malformed, 1);
+  DatasetOptions wide = Options(big);
+  wide.vocab_size = 10000;
+  auto widened = Load(wide);
+  ASSERT_TRUE(widened.ok());
+  EXPECT_EQ((**widened).size(), 1);
+}
+
+// One malformed line per case: what it is and what the message must say.
+struct MalformedCase {
+  const char* name;
+  const char* line;
+  const char* expected;
+};
+
+const std::vector<MalformedCase>& MalformedCases() {
+  static const auto* cases = new std::vector<MalformedCase>{
+      {"bad_json", R"({"conversations": [)", "invalid JSON at byte"},
+      {"not_object", R"([1, 2, 3])", "line is a JSON array; expected an object"},
+      {"no_known_key", R"({"text": "hello"})",
+       "expected a \"conversations\" array, or \"input_ids\" and \"loss_mask\" arrays"},
+      {"conversations_not_array", R"({"conversations": "hi"})",
+       "\"conversations\" is string; expected an array of turns"},
+      {"conversations_empty", R"({"conversations": []})", "\"conversations\" is empty"},
+      {"turn_not_object", R"({"conversations": ["hi"]})",
+       "conversations[0] is string; expected an object"},
+      {"missing_content", R"({"conversations": [{"role": "user"}]})",
+       "conversations[0]: missing \"content\""},
+      {"content_null", R"({"conversations": [{"role": "user", "content": null}]})",
+       "conversations[0].content is null; expected a string"},
+      {"missing_value", R"({"conversations": [{"from": "human", "value": "a"}, {"from": "gpt"}]})",
+       "conversations[1]: missing \"value\""},
+      {"unknown_role", R"({"conversations": [{"role": "robot", "content": "beep"}]})",
+       "conversations[0].role is \"robot\"; expected \"system\", \"user\" or \"assistant\""},
+      {"unknown_from", R"({"conversations": [{"from": "narrator", "value": "once"}]})",
+       "conversations[0].from is \"narrator\"; expected human/user, gpt/assistant/chatgpt/bot or "
+       "system"},
+      {"no_role_or_from", R"({"conversations": [{"speaker": "user", "text": "x"}]})",
+       "conversations[0] has neither \"role\"/\"content\" nor \"from\"/\"value\""},
+      {"mismatched_lengths", R"({"input_ids": [1, 2, 3], "loss_mask": [1, 1]})",
+       "\"input_ids\" has 3 values but \"loss_mask\" has 2; expected the same length"},
+      {"missing_mask", R"({"input_ids": [1, 2, 3]})", "has \"input_ids\" but no \"loss_mask\""},
+      {"id_too_big", R"({"input_ids": [1, 8192], "loss_mask": [1, 1]})",
+       "input_ids[1] is 8192; expected an integer in [0, 8192)"},
+      {"id_negative", R"({"input_ids": [-1, 2], "loss_mask": [1, 1]})",
+       "input_ids[0] is -1; expected an integer in [0, 8192)"},
+      {"id_huge", R"({"input_ids": [18446744073709551615], "loss_mask": [1]})",
+       "input_ids[0] is 18446744073709551615"},
+      {"id_float", R"({"input_ids": [1.5], "loss_mask": [1]})", "input_ids[0] is 1.5"},
+      {"mask_value", R"({"input_ids": [1, 2], "loss_mask": [1, 2]})",
+       "loss_mask[1] is 2; expected 0 or 1"},
+      {"ids_not_array", R"({"input_ids": 5, "loss_mask": [1]})",
+       "\"input_ids\" is number; expected an array of token ids"},
+      {"both_kinds",
+       R"({"conversations": [{"role": "user", "content": "x"}], "input_ids": [1], "loss_mask": [1]})",
+       "has both \"conversations\" and \"input_ids\""},
+  };
+  return *cases;
+}
+
+constexpr char kGoodIds[] = R"({"input_ids": [5, 6, 7], "loss_mask": [0, 1, 1]})";
+
+TEST_F(DatasetTest, MalformedLinesSkippedAndCounted) {
+  std::string text = std::string(kGoodIds) + "\n";
+  for (const MalformedCase& c : MalformedCases()) text += std::string(c.line) + "\n";
+  text += std::string(kGoodIds) + "\n";
+  const std::string path = Write("mixed.jsonl", text);
+  DatasetOptions options = Options(path);
+  options.skip_malformed = true;
+  options.max_error_messages = 100;
+  auto dataset = Load(options);
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  const Dataset& d = **dataset;
+  const int64_t num_bad = static_cast<int64_t>(MalformedCases().size());
+  EXPECT_EQ(d.size(), 2);
+  EXPECT_EQ(d.stats().malformed, num_bad);
+  EXPECT_EQ(d.stats().lines_read, num_bad + 2);
+  EXPECT_EQ(d[1].line, num_bad + 2);
+  ASSERT_EQ(static_cast<int64_t>(d.stats().first_errors.size()), num_bad);
+  for (int64_t i = 0; i < num_bad; ++i) {
+    const std::string& error = d.stats().first_errors[i];
+    EXPECT_THAT(error, StartsWith(path + ":" + std::to_string(i + 2) + ": ")) << error;
+    EXPECT_THAT(error, HasSubstr(MalformedCases()[i].expected)) << MalformedCases()[i].name;
+  }
+  EXPECT_THAT(d.Summary(), HasSubstr(std::to_string(num_bad) + " malformed"));
+  EXPECT_THAT(d.Summary(), HasSubstr("first malformed: " + path + ":2: "));
+
+  // Only the first few messages are kept; the count stays exact.
+  options.max_error_messages = 3;
+  auto few = Load(options);
+  ASSERT_TRUE(few.ok());
+  EXPECT_EQ((**few).stats().first_errors.size(), 3u);
+  EXPECT_EQ((**few).stats().malformed, num_bad);
+}
+
+TEST_F(DatasetTest, MalformedLineIsFatalWithFileAndLine) {
+  for (const MalformedCase& c : MalformedCases()) {
+    const std::string path = Write(std::string(c.name) + ".jsonl",
+                                   std::string(kGoodIds) + "\n" + c.line + "\n" + kGoodIds);
+    DatasetOptions options = Options(path);
+    options.skip_malformed = false;
+    auto dataset = Load(options);
+    ASSERT_FALSE(dataset.ok()) << c.name;
+    EXPECT_EQ(dataset.status().code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_THAT(Msg(dataset.status()), StartsWith(path + ":2: ")) << c.name;
+    EXPECT_THAT(Msg(dataset.status()), HasSubstr(c.expected)) << c.name;
+  }
+}
+
+TEST_F(DatasetTest, EmptyLinesAreNotMalformed) {
+  const std::string path = Write("gaps.jsonl", std::string("\n   \n") + kGoodIds + "\r\n\r\n\t\n" +
+                                                   kGoodIds + "\n" + R"({"oops": 1})" + "\n\n");
+  DatasetOptions options = Options(path);
+  auto dataset = Load(options);
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  const Dataset& d = **dataset;
+  EXPECT_EQ(d.size(), 2);
+  EXPECT_EQ(d.stats().empty_lines, 5);
+  EXPECT_EQ(d.stats().malformed, 1);
+  EXPECT_EQ(d.stats().lines_read, 8);
+  EXPECT_EQ(d[0].line, 3);
+  EXPECT_EQ(d[1].line, 6);
+  // Line numbers count the empty lines too.
+  options.skip_malformed = false;
+  auto fatal = Load(options);
+  ASSERT_FALSE(fatal.ok());
+  EXPECT_THAT(Msg(fatal.status()), StartsWith(path + ":7: "));
+
+  const std::string blank = Write("blank.jsonl", "\n\n");
+  auto none = Load(Options(blank));
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ((**none).size(), 0);
+  EXPECT_EQ((**none).stats().empty_lines, 2);
+}
+
+TEST_F(DatasetTest, MaxLengthCutsAndCounts) {
+  const std::string path = Write(
+      "long.jsonl",
+      R"({"input_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], "loss_mask": [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]})"
+      "\n"
+      R"({"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]})"
+      "\n"
+      // Only the cut-off tail is trained: nothing left to learn.
+      R"({"input_ids": [1, 2, 3, 4, 5, 6, 7, 8], "loss_mask": [0, 0, 0, 0, 0, 0, 1, 1]})"
+      "\n"
+      R"({"conversations": [{"role": "user", "content": "Write a long story about a dragon who learns to code in Python."}, {"role": "assistant", "content": "Once upon a time there was a dragon."}]})"
+      "\n");
+  DatasetOptions options = Options(path);
+  options.max_length = 6;
+  auto dataset = Load(options);
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  const Dataset& d = **dataset;
+  EXPECT_EQ(d.stats().truncated, 3);
+  EXPECT_EQ(d.stats().dropped_empty_mask, 2);  // line 3, and the chat's reply was cut away
+  ASSERT_EQ(d.size(), 2);
+  EXPECT_THAT(d[0].input_ids, ElementsAre(1, 2, 3, 4, 5, 6));
+  EXPECT_THAT(d[0].loss_mask, ElementsAre(1, 1, 1, 1, 1, 1));
+  EXPECT_THAT(d[1].input_ids, ElementsAre(1, 2, 3));
+  EXPECT_EQ(d.stats().max_sample_length, 6);
+  EXPECT_EQ(d.stats().total_tokens, 9);
+
+  // Without the empty-mask rule the cut samples stay, at max_length.
+  options.drop_empty_loss_mask = false;
+  auto kept = Load(options);
+  ASSERT_TRUE(kept.ok());
+  ASSERT_EQ((**kept).size(), 4);
+  for (const Sample& s : (**kept).samples()) EXPECT_LE(s.size(), 6);
+  EXPECT_EQ((**kept)[3].size(), 6);
+
+  options.max_length = -1;
+  EXPECT_EQ(Load(options).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(DatasetTest, ShortAndUntrainedSamplesDropped) {
+  const std::string path =
+      Write("small.jsonl", R"({"input_ids": [1], "loss_mask": [1]})"
+                           "\n"
+                           R"({"input_ids": [], "loss_mask": []})"
+                           "\n"
+                           R"({"input_ids": [1, 2, 3], "loss_mask": [0, 0, 0]})"
+                           "\n" +
+                               std::string(kGoodIds) + "\n");
+  auto dataset = Load(Options(path));
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  const Dataset& d = **dataset;
+  EXPECT_EQ(d.size(), 1);
+  EXPECT_EQ(d.stats().dropped_short, 2);
+  EXPECT_EQ(d.stats().dropped_empty_mask, 1);
+  EXPECT_EQ(d[0].id, 0);
+  EXPECT_EQ(d[0].line, 4);
+  EXPECT_THAT(d.Summary(), HasSubstr("2 too short, 1 without trained tokens"));
+
+  DatasetOptions lenient = Options(path);
+  lenient.min_length = 0;
+  lenient.drop_empty_loss_mask = false;
+  auto all = Load(lenient);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ((**all).size(), 4);
+}
+
+TEST_F(DatasetTest, MissingFileAndDirectory) {
+  const std::string missing = (dir_ / "does_not_exist.jsonl").string();
+  auto dataset = Load(Options(missing));
+  ASSERT_FALSE(dataset.ok());
+  EXPECT_EQ(dataset.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Msg(dataset.status()), HasSubstr(missing));
+
+  auto dir = Load(Options(dir_.string()));
+  ASSERT_FALSE(dir.ok());
+  EXPECT_EQ(dir.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(dir.status()), HasSubstr("is a directory"));
+}
+
+TEST_F(DatasetTest, MaxSamplesStopsEarly) {
+  std::string text;
+  for (int i = 0; i < 10; ++i) text += std::string(kGoodIds) + "\n";
+  text += "not json\n";
+  DatasetOptions options = Options(Write("many.jsonl", text));
+  options.max_samples = 4;
+  options.skip_malformed = false;  // the bad line lies past the cutoff
+  auto dataset = Load(options);
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  EXPECT_EQ((**dataset).size(), 4);
+  EXPECT_EQ((**dataset).stats().lines_read, 4);
+}
+
+TEST_F(DatasetTest, FromSamples) {
+  Sample a;
+  a.id = 9;
+  a.input_ids = {1, 2, 3};
+  a.loss_mask = {0, 1, 1};
+  Sample b = a;
+  b.input_ids = {4, 5};
+  b.loss_mask = {1, 1};
+  auto d = Dataset::FromSamples({a, b}, "regenerated");
+  ASSERT_EQ(d->size(), 2);
+  EXPECT_EQ((*d)[0].id, 0);
+  EXPECT_EQ((*d)[1].id, 1);
+  EXPECT_EQ(d->stats().kept, 2);
+  EXPECT_EQ(d->stats().total_tokens, 5);
+  EXPECT_EQ(d->stats().loss_tokens, 4);
+  EXPECT_THAT(d->Summary(), StartsWith("regenerated: 2 lines, 2 samples kept"));
+}
+
+TEST_F(DatasetTest, FullTrainingFile) {
+  DatasetOptions options = Options(kTrainData);
+  options.skip_malformed = false;
+  const auto start = std::chrono::steady_clock::now();
+  auto dataset = Load(options);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  const Dataset& d = **dataset;
+  std::cout << d.Summary() << "\n  loaded in " << seconds << " s\n";
+  const DatasetStats& s = d.stats();
+  EXPECT_EQ(s.lines_read, kTrainLines);
+  EXPECT_EQ(s.kept, kTrainLines);
+  EXPECT_EQ(s.conversations, kTrainLines);
+  EXPECT_EQ(s.malformed + s.empty_lines + s.truncated + s.dropped_short + s.dropped_empty_mask, 0);
+  EXPECT_GT(s.total_tokens, 100 * kTrainLines);
+  EXPECT_GT(s.loss_tokens, s.total_tokens / 10);
+  EXPECT_LT(s.loss_tokens, s.total_tokens);
+  int64_t total = 0;
+  for (const Sample& sample : d.samples()) {
+    ASSERT_EQ(sample.input_ids.size(), sample.loss_mask.size());
+    ASSERT_GE(sample.size(), 2);
+    EXPECT_EQ(sample.loss_mask[0], 0);      // BOS is never trained
+    EXPECT_EQ(sample.loss_mask.back(), 1);  // the closing <|eot_id|> is
+    total += sample.size();
+  }
+  EXPECT_EQ(total, s.total_tokens);
+
+  // The first samples match Hugging Face's tokenization of the same chats
+  // (tests/fixtures/tokenizer_head.jsonl, made with transformers).
+  std::ifstream head(kTokenizerHead);
+  std::string line;
+  int compared = 0;
+  while (std::getline(head, line)) {
+    nlohmann::json entry = nlohmann::json::parse(line, nullptr, false);
+    ASSERT_FALSE(entry.is_discarded());
+    if (entry["source"] != "train" || entry["generation_prompt"] != false) continue;
+    const int64_t index = entry["index"].get<int64_t>();
+    EXPECT_EQ(d[index].input_ids, entry["ids"].get<std::vector<int32_t>>()) << "sample " << index;
+    ++compared;
+  }
+  EXPECT_GT(compared, 10);
+
+  // Thread count never changes the result.
+  options.max_samples = 200;
+  options.num_threads = 1;
+  auto serial = Load(options);
+  options.num_threads = 3;
+  auto parallel = Load(options);
+  ASSERT_TRUE(serial.ok() && parallel.ok());
+  ASSERT_EQ((**serial).size(), 200);
+  ASSERT_EQ((**parallel).size(), 200);
+  for (int64_t i = 0; i < 200; ++i) {
+    EXPECT_EQ((**serial)[i].input_ids, d[i].input_ids);
+    EXPECT_EQ((**parallel)[i].input_ids, d[i].input_ids);
+    EXPECT_EQ((**parallel)[i].loss_mask, d[i].loss_mask);
+  }
+
+  // End to end with the other data pieces: calibrate a draft vocab and
+  // batch an epoch.
+  auto vocab = CalibrateVocabMap(d.samples(), tokenizer_->vocab_size(), 2048);
+  ASSERT_TRUE(vocab.ok()) << vocab.status();
+  EXPECT_EQ(vocab->counted_tokens, s.loss_tokens);
+  auto coverage = ComputeCoverage(*vocab, d.samples());
+  ASSERT_TRUE(coverage.ok());
+  std::cout << "  draft vocab 2048 of " << tokenizer_->vocab_size() << " covers "
+            << 100 * coverage->fraction() << "% of trained tokens\n";
+  EXPECT_GT(coverage->fraction(), 0.5);
+  EXPECT_LT(coverage->fraction(), 1.0);
+
+  BatcherOptions batcher;
+  batcher.max_tokens = 8192;
+  batcher.oversize = OversizePolicy::kOwnBatch;
+  auto batches = PackBatches(EpochOrder(d.size(), 1234, 0), d.Lengths(), batcher, 0);
+  ASSERT_TRUE(batches.ok()) << batches.status();
+  int64_t batched_tokens = 0;
+  for (const GlobalBatch& batch : *batches) batched_tokens += batch.num_tokens;
+  EXPECT_EQ(batched_tokens, s.total_tokens);
+}
+
+}  // namespace
+}  // namespace e3

@@ -1,0 +1,47 @@
+// A real HTTP scrape of a live MetricsServer on loopback.
+#include "common/metrics_server.h"
+
+#include <gtest/gtest.h>
+
+#include "httplib.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+
+namespace e3 {
+namespace {
+
+TEST(MetricsServerTest, ServesTheRegistryOverHttp) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto& tokens = prometheus::BuildCounter().Name("e3_test_tokens_total").Help("tokens").Register(*registry);
+  tokens.Add({{"rank", "0"}}).Increment(42);
+  auto& lr = prometheus::BuildGauge().Name("e3_test_learning_rate").Help("lr").Register(*registry);
+  lr.Add({}).Set(3e-4);
+  auto server = MetricsServer::Start(registry, "127.0.0.1", 0);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_GT((*server)->port(), 0);
+  httplib::Client client("127.0.0.1", (*server)->port());
+  client.set_connection_timeout(5);
+  client.set_read_timeout(5);
+  auto res = client.Get("/metrics");
+  ASSERT_TRUE(res) << "no response";
+  EXPECT_EQ(res->status, 200);
+  EXPECT_NE(res->body.find("e3_test_tokens_total{rank=\"0\"} 42"), std::string::npos) << res->body;
+  EXPECT_NE(res->body.find("e3_test_learning_rate 0.0003"), std::string::npos) << res->body;
+  tokens.Add({{"rank", "0"}}).Increment(8);
+  res = client.Get("/metrics");
+  ASSERT_TRUE(res);
+  EXPECT_NE(res->body.find("e3_test_tokens_total{rank=\"0\"} 50"), std::string::npos);
+  EXPECT_EQ(client.Get("/nope")->status, 404);
+}
+
+TEST(MetricsServerTest, PortInUseIsAnError) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto first = MetricsServer::Start(registry, "127.0.0.1", 0);
+  ASSERT_TRUE(first.ok());
+  auto second = MetricsServer::Start(registry, "127.0.0.1", (*first)->port());
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("in use"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace e3
