@@ -88,12 +88,18 @@ absl::StatusOr<std::unique_ptr<ReceivedBatch>> ReceivedBatch::Resolve(v1::BatchD
     if (!dtype.ok()) return absl::DataLossError(absl::StrCat("tensor ", ref.name(), ": ", dtype.status().message()));
     t.dtype = *dtype;
     uint64_t numel = 1;
+    bool zero = false, overflow = false;
     for (int64_t d : ref.shape()) {
       if (d < 0) return absl::DataLossError(absl::StrCat("tensor ", ref.name(), ": negative dimension"));
-      numel *= static_cast<uint64_t>(d);
+      if (d == 0) zero = true;
+      overflow |= __builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel);
       t.shape.push_back(d);
     }
-    const uint64_t expect = numel * DTypeSize(t.dtype);
+    uint64_t expect = 0;
+    if (!zero && (overflow || __builtin_mul_overflow(numel, static_cast<uint64_t>(DTypeSize(t.dtype)), &expect))) {
+      // A wrapped count would let a corrupt shape pass as a small tensor.
+      return absl::DataLossError(absl::StrCat("tensor ", ref.name(), ": shape too large (over 2^64 bytes)"));
+    }
     if (ref.has_shm()) {
       const v1::ShmRef& s = ref.shm();
       if (s.nbytes() != expect) {

@@ -124,6 +124,7 @@ absl::StatusOr<uint64_t> Engine::Subscribe(const SubscribeParams& p) {
   st.next_compute = NormalizeLocked(p.resume);
   st.committed = p.resume;
   st.end_sent = false;
+  st.computing = false;
   st.notify = nullptr;
   ledger_.RecordEvent(absl::StrCat("{\"event\":\"subscribe\",\"rank\":", p.rank, ",\"world\":", world_,
                                    ",\"subscriber\":\"", p.subscriber_id, "\",\"epoch\":", p.resume.epoch,
@@ -154,7 +155,9 @@ absl::StatusOr<std::optional<ReadyBatch>> Engine::TakeNext(int rank, uint64_t ge
     return std::optional<ReadyBatch>(std::move(b));
   }
   if (draining_) return absl::UnavailableError("teacher is draining (shutting down)");
-  if (AtEndLocked(st.next_compute) && !st.end_sent) {
+  // End only once nothing is left in flight: next_compute advances when the
+  // worker starts a batch, not when it finishes.
+  if (AtEndLocked(st.next_compute) && !st.computing && !st.end_sent) {
     st.end_sent = true;
     ReadyBatch end;
     end.rank = rank;
@@ -202,7 +205,7 @@ absl::StatusOr<int> Engine::Ack(int rank, const std::string& subscriber_id, cons
       ledger_.RecordCommit(rank, c.epoch, c.next_batch, share);
       c = NormalizeLocked({c.epoch, c.next_batch + 1});
     }
-    st.committed = *committed;
+    st.committed = NormalizeLocked(*committed);  // {e, N} means {e + 1, 0}
   }
   cv_.notify_all();
   return std::max(0, st.credit_window - static_cast<int>(st.ready.size() + st.unacked.size()));
@@ -254,6 +257,7 @@ bool Engine::PickWork(int* rank, uint64_t* generation, Cursor* cursor, Transport
   size_t best_load = 0;
   for (auto& [r, st] : ranks_) {
     if (!st.attached || AtEndLocked(st.next_compute)) continue;
+    if (st.computing) continue;
     size_t load = st.ready.size() + st.unacked.size();
     if (load >= static_cast<size_t>(st.credit_window)) continue;
     if (best < 0 || load < best_load) {
@@ -267,6 +271,7 @@ bool Engine::PickWork(int* rank, uint64_t* generation, Cursor* cursor, Transport
   *generation = st.generation;
   *cursor = st.next_compute;
   *transport = st.transport;
+  st.computing = true;
   st.next_compute = NormalizeLocked({st.next_compute.epoch, st.next_compute.next_batch + 1});
   return true;
 }
@@ -298,6 +303,7 @@ void Engine::WorkerLoop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = ranks_.find(rank);
+      if (it != ranks_.end() && it->second.generation == generation) it->second.computing = false;
       if (!batch.ok()) {
         std::fprintf(stderr, "teacher: batch %ld:%ld for rank %d failed: %s\n", static_cast<long>(cursor.epoch),
                      static_cast<long>(cursor.next_batch), rank, std::string(batch.status().message()).c_str());
@@ -308,8 +314,10 @@ void Engine::WorkerLoop() {
         }
       } else if (it != ranks_.end() && it->second.generation == generation) {
         it->second.ready.push_back(std::move(batch).value());
-        notify = it->second.notify;
       }
+      // Notify even on failure-free empty results: the end of data may now
+      // be sendable.
+      if (it != ranks_.end() && it->second.generation == generation) notify = it->second.notify;
     }
     if (!batch.ok()) {
       std::this_thread::sleep_for(kIdleWake);

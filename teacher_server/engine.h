@@ -124,6 +124,7 @@ class Engine {
     Cursor next_compute;
     Cursor committed;
     bool end_sent = false;
+    bool computing = false;  // the worker is computing this rank's next batch
     std::deque<ReadyBatch> ready;
     std::map<int64_t, ReadyBatch> unacked;
     std::function<void()> notify;

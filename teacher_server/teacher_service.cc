@@ -242,6 +242,8 @@ grpc::ServerUnaryReactor* TeacherServiceImpl::GetInfo(grpc::CallbackServerContex
   resp->set_dataset_samples(dataset_->size());
   resp->set_dataset_tokens(dataset_->stats().total_tokens);
   resp->set_backend(options_.backend);
+  resp->set_batches_per_epoch(engine_->batches_per_epoch(std::max(1, req->world_size())));
+  resp->set_epochs(engine_->options().epochs);
   return FinishUnary(ctx, grpc::Status::OK);
 }
 

@@ -1,0 +1,315 @@
+#include "student_trainer/draft_export.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/model_config.h"
+#include "common/status_macros.h"
+#include "common/torch/tensor_convert.h"
+#include "nlohmann/json.hpp"
+
+namespace e3 {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kArchitecture[] = "LlamaForCausalLMEagle3";
+
+absl::StatusOr<std::string> TorchDtypeName(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kBFloat16:
+      return std::string("bfloat16");
+    case at::kHalf:
+      return std::string("float16");
+    case at::kFloat:
+      return std::string("float32");
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "draft export: weights must be bf16, fp16 or fp32, got ", c10::toString(dtype)));
+  }
+}
+
+// rope_scaling in the layout transformers 4.x writes and SGLang/vLLM read;
+// null for the default rope.
+json RopeScalingJson(const RopeConfig& rope) {
+  json s = json::object();
+  switch (rope.type) {
+    case RopeType::kDefault:
+      return json(nullptr);
+    case RopeType::kLinear:
+      s["rope_type"] = "linear";
+      s["factor"] = rope.factor;
+      break;
+    case RopeType::kLlama3:
+      s["rope_type"] = "llama3";
+      s["factor"] = rope.factor;
+      s["low_freq_factor"] = rope.low_freq_factor;
+      s["high_freq_factor"] = rope.high_freq_factor;
+      s["original_max_position_embeddings"] = rope.original_max_position_embeddings;
+      break;
+    case RopeType::kYarn:
+      s["rope_type"] = "yarn";
+      s["factor"] = rope.factor;
+      s["original_max_position_embeddings"] = rope.original_max_position_embeddings;
+      s["beta_fast"] = rope.beta_fast;
+      s["beta_slow"] = rope.beta_slow;
+      if (rope.attention_factor.has_value()) s["attention_factor"] = *rope.attention_factor;
+      if (rope.mscale.has_value()) s["mscale"] = *rope.mscale;
+      if (rope.mscale_all_dim.has_value()) s["mscale_all_dim"] = *rope.mscale_all_dim;
+      if (!rope.truncate) s["truncate"] = false;
+      break;
+  }
+  return s;
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot open for writing"));
+    out << text;
+    out.flush();
+    if (!out) return absl::DataLossError(absl::StrCat(tmp, ": write failed"));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return absl::InternalError(absl::StrCat(path, ": rename failed: ", ec.message()));
+  return absl::OkStatus();
+}
+
+std::string Shape(const std::vector<int64_t>& s) {
+  return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
+}
+
+absl::Status Mismatch(const std::string& source, const std::string& field, int64_t file_value,
+                      int64_t draft_value) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      source, ": field \"", field, "\" is ", file_value, ", but the draft has ", draft_value));
+}
+
+absl::Status LoadDraftWeightsImpl(Eagle3DraftImpl& draft, const SafetensorsFile& file) {
+  torch::NoGradGuard no_grad;
+  const at::Device device = draft.options().device;
+  for (auto& [name, param] : draft.ExportedParameters()) {
+    E3_ASSIGN_OR_RETURN(TensorView view, file.Get(name));
+    if (view.shape != param.sizes().vec()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file.path(), ": tensor \"", name, "\": expected shape ",
+                       Shape(param.sizes().vec()), ", got ", Shape(view.shape)));
+    }
+    if (view.dtype != DType::kF32 && view.dtype != DType::kBF16 && view.dtype != DType::kF16 &&
+        view.dtype != DType::kF64) {
+      return absl::InvalidArgumentError(absl::StrCat(file.path(), ": tensor \"", name,
+                                                     "\": expected a float dtype, got ",
+                                                     std::string(DTypeName(view.dtype))));
+    }
+    E3_ASSIGN_OR_RETURN(at::Tensor value, ViewToTensor(view, param.scalar_type(), device));
+    // copy_ keeps the parameter's identity (optimizer state refers to it).
+    at::Tensor target = param;
+    target.copy_(value);
+  }
+  // The vocab map decides which target head rows the draft holds, so a
+  // file trained with another map cannot be resumed into this draft.
+  const std::pair<const char*, const at::Tensor*> maps[] = {{"d2t", &draft.d2t},
+                                                            {"t2d", &draft.t2d}};
+  for (const auto& [name, mine] : maps) {
+    if (!file.Contains(name)) continue;
+    E3_ASSIGN_OR_RETURN(TensorView view, file.Get(name));
+    E3_ASSIGN_OR_RETURN(at::ScalarType type, ToScalarType(view.dtype));
+    if (view.shape != mine->sizes().vec() || type != mine->scalar_type()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(file.path(), ": tensor \"", name, "\": expected ",
+                       c10::toString(mine->scalar_type()), " ", Shape(mine->sizes().vec()),
+                       ", got ", std::string(DTypeName(view.dtype)), " ", Shape(view.shape)));
+    }
+    E3_ASSIGN_OR_RETURN(at::Tensor value, ViewToTensor(view, type, at::kCPU));
+    if (!value.equal(mine->to(at::kCPU))) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          file.path(), ": tensor \"", name,
+          "\": the vocab map differs from the draft's (its target head rows were chosen with "
+          "another map); build the draft with LoadVocabMap on this file"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> DraftConfigJson(const Eagle3DraftConfig& c, at::ScalarType dtype) {
+  E3_RETURN_IF_ERROR(c.Validate());
+  E3_ASSIGN_OR_RETURN(std::string dtype_name, TorchDtypeName(dtype));
+  if (c.max_position_embeddings <= 0) {
+    return absl::InvalidArgumentError("draft export: max_position_embeddings must be positive");
+  }
+  if (static_cast<int64_t>(c.aux_layer_ids.size()) != c.num_aux) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("draft export: aux_layer_ids must hold num_aux = ", c.num_aux, " ids, got ",
+                     c.aux_layer_ids.size()));
+  }
+  json j = json::object();
+  j["architectures"] = json::array({kArchitecture});
+  j["model_type"] = "llama";
+  j["num_hidden_layers"] = 1;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_attention_heads"] = c.num_heads;
+  j["num_key_value_heads"] = c.num_kv_heads;
+  j["head_dim"] = c.head_dim;
+  j["hidden_act"] = "silu";
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["vocab_size"] = c.vocab_size;
+  j["draft_vocab_size"] = c.draft_vocab_size;
+  j["target_hidden_size"] = c.target_hidden_size;
+  j["tie_word_embeddings"] = false;
+  j["attention_bias"] = false;
+  j["mlp_bias"] = false;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rope_theta"] = c.rope.theta;
+  j["rope_scaling"] = RopeScalingJson(c.rope);
+  if (c.rope.partial_rotary_factor != 1.0)
+    j["partial_rotary_factor"] = c.rope.partial_rotary_factor;
+  j["torch_dtype"] = dtype_name;
+  // HF/vLLM convention: id i = output of decoder layer i. SGLang adds +1.
+  j["eagle_config"] = {{"eagle_aux_hidden_state_layer_ids", c.aux_layer_ids}};
+  return j.dump(2) + "\n";
+}
+
+absl::Status ExportDraft(const Eagle3DraftImpl& draft, const std::string& dir,
+                         const DraftExportOptions& options) {
+  E3_ASSIGN_OR_RETURN(std::string config_text, DraftConfigJson(draft.config(), options.dtype));
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    return absl::PermissionDeniedError(
+        absl::StrCat(dir, ": cannot create directory: ", ec.message()));
+  std::vector<TensorToWrite> tensors;
+  try {
+    for (const auto& [name, param] : draft.ExportedParameters()) {
+      E3_ASSIGN_OR_RETURN(TensorToWrite t,
+                          TensorToWritable(name, param.detach().to(options.dtype)));
+      tensors.push_back(std::move(t));
+    }
+    E3_ASSIGN_OR_RETURN(TensorToWrite d2t, TensorToWritable("d2t", draft.d2t.to(at::kLong)));
+    E3_ASSIGN_OR_RETURN(TensorToWrite t2d, TensorToWritable("t2d", draft.t2d.to(at::kBool)));
+    tensors.push_back(std::move(d2t));
+    tensors.push_back(std::move(t2d));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("draft export to ", dir, ": ", e.what_without_backtrace()));
+  }
+  // "format": "pt" is what transformers' safetensors loader expects.
+  E3_RETURN_IF_ERROR(WriteSafetensors((std::filesystem::path(dir) / kDraftWeightsFile).string(),
+                                      tensors, {{"format", "pt"}}));
+  return WriteFileAtomically((std::filesystem::path(dir) / kDraftConfigFile).string(), config_text);
+}
+
+absl::StatusOr<Eagle3DraftConfig> ReadDraftConfig(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open draft config"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json root = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded() || !root.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
+  auto field_error = [&](const std::string& key, const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": field \"", key, "\": ", what));
+  };
+  if (!root.contains("architectures") || !root["architectures"].is_array() ||
+      root["architectures"].empty() || root["architectures"][0] != kArchitecture) {
+    return field_error("architectures", absl::StrCat("expected [\"", kArchitecture, "\"]"));
+  }
+  if (!root.contains("num_hidden_layers") || root["num_hidden_layers"] != 1) {
+    return field_error("num_hidden_layers", "expected 1");
+  }
+  // The rest is a Llama config: parse dims and rope with the target's
+  // parser, as the serving engines do.
+  json as_llama = root;
+  as_llama["architectures"] = json::array({"LlamaForCausalLM"});
+  E3_ASSIGN_OR_RETURN(ModelConfig llama, ParseModelConfig(as_llama.dump(), path));
+  Eagle3DraftConfig c;
+  c.hidden_size = llama.hidden_size;
+  c.intermediate_size = llama.intermediate_size;
+  c.num_heads = llama.num_attention_heads;
+  c.num_kv_heads = llama.num_key_value_heads;
+  c.head_dim = llama.head_dim;
+  c.rms_norm_eps = llama.rms_norm_eps;
+  c.rope = llama.rope;
+  c.max_position_embeddings = llama.max_position_embeddings;
+  c.vocab_size = llama.vocab_size;
+  if (!root.contains("draft_vocab_size") || !root["draft_vocab_size"].is_number_integer()) {
+    return field_error("draft_vocab_size", "required integer is missing");
+  }
+  c.draft_vocab_size = root["draft_vocab_size"].get<int64_t>();
+  c.target_hidden_size = c.hidden_size;
+  if (root.contains("target_hidden_size") && !root["target_hidden_size"].is_null()) {
+    if (!root["target_hidden_size"].is_number_integer())
+      return field_error("target_hidden_size", "expected an integer");
+    c.target_hidden_size = root["target_hidden_size"].get<int64_t>();
+  }
+  if (root.contains("eagle_config") && root["eagle_config"].is_object() &&
+      root["eagle_config"].contains("eagle_aux_hidden_state_layer_ids")) {
+    const json& ids = root["eagle_config"]["eagle_aux_hidden_state_layer_ids"];
+    if (!ids.is_array())
+      return field_error("eagle_config.eagle_aux_hidden_state_layer_ids", "expected a list");
+    for (const json& id : ids) {
+      if (!id.is_number_integer()) {
+        return field_error("eagle_config.eagle_aux_hidden_state_layer_ids", "expected integers");
+      }
+      c.aux_layer_ids.push_back(id.get<int32_t>());
+    }
+    c.num_aux = static_cast<int64_t>(c.aux_layer_ids.size());
+  }
+  absl::Status valid = c.Validate();
+  if (!valid.ok())
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", std::string(valid.message())));
+  return c;
+}
+
+absl::Status LoadDraftWeights(Eagle3DraftImpl& draft, const SafetensorsFile& file) {
+  try {
+    return LoadDraftWeightsImpl(draft, file);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat(file.path(), ": loading draft weights: ", e.what_without_backtrace()));
+  }
+}
+
+absl::Status LoadDraftExport(Eagle3DraftImpl& draft, const std::string& dir) {
+  const std::string config_path = (std::filesystem::path(dir) / kDraftConfigFile).string();
+  E3_ASSIGN_OR_RETURN(Eagle3DraftConfig file_config, ReadDraftConfig(config_path));
+  const Eagle3DraftConfig& mine = draft.config();
+  const std::pair<const char*, std::pair<int64_t, int64_t>> fields[] = {
+      {"hidden_size", {file_config.hidden_size, mine.hidden_size}},
+      {"target_hidden_size", {file_config.target_hidden_size, mine.target_hidden_size}},
+      {"intermediate_size", {file_config.intermediate_size, mine.intermediate_size}},
+      {"num_attention_heads", {file_config.num_heads, mine.num_heads}},
+      {"num_key_value_heads", {file_config.num_kv_heads, mine.num_kv_heads}},
+      {"head_dim", {file_config.head_dim, mine.head_dim}},
+      {"vocab_size", {file_config.vocab_size, mine.vocab_size}},
+      {"draft_vocab_size", {file_config.draft_vocab_size, mine.draft_vocab_size}},
+      {"eagle_config.eagle_aux_hidden_state_layer_ids (count)",
+       {file_config.num_aux, mine.num_aux}},
+  };
+  for (const auto& [field, values] : fields) {
+    if (values.first != values.second)
+      return Mismatch(config_path, field, values.first, values.second);
+  }
+  if (file_config.rope.type != mine.rope.type || file_config.rope.theta != mine.rope.theta) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(config_path, ": rope (", RopeTypeName(file_config.rope.type), ", theta ",
+                     file_config.rope.theta, ") differs from the draft's (",
+                     RopeTypeName(mine.rope.type), ", theta ", mine.rope.theta, ")"));
+  }
+  E3_ASSIGN_OR_RETURN(
+      std::unique_ptr<SafetensorsFile> file,
+      SafetensorsFile::Open((std::filesystem::path(dir) / kDraftWeightsFile).string()));
+  return LoadDraftWeights(draft, *file);
+}
+
+}  // namespace e3

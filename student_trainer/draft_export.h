@@ -1,0 +1,64 @@
+// Export of the EAGLE-3 draft as a Hugging Face folder that SGLang and vLLM
+// load as an EAGLE-3 draft (DESIGN.md "Export"), and the loader that reads
+// such a folder back into a draft (resume, evaluation).
+//
+// config.json: a Llama config with architectures ["LlamaForCausalLMEagle3"],
+// num_hidden_layers 1, the target's vocab_size, draft_vocab_size,
+// target_hidden_size, tie_word_embeddings false, the target's rope in the
+// transformers-4 layout (rope_theta + rope_scaling) and
+// eagle_config.eagle_aux_hidden_state_layer_ids.
+//
+// Aux layer ids are written in the HF/vLLM convention: id i is the OUTPUT
+// of decoder layer i (transformers' hidden_states[i + 1]). vLLM uses them
+// as given; SGLang captures the input of a layer and adds +1 itself, so the
+// same file selects the same states in both (docs/DECISIONS.md).
+//
+// model.safetensors: the 13 trainable weights under their export names in
+// the chosen dtype, plus d2t (I64) and t2d (BOOL); never embed_tokens (the
+// serving engine shares the target's).
+#ifndef E3_STUDENT_TRAINER_DRAFT_EXPORT_H_
+#define E3_STUDENT_TRAINER_DRAFT_EXPORT_H_
+
+#include <torch/torch.h>
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/safetensors.h"
+#include "student_trainer/eagle3_draft.h"
+
+namespace e3 {
+
+inline constexpr char kDraftConfigFile[] = "config.json";
+inline constexpr char kDraftWeightsFile[] = "model.safetensors";
+
+struct DraftExportOptions {
+  at::ScalarType dtype = at::kBFloat16;  // of the trained weights (float types only)
+};
+
+// The config.json text for `config` with weights in `dtype`.
+absl::StatusOr<std::string> DraftConfigJson(const Eagle3DraftConfig& config, at::ScalarType dtype);
+
+// Writes config.json and model.safetensors into `dir` (created if absent;
+// existing files are replaced atomically).
+absl::Status ExportDraft(const Eagle3DraftImpl& draft, const std::string& dir,
+                         const DraftExportOptions& options = {});
+
+// Parses an exported config.json back into a draft config (dims, rope,
+// vocab sizes, aux ids). Errors name the file and the field.
+absl::StatusOr<Eagle3DraftConfig> ReadDraftConfig(const std::string& config_json_path);
+
+// Copies the trainable weights of `file` into `draft` (converted to its
+// dtype and device) after checking every name and shape. When the file
+// holds d2t/t2d they must equal the draft's: its target head rows were
+// chosen with its own map. Errors name the file and the tensor.
+absl::Status LoadDraftWeights(Eagle3DraftImpl& draft, const SafetensorsFile& file);
+
+// Reads an ExportDraft folder into `draft`: config.json must describe the
+// same shapes (dims, heads, vocab sizes, rope type), then LoadDraftWeights.
+absl::Status LoadDraftExport(Eagle3DraftImpl& draft, const std::string& dir);
+
+}  // namespace e3
+
+#endif  // E3_STUDENT_TRAINER_DRAFT_EXPORT_H_

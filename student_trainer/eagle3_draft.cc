@@ -1,0 +1,351 @@
+#include "student_trainer/eagle3_draft.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+
+namespace e3 {
+namespace {
+
+// HF's _init_weights for Llama: normal(0, initializer_range = 0.02).
+constexpr double kInitStd = 0.02;
+
+torch::nn::Linear MakeLinear(int64_t in, int64_t out) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+}
+
+absl::Status ConfigError(const std::string& field, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("EAGLE-3 draft config: ", field, ": ", what));
+}
+
+std::string ShapeString(const at::Tensor& t) {
+  if (!t.defined()) return "undefined";
+  return absl::StrCat("[", absl::StrJoin(t.sizes().vec(), ", "), "]");
+}
+
+// transformers' repeat_kv on a [T, kv_heads, D] tensor: kv head j serves
+// query heads [j * n_rep, (j + 1) * n_rep).
+at::Tensor RepeatKv(const at::Tensor& x, int64_t n_rep) {
+  if (n_rep == 1) return x;
+  const int64_t t = x.size(0), kvh = x.size(1), d = x.size(2);
+  return x.unsqueeze(2).expand({t, kvh, n_rep, d}).reshape({t, kvh * n_rep, d});
+}
+
+}  // namespace
+
+absl::Status Eagle3DraftConfig::Validate() const {
+  if (target_hidden_size <= 0) return ConfigError("target_hidden_size", "must be positive");
+  if (hidden_size != target_hidden_size) {
+    // The draft reads the target's embed_tokens ([V, H_target]) as its own
+    // embeddings and starts lm_head from the target head rows, so the two
+    // widths must agree (as in every SpecForge/SGLang EAGLE-3 draft).
+    return ConfigError("hidden_size", absl::StrCat("must equal target_hidden_size (",
+                                                   target_hidden_size, "), got ", hidden_size));
+  }
+  if (num_aux <= 0) return ConfigError("num_aux", "must be positive");
+  if (intermediate_size <= 0) return ConfigError("intermediate_size", "must be positive");
+  if (num_heads <= 0) return ConfigError("num_heads", "must be positive");
+  if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) {
+    return ConfigError("num_kv_heads",
+                       absl::StrCat("must divide num_heads (", num_heads, "), got ", num_kv_heads));
+  }
+  if (head_dim <= 0 || head_dim % 2 != 0)
+    return ConfigError("head_dim", "must be positive and even");
+  const int64_t rd = rotary_dim();
+  if (rd <= 0 || rd > head_dim || rd % 2 != 0) {
+    return ConfigError(
+        "rope.partial_rotary_factor",
+        absl::StrCat("gives rotary_dim ", rd, "; expected an even value in (0, ", head_dim, "]"));
+  }
+  if (!(rms_norm_eps > 0)) return ConfigError("rms_norm_eps", "must be positive");
+  if (max_position_embeddings < 0)
+    return ConfigError("max_position_embeddings", "must not be negative");
+  if (vocab_size <= 0) return ConfigError("vocab_size", "must be positive");
+  if (draft_vocab_size <= 0 || draft_vocab_size > vocab_size) {
+    return ConfigError("draft_vocab_size", absl::StrCat("must lie in [1, vocab_size = ", vocab_size,
+                                                        "], got ", draft_vocab_size));
+  }
+  if (!aux_layer_ids.empty() && static_cast<int64_t>(aux_layer_ids.size()) != num_aux) {
+    return ConfigError("aux_layer_ids", absl::StrCat("has ", aux_layer_ids.size(),
+                                                     " ids, but num_aux is ", num_aux));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Eagle3DraftConfig> DraftConfigFromTarget(const ModelConfig& target,
+                                                        int64_t draft_vocab_size,
+                                                        std::vector<int32_t> aux_layer_ids) {
+  Eagle3DraftConfig c;
+  c.hidden_size = target.hidden_size;
+  c.target_hidden_size = target.hidden_size;
+  c.intermediate_size = target.intermediate_size;
+  c.num_heads = target.num_attention_heads;
+  c.num_kv_heads = target.num_key_value_heads;
+  c.head_dim = target.head_dim;
+  c.rms_norm_eps = target.rms_norm_eps;
+  c.rope = target.rope;
+  c.max_position_embeddings = target.max_position_embeddings;
+  c.vocab_size = target.vocab_size;
+  c.draft_vocab_size = draft_vocab_size;
+  c.aux_layer_ids = aux_layer_ids.empty() ? target.DefaultAuxLayerIds() : std::move(aux_layer_ids);
+  c.num_aux = static_cast<int64_t>(c.aux_layer_ids.size());
+  E3_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+// ---------------------------------------------------------------------------
+
+Eagle3RmsNormImpl::Eagle3RmsNormImpl(int64_t size, double eps, const torch::TensorOptions& options)
+    : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({size}, options));
+}
+
+at::Tensor Eagle3RmsNormImpl::forward(const at::Tensor& x) {
+  // https://github.com/huggingface/transformers/blob/main/src/transformers/models/llama/modeling_llama.py
+  // (LlamaRMSNorm.forward), the same in SpecForge's draft.
+  at::Tensor h = x.to(AtLeastFloat(x.scalar_type()));
+  at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * at::rsqrt(variance + eps_);
+  return weight * h.to(x.scalar_type());
+}
+
+Eagle3AttentionImpl::Eagle3AttentionImpl(const Eagle3DraftConfig& c)
+    : num_heads_(c.num_heads), num_kv_heads_(c.num_kv_heads), head_dim_(c.head_dim) {
+  q_proj = register_module("q_proj", MakeLinear(2 * c.hidden_size, c.num_heads * c.head_dim));
+  k_proj = register_module("k_proj", MakeLinear(2 * c.hidden_size, c.num_kv_heads * c.head_dim));
+  v_proj = register_module("v_proj", MakeLinear(2 * c.hidden_size, c.num_kv_heads * c.head_dim));
+  o_proj = register_module("o_proj", MakeLinear(c.num_heads * c.head_dim, c.hidden_size));
+}
+
+at::Tensor Eagle3AttentionImpl::forward(const at::Tensor& x, const PackedRope& rope,
+                                        TttKvCache* cache) {
+  const int64_t total = x.size(0);
+  const int64_t n_rep = num_heads_ / num_kv_heads_;
+  at::Tensor q = q_proj->forward(x).view({total, num_heads_, head_dim_});
+  at::Tensor k = k_proj->forward(x).view({total, num_kv_heads_, head_dim_});
+  at::Tensor v = v_proj->forward(x).view({total, num_kv_heads_, head_dim_});
+  // Position ids are the same at every step (SpecForge v0.2 rotates with
+  // `position_ids`, not `position_ids + lck`), so a step-j key at t and
+  // the step-j query at t sit at relative distance 0.
+  q = rope::Apply(q, rope.cos, rope.sin);
+  k = rope::Apply(k, rope.cos, rope.sin);
+  cache->keys.push_back(RepeatKv(k, n_rep));
+  cache->values.push_back(RepeatKv(v, n_rep));
+  const int64_t steps = static_cast<int64_t>(cache->keys.size());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+
+  // Scores against the keys of steps 1..j at the query's own position:
+  // one dot product per (t, head) and earlier step, [T, heads, j].
+  at::Tensor diag;
+  if (steps > 1) {
+    std::vector<at::Tensor> cols;
+    cols.reserve(steps - 1);
+    for (int64_t i = 1; i < steps; ++i) cols.push_back((q * cache->keys[i]).sum(-1) * scale);
+    diag = torch::stack(cols, -1);
+  }
+
+  const at::ScalarType softmax_type = AtLeastFloat(q.scalar_type());
+  std::vector<at::Tensor> outs;
+  outs.reserve(rope.cu_seqlens.size());
+  for (size_t s = 0; s + 1 < rope.cu_seqlens.size(); ++s) {
+    const int64_t begin = rope.cu_seqlens[s];
+    const int64_t n = rope.cu_seqlens[s + 1] - begin;
+    if (n == 0) continue;
+    // [n, heads, D] -> [heads, n, D]
+    at::Tensor qs = q.narrow(0, begin, n).transpose(0, 1);
+    at::Tensor k0 = cache->keys[0].narrow(0, begin, n).transpose(0, 1);
+    at::Tensor v0 = cache->values[0].narrow(0, begin, n).transpose(0, 1);
+    // Block-causal part over the step-0 keys of this sample only.
+    at::Tensor scores = at::matmul(qs, k0.transpose(1, 2)) * scale;
+    at::Tensor above =
+        torch::ones({n, n}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
+    scores = scores.masked_fill(above, -std::numeric_limits<double>::infinity());
+    if (steps > 1) scores = torch::cat({scores, diag.narrow(0, begin, n).permute({1, 0, 2})}, -1);
+    at::Tensor probs = at::softmax(scores, -1, softmax_type).to(q.scalar_type());
+    at::Tensor o = at::matmul(probs.narrow(-1, 0, n), v0);
+    for (int64_t i = 1; i < steps; ++i) {
+      at::Tensor vi = cache->values[i].narrow(0, begin, n).transpose(0, 1);
+      o = o + probs.narrow(-1, n + i - 1, 1) * vi;
+    }
+    outs.push_back(o.transpose(0, 1));
+  }
+  at::Tensor attn = torch::cat(outs, 0).reshape({total, num_heads_ * head_dim_});
+  return o_proj->forward(attn);
+}
+
+Eagle3MlpImpl::Eagle3MlpImpl(const Eagle3DraftConfig& c) {
+  gate_proj = register_module("gate_proj", MakeLinear(c.hidden_size, c.intermediate_size));
+  up_proj = register_module("up_proj", MakeLinear(c.hidden_size, c.intermediate_size));
+  down_proj = register_module("down_proj", MakeLinear(c.intermediate_size, c.hidden_size));
+}
+
+at::Tensor Eagle3MlpImpl::forward(const at::Tensor& x) {
+  return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
+}
+
+Eagle3DecoderLayerImpl::Eagle3DecoderLayerImpl(const Eagle3DraftConfig& c) {
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat);
+  // Registration order fixes named_parameters()' order, hence the export's.
+  self_attn = register_module("self_attn", Eagle3Attention(c));
+  mlp = register_module("mlp", Eagle3Mlp(c));
+  input_layernorm =
+      register_module("input_layernorm", Eagle3RmsNorm(c.hidden_size, c.rms_norm_eps, opts));
+  hidden_norm = register_module("hidden_norm", Eagle3RmsNorm(c.hidden_size, c.rms_norm_eps, opts));
+  post_attention_layernorm = register_module("post_attention_layernorm",
+                                             Eagle3RmsNorm(c.hidden_size, c.rms_norm_eps, opts));
+}
+
+at::Tensor Eagle3DecoderLayerImpl::forward(const at::Tensor& embeds, const at::Tensor& hidden,
+                                           const PackedRope& rope, TttKvCache* cache) {
+  // SpecForge LlamaDecoderLayer.forward: the embedding half comes first.
+  at::Tensor x = torch::cat({input_layernorm->forward(embeds), hidden_norm->forward(hidden)}, -1);
+  at::Tensor h = hidden + self_attn->forward(x, rope, cache);
+  return h + mlp->forward(post_attention_layernorm->forward(h));
+}
+
+// ---------------------------------------------------------------------------
+
+Eagle3DraftImpl::Eagle3DraftImpl(const Eagle3DraftOptions& options,
+                                 const Eagle3FrozenTensors& frozen)
+    : options_(options) {
+  const Eagle3DraftConfig& c = options_.config;
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat);
+  fc = register_module("fc", MakeLinear(c.num_aux * c.target_hidden_size, c.hidden_size));
+  midlayer = register_module("midlayer", Eagle3DecoderLayer(c));
+  norm = register_module("norm", Eagle3RmsNorm(c.hidden_size, c.rms_norm_eps, opts));
+  lm_head = register_module("lm_head", MakeLinear(c.hidden_size, c.draft_vocab_size));
+
+  // Frozen tensors. d2t/t2d come from the vocab map; target_head holds the
+  // target lm_head rows i + d2t[i] in draft id order.
+  at::Tensor d2t_cpu = torch::tensor(frozen.vocab.d2t, torch::kLong);
+  std::vector<uint8_t> t2d_bytes = frozen.vocab.t2d;
+  at::Tensor t2d_cpu =
+      torch::from_blob(t2d_bytes.data(), {static_cast<int64_t>(t2d_bytes.size())}, torch::kUInt8)
+          .to(torch::kBool);
+  at::Tensor head = frozen.target_lm_head;
+  if (head.size(0) == c.vocab_size && c.vocab_size != c.draft_vocab_size) {
+    at::Tensor target_ids = torch::arange(c.draft_vocab_size, torch::kLong) + d2t_cpu;
+    head = head.index_select(0, target_ids.to(head.device()));
+  }
+  TORCH_CHECK(head.size(0) == c.draft_vocab_size, "target head rows: ", head.size(0));
+  target_head = register_buffer("target_head",
+                                head.to(options_.device, options_.target_head_dtype, false, true));
+  embed_tokens = register_buffer("embed_tokens", frozen.embed_tokens.to(options_.device));
+  d2t = register_buffer("d2t", d2t_cpu.to(options_.device));
+  t2d = register_buffer("t2d", t2d_cpu.to(options_.device));
+
+  // Deterministic initialisation: drawn on the CPU from a private
+  // generator in registration order, then moved, so every rank and every
+  // device gets the same bits from the same seed.
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(options_.seed);
+  torch::NoGradGuard no_grad;
+  for (auto& item : named_parameters(/*recurse=*/true)) {
+    at::Tensor& p = item.value();
+    const std::string& name = item.key();
+    at::Tensor init;
+    if (absl::EndsWith(name, "norm.weight")) {
+      init = torch::ones(p.sizes(), torch::kFloat);
+    } else {
+      init = torch::empty(p.sizes(), torch::kFloat).normal_(0.0, kInitStd, gen);
+    }
+    if (name == "lm_head.weight" && options_.init_lm_head_from_target) init = target_head;
+    // Always a fresh copy: a parameter sharing storage with the frozen
+    // target head would let optimizer steps and loads overwrite it.
+    p.set_data(init.to(options_.device, options_.dtype, /*non_blocking=*/false, /*copy=*/true));
+  }
+
+  rope_freqs_ = rope::ComputeInvFrequencies(c.rope, c.rotary_dim());
+  rope_freqs_.inv_freq = rope_freqs_.inv_freq.to(options_.device);
+}
+
+at::Tensor Eagle3DraftImpl::ProjectAux(const at::Tensor& aux_hidden) {
+  return fc->forward(aux_hidden.to(options_.device, options_.dtype));
+}
+
+at::Tensor Eagle3DraftImpl::Embed(const at::Tensor& ids) {
+  // The embeddings are frozen: no autograd graph through them.
+  torch::NoGradGuard no_grad;
+  return embed_tokens.index_select(0, ids.to(options_.device, torch::kLong)).to(options_.dtype);
+}
+
+at::Tensor Eagle3DraftImpl::Step(const at::Tensor& embeds, const at::Tensor& hidden,
+                                 const PackedRope& rope, TttKvCache* cache) {
+  return midlayer->forward(embeds, hidden, rope, cache);
+}
+
+at::Tensor Eagle3DraftImpl::Logits(const at::Tensor& hidden) {
+  return lm_head->forward(norm->forward(hidden));
+}
+
+at::Tensor Eagle3DraftImpl::TargetLogits(const at::Tensor& last_hidden) {
+  torch::NoGradGuard no_grad;
+  const at::ScalarType t = AtLeastFloat(options_.dtype);
+  return at::matmul(last_hidden.to(options_.device, t), target_head.to(t).t());
+}
+
+PackedRope Eagle3DraftImpl::MakePackedRope(const std::vector<int64_t>& cu_seqlens) {
+  PackedRope out;
+  out.cu_seqlens = cu_seqlens;
+  const int64_t total = cu_seqlens.empty() ? 0 : cu_seqlens.back();
+  std::vector<int64_t> positions(static_cast<size_t>(total));
+  for (size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
+    for (int64_t t = cu_seqlens[s]; t < cu_seqlens[s + 1]; ++t) positions[t] = t - cu_seqlens[s];
+  }
+  at::Tensor pos = torch::tensor(positions, torch::kLong).to(options_.device);
+  std::tie(out.cos, out.sin) = rope::CosSin(rope_freqs_, pos, options_.dtype);
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Eagle3DraftImpl::ExportedParameters() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : named_parameters(/*recurse=*/true))
+    out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+absl::StatusOr<Eagle3Draft> CreateEagle3Draft(const Eagle3DraftOptions& options,
+                                              const Eagle3FrozenTensors& frozen) {
+  const Eagle3DraftConfig& c = options.config;
+  E3_RETURN_IF_ERROR(c.Validate());
+  E3_RETURN_IF_ERROR(ValidateVocabMap(frozen.vocab, "draft vocab map"));
+  if (frozen.vocab.target_vocab_size != c.vocab_size ||
+      frozen.vocab.draft_vocab_size() != c.draft_vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "draft vocab map: maps ", frozen.vocab.draft_vocab_size(), " of ",
+        frozen.vocab.target_vocab_size, " target ids, but the config has draft_vocab_size ",
+        c.draft_vocab_size, " and vocab_size ", c.vocab_size));
+  }
+  const at::Tensor& embed = frozen.embed_tokens;
+  if (!embed.defined() || embed.dim() != 2 || embed.size(0) != c.vocab_size ||
+      embed.size(1) != c.target_hidden_size || !embed.is_floating_point()) {
+    return absl::InvalidArgumentError(absl::StrCat("frozen embed_tokens: expected a float tensor [",
+                                                   c.vocab_size, ", ", c.target_hidden_size,
+                                                   "], got ", ShapeString(embed)));
+  }
+  const at::Tensor& head = frozen.target_lm_head;
+  if (!head.defined() || head.dim() != 2 || head.size(1) != c.target_hidden_size ||
+      !head.is_floating_point() ||
+      (head.size(0) != c.vocab_size && head.size(0) != c.draft_vocab_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frozen target lm_head: expected a float tensor [", c.vocab_size, " or ",
+                     c.draft_vocab_size, ", ", c.target_hidden_size, "], got ", ShapeString(head)));
+  }
+  if (!at::isFloatingType(options.dtype) || !at::isFloatingType(options.target_head_dtype)) {
+    return absl::InvalidArgumentError(
+        "EAGLE-3 draft options: dtype and target_head_dtype must be floating types");
+  }
+  try {
+    return Eagle3Draft(options, frozen);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("creating the EAGLE-3 draft: ", e.what_without_backtrace()));
+  }
+}
+
+}  // namespace e3

@@ -1,0 +1,41 @@
+#include "student_trainer/student_metrics.h"
+
+namespace e3 {
+
+StudentMetrics::StudentMetrics(int rank, int ttt_length) : registry_(std::make_shared<prometheus::Registry>()) {
+  using prometheus::BuildCounter;
+  using prometheus::BuildGauge;
+  const prometheus::Labels base{{"rank", std::to_string(rank)}};
+  steps_ = &BuildCounter().Name("e3_student_steps_total").Help("Optimizer steps.").Register(*registry_).Add(base);
+  tokens_ = &BuildCounter().Name("e3_student_tokens_total").Help("Tokens trained on.").Register(*registry_).Add(base);
+  step_seconds_ = &BuildCounter().Name("e3_student_step_seconds_total").Help("Wall seconds in training steps (wait included).")
+                       .Register(*registry_).Add(base);
+  wait_seconds_ = &BuildCounter().Name("e3_student_data_wait_seconds_total").Help("Wall seconds blocked waiting for data.")
+                       .Register(*registry_).Add(base);
+  loss_ = &BuildGauge().Name("e3_student_loss").Help("Weighted TTT loss of the last step.").Register(*registry_).Add(base);
+  lr_ = &BuildGauge().Name("e3_student_learning_rate").Help("Learning rate of the last step.").Register(*registry_).Add(base);
+  tau_ = &BuildGauge().Name("e3_student_tau").Help("Simulated acceptance length 1 + sum_k prod_{i<=k} acc_i.")
+              .Register(*registry_).Add(base);
+  auto& acc = BuildGauge().Name("e3_student_acc").Help("Top-1 agreement with the target at TTT step j.").Register(*registry_);
+  auto& ploss = BuildGauge().Name("e3_student_ploss").Help("Soft cross-entropy at TTT step j.").Register(*registry_);
+  for (int j = 0; j < ttt_length; ++j) {
+    prometheus::Labels l = base;
+    l["step"] = std::to_string(j);
+    acc_.push_back(&acc.Add(l));
+    ploss_.push_back(&ploss.Add(l));
+  }
+}
+
+void StudentMetrics::Record(const StepReport& r) {
+  steps_->Increment();
+  tokens_->Increment(static_cast<double>(r.tokens));
+  step_seconds_->Increment(r.step_seconds);
+  wait_seconds_->Increment(r.data_wait_seconds);
+  loss_->Set(r.loss);
+  lr_->Set(r.learning_rate);
+  tau_->Set(r.tau);
+  for (size_t j = 0; j < acc_.size() && j < r.acc.size(); ++j) acc_[j]->Set(r.acc[j]);
+  for (size_t j = 0; j < ploss_.size() && j < r.ploss.size(); ++j) ploss_[j]->Set(r.ploss[j]);
+}
+
+}  // namespace e3

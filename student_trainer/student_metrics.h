@@ -1,0 +1,47 @@
+// The student's Prometheus families (DESIGN.md "Operations").
+#ifndef E3_STUDENT_TRAINER_STUDENT_METRICS_H_
+#define E3_STUDENT_TRAINER_STUDENT_METRICS_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/registry.h"
+
+namespace e3 {
+
+struct StepReport {
+  int64_t tokens = 0;
+  double step_seconds = 0;
+  double data_wait_seconds = 0;
+  double loss = 0;
+  double learning_rate = 0;
+  double tau = 1;
+  std::vector<double> acc;
+  std::vector<double> ploss;
+};
+
+class StudentMetrics {
+ public:
+  StudentMetrics(int rank, int ttt_length);
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+  void Record(const StepReport& r);
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Counter* steps_;
+  prometheus::Counter* tokens_;
+  prometheus::Counter* step_seconds_;
+  prometheus::Counter* wait_seconds_;
+  prometheus::Gauge* loss_;
+  prometheus::Gauge* lr_;
+  prometheus::Gauge* tau_;
+  std::vector<prometheus::Gauge*> acc_;
+  std::vector<prometheus::Gauge*> ploss_;
+};
+
+}  // namespace e3
+
+#endif  // E3_STUDENT_TRAINER_STUDENT_METRICS_H_

@@ -1,0 +1,151 @@
+// student_trainer: trains an EAGLE-3 draft from a teacher's hidden states
+// and exports it for SGLang and vLLM. One process per device; the
+// torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK) is honoured, with
+// explicit flags taking precedence.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/metrics_server.h"
+#include "student_trainer/student_metrics.h"
+#include "student_trainer/trainer.h"
+
+ABSL_FLAG(std::string, teacher, "127.0.0.1:50051", "teacher gRPC address");
+ABSL_FLAG(int, rank, -1, "data-parallel rank (default: $RANK or 0)");
+ABSL_FLAG(int, world_size, -1, "data-parallel world size (default: $WORLD_SIZE or 1)");
+ABSL_FLAG(std::string, subscriber_id, "", "stable id of this student (default: rank-<rank>)");
+ABSL_FLAG(int, ttt_length, 7, "training-time-test steps");
+ABSL_FLAG(double, lr, 1e-4, "peak learning rate (AdamW)");
+ABSL_FLAG(double, min_lr_ratio, 0.1, "cosine floor as a fraction of the peak");
+ABSL_FLAG(double, warmup_ratio, 0.02, "warmup steps as a fraction of the planned steps");
+ABSL_FLAG(int64_t, warmup_steps, -1, "warmup steps (overrides --warmup_ratio when >= 0)");
+ABSL_FLAG(double, weight_decay, 0.0, "AdamW weight decay");
+ABSL_FLAG(double, grad_clip, 0.5, "max global gradient norm (0: off)");
+ABSL_FLAG(int64_t, max_steps, 0, "stop after this many steps (0: when the teacher's data ends)");
+ABSL_FLAG(int64_t, intermediate_size, 0, "draft MLP width (0: the target's)");
+ABSL_FLAG(uint64_t, seed, 0, "initialisation seed");
+ABSL_FLAG(std::string, checkpoint_dir, "", "checkpoints (and resume) here");
+ABSL_FLAG(int64_t, checkpoint_every, 100, "steps between checkpoints");
+ABSL_FLAG(std::string, output_dir, "", "export the final draft here (config.json + model.safetensors)");
+ABSL_FLAG(std::string, export_dtype, "bfloat16", "dtype of the exported weights");
+ABSL_FLAG(int, log_every, 10, "steps between log lines");
+ABSL_FLAG(int, metrics_port, 0, "port of /metrics (0 picks one, -1 disables)");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address /metrics binds");
+ABSL_FLAG(std::string, summary_json, "", "write the run summary (JSON) here");
+ABSL_FLAG(std::string, transports, "shm,inline", "transports accepted");
+ABSL_FLAG(int, credit_window, 4, "batches in flight / prefetched");
+ABSL_FLAG(int, connect_attempts, 6, "attempts (with exponential backoff) before giving up on the teacher");
+ABSL_FLAG(double, initial_backoff_s, 0.5, "first retry delay; doubles each attempt");
+ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads (0: default)");
+
+namespace e3 {
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  int out;
+  return v != nullptr && absl::SimpleAtoi(v, &out) ? out : fallback;
+}
+
+int Main() {
+  if (absl::GetFlag(FLAGS_threads) > 0) at::set_num_threads(absl::GetFlag(FLAGS_threads));
+  TrainerOptions o;
+  o.client.address = absl::GetFlag(FLAGS_teacher);
+  o.client.rank = absl::GetFlag(FLAGS_rank) >= 0 ? absl::GetFlag(FLAGS_rank) : EnvInt("RANK", 0);
+  o.client.world_size = absl::GetFlag(FLAGS_world_size) > 0 ? absl::GetFlag(FLAGS_world_size) : EnvInt("WORLD_SIZE", 1);
+  if (o.client.rank < 0 || o.client.rank >= o.client.world_size) {
+    std::fprintf(stderr, "student_trainer: error: rank %d is outside world size %d\n", o.client.rank, o.client.world_size);
+    return 2;
+  }
+  o.client.subscriber_id = absl::GetFlag(FLAGS_subscriber_id).empty() ? absl::StrCat("rank-", o.client.rank)
+                                                                        : absl::GetFlag(FLAGS_subscriber_id);
+  auto transports = ParseTransportList(absl::GetFlag(FLAGS_transports));
+  if (!transports.ok()) {
+    std::fprintf(stderr, "student_trainer: error: --transports: %s\n", std::string(transports.status().message()).c_str());
+    return 2;
+  }
+  o.client.transports = *transports;
+  o.client.credit_window = absl::GetFlag(FLAGS_credit_window);
+  o.client.max_attempts = std::max(1, absl::GetFlag(FLAGS_connect_attempts));
+  o.client.initial_backoff = absl::Seconds(absl::GetFlag(FLAGS_initial_backoff_s));
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  o.client.host = host;
+  o.ttt_length = absl::GetFlag(FLAGS_ttt_length);
+  o.learning_rate = absl::GetFlag(FLAGS_lr);
+  o.min_lr_ratio = absl::GetFlag(FLAGS_min_lr_ratio);
+  o.warmup_ratio = absl::GetFlag(FLAGS_warmup_ratio);
+  o.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  o.grad_clip = absl::GetFlag(FLAGS_grad_clip);
+  o.max_steps = absl::GetFlag(FLAGS_max_steps);
+  o.intermediate_size = absl::GetFlag(FLAGS_intermediate_size);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  o.output_dir = absl::GetFlag(FLAGS_output_dir);
+  o.export_dtype = absl::GetFlag(FLAGS_export_dtype);
+  o.log_every = absl::GetFlag(FLAGS_log_every);
+  o.summary_json = absl::GetFlag(FLAGS_summary_json);
+  o.stop = &g_stop;
+
+  StudentMetrics metrics(o.client.rank, o.ttt_length);
+  std::unique_ptr<MetricsServer> metrics_server;
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    auto ms = MetricsServer::Start(metrics.registry(), absl::GetFlag(FLAGS_metrics_host), absl::GetFlag(FLAGS_metrics_port));
+    if (!ms.ok()) {
+      std::fprintf(stderr, "student_trainer: error: %s\n", std::string(ms.status().message()).c_str());
+      return 1;
+    }
+    metrics_server = std::move(ms).value();
+    std::printf("student[%d]: metrics on :%d\n", o.client.rank, metrics_server->port());
+  }
+  auto summary = RunTrainer(o, &metrics);
+  if (!summary.ok()) {
+    std::fprintf(stderr, "student_trainer: error: %s\n", std::string(summary.status().message()).c_str());
+    return 1;
+  }
+  const TrainSummary& s = *summary;
+  auto acc = [](const std::vector<double>& a) {
+    std::string out;
+    for (double x : a) out += absl::StrFormat(" %.3f", x);
+    return out;
+  };
+  std::printf("\n=== student[%d] summary: %ld steps, %ld tokens in %.1fs (%.0f tok/s), data wait %.1f%% ===\n",
+              o.client.rank, static_cast<long>(s.steps), static_cast<long>(s.tokens), s.seconds,
+              s.seconds > 0 ? s.tokens / s.seconds : 0.0, s.seconds > 0 ? 100 * s.data_wait_seconds / s.seconds : 0.0);
+  std::printf("  first %3ld steps: loss %.3f  tau %.3f  acc_0..%zu%s\n", static_cast<long>(s.first.steps), s.first.loss,
+              s.first.tau, s.first.acc.empty() ? 0 : s.first.acc.size() - 1, acc(s.first.acc).c_str());
+  std::printf("  last  %3ld steps: loss %.3f  tau %.3f  acc_0..%zu%s\n", static_cast<long>(s.last.steps), s.last.loss,
+              s.last.tau, s.last.acc.empty() ? 0 : s.last.acc.size() - 1, acc(s.last.acc).c_str());
+  if (!s.export_dir.empty()) std::printf("  exported draft: %s\n", s.export_dir.c_str());
+  if (!s.last_checkpoint.empty()) std::printf("  last checkpoint: %s\n", s.last_checkpoint.c_str());
+  if (s.stopped_by_signal) std::printf("  stopped by signal after checkpointing\n");
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+}  // namespace e3
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Trains an EAGLE-3 draft from a teacher_server's hidden states.");
+  absl::ParseCommandLine(argc, argv);
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { e3::g_stop = true; };
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  return e3::Main();
+}

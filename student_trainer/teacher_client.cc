@@ -1,0 +1,328 @@
+#include "student_trainer/teacher_client.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/torch/tensor_convert.h"
+#include "proto/wire_codec.h"
+
+namespace e3 {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
+  return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(s.error_code())),
+                      absl::StrCat(what, ": ", s.error_message()));
+}
+
+// Errors a retry cannot fix: a mismatched build, a refused subscription,
+// corrupt data.
+bool IsFatal(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::NOT_FOUND:
+    case grpc::StatusCode::UNIMPLEMENTED:
+    case grpc::StatusCode::DATA_LOSS:
+    case grpc::StatusCode::PERMISSION_DENIED:
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return true;
+    default:
+      return false;
+  }
+}
+
+absl::StatusOr<at::Tensor> ToTensor(const ReceivedTensor& t) {
+  E3_ASSIGN_OR_RETURN(at::ScalarType type, ToScalarType(t.dtype));
+  try {
+    return torch::from_blob(const_cast<uint8_t*>(t.data), t.shape, torch::TensorOptions().dtype(type)).clone();
+  } catch (const c10::Error& e) {
+    return absl::DataLossError(absl::StrCat("tensor ", t.name, ": ", e.what_without_backtrace()));
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<grpc::ClientContext> TeacherClient::NewContext(bool with_deadline) const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  if (with_deadline) ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  return ctx;
+}
+
+absl::StatusOr<std::unique_ptr<TeacherClient>> TeacherClient::Connect(const TeacherClientOptions& options) {
+  auto client = std::unique_ptr<TeacherClient>(new TeacherClient(options));
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(64 << 20);
+  client->channel_ = grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args);
+  client->stub_ = v1::TeacherService::NewStub(client->channel_);
+  absl::Duration backoff = options.initial_backoff;
+  grpc::Status last;
+  for (int attempt = 1; attempt <= options.max_attempts; ++attempt) {
+    v1::GetInfoRequest req;
+    req.set_version(v1::PROTOCOL_VERSION_CURRENT);
+    req.set_world_size(options.world_size);
+    v1::GetInfoResponse resp;
+    auto ctx = client->NewContext(true);
+    last = client->stub_->GetInfo(ctx.get(), req, &resp);
+    if (last.ok()) {
+      E3_RETURN_IF_ERROR(CheckProtocolVersion(resp.version(), "teacher"));
+      TeacherInfo& info = client->info_;
+      info.raw = resp;
+      E3_ASSIGN_OR_RETURN(info.config,
+                          ParseModelConfig(resp.model().config_json(), absl::StrCat("teacher ", options.address, " config.json")));
+      info.aux_layer_ids.assign(resp.model().aux_layer_ids().begin(), resp.model().aux_layer_ids().end());
+      info.draft_vocab_size = resp.model().draft_vocab_size();
+      info.batches_per_epoch = resp.batches_per_epoch();
+      info.epochs = resp.epochs();
+      return client;
+    }
+    if (IsFatal(last.error_code())) return FromGrpc(last, absl::StrCat("teacher at ", options.address, " refused GetInfo"));
+    if (attempt < options.max_attempts) {
+      std::fprintf(stderr, "student: teacher at %s not reachable (%s); retry %d/%d in %.1fs\n", options.address.c_str(),
+                   last.error_message().c_str(), attempt, options.max_attempts - 1, absl::ToDoubleSeconds(backoff));
+      std::this_thread::sleep_for(absl::ToChronoNanoseconds(backoff));
+      backoff *= 2;
+    }
+  }
+  return absl::UnavailableError(absl::StrCat("teacher at ", options.address, " unreachable after ", options.max_attempts,
+                                             " attempts: ", last.error_message()));
+}
+
+TeacherClient::~TeacherClient() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    if (active_ != nullptr) active_->TryCancel();
+  }
+  cv_.notify_all();
+  if (reader_.joinable()) reader_.join();
+}
+
+absl::StatusOr<FrozenWeights> TeacherClient::FetchWeights() {
+  v1::GetWeightsRequest req;
+  req.set_version(v1::PROTOCOL_VERSION_CURRENT);
+  auto ctx = NewContext(true);
+  auto reader = stub_->GetWeights(ctx.get(), req);
+  struct Partial {
+    v1::TensorRef ref;
+    std::vector<uint8_t> bytes;
+    uint64_t filled = 0;
+  };
+  std::map<std::string, Partial> parts;
+  v1::WeightChunk chunk;
+  while (reader->Read(&chunk)) {
+    Partial& p = parts[chunk.tensor().name()];
+    if (p.bytes.empty()) {
+      p.ref = chunk.tensor();
+      p.ref.clear_inline_data();
+      p.bytes.resize(chunk.total_bytes());
+    }
+    const std::string& data = chunk.tensor().inline_data();
+    if (chunk.offset() + data.size() > p.bytes.size()) {
+      return absl::DataLossError(absl::StrCat("weight ", chunk.tensor().name(), ": chunk past its total size"));
+    }
+    std::memcpy(p.bytes.data() + chunk.offset(), data.data(), data.size());
+    p.filled += data.size();
+  }
+  grpc::Status st = reader->Finish();
+  if (!st.ok()) return FromGrpc(st, absl::StrCat("GetWeights from ", options_.address));
+  auto get = [&](const std::string& name) -> absl::StatusOr<at::Tensor> {
+    auto it = parts.find(name);
+    if (it == parts.end() || it->second.filled != it->second.bytes.size()) {
+      return absl::DataLossError(absl::StrCat("teacher sent no complete weight \"", name, "\""));
+    }
+    ReceivedTensor t;
+    t.name = name;
+    E3_ASSIGN_OR_RETURN(t.dtype, FromWire(it->second.ref.dtype()));
+    t.shape.assign(it->second.ref.shape().begin(), it->second.ref.shape().end());
+    t.data = it->second.bytes.data();
+    t.nbytes = it->second.bytes.size();
+    return ToTensor(t);
+  };
+  FrozenWeights w;
+  E3_ASSIGN_OR_RETURN(w.embed_tokens, get("embed_tokens"));
+  E3_ASSIGN_OR_RETURN(w.target_head, get("target_head"));
+  E3_ASSIGN_OR_RETURN(at::Tensor d2t, get("d2t"));
+  E3_ASSIGN_OR_RETURN(at::Tensor t2d, get("t2d"));
+  d2t = d2t.to(at::kLong).contiguous();
+  t2d = t2d.to(at::kByte).contiguous();
+  w.vocab.target_vocab_size = t2d.numel();
+  w.vocab.d2t.assign(d2t.data_ptr<int64_t>(), d2t.data_ptr<int64_t>() + d2t.numel());
+  w.vocab.t2d.assign(t2d.data_ptr<uint8_t>(), t2d.data_ptr<uint8_t>() + t2d.numel());
+  E3_RETURN_IF_ERROR(ValidateVocabMap(w.vocab, absl::StrCat("vocab map from teacher ", options_.address)));
+  return w;
+}
+
+absl::Status TeacherClient::Start(StreamCursor resume) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (reader_.joinable()) return absl::FailedPreconditionError("already streaming");
+  consumed_ = resume;
+  reader_ = std::thread([this] { ReaderLoop(); });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StudentBatch> TeacherClient::Decode(const v1::BatchDescriptor& d) {
+  E3_RETURN_IF_ERROR(CheckProtocolVersion(d.version(), "teacher"));
+  StudentBatch b;
+  b.batch_id = d.batch_id();
+  b.epoch = d.epoch();
+  b.index = d.index_in_epoch();
+  b.end_of_data = d.end_of_data();
+  b.num_tokens = d.num_tokens();
+  b.sample_ids.assign(d.sample_ids().begin(), d.sample_ids().end());
+  if (b.end_of_data) return b;
+  E3_ASSIGN_OR_RETURN(auto received, ReceivedBatch::Resolve(d));
+  auto get = [&](const char* name) -> absl::StatusOr<at::Tensor> {
+    E3_ASSIGN_OR_RETURN(ReceivedTensor t, received->Get(name));
+    return ToTensor(t);
+  };
+  // The copies leave shm here, on the reader thread, so the segment can be
+  // reclaimed as soon as the batch is acked.
+  E3_ASSIGN_OR_RETURN(b.tensors.input_ids, get("input_ids"));
+  E3_ASSIGN_OR_RETURN(b.tensors.cu_seqlens, get("cu_seqlens"));
+  E3_ASSIGN_OR_RETURN(b.tensors.loss_mask, get("loss_mask"));
+  E3_ASSIGN_OR_RETURN(b.tensors.aux_hidden, get("aux_hidden"));
+  E3_ASSIGN_OR_RETURN(b.tensors.last_hidden, get("last_hidden"));
+  E3_ASSIGN_OR_RETURN(b.tensors.target_argmax, get("target_argmax"));
+  if (b.tensors.input_ids.numel() != b.num_tokens) {
+    return absl::DataLossError(absl::StrCat("batch ", b.batch_id, ": ", b.tensors.input_ids.numel(),
+                                            " input_ids but num_tokens says ", b.num_tokens));
+  }
+  return b;
+}
+
+grpc::Status TeacherClient::StreamOnce(StreamCursor from, bool* saw_end, bool* received_any) {
+  v1::SubscribeRequest req;
+  req.set_version(v1::PROTOCOL_VERSION_CURRENT);
+  req.set_rank(options_.rank);
+  req.set_world_size(options_.world_size);
+  for (TransportKind k : options_.transports) req.add_accepted_transports(ToWire(k));
+  req.set_credit_window(options_.credit_window);
+  req.mutable_resume()->set_epoch(from.epoch);
+  req.mutable_resume()->set_next_batch(from.next_batch);
+  req.set_subscriber_id(options_.subscriber_id);
+  req.set_host(options_.host);
+  grpc::ClientContext ctx;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return grpc::Status::CANCELLED;
+    active_ = &ctx;
+  }
+  auto reader = stub_->Subscribe(&ctx, req);
+  v1::BatchDescriptor d;
+  grpc::Status decode_error = grpc::Status::OK;
+  while (reader->Read(&d)) {
+    auto batch = Decode(d);
+    if (!batch.ok()) {
+      decode_error = grpc::Status(grpc::StatusCode::DATA_LOSS, std::string(batch.status().message()));
+      ctx.TryCancel();
+      break;
+    }
+    *received_any = true;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (batch->end_of_data) *saw_end = true;
+    queue_.push_back(std::move(batch).value());
+    cv_.notify_all();
+  }
+  grpc::Status st = reader->Finish();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    active_ = nullptr;
+  }
+  return decode_error.ok() ? st : decode_error;
+}
+
+void TeacherClient::ReaderLoop() {
+  int failures = 0;
+  absl::Duration backoff = options_.initial_backoff;
+  while (true) {
+    StreamCursor from;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+      queue_.clear();  // not yet consumed: the teacher delivers them again
+      from = consumed_;
+      ++stream_generation_;
+    }
+    bool saw_end = false, received = false;
+    grpc::Status st = StreamOnce(from, &saw_end, &received);
+    if (saw_end) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+    }
+    if (received) {
+      failures = 0;
+      backoff = options_.initial_backoff;
+    }
+    std::string why = st.ok() ? "stream ended without end of data" : st.error_message();
+    if (!st.ok() && IsFatal(st.error_code())) {
+      std::lock_guard<std::mutex> lock(mu_);
+      failure_ = FromGrpc(st, absl::StrCat("teacher at ", options_.address, " refused the subscription"));
+      cv_.notify_all();
+      return;
+    }
+    if (++failures >= options_.max_attempts) {
+      std::lock_guard<std::mutex> lock(mu_);
+      failure_ = absl::UnavailableError(absl::StrCat("teacher at ", options_.address, " lost: the stream failed ",
+                                                     failures, " times in a row; last error: ", why));
+      cv_.notify_all();
+      return;
+    }
+    std::fprintf(stderr, "student: stream from %s broke (%s); resubscribing at %ld:%ld, attempt %d/%d in %.1fs\n",
+                 options_.address.c_str(), why.c_str(), static_cast<long>(from.epoch),
+                 static_cast<long>(from.next_batch), failures, options_.max_attempts - 1,
+                 absl::ToDoubleSeconds(backoff));
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, absl::ToChronoNanoseconds(backoff), [this] { return stop_; });
+    backoff *= 2;
+    ++reconnects_;
+  }
+}
+
+absl::StatusOr<StudentBatch> TeacherClient::Next(double* wait_seconds) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return !queue_.empty() || !failure_.ok() || stop_; });
+  if (wait_seconds != nullptr) {
+    *wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  if (!queue_.empty()) {
+    StudentBatch b = std::move(queue_.front());
+    queue_.pop_front();
+    if (!b.end_of_data) consumed_ = {b.epoch, b.index + 1};
+    return b;
+  }
+  if (!failure_.ok()) return failure_;
+  return absl::CancelledError("client stopped");
+}
+
+absl::StatusOr<int> TeacherClient::Ack(const std::vector<int64_t>& batch_ids, std::optional<StreamCursor> committed) {
+  v1::AckRequest req;
+  req.set_version(v1::PROTOCOL_VERSION_CURRENT);
+  req.set_subscriber_id(options_.subscriber_id);
+  req.set_rank(options_.rank);
+  for (int64_t id : batch_ids) req.add_batch_ids(id);
+  if (committed.has_value()) {
+    req.mutable_committed()->set_epoch(committed->epoch);
+    req.mutable_committed()->set_next_batch(committed->next_batch);
+  }
+  absl::Duration backoff = options_.initial_backoff;
+  grpc::Status st;
+  for (int attempt = 1; attempt <= options_.max_attempts; ++attempt) {
+    v1::AckResponse resp;
+    auto ctx = NewContext(true);
+    st = stub_->Ack(ctx.get(), req, &resp);
+    if (st.ok()) return resp.credits();
+    if (IsFatal(st.error_code())) break;
+    std::this_thread::sleep_for(absl::ToChronoNanoseconds(backoff));
+    backoff *= 2;
+  }
+  return FromGrpc(st, absl::StrCat("Ack to ", options_.address));
+}
+
+}  // namespace e3

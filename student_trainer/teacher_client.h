@@ -1,0 +1,118 @@
+// The student's side of TeacherService: connects with retries, fetches the
+// frozen weights, and streams batches on a background thread into a
+// bounded prefetch queue (so a step never waits on decoding). A broken
+// stream is resubscribed with backoff from the first batch the trainer
+// has not consumed; after the retry budget the failure is reported.
+#ifndef E3_STUDENT_TRAINER_TEACHER_CLIENT_H_
+#define E3_STUDENT_TRAINER_TEACHER_CLIENT_H_
+
+#include <grpcpp/grpcpp.h>
+#include <torch/torch.h>
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/model_config.h"
+#include "common/transport.h"
+#include "common/vocab_map.h"
+#include "proto/teacher.grpc.pb.h"
+#include "student_trainer/ttt.h"
+
+namespace e3 {
+
+struct StreamCursor {
+  int64_t epoch = 0;
+  int64_t next_batch = 0;
+};
+
+struct TeacherClientOptions {
+  std::string address = "127.0.0.1:50051";
+  std::string subscriber_id;
+  int rank = 0;
+  int world_size = 1;
+  int credit_window = 4;  // batches prefetched (and in flight at the teacher)
+  std::vector<TransportKind> transports = {TransportKind::kShm, TransportKind::kInline};
+  std::string host;  // this machine's name, so the teacher can offer shm
+  absl::Duration rpc_timeout = absl::Seconds(30);
+  int max_attempts = 6;  // consecutive failed attempts before giving up
+  absl::Duration initial_backoff = absl::Milliseconds(500);
+};
+
+struct TeacherInfo {
+  v1::GetInfoResponse raw;
+  ModelConfig config;  // parsed from the teacher's config.json
+  std::vector<int32_t> aux_layer_ids;
+  int64_t draft_vocab_size = 0;
+  int64_t batches_per_epoch = 0;
+  int64_t epochs = 0;
+};
+
+struct FrozenWeights {
+  at::Tensor embed_tokens;  // [V, H]
+  at::Tensor target_head;   // [N, H]
+  VocabMap vocab;
+};
+
+struct StudentBatch {
+  int64_t batch_id = 0;
+  int64_t epoch = 0;
+  int64_t index = 0;
+  bool end_of_data = false;
+  int64_t num_tokens = 0;
+  std::vector<int64_t> sample_ids;
+  TttBatch tensors;  // CPU tensors
+};
+
+class TeacherClient {
+ public:
+  // GetInfo with retries; a protocol mismatch fails at once.
+  static absl::StatusOr<std::unique_ptr<TeacherClient>> Connect(const TeacherClientOptions& options);
+  ~TeacherClient();
+
+  const TeacherInfo& info() const { return info_; }
+  absl::StatusOr<FrozenWeights> FetchWeights();
+
+  // Starts streaming from `resume` on the background thread.
+  absl::Status Start(StreamCursor resume);
+  // The next batch, blocking; `wait_seconds` gets the time spent blocked.
+  absl::StatusOr<StudentBatch> Next(double* wait_seconds);
+  // Acks trained batches; `committed` reports a checkpoint's cursor.
+  absl::StatusOr<int> Ack(const std::vector<int64_t>& batch_ids, std::optional<StreamCursor> committed);
+  int reconnects() const { return reconnects_; }
+
+ private:
+  explicit TeacherClient(TeacherClientOptions options) : options_(std::move(options)) {}
+  void ReaderLoop();
+  // One Subscribe stream from `from`; returns its final status.
+  grpc::Status StreamOnce(StreamCursor from, bool* saw_end, bool* received_any);
+  absl::StatusOr<StudentBatch> Decode(const v1::BatchDescriptor& d);
+  std::unique_ptr<grpc::ClientContext> NewContext(bool with_deadline) const;
+
+  TeacherClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::TeacherService::Stub> stub_;
+  TeacherInfo info_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<StudentBatch> queue_;
+  StreamCursor consumed_;  // first batch the trainer has not taken
+  uint64_t stream_generation_ = 0;
+  absl::Status failure_;
+  bool stop_ = false;
+  grpc::ClientContext* active_ = nullptr;
+  std::thread reader_;
+  int reconnects_ = 0;
+};
+
+}  // namespace e3
+
+#endif  // E3_STUDENT_TRAINER_TEACHER_CLIENT_H_

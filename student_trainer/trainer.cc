@@ -1,0 +1,242 @@
+#include "student_trainer/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <deque>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/dtype.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "student_trainer/checkpoint.h"
+#include "student_trainer/draft_export.h"
+#include "student_trainer/eagle3_draft.h"
+#include "student_trainer/lr_schedule.h"
+#include "student_trainer/student_metrics.h"
+#include "student_trainer/ttt.h"
+
+namespace e3 {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Averages over a window of steps (the first and last N of the run).
+class Window {
+ public:
+  explicit Window(size_t size) : size_(size) {}
+  void Add(double loss, double tau, const std::vector<double>& acc) {
+    items_.push_back({loss, tau, acc});
+    if (items_.size() > size_) items_.pop_front();
+  }
+  bool full() const { return items_.size() >= size_; }
+  WindowStats Stats() const {
+    WindowStats s;
+    s.steps = static_cast<int64_t>(items_.size());
+    if (items_.empty()) return s;
+    s.acc.assign(items_.front().acc.size(), 0.0);
+    for (const auto& it : items_) {
+      s.loss += it.loss;
+      s.tau += it.tau;
+      for (size_t j = 0; j < s.acc.size() && j < it.acc.size(); ++j) s.acc[j] += it.acc[j];
+    }
+    s.loss /= s.steps;
+    s.tau /= s.steps;
+    for (double& a : s.acc) a /= s.steps;
+    return s;
+  }
+
+ private:
+  struct Item {
+    double loss, tau;
+    std::vector<double> acc;
+  };
+  size_t size_;
+  std::deque<Item> items_;
+};
+
+nlohmann::json WindowJson(const WindowStats& w) {
+  return {{"steps", w.steps}, {"loss", w.loss}, {"tau", w.tau}, {"acc", w.acc}};
+}
+
+std::string AccString(const std::vector<double>& acc) {
+  std::vector<std::string> parts;
+  for (double a : acc) parts.push_back(absl::StrFormat("%.2f", a));
+  return absl::StrJoin(parts, " ");
+}
+
+}  // namespace
+
+std::string TrainSummary::ToJson() const {
+  nlohmann::json j = {{"steps", steps},
+                      {"tokens", tokens},
+                      {"seconds", seconds},
+                      {"tokens_per_second", seconds > 0 ? tokens / seconds : 0.0},
+                      {"data_wait_seconds", data_wait_seconds},
+                      {"data_wait_share", seconds > 0 ? data_wait_seconds / seconds : 0.0},
+                      {"first", WindowJson(first)},
+                      {"last", WindowJson(last)},
+                      {"export_dir", export_dir},
+                      {"last_checkpoint", last_checkpoint},
+                      {"resumed", resumed},
+                      {"resumed_from_step", resumed_from_step},
+                      {"stopped_by_signal", stopped_by_signal}};
+  return j.dump(2);
+}
+
+absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics* metrics) {
+  const auto t_start = Clock::now();
+  E3_ASSIGN_OR_RETURN(auto client, TeacherClient::Connect(o.client));
+  const TeacherInfo& info = client->info();
+  std::printf("student[%d/%d]: teacher %s: %s L=%ld H=%ld, aux layers [%s], draft vocab %ld, %ld batches/epoch x %ld\n",
+              o.client.rank, o.client.world_size, o.client.address.c_str(), info.config.architecture_name.c_str(),
+              static_cast<long>(info.config.num_hidden_layers), static_cast<long>(info.config.hidden_size),
+              absl::StrJoin(info.aux_layer_ids, ",").c_str(), static_cast<long>(info.draft_vocab_size),
+              static_cast<long>(info.batches_per_epoch), static_cast<long>(info.epochs));
+  E3_ASSIGN_OR_RETURN(FrozenWeights frozen, client->FetchWeights());
+
+  ModelConfig target = info.config;
+  if (o.intermediate_size > 0) target.intermediate_size = o.intermediate_size;
+  E3_ASSIGN_OR_RETURN(Eagle3DraftConfig dcfg, DraftConfigFromTarget(target, info.draft_vocab_size, info.aux_layer_ids));
+  Eagle3DraftOptions dopts;
+  dopts.config = dcfg;
+  dopts.seed = o.seed;
+  Eagle3FrozenTensors ft{frozen.embed_tokens, frozen.target_head, frozen.vocab};
+  E3_ASSIGN_OR_RETURN(auto draft, CreateEagle3Draft(dopts, ft));
+
+  torch::optim::AdamWOptions adam(o.learning_rate);
+  adam.betas({o.beta1, o.beta2}).weight_decay(o.weight_decay);
+  torch::optim::AdamW optimizer(draft->parameters(), adam);
+
+  TrainSummary summary;
+  TrainerState state;
+  state.subscriber_id = o.client.subscriber_id;
+  if (!o.checkpoint_dir.empty()) {
+    E3_ASSIGN_OR_RETURN(auto resumed, LoadLatestCheckpoint(o.checkpoint_dir, *draft, optimizer));
+    if (resumed.has_value()) {
+      state = *resumed;
+      summary.resumed = true;
+      summary.resumed_from_step = state.step;
+      std::printf("student[%d]: resumed from %s at step %ld, cursor %ld:%ld\n", o.client.rank, o.checkpoint_dir.c_str(),
+                  static_cast<long>(state.step), static_cast<long>(state.cursor.epoch),
+                  static_cast<long>(state.cursor.next_batch));
+    }
+  }
+
+  const int64_t planned = o.max_steps > 0 ? o.max_steps : info.batches_per_epoch * info.epochs;
+  LrSchedule schedule;
+  schedule.peak = o.learning_rate;
+  schedule.min_ratio = o.min_lr_ratio;
+  schedule.total_steps = planned;
+  schedule.warmup_steps = o.warmup_steps >= 0 ? o.warmup_steps : static_cast<int64_t>(o.warmup_ratio * planned);
+
+  E3_RETURN_IF_ERROR(client->Start(state.cursor));
+  TttOptions ttt;
+  ttt.length = o.ttt_length;
+  const size_t window = static_cast<size_t>(std::max<int64_t>(5, std::min<int64_t>(50, planned / 10)));
+  Window first(window), last(window);
+  int64_t run_steps = 0, run_tokens = 0;
+  double run_wait = 0;
+  auto last_log = Clock::now();
+  int64_t tokens_at_log = 0;
+  double wait_at_log = 0;
+
+  auto checkpoint = [&]() -> absl::Status {
+    if (o.checkpoint_dir.empty()) return absl::OkStatus();
+    E3_ASSIGN_OR_RETURN(summary.last_checkpoint, SaveCheckpoint(o.checkpoint_dir, state, *draft, optimizer));
+    // Only now are the batches before the cursor committed.
+    E3_ASSIGN_OR_RETURN(int credits, client->Ack({}, state.cursor));
+    (void)credits;
+    return absl::OkStatus();
+  };
+
+  while (o.max_steps == 0 || state.step < o.max_steps) {
+    if (o.stop != nullptr && o.stop->load()) {
+      summary.stopped_by_signal = true;
+      break;
+    }
+    const auto t0 = Clock::now();
+    double wait = 0;
+    E3_ASSIGN_OR_RETURN(StudentBatch batch, client->Next(&wait));
+    if (batch.end_of_data) break;
+    if (batch.num_tokens == 0) {  // this rank's share of a small global batch was empty
+      state.cursor = {batch.epoch, batch.index + 1};
+      E3_RETURN_IF_ERROR(client->Ack({batch.batch_id}, std::nullopt).status());
+      continue;
+    }
+    const double lr = schedule.At(state.step);
+    for (auto& group : optimizer.param_groups()) {
+      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    }
+    optimizer.zero_grad();
+    E3_ASSIGN_OR_RETURN(TttOutput out, RunTtt(*draft, batch.tensors, ttt));
+    try {
+      out.loss.backward();
+      if (o.grad_clip > 0) torch::nn::utils::clip_grad_norm_(draft->parameters(), o.grad_clip);
+      optimizer.step();
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("training step ", state.step, ": ", e.what_without_backtrace()));
+    }
+    const double loss = out.loss.item<double>();
+    if (!std::isfinite(loss)) {
+      return absl::InternalError(absl::StrCat("loss is ", loss, " at step ", state.step, " (batch ", batch.batch_id, ")"));
+    }
+    E3_RETURN_IF_ERROR(client->Ack({batch.batch_id}, std::nullopt).status());
+    state.step += 1;
+    state.tokens += batch.num_tokens;
+    state.cursor = {batch.epoch, batch.index + 1};
+    run_steps += 1;
+    run_tokens += batch.num_tokens;
+    run_wait += wait;
+    if (!first.full()) first.Add(loss, out.tau, out.acc);
+    last.Add(loss, out.tau, out.acc);
+    const double step_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (metrics != nullptr) {
+      StepReport r;
+      r.tokens = batch.num_tokens;
+      r.step_seconds = step_seconds;
+      r.data_wait_seconds = wait;
+      r.loss = loss;
+      r.learning_rate = lr;
+      r.tau = out.tau;
+      r.acc = out.acc;
+      r.ploss = out.ploss;
+      metrics->Record(r);
+    }
+    if (o.log_every > 0 && state.step % o.log_every == 0) {
+      const double dt = std::chrono::duration<double>(Clock::now() - last_log).count();
+      std::printf("student[%d]: step %ld/%ld | loss %.3f | acc %s | tau %.2f | lr %.2e | %.0f tok/s | wait %.0f%%\n",
+                  o.client.rank, static_cast<long>(state.step), static_cast<long>(planned), loss,
+                  AccString(out.acc).c_str(), out.tau, lr, (run_tokens - tokens_at_log) / std::max(dt, 1e-9),
+                  100.0 * (run_wait - wait_at_log) / std::max(dt, 1e-9));
+      std::fflush(stdout);
+      last_log = Clock::now();
+      tokens_at_log = run_tokens;
+      wait_at_log = run_wait;
+    }
+    if (o.checkpoint_every > 0 && state.step % o.checkpoint_every == 0) E3_RETURN_IF_ERROR(checkpoint());
+  }
+  E3_RETURN_IF_ERROR(checkpoint());
+  if (!o.output_dir.empty()) {
+    DraftExportOptions exp;
+    E3_ASSIGN_OR_RETURN(DType dt, ParseComputeDType(o.export_dtype));
+    exp.dtype = dt == DType::kBF16 ? at::kBFloat16 : dt == DType::kF16 ? at::kHalf : at::kFloat;
+    E3_RETURN_IF_ERROR(ExportDraft(*draft, o.output_dir, exp));
+    summary.export_dir = o.output_dir;
+  }
+  summary.steps = state.step;
+  summary.tokens = run_tokens;
+  summary.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+  summary.data_wait_seconds = run_wait;
+  summary.first = first.Stats();
+  summary.last = last.Stats();
+  if (!o.summary_json.empty()) {
+    std::ofstream(o.summary_json) << summary.ToJson() << "\n";
+  }
+  return summary;
+}
+
+}  // namespace e3

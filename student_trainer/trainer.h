@@ -1,0 +1,66 @@
+// The student's training loop: subscribe, train the EAGLE-3 draft with TTT
+// on each batch, ack, checkpoint (committing the cursor at the teacher),
+// log and export.
+#ifndef E3_STUDENT_TRAINER_TRAINER_H_
+#define E3_STUDENT_TRAINER_TRAINER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "student_trainer/teacher_client.h"
+
+namespace e3 {
+
+struct TrainerOptions {
+  TeacherClientOptions client;
+  int ttt_length = 7;
+  double learning_rate = 1e-4;  // SpecForge's default
+  double min_lr_ratio = 0.1;
+  double warmup_ratio = 0.02;   // of the planned steps
+  int64_t warmup_steps = -1;    // >= 0 overrides warmup_ratio
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.95;
+  double grad_clip = 0.5;       // max global grad norm; 0 disables
+  int64_t max_steps = 0;        // 0: until the teacher's data ends
+  std::string checkpoint_dir;   // empty: no checkpoints (and no resume)
+  int64_t checkpoint_every = 100;
+  std::string output_dir;       // final export; empty: none
+  std::string export_dtype = "bfloat16";
+  int log_every = 10;
+  uint64_t seed = 0;
+  int64_t intermediate_size = 0;  // 0: the target's
+  std::string summary_json;       // write the run summary here
+  const std::atomic<bool>* stop = nullptr;  // set by SIGTERM: checkpoint and return
+};
+
+struct WindowStats {
+  int64_t steps = 0;
+  double loss = 0;
+  double tau = 0;
+  std::vector<double> acc;
+};
+
+struct TrainSummary {
+  int64_t steps = 0;
+  int64_t tokens = 0;
+  double seconds = 0;
+  double data_wait_seconds = 0;
+  WindowStats first, last;  // averages over the first and last windows
+  std::string export_dir;
+  std::string last_checkpoint;
+  bool resumed = false;
+  int64_t resumed_from_step = 0;
+  bool stopped_by_signal = false;
+  std::string ToJson() const;
+};
+
+class StudentMetrics;
+// `metrics` may be null.
+absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& options, StudentMetrics* metrics);
+
+}  // namespace e3
+
+#endif  // E3_STUDENT_TRAINER_TRAINER_H_

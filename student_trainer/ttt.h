@@ -1,0 +1,83 @@
+// Training-time test (TTT): the EAGLE-3 training forward and loss over one
+// packed batch, with SpecForge v0.2's semantics (specforge/core/eagle3.py,
+// OnlineEagle3Model.forward; DESIGN.md "Numerics"):
+//
+// - fc is applied once to aux_hidden; step j feeds step j-1's layer output.
+// - input_ids and the target distribution are shifted left by one, within
+//   each sample; a sample's last position has no next token, so it gets id
+//   0 and loss mask 0 (SpecForge pads rows instead; packing must not leak
+//   the next sample's first token into this one).
+// - Target: softmax(last_hidden @ target_head^T) over the draft vocab, in
+//   fp32, computed here from the frozen target head rows.
+// - position mask = loss_mask x [target_argmax in draft vocab].
+// - At step j the query at t attends to step-0 keys at positions <= t of
+//   its sample and to the keys of steps 1..j at t; position ids restart per
+//   sample and do not change across steps.
+// - Between steps ids, loss mask and position mask shift left by one more
+//   (again within samples).
+// - ploss_j = sum_t pmask_j[t] * (-sum_v p[t,v] log q_j[t,v]) / T, i.e. the
+//   mean over all T packed positions as SpecForge's `.mean()` over
+//   (batch, seq); loss = sum_j 0.8^j ploss_j.
+// - acc_j = #{t : pmask_j[t] and argmax q_j[t] == argmax p[t]} /
+//   max(sum_t loss_mask_j[t], 1e-6) (SpecForge's _compute_metric_acc);
+//   tau = 1 + sum_k prod_{i<=k} acc_i.
+#ifndef E3_STUDENT_TRAINER_TTT_H_
+#define E3_STUDENT_TRAINER_TTT_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "student_trainer/eagle3_draft.h"
+
+namespace e3 {
+
+// One packed batch as the teacher ships it (any device; copied to the
+// draft's device and dtype as needed).
+struct TttBatch {
+  at::Tensor input_ids;      // [T] integer
+  at::Tensor cu_seqlens;     // [B + 1] integer, 0 = c_0 <= ... <= c_B = T
+  at::Tensor loss_mask;      // [T] bool / integer / float, nonzero = trained
+  at::Tensor aux_hidden;     // [T, num_aux * H_target]
+  at::Tensor last_hidden;    // [T, H_target], after the target's final norm
+  at::Tensor target_argmax;  // [T] integer, the target's full-vocab argmax
+};
+
+struct TttOptions {
+  int64_t length = 7;              // steps unrolled
+  double step_weight = 0.8;        // step j's loss is weighted step_weight^j
+  bool keep_logits = false;        // return each step's draft logits (detached)
+  bool keep_token_losses = false;  // return each step's masked per-position loss
+};
+
+struct TttOutput {
+  at::Tensor loss;                      // scalar, differentiable: sum_j w^j ploss_j
+  std::vector<at::Tensor> step_losses;  // differentiable ploss_j (scalars)
+  // Host copies for logging and metrics.
+  std::vector<double> ploss;
+  std::vector<double> acc;
+  // acc_j's numerator and denominator, for summing over ranks or batches.
+  std::vector<int64_t> correct;
+  std::vector<int64_t> loss_tokens;      // sum of the step's loss mask
+  std::vector<int64_t> position_tokens;  // sum of the step's position mask
+  double tau = 1.0;
+  int64_t num_tokens = 0;                // T, the loss normaliser
+  std::vector<at::Tensor> logits;        // [T, N] fp32 per step, when keep_logits
+  std::vector<at::Tensor> token_losses;  // [T] per step (before / T), when keep_token_losses
+};
+
+// Runs the TTT forward for `batch` and returns the loss with its autograd
+// graph (call loss.backward()) plus the metrics. InvalidArgument names the
+// first batch field with a wrong shape, dtype or value; LibTorch errors
+// become Internal.
+absl::StatusOr<TttOutput> RunTtt(Eagle3DraftImpl& draft, const TttBatch& batch,
+                                 const TttOptions& options = {});
+
+// Simulated acceptance length 1 + sum_k prod_{i<=k} acc_i.
+double SimulatedAcceptanceLength(const std::vector<double>& acc);
+
+}  // namespace e3
+
+#endif  // E3_STUDENT_TRAINER_TTT_H_

@@ -1,0 +1,105 @@
+// Launches the real teacher_server and student_trainer binaries for
+// end-to-end tests, with bounded waits and cleanup on failure.
+#ifndef E3_TESTS_E2E_SUBPROCESS_H_
+#define E3_TESTS_E2E_SUBPROCESS_H_
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace e3::testing {
+
+inline std::string BuildDir() {
+  // Test binaries live in <build>/tests.
+  return std::filesystem::canonical("/proc/self/exe").parent_path().parent_path().string();
+}
+inline std::string TeacherBinary() { return BuildDir() + "/teacher_server/teacher_server"; }
+inline std::string StudentBinary() { return BuildDir() + "/student_trainer/student_trainer"; }
+
+class Subprocess {
+ public:
+  Subprocess(std::vector<std::string> argv, const std::string& log_path) : log_(log_path) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      ::execv(args[0], args.data());
+      ::_exit(127);
+    }
+  }
+  ~Subprocess() {
+    if (running()) {
+      ::kill(pid_, SIGKILL);
+      Wait(std::chrono::seconds(5));
+    }
+  }
+  bool running() const { return pid_ > 0 && !status_.has_value(); }
+  void Signal(int sig) { if (running()) ::kill(pid_, sig); }
+  // The wait status once the process ends within `timeout`.
+  std::optional<int> Wait(std::chrono::milliseconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!status_.has_value()) {
+      int st = 0;
+      pid_t r = ::waitpid(pid_, &st, WNOHANG);
+      if (r == pid_) {
+        status_ = st;
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) return std::nullopt;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return status_;
+  }
+  std::string Log() const {
+    std::ifstream f(log_);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::string log_;
+  std::optional<int> status_;
+};
+
+inline bool WaitForFile(const std::string& path, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!std::filesystem::exists(path)) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
+}
+
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+inline std::string ScratchDir(const std::string& name) {
+  auto dir = std::filesystem::path(::testing::TempDir()) / (name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+}  // namespace e3::testing
+
+#endif  // E3_TESTS_E2E_SUBPROCESS_H_

@@ -1,0 +1,116 @@
+// End to end on loopback: a real teacher_server process serves the bundled
+// tiny-code-llama; a real student_trainer process trains a draft until the
+// teacher's data ends. The loss falls, acc_0 rises, /metrics answers while
+// training, the export reloads, and the teacher's ledger shows every sample
+// committed exactly once.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <regex>
+
+#include "common/safetensors.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+#include "student_trainer/draft_export.h"
+#include "tests/e2e/subprocess.h"
+
+namespace e3 {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::ReadFile;
+using testing::Subprocess;
+
+const std::string kSrc = E3_SOURCE_DIR;
+
+std::vector<std::string> TeacherArgs(const std::string& dir) {
+  return {testing::TeacherBinary(),
+          "--model_dir=" + kSrc + "/examples/tiny-code-llama",
+          "--data=" + kSrc + "/examples/data/train_conversations.jsonl",
+          "--max_samples=80",
+          "--max_seq_len=256",
+          "--tokens_per_batch=512",
+          "--draft_vocab_size=512",
+          "--listen=127.0.0.1:0",
+          "--port_file=" + dir + "/port",
+          "--ledger=" + dir + "/ledger.jsonl",
+          "--exit_when_done",
+          "--threads=1"};
+}
+
+TEST(TrainE2eTest, StudentLearnsFromALiveTeacherAndExports) {
+  const std::string dir = testing::ScratchDir("train_e2e");
+  Subprocess teacher(TeacherArgs(dir), dir + "/teacher.log");
+  ASSERT_TRUE(testing::WaitForFile(dir + "/port", 60s)) << teacher.Log();
+  const std::string port = ReadFile(dir + "/port").substr(0, ReadFile(dir + "/port").find('\n'));
+  Subprocess student({testing::StudentBinary(), "--teacher=127.0.0.1:" + port, "--lr=2e-3", "--warmup_steps=2",
+                      "--checkpoint_dir=" + dir + "/ckpt", "--checkpoint_every=10", "--output_dir=" + dir + "/export",
+                      "--summary_json=" + dir + "/summary.json", "--log_every=5", "--threads=1"},
+                     dir + "/student.log");
+
+  // Scrape the student's /metrics while it trains.
+  std::smatch m;
+  std::string log;
+  for (int i = 0; i < 600 && !std::regex_search(log, m, std::regex("metrics on :(\\d+)")); ++i) {
+    std::this_thread::sleep_for(100ms);
+    log = student.Log();
+  }
+  ASSERT_TRUE(m.size() == 2) << log;
+  const int metrics_port = std::stoi(m[1]);
+  bool scraped = false;
+  for (int i = 0; i < 600 && !scraped; ++i) {
+    httplib::Client c("127.0.0.1", metrics_port);
+    c.set_connection_timeout(2);
+    c.set_read_timeout(2);
+    auto res = c.Get("/metrics");
+    if (res && res->status == 200 && res->body.find("e3_student_steps_total{rank=\"0\"} ") != std::string::npos &&
+        res->body.find("e3_student_steps_total{rank=\"0\"} 0") == std::string::npos) {
+      EXPECT_NE(res->body.find("e3_student_acc{rank=\"0\",step=\"6\"}"), std::string::npos);
+      EXPECT_NE(res->body.find("e3_student_data_wait_seconds_total"), std::string::npos);
+      scraped = true;
+    }
+    if (!scraped) std::this_thread::sleep_for(200ms);
+  }
+  EXPECT_TRUE(scraped) << "no step counted on /metrics";
+
+  auto st = student.Wait(240s);
+  ASSERT_TRUE(st.has_value()) << "student did not finish in 240 s\n" << student.Log();
+  ASSERT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << student.Log();
+  auto tst = teacher.Wait(30s);
+  ASSERT_TRUE(tst.has_value()) << "teacher did not exit when done\n" << teacher.Log();
+  EXPECT_TRUE(WIFEXITED(*tst) && WEXITSTATUS(*tst) == 0) << teacher.Log();
+
+  auto summary = nlohmann::json::parse(ReadFile(dir + "/summary.json"));
+  const int64_t steps = summary["steps"].get<int64_t>();
+  const double first_loss = summary["first"]["loss"], last_loss = summary["last"]["loss"];
+  const double first_acc0 = summary["first"]["acc"][0], last_acc0 = summary["last"]["acc"][0];
+  std::printf("e2e: %ld steps, loss %.3f -> %.3f, acc_0 %.3f -> %.3f, tau %.3f -> %.3f\n", static_cast<long>(steps),
+              first_loss, last_loss, first_acc0, last_acc0, summary["first"]["tau"].get<double>(),
+              summary["last"]["tau"].get<double>());
+  EXPECT_GE(steps, 30);
+  EXPECT_LT(last_loss, first_loss);
+  EXPECT_GT(last_acc0, first_acc0);
+
+  // The export reloads with the names, shapes and dtypes serving engines read.
+  auto cfg = ReadDraftConfig(dir + "/export/config.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->draft_vocab_size, 512);
+  EXPECT_EQ(cfg->aux_layer_ids, (std::vector<int32_t>{1, 3, 4}));
+  auto weights = SafetensorsFile::Open(dir + "/export/model.safetensors");
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_EQ((*weights)->Get("fc.weight")->shape, (std::vector<int64_t>{256, 768}));
+  EXPECT_EQ((*weights)->Get("midlayer.self_attn.q_proj.weight")->shape, (std::vector<int64_t>{256, 512}));
+  EXPECT_EQ((*weights)->Get("lm_head.weight")->dtype, DType::kBF16);
+  EXPECT_EQ((*weights)->Get("d2t")->dtype, DType::kI64);
+  EXPECT_EQ((*weights)->Get("t2d")->shape, (std::vector<int64_t>{8192}));
+  EXPECT_FALSE((*weights)->Contains("embed_tokens.weight"));
+
+  // Every sample of the epoch was committed exactly once.
+  const std::string tlog = teacher.Log();
+  EXPECT_NE(tlog.find("\"samples_committed_twice\":0"), std::string::npos) << tlog;
+  EXPECT_NE(tlog.find("\"samples_never_committed\":0"), std::string::npos) << tlog;
+  EXPECT_NE(tlog.find("\"epochs\":1"), std::string::npos) << tlog;
+}
+
+}  // namespace
+}  // namespace e3
