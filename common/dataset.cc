@@ -1,10 +1,11 @@
 #include "common/dataset.h"
 
+#include "common/file_util.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <string_view>
@@ -302,12 +303,10 @@ absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Load(const DatasetOptions& opt
                                                        const Tokenizer& tokenizer,
                                                        const ChatTemplate& chat_template) {
   if (absl::Status valid = ValidateOptions(options); !valid.ok()) return valid;
-  std::error_code ec;
-  const std::filesystem::file_status status = std::filesystem::status(options.path, ec);
-  if (!std::filesystem::exists(status)) {
+  if (!PathExists(options.path)) {
     return absl::NotFoundError(absl::StrCat("dataset file not found: ", options.path));
   }
-  if (std::filesystem::is_directory(status)) {
+  if (IsDirectory(options.path)) {
     return absl::InvalidArgumentError(
         absl::StrCat("dataset path is a directory: ", options.path, "; expected a .jsonl file"));
   }

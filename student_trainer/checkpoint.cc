@@ -1,109 +1,89 @@
 #include "student_trainer/checkpoint.h"
 
+#include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/file_util.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "student_trainer/draft_export.h"
 
 namespace e3 {
-namespace fs = std::filesystem;
 namespace {
 
+// std::filesystem is avoided here: see common/file_util.h.
 constexpr char kLatest[] = "latest";
 constexpr char kOptimizer[] = "optimizer.pt";
 constexpr char kState[] = "trainer_state.json";
-
-absl::Status WriteText(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << text;
-    f.flush();
-    if (!f) return absl::DataLossError(absl::StrCat(tmp, ": write failed (disk full?)"));
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return absl::DataLossError(absl::StrCat("rename ", tmp, " -> ", path, ": ", ec.message()));
-  return absl::OkStatus();
-}
 
 }  // namespace
 
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const TrainerState& state,
                                            const Eagle3DraftImpl& draft, torch::optim::Optimizer& optimizer,
                                            int keep) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot create: ", ec.message()));
+  E3_RETURN_IF_ERROR(MakeDirs(dir));
   const std::string name = absl::StrFormat("step-%08d", state.step);
-  const fs::path final_path = fs::path(dir) / name;
-  const fs::path tmp = fs::path(dir) / (name + ".tmp");
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) return absl::PermissionDeniedError(absl::StrCat(tmp.string(), ": cannot create: ", ec.message()));
+  const std::string final_path = JoinPath(dir, name);
+  const std::string tmp = JoinPath(dir, name + ".tmp");
+  E3_RETURN_IF_ERROR(RemoveAll(tmp));
+  E3_RETURN_IF_ERROR(MakeDirs(tmp));
   DraftExportOptions exp;
   exp.dtype = at::kFloat;  // exact resume; the final export picks its own dtype
-  E3_RETURN_IF_ERROR(ExportDraft(draft, tmp.string(), exp));
+  E3_RETURN_IF_ERROR(ExportDraft(draft, tmp, exp));
   try {
     torch::serialize::OutputArchive archive;
     optimizer.save(archive);
-    archive.save_to((tmp / kOptimizer).string());
+    archive.save_to(JoinPath(tmp, kOptimizer));
   } catch (const c10::Error& e) {
-    return absl::DataLossError(absl::StrCat(tmp.string(), ": saving the optimizer: ", e.what_without_backtrace()));
+    return absl::DataLossError(absl::StrCat(tmp, ": saving the optimizer: ", e.what_without_backtrace()));
   }
   nlohmann::json j = {{"step", state.step},
                       {"cursor", {{"epoch", state.cursor.epoch}, {"next_batch", state.cursor.next_batch}}},
                       {"tokens", state.tokens},
                       {"subscriber_id", state.subscriber_id}};
-  E3_RETURN_IF_ERROR(WriteText((tmp / kState).string(), j.dump(2)));
-  fs::remove_all(final_path, ec);
-  fs::rename(tmp, final_path, ec);
-  if (ec) return absl::DataLossError(absl::StrCat("rename ", tmp.string(), ": ", ec.message()));
-  E3_RETURN_IF_ERROR(WriteText((fs::path(dir) / kLatest).string(), name + "\n"));
+  E3_RETURN_IF_ERROR(WriteFileAtomically(JoinPath(tmp, kState), j.dump(2)));
+  E3_RETURN_IF_ERROR(RemoveAll(final_path));
+  E3_RETURN_IF_ERROR(RenamePath(tmp, final_path));
+  E3_RETURN_IF_ERROR(WriteFileAtomically(JoinPath(dir, kLatest), name + "\n"));
   // Keep the newest `keep` checkpoints.
+  E3_ASSIGN_OR_RETURN(std::vector<std::string> entries, ListDir(dir));
   std::vector<std::string> steps;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string n = e.path().filename().string();
-    if (e.is_directory() && n.rfind("step-", 0) == 0 && n.find(".tmp") == std::string::npos) steps.push_back(n);
+  for (const auto& n : entries) {
+    if (n.rfind("step-", 0) == 0 && n.find(".tmp") == std::string::npos && IsDirectory(JoinPath(dir, n))) {
+      steps.push_back(n);
+    }
   }
-  std::sort(steps.begin(), steps.end());
-  for (size_t i = 0; i + keep < steps.size(); ++i) fs::remove_all(fs::path(dir) / steps[i], ec);
-  return final_path.string();
+  for (size_t i = 0; i + keep < steps.size(); ++i) E3_RETURN_IF_ERROR(RemoveAll(JoinPath(dir, steps[i])));
+  return final_path;
 }
 
 absl::StatusOr<std::optional<TrainerState>> LoadLatestCheckpoint(const std::string& dir, Eagle3DraftImpl& draft,
                                                                  torch::optim::Optimizer& optimizer) {
-  const fs::path latest = fs::path(dir) / kLatest;
-  if (!fs::exists(latest)) return std::optional<TrainerState>();
-  std::string name;
-  {
-    std::ifstream f(latest);
-    std::getline(f, name);
+  const std::string latest = JoinPath(dir, kLatest);
+  if (!PathExists(latest)) return std::optional<TrainerState>();
+  E3_ASSIGN_OR_RETURN(std::string name, ReadFileToString(latest));
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  const std::string path = JoinPath(dir, name);
+  if (name.empty() || !IsDirectory(path)) {
+    return absl::DataLossError(absl::StrCat(latest, " names \"", name, "\", which is not a checkpoint directory"));
   }
-  const fs::path path = fs::path(dir) / name;
-  if (name.empty() || !fs::is_directory(path)) {
-    return absl::DataLossError(absl::StrCat(latest.string(), " names \"", name, "\", which is not a checkpoint directory"));
-  }
-  E3_RETURN_IF_ERROR(LoadDraftExport(draft, path.string()));
+  E3_RETURN_IF_ERROR(LoadDraftExport(draft, path));
   try {
     torch::serialize::InputArchive archive;
-    archive.load_from((path / kOptimizer).string());
+    archive.load_from(JoinPath(path, kOptimizer));
     optimizer.load(archive);
   } catch (const c10::Error& e) {
-    return absl::DataLossError(absl::StrCat((path / kOptimizer).string(), ": ", e.what_without_backtrace()));
+    return absl::DataLossError(absl::StrCat(JoinPath(path, kOptimizer), ": ", e.what_without_backtrace()));
   }
-  std::ifstream f(path / kState);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
-  if (j.is_discarded() || !j.contains("step") || !j.contains("cursor")) {
-    return absl::DataLossError(absl::StrCat((path / kState).string(), ": expected step and cursor"));
+  E3_ASSIGN_OR_RETURN(std::string text, ReadFileToString(JoinPath(path, kState)));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.contains("step") || !j.contains("cursor") || !j["step"].is_number_integer() ||
+      !j["cursor"].is_object()) {
+    return absl::DataLossError(absl::StrCat(JoinPath(path, kState), ": expected an integer \"step\" and a \"cursor\" object"));
   }
   TrainerState st;
   st.step = j["step"].get<int64_t>();

@@ -1,7 +1,8 @@
 #include "student_trainer/draft_export.h"
 
+#include "common/file_util.h"
+
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -66,21 +67,6 @@ json RopeScalingJson(const RopeConfig& rope) {
       break;
   }
   return s;
-}
-
-absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot open for writing"));
-    out << text;
-    out.flush();
-    if (!out) return absl::DataLossError(absl::StrCat(tmp, ": write failed"));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat(path, ": rename failed: ", ec.message()));
-  return absl::OkStatus();
 }
 
 std::string Shape(const std::vector<int64_t>& s) {
@@ -183,11 +169,7 @@ absl::StatusOr<std::string> DraftConfigJson(const Eagle3DraftConfig& c, at::Scal
 absl::Status ExportDraft(const Eagle3DraftImpl& draft, const std::string& dir,
                          const DraftExportOptions& options) {
   E3_ASSIGN_OR_RETURN(std::string config_text, DraftConfigJson(draft.config(), options.dtype));
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec)
-    return absl::PermissionDeniedError(
-        absl::StrCat(dir, ": cannot create directory: ", ec.message()));
+  E3_RETURN_IF_ERROR(MakeDirs(dir));
   std::vector<TensorToWrite> tensors;
   try {
     for (const auto& [name, param] : draft.ExportedParameters()) {
@@ -204,9 +186,9 @@ absl::Status ExportDraft(const Eagle3DraftImpl& draft, const std::string& dir,
         absl::StrCat("draft export to ", dir, ": ", e.what_without_backtrace()));
   }
   // "format": "pt" is what transformers' safetensors loader expects.
-  E3_RETURN_IF_ERROR(WriteSafetensors((std::filesystem::path(dir) / kDraftWeightsFile).string(),
+  E3_RETURN_IF_ERROR(WriteSafetensors(JoinPath(dir, kDraftWeightsFile),
                                       tensors, {{"format", "pt"}}));
-  return WriteFileAtomically((std::filesystem::path(dir) / kDraftConfigFile).string(), config_text);
+  return WriteFileAtomically(JoinPath(dir, kDraftConfigFile), config_text);
 }
 
 absl::StatusOr<Eagle3DraftConfig> ReadDraftConfig(const std::string& path) {
@@ -281,7 +263,7 @@ absl::Status LoadDraftWeights(Eagle3DraftImpl& draft, const SafetensorsFile& fil
 }
 
 absl::Status LoadDraftExport(Eagle3DraftImpl& draft, const std::string& dir) {
-  const std::string config_path = (std::filesystem::path(dir) / kDraftConfigFile).string();
+  const std::string config_path = JoinPath(dir, kDraftConfigFile);
   E3_ASSIGN_OR_RETURN(Eagle3DraftConfig file_config, ReadDraftConfig(config_path));
   const Eagle3DraftConfig& mine = draft.config();
   const std::pair<const char*, std::pair<int64_t, int64_t>> fields[] = {
@@ -308,7 +290,7 @@ absl::Status LoadDraftExport(Eagle3DraftImpl& draft, const std::string& dir) {
   }
   E3_ASSIGN_OR_RETURN(
       std::unique_ptr<SafetensorsFile> file,
-      SafetensorsFile::Open((std::filesystem::path(dir) / kDraftWeightsFile).string()));
+      SafetensorsFile::Open(JoinPath(dir, kDraftWeightsFile)));
   return LoadDraftWeights(draft, *file);
 }
 

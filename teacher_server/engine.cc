@@ -96,8 +96,17 @@ int64_t Engine::batches_per_epoch(int world) const {
 }
 
 absl::StatusOr<uint64_t> Engine::Subscribe(const SubscribeParams& p) {
+  std::function<void()> superseded_notify;
+  auto result = SubscribeImpl(p, &superseded_notify);
+  if (superseded_notify) superseded_notify();
+  return result;
+}
+
+absl::StatusOr<uint64_t> Engine::SubscribeImpl(const SubscribeParams& p,
+                                                 std::function<void()>* superseded_notify_out) {
   E3_ASSIGN_OR_RETURN(ShardSpec shard, ShardSpec::Create(p.rank, p.world_size));
   std::lock_guard<std::mutex> lock(mu_);
+  std::function<void()>& superseded_notify = *superseded_notify_out;
   if (draining_) return absl::UnavailableError("teacher is draining (shutting down)");
   if (world_ == 0) {
     world_ = shard.world();
@@ -111,6 +120,9 @@ absl::StatusOr<uint64_t> Engine::Subscribe(const SubscribeParams& p) {
   static std::atomic<uint64_t> next_generation{1};
   RankState& st = ranks_[p.rank];
   ReclaimLocked(st);
+  // Wake the superseded stream (if any) so it sees it is superseded and
+  // ends, instead of idling until its client gives up.
+  superseded_notify = std::move(st.notify);
   if (p.resume < st.committed) {
     ledger_.RecordEvent(absl::StrCat("{\"event\":\"rewind\",\"rank\":", p.rank, ",\"from_epoch\":", st.committed.epoch,
                                      ",\"from_batch\":", st.committed.next_batch, ",\"to_epoch\":", p.resume.epoch,
@@ -154,7 +166,9 @@ absl::StatusOr<std::optional<ReadyBatch>> Engine::TakeNext(int rank, uint64_t ge
     ledger_.RecordDelivery(rank, b.epoch, b.index, b.sample_ids);
     return std::optional<ReadyBatch>(std::move(b));
   }
-  if (draining_) return absl::UnavailableError("teacher is draining (shutting down)");
+  // Draining: hand out what is computed or being computed, then end.
+  if (draining_ && !st.computing) return absl::UnavailableError("teacher is draining (shutting down)");
+  if (draining_) return std::optional<ReadyBatch>();
   // End only once nothing is left in flight: next_compute advances when the
   // worker starts a batch, not when it finishes.
   if (AtEndLocked(st.next_compute) && !st.computing && !st.end_sent) {

@@ -132,6 +132,7 @@ class Engine {
 
   explicit Engine(CausalLM* model, const Dataset* dataset, EngineOptions options)
       : model_(model), dataset_(dataset), options_(std::move(options)) {}
+  absl::StatusOr<uint64_t> SubscribeImpl(const SubscribeParams& params, std::function<void()>* superseded_notify);
   void WorkerLoop();
   // Picks a rank needing a batch; returns false when none does.
   bool PickWork(int* rank, uint64_t* generation, Cursor* cursor, TransportKind* transport);

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -22,6 +24,8 @@
 #include "common/chat_template.h"
 #include "common/dataset.h"
 #include "common/dtype.h"
+#include "common/file_util.h"
+#include "common/shm_segment.h"
 #include "common/metrics_server.h"
 #include "common/model_dir.h"
 #include "common/tokenizer.h"
@@ -73,6 +77,24 @@ std::string HostName() {
   char buf[256] = {0};
   ::gethostname(buf, sizeof(buf) - 1);
   return buf;
+}
+
+// Segments named /e3-<pid>-... whose teacher died without unlinking them
+// (SIGKILL, OOM) would stay in /dev/shm until reboot: remove them.
+void RemoveStaleShm(const std::string& prefix) {
+  auto names = ListDir("/dev/shm");
+  if (!names.ok()) return;
+  const std::string head = prefix.substr(1) + "-";
+  int removed = 0;
+  for (const std::string& n : *names) {
+    if (n.rfind(head, 0) != 0) continue;
+    long pid = std::strtol(n.c_str() + head.size(), nullptr, 10);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      ShmSegment::Unlink("/" + n);
+      ++removed;
+    }
+  }
+  if (removed > 0) std::printf("teacher: removed %d shm segments of dead teachers\n", removed);
 }
 
 int Main() {
@@ -175,6 +197,7 @@ int Main() {
       eopts.aux_layer_ids.push_back(id);
     }
   }
+  RemoveStaleShm(eopts.shm_prefix);
   auto engine = Engine::Create(model->get(), dataset->get(), eopts);
   if (!engine.ok()) Fail(engine.status());
 

@@ -183,6 +183,11 @@ class WeightsReactor : public grpc::ServerWriteReactor<v1::WeightChunk> {
 
 }  // namespace
 
+TeacherServiceImpl::~TeacherServiceImpl() {
+  std::unique_lock<std::mutex> lock(generate_mu_);
+  generate_cv_.wait(lock, [this] { return generating_ == 0; });
+}
+
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(s.code())), std::string(s.message()));
@@ -323,11 +328,28 @@ grpc::ServerUnaryReactor* TeacherServiceImpl::Generate(grpc::CallbackServerConte
                                          absl::StrCat("prompt + max_new_tokens exceeds max_position_embeddings ",
                                                       c.max_position_embeddings)));
   }
+  {
+    std::lock_guard<std::mutex> lock(generate_mu_);
+    if (generating_ >= options_.max_concurrent_generate) {
+      return FinishUnary(ctx, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                           absl::StrCat(generating_, " Generate calls already running")));
+    }
+    ++generating_;
+  }
   auto* reactor = ctx->DefaultReactor();
   std::vector<int32_t> ids(req->input_ids().begin(), req->input_ids().end());
   // Greedy decoding recomputes the prefix each step (no KV cache): this
   // RPC serves acceptance measurement, not production serving.
   std::thread([this, reactor, resp, ids, max_new, &c]() mutable {
+    // Counted so the service outlives every Generate thread.
+    struct Done {
+      TeacherServiceImpl* s;
+      ~Done() {
+        std::lock_guard<std::mutex> lock(s->generate_mu_);
+        --s->generating_;
+        s->generate_cv_.notify_all();
+      }
+    } done{this};
     std::set<int64_t> eos(c.eos_token_ids.begin(), c.eos_token_ids.end());
     for (int64_t step = 0; step < max_new; ++step) {
       auto batch = PackSamples({ids}, c.vocab_size, model_->options().device);

@@ -7,6 +7,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +33,7 @@ struct ServiceOptions {
   std::string backend = "hf";
   std::string hostname;      // compared with the student's to allow shm
   int64_t max_generate_tokens = 512;
+  int max_concurrent_generate = 4;
 };
 
 class TeacherServiceImpl final : public v1::TeacherService::CallbackService {
@@ -52,6 +55,8 @@ class TeacherServiceImpl final : public v1::TeacherService::CallbackService {
                                      v1::GenerateResponse* resp) override;
 
   int open_streams() const { return open_streams_; }
+  // Waits for Generate calls still running on their threads.
+  ~TeacherServiceImpl() override;
 
  private:
   TeacherServiceImpl() = default;
@@ -63,6 +68,9 @@ class TeacherServiceImpl final : public v1::TeacherService::CallbackService {
   ServiceOptions options_;
   std::vector<WeightBlob> weights_;
   std::atomic<int> open_streams_{0};
+  std::mutex generate_mu_;
+  std::condition_variable generate_cv_;
+  int generating_ = 0;
 };
 
 grpc::Status ToGrpcStatus(const absl::Status& status);

@@ -1,3 +1,4 @@
+// (No std::filesystem: these binaries link LibTorch; see common/file_util.h.)
 // Launches the real teacher_server and student_trainer binaries for
 // end-to-end tests, with bounded waits and cleanup on failure.
 #ifndef E3_TESTS_E2E_SUBPROCESS_H_
@@ -9,7 +10,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -17,11 +17,13 @@
 #include <thread>
 #include <vector>
 
+#include "common/file_util.h"
+
 namespace e3::testing {
 
 inline std::string BuildDir() {
   // Test binaries live in <build>/tests.
-  return std::filesystem::canonical("/proc/self/exe").parent_path().parent_path().string();
+  return Dirname(SelfExeDir());
 }
 inline std::string TeacherBinary() { return BuildDir() + "/teacher_server/teacher_server"; }
 inline std::string StudentBinary() { return BuildDir() + "/student_trainer/student_trainer"; }
@@ -79,7 +81,7 @@ class Subprocess {
 
 inline bool WaitForFile(const std::string& path, std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!std::filesystem::exists(path)) {
+  while (!PathExists(path)) {
     if (std::chrono::steady_clock::now() > deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -94,10 +96,10 @@ inline std::string ReadFile(const std::string& path) {
 }
 
 inline std::string ScratchDir(const std::string& name) {
-  auto dir = std::filesystem::path(::testing::TempDir()) / (name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
+  const std::string dir = JoinPath(::testing::TempDir(), name + "_" + std::to_string(::getpid()));
+  (void)RemoveAll(dir);
+  (void)MakeDirs(dir);
+  return dir;
 }
 
 }  // namespace e3::testing

@@ -6,11 +6,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
 
+#include "common/file_util.h"
 #include "common/torch/tensor_convert.h"
 #include "common/vocab_map.h"
 #include "nlohmann/json.hpp"
@@ -25,21 +25,20 @@ using testing::TinyConfig;
 class DraftExportTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("e3_draft_export_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
+    dir_ = JoinPath(::testing::TempDir(), "e3_draft_export_test_" + std::to_string(::getpid()) + "_" +
+                                              ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    (void)RemoveAll(dir_);
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override { (void)RemoveAll(dir_); }
 
-  static nlohmann::json ReadJson(const std::filesystem::path& path) {
+  static nlohmann::json ReadJson(const std::string& path) {
     std::ifstream in(path);
     std::stringstream ss;
     ss << in.rdbuf();
     return nlohmann::json::parse(ss.str());
   }
 
-  std::filesystem::path dir_;
+  std::string dir_;
 };
 
 Eagle3DraftConfig Llama3RopeConfig() {
@@ -55,8 +54,8 @@ Eagle3DraftConfig Llama3RopeConfig() {
 
 TEST_F(DraftExportTest, WritesExactlyTheDesignNamesShapesAndDtypes) {
   Eagle3Draft draft = MakeTinyDraft();
-  ASSERT_TRUE(ExportDraft(*draft, dir_.string()).ok());
-  auto file = SafetensorsFile::Open((dir_ / "model.safetensors").string());
+  ASSERT_TRUE(ExportDraft(*draft, dir_).ok());
+  auto file = SafetensorsFile::Open(JoinPath(dir_, "model.safetensors"));
   ASSERT_TRUE(file.ok()) << file.status();
   const std::map<std::string, std::vector<int64_t>> expected = {
       {"midlayer.self_attn.q_proj.weight", {32, 64}},
@@ -89,7 +88,7 @@ TEST_F(DraftExportTest, WritesExactlyTheDesignNamesShapesAndDtypes) {
   EXPECT_FALSE((*file)->Contains("embed_tokens"));
   EXPECT_EQ((*file)->metadata().at("format"), "pt");
   // The map reads back with the common loader (what evaluation uses).
-  auto map = LoadVocabMap((dir_ / "model.safetensors").string());
+  auto map = LoadVocabMap(JoinPath(dir_, "model.safetensors"));
   ASSERT_TRUE(map.ok()) << map.status();
   EXPECT_EQ(map->d2t, testing::EvenIdsVocab(50, 20).d2t);
   EXPECT_EQ(map->t2d, testing::EvenIdsVocab(50, 20).t2d);
@@ -97,8 +96,8 @@ TEST_F(DraftExportTest, WritesExactlyTheDesignNamesShapesAndDtypes) {
 
 TEST_F(DraftExportTest, ConfigJsonHasTheFieldsServingEnginesRead) {
   Eagle3Draft draft = MakeTinyDraft(at::kFloat, 7, Llama3RopeConfig());
-  ASSERT_TRUE(ExportDraft(*draft, dir_.string()).ok());
-  nlohmann::json j = ReadJson(dir_ / "config.json");
+  ASSERT_TRUE(ExportDraft(*draft, dir_).ok());
+  nlohmann::json j = ReadJson(JoinPath(dir_, "config.json"));
   EXPECT_EQ(j["architectures"], nlohmann::json::array({"LlamaForCausalLMEagle3"}));
   EXPECT_EQ(j["model_type"], "llama");
   EXPECT_EQ(j["num_hidden_layers"], 1);
@@ -126,8 +125,8 @@ TEST_F(DraftExportTest, ConfigJsonHasTheFieldsServingEnginesRead) {
 
   // The default rope writes rope_scaling: null.
   Eagle3Draft plain = MakeTinyDraft();
-  ASSERT_TRUE(ExportDraft(*plain, (dir_ / "plain").string(), {at::kHalf}).ok());
-  nlohmann::json p = ReadJson(dir_ / "plain" / "config.json");
+  ASSERT_TRUE(ExportDraft(*plain, JoinPath(dir_, "plain"), {at::kHalf}).ok());
+  nlohmann::json p = ReadJson(JoinPath(JoinPath(dir_, "plain"), "config.json"));
   EXPECT_TRUE(p["rope_scaling"].is_null());
   EXPECT_EQ(p["rope_theta"], 10000.0);
   EXPECT_EQ(p["torch_dtype"], "float16");
@@ -135,8 +134,8 @@ TEST_F(DraftExportTest, ConfigJsonHasTheFieldsServingEnginesRead) {
 
 TEST_F(DraftExportTest, ReadDraftConfigRoundTrips) {
   Eagle3Draft draft = MakeTinyDraft(at::kFloat, 7, Llama3RopeConfig());
-  ASSERT_TRUE(ExportDraft(*draft, dir_.string()).ok());
-  auto c = ReadDraftConfig((dir_ / "config.json").string());
+  ASSERT_TRUE(ExportDraft(*draft, dir_).ok());
+  auto c = ReadDraftConfig(JoinPath(dir_, "config.json"));
   ASSERT_TRUE(c.ok()) << c.status();
   const Eagle3DraftConfig want = Llama3RopeConfig();
   EXPECT_EQ(c->hidden_size, want.hidden_size);
@@ -158,14 +157,14 @@ TEST_F(DraftExportTest, ReadDraftConfigRoundTrips) {
 
 TEST_F(DraftExportTest, Fp32ExportReloadsBitExactAndBf16ReloadsRounded) {
   Eagle3Draft source = MakeTinyDraft(at::kFloat, /*seed=*/1);
-  ASSERT_TRUE(ExportDraft(*source, (dir_ / "fp32").string(), {at::kFloat}).ok());
-  ASSERT_TRUE(ExportDraft(*source, (dir_ / "bf16").string()).ok());
+  ASSERT_TRUE(ExportDraft(*source, JoinPath(dir_, "fp32"), {at::kFloat}).ok());
+  ASSERT_TRUE(ExportDraft(*source, JoinPath(dir_, "bf16")).ok());
 
   Eagle3Draft fp32 = MakeTinyDraft(at::kFloat, /*seed=*/2);
-  absl::Status s = LoadDraftExport(*fp32, (dir_ / "fp32").string());
+  absl::Status s = LoadDraftExport(*fp32, JoinPath(dir_, "fp32"));
   ASSERT_TRUE(s.ok()) << s;
   Eagle3Draft bf16 = MakeTinyDraft(at::kFloat, /*seed=*/2);
-  s = LoadDraftExport(*bf16, (dir_ / "bf16").string());
+  s = LoadDraftExport(*bf16, JoinPath(dir_, "bf16"));
   ASSERT_TRUE(s.ok()) << s;
   auto want = source->ExportedParameters();
   auto got32 = fp32->ExportedParameters();
@@ -182,7 +181,7 @@ TEST_F(DraftExportTest, Fp32ExportReloadsBitExactAndBf16ReloadsRounded) {
 
 TEST_F(DraftExportTest, LoadErrorsNameTheFileAndTheField) {
   Eagle3Draft draft = MakeTinyDraft();
-  ASSERT_TRUE(ExportDraft(*draft, dir_.string(), {at::kFloat}).ok());
+  ASSERT_TRUE(ExportDraft(*draft, dir_, {at::kFloat}).ok());
 
   // A draft with another draft vocab size: the config mismatch is named.
   Eagle3DraftConfig other = TinyConfig();
@@ -193,7 +192,7 @@ TEST_F(DraftExportTest, LoadErrorsNameTheFileAndTheField) {
   frozen.vocab = testing::EvenIdsVocab(50, 10);
   auto small = CreateEagle3Draft(options, frozen);
   ASSERT_TRUE(small.ok()) << small.status();
-  absl::Status s = LoadDraftExport(**small, dir_.string());
+  absl::Status s = LoadDraftExport(**small, dir_);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(std::string(s.message()).find("draft_vocab_size"), std::string::npos) << s;
   EXPECT_NE(std::string(s.message()).find("config.json"), std::string::npos) << s;
@@ -207,7 +206,7 @@ TEST_F(DraftExportTest, LoadErrorsNameTheFileAndTheField) {
   shifted.vocab.t2d[1] = 1;
   auto remapped = CreateEagle3Draft(same, shifted);
   ASSERT_TRUE(remapped.ok()) << remapped.status();
-  s = LoadDraftExport(**remapped, dir_.string());
+  s = LoadDraftExport(**remapped, dir_);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(std::string(s.message()).find("d2t"), std::string::npos) << s;
 
@@ -217,8 +216,8 @@ TEST_F(DraftExportTest, LoadErrorsNameTheFileAndTheField) {
     if (name == "midlayer.self_attn.q_proj.weight") continue;
     partial.push_back(*TensorToWritable(name, p));
   }
-  ASSERT_TRUE(WriteSafetensors((dir_ / "model.safetensors").string(), partial).ok());
-  s = LoadDraftExport(*draft, dir_.string());
+  ASSERT_TRUE(WriteSafetensors(JoinPath(dir_, "model.safetensors"), partial).ok());
+  s = LoadDraftExport(*draft, dir_);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   EXPECT_NE(std::string(s.message()).find("q_proj"), std::string::npos) << s;
   EXPECT_NE(std::string(s.message()).find("model.safetensors"), std::string::npos) << s;
@@ -228,15 +227,15 @@ TEST_F(DraftExportTest, LoadErrorsNameTheFileAndTheField) {
   for (const auto& [name, p] : draft->ExportedParameters()) {
     wrong.push_back(*TensorToWritable(name, name == "fc.weight" ? p.narrow(1, 0, 64) : p));
   }
-  ASSERT_TRUE(WriteSafetensors((dir_ / "model.safetensors").string(), wrong).ok());
-  s = LoadDraftExport(*draft, dir_.string());
+  ASSERT_TRUE(WriteSafetensors(JoinPath(dir_, "model.safetensors"), wrong).ok());
+  s = LoadDraftExport(*draft, dir_);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(std::string(s.message()).find("fc.weight"), std::string::npos) << s;
 
   // Not an EAGLE-3 config.
-  std::ofstream(dir_ / "config.json")
+  std::ofstream(JoinPath(dir_, "config.json"))
       << R"({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1})";
-  s = LoadDraftExport(*draft, dir_.string());
+  s = LoadDraftExport(*draft, dir_);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(std::string(s.message()).find("architectures"), std::string::npos) << s;
 }

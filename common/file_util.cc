@@ -1,0 +1,138 @@
+#include "common/file_util.h"
+
+#include <dirent.h>
+#include <ftw.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace e3 {
+
+bool PathExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool IsRegularFile(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+absl::Status MakeDirs(const std::string& path) {
+  if (path.empty() || IsDirectory(path)) return absl::OkStatus();
+  const std::string parent = Dirname(path);
+  if (parent != path && !parent.empty()) {
+    absl::Status s = MakeDirs(parent);
+    if (!s.ok()) return s;
+  }
+  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot create directory: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RemoveAll(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return absl::OkStatus();
+  if (!S_ISDIR(st.st_mode)) {
+    if (::unlink(path.c_str()) != 0) {
+      return absl::PermissionDeniedError(absl::StrCat(path, ": cannot remove: ", std::strerror(errno)));
+    }
+    return absl::OkStatus();
+  }
+  auto remove_one = [](const char* p, const struct stat*, int, struct FTW*) -> int { return ::remove(p); };
+  if (::nftw(path.c_str(), remove_one, 16, FTW_DEPTH | FTW_PHYS) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot remove: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RenamePath(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    return absl::DataLossError(absl::StrCat("rename ", from, " -> ", to, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) {
+  DIR* d = ::opendir(path.c_str());
+  if (d == nullptr) return absl::NotFoundError(absl::StrCat(path, ": cannot list: ", std::strerror(errno)));
+  std::vector<std::string> out;
+  while (struct dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name != "." && name != "..") out.push_back(std::move(name));
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string JoinPath(const std::string& a, const std::string& b) {
+  if (a.empty()) return b;
+  if (a.back() == '/') return a + b;
+  return a + "/" + b;
+}
+
+std::string Dirname(const std::string& path) {
+  size_t end = path.size();
+  while (end > 1 && path[end - 1] == '/') --end;
+  size_t slash = path.rfind('/', end - 1);
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot open for writing"));
+    f << contents;
+    f.flush();
+    if (!f) {
+      std::remove(tmp.c_str());
+      return absl::DataLossError(absl::StrCat(tmp, ": write failed (disk full?)"));
+    }
+  }
+  return RenamePath(tmp, path);
+}
+
+absl::StatusOr<std::string> MakeTempDir(const std::string& prefix) {
+  const char* base = std::getenv("TMPDIR");
+  std::string tmpl = JoinPath(base != nullptr && *base ? base : "/tmp", prefix + "XXXXXX");
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    return absl::PermissionDeniedError(absl::StrCat(tmpl, ": mkdtemp failed: ", std::strerror(errno)));
+  }
+  return tmpl;
+}
+
+std::string SelfExeDir() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  return Dirname(std::string(buf, static_cast<size_t>(n)));
+}
+
+}  // namespace e3

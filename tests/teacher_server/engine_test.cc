@@ -1,0 +1,240 @@
+// The teacher engine on a real (small) model: delivery exactly once across
+// ranks and epochs, redelivery after a resubscribe, the credit window, and
+// reclaiming a dead subscriber's buffers (shm segments included).
+#include "teacher_server/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "common/file_util.h"
+#include "common/model_dir.h"
+#include "tests/teacher_server/golden_fixture.h"
+
+namespace e3 {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct World {
+  std::unique_ptr<ModelDir> dir;
+  std::unique_ptr<CausalLM> model;
+  std::unique_ptr<Dataset> dataset;
+};
+
+World MakeWorld(int num_samples) {
+  World w;
+  w.dir = std::move(ModelDir::Open(testing::SourcePath("tests/fixtures/golden/rand_default_mha")).value());
+  w.model = std::move(LoadCausalLM(*w.dir, ModelOptions{}).value());
+  std::mt19937 rng(3);
+  std::vector<Sample> samples;
+  for (int i = 0; i < num_samples; ++i) {
+    Sample s;
+    const int n = 5 + static_cast<int>(rng() % 56);
+    for (int t = 0; t < n; ++t) {
+      s.input_ids.push_back(static_cast<int32_t>(rng() % 256));
+      s.loss_mask.push_back(t % 3 != 0);
+    }
+    samples.push_back(std::move(s));
+  }
+  w.dataset = Dataset::FromSamples(std::move(samples), "synthetic");
+  return w;
+}
+
+EngineOptions SmallBatches() {
+  EngineOptions o;
+  o.tokens_per_batch = 120;
+  o.aux_layer_ids = {0, 2, 4};
+  o.transports = {TransportKind::kShm, TransportKind::kInline};
+  o.shm_prefix = "/e3test";
+  return o;
+}
+
+// Waits for the next batch of a subscription (the worker computes async).
+ReadyBatch Next(Engine& e, int rank, uint64_t gen) {
+  for (int i = 0; i < 3000; ++i) {
+    auto b = e.TakeNext(rank, gen);
+    EXPECT_TRUE(b.ok()) << b.status();
+    if (!b.ok()) return {};
+    if (b->has_value()) return **b;
+    std::this_thread::sleep_for(2ms);
+  }
+  ADD_FAILURE() << "no batch within 6 s";
+  return {};
+}
+
+int CountShmSegments(const std::string& prefix) {
+  int n = 0;
+  const std::vector<std::string> names = ListDir("/dev/shm").value();
+  for (const auto& name : names) {
+    if (name.rfind(prefix.substr(1), 0) == 0) ++n;
+  }
+  return n;
+}
+
+TEST(EngineTest, EverySampleReachesExactlyOneRankOncePerEpoch) {
+  World w = MakeWorld(37);
+  EngineOptions o = SmallBatches();
+  o.epochs = 2;
+  auto engine = Engine::Create(w.model.get(), w.dataset.get(), o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::map<int, uint64_t> gen;
+  for (int r = 0; r < 2; ++r) {
+    SubscribeParams p;
+    p.subscriber_id = "s" + std::to_string(r);
+    p.rank = r;
+    p.world_size = 2;
+    p.transport = r == 0 ? TransportKind::kShm : TransportKind::kInline;
+    gen[r] = *(*engine)->Subscribe(p);
+  }
+  std::map<int64_t, std::multiset<int64_t>> seen;  // epoch -> samples
+  const int64_t per_epoch = (*engine)->batches_per_epoch(2);
+  std::set<int> done;
+  std::map<int, Cursor> next{{0, {}}, {1, {}}};
+  while (done.size() < 2) {
+    for (int r = 0; r < 2; ++r) {
+      if (done.count(r)) continue;
+      ReadyBatch b = Next(**engine, r, gen[r]);
+      if (b.end_of_data) {
+        done.insert(r);
+        continue;
+      }
+      EXPECT_EQ(b.epoch, next[r].epoch);
+      EXPECT_EQ(b.index, next[r].next_batch);  // in order, none skipped
+      ASSERT_NE(b.payload, nullptr);
+      EXPECT_EQ(b.payload->transport(), r == 0 ? TransportKind::kShm : TransportKind::kInline);
+      int64_t tokens = 0;
+      for (int64_t s : b.sample_ids) {
+        seen[b.epoch].insert(s);
+        tokens += (*w.dataset)[s].size();
+      }
+      EXPECT_EQ(tokens, b.num_tokens);
+      EXPECT_EQ(b.payload->tensors()[3].name, "aux_hidden");
+      EXPECT_EQ(b.payload->tensors()[3].shape, (std::vector<int64_t>{b.num_tokens, 3 * 64}));
+      next[r] = {b.epoch, b.index + 1};
+      if (next[r].next_batch == per_epoch) next[r] = {b.epoch + 1, 0};
+      ASSERT_TRUE((*engine)->Ack(r, "s" + std::to_string(r), {b.batch_id}, next[r]).ok());
+    }
+  }
+  for (int64_t e = 0; e < 2; ++e) {
+    ASSERT_EQ(seen[e].size(), 37u) << "epoch " << e;
+    EXPECT_EQ(std::set<int64_t>(seen[e].begin(), seen[e].end()).size(), 37u);
+  }
+  // Commit through the end of the data and read the ledger.
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE((*engine)->Ack(r, "s" + std::to_string(r), {}, Cursor{2, 0}).ok());
+  LedgerReport rep = (*engine)->ledger_report();
+  EXPECT_EQ(rep.epochs, 2);
+  EXPECT_EQ(rep.committed_samples, 74);
+  EXPECT_EQ(rep.samples_committed_twice, 0);
+  EXPECT_EQ(rep.samples_never_committed, 0);
+  EXPECT_EQ(rep.redeliveries, 0);
+  EXPECT_EQ((*engine)->stats().buffered_batches, 0);
+}
+
+TEST(EngineTest, ResubscribingWithACursorRedeliversUncommittedBatches) {
+  World w = MakeWorld(30);
+  auto engine = Engine::Create(w.model.get(), w.dataset.get(), SmallBatches());
+  ASSERT_TRUE(engine.ok());
+  SubscribeParams p;
+  p.subscriber_id = "first";
+  p.credit_window = 3;
+  uint64_t g1 = *(*engine)->Subscribe(p);
+  ReadyBatch b0 = Next(**engine, 0, g1), b1 = Next(**engine, 0, g1), b2 = Next(**engine, 0, g1);
+  // Trained b0 and b1 and checkpointed after b0 only; then the student dies.
+  ASSERT_TRUE((*engine)->Ack(0, "first", {b0.batch_id, b1.batch_id}, Cursor{0, 1}).ok());
+  (*engine)->Detach(0, g1);
+  // The restarted student resumes from its checkpoint's cursor.
+  p.subscriber_id = "second";
+  p.resume = {0, 1};
+  uint64_t g2 = *(*engine)->Subscribe(p);
+  EXPECT_FALSE((*engine)->TakeNext(0, g1).ok());  // the old subscription is superseded
+  ReadyBatch again1 = Next(**engine, 0, g2), again2 = Next(**engine, 0, g2);
+  EXPECT_EQ(again1.index, 1);
+  EXPECT_EQ(again1.sample_ids, b1.sample_ids);
+  EXPECT_EQ(again2.sample_ids, b2.sample_ids);
+  // Identical bytes: the batch is recomputed deterministically.
+  EXPECT_EQ(again1.payload->total_bytes(), b1.payload->total_bytes());
+  // The stale student can no longer ack.
+  EXPECT_FALSE((*engine)->Ack(0, "first", {b2.batch_id}, std::nullopt).ok());
+  ASSERT_TRUE((*engine)->Ack(0, "second", {again1.batch_id, again2.batch_id}, Cursor{0, 3}).ok());
+  LedgerReport rep = (*engine)->ledger_report();
+  EXPECT_EQ(rep.redeliveries, 2);
+  EXPECT_EQ(rep.samples_committed_twice, 0);
+  EXPECT_EQ(rep.committed_samples,
+            static_cast<int64_t>(b0.sample_ids.size() + b1.sample_ids.size() + b2.sample_ids.size()));
+}
+
+TEST(EngineTest, CreditWindowBoundsWorkAhead) {
+  World w = MakeWorld(40);
+  auto engine = Engine::Create(w.model.get(), w.dataset.get(), SmallBatches());
+  ASSERT_TRUE(engine.ok());
+  SubscribeParams p;
+  p.subscriber_id = "slow";
+  p.credit_window = 2;
+  uint64_t g = *(*engine)->Subscribe(p);
+  std::this_thread::sleep_for(500ms);
+  EXPECT_EQ((*engine)->stats().buffered_batches, 2);  // computed ahead, then stopped
+  ReadyBatch b = Next(**engine, 0, g);
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ((*engine)->stats().buffered_batches, 2);  // taken but unacked still counts
+  auto credits = (*engine)->Ack(0, "slow", {b.batch_id}, std::nullopt);
+  ASSERT_TRUE(credits.ok());
+  std::this_thread::sleep_for(500ms);
+  EXPECT_EQ((*engine)->stats().buffered_batches, 2);  // refilled to the window
+}
+
+TEST(EngineTest, DeadSubscriberBuffersAreReclaimed) {
+  World w = MakeWorld(40);
+  EngineOptions o = SmallBatches();
+  o.subscriber_timeout = absl::Milliseconds(300);
+  o.shm_prefix = "/e3reclaim" + std::to_string(::getpid());
+  auto engine = Engine::Create(w.model.get(), w.dataset.get(), o);
+  ASSERT_TRUE(engine.ok());
+  SubscribeParams p;
+  p.subscriber_id = "doomed";
+  p.credit_window = 4;
+  p.transport = TransportKind::kShm;
+  uint64_t g = *(*engine)->Subscribe(p);
+  {
+    ReadyBatch b = Next(**engine, 0, g);  // taken, never acked
+    (void)b;
+  }
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ((*engine)->stats().buffered_batches, 4);
+  EXPECT_EQ(CountShmSegments(o.shm_prefix), 4);
+  (*engine)->Detach(0, g);  // the stream died
+  std::this_thread::sleep_for(900ms);
+  EngineStats s = (*engine)->stats();
+  EXPECT_EQ(s.buffered_batches, 0);
+  EXPECT_EQ(s.buffered_bytes, 0);
+  EXPECT_EQ(s.reclaimed_batches, 4);
+  EXPECT_EQ(CountShmSegments(o.shm_prefix), 0);  // unlinked, not leaked
+}
+
+TEST(EngineTest, InconsistentSubscriptionsAreRefused) {
+  World w = MakeWorld(10);
+  auto engine = Engine::Create(w.model.get(), w.dataset.get(), SmallBatches());
+  ASSERT_TRUE(engine.ok());
+  SubscribeParams p;
+  p.subscriber_id = "a";
+  p.world_size = 2;
+  ASSERT_TRUE((*engine)->Subscribe(p).ok());
+  p.rank = 1;
+  p.world_size = 4;
+  auto bad = (*engine)->Subscribe(p);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("world of 2"), std::string::npos) << bad.status();
+  p.rank = 2;
+  p.world_size = 2;
+  EXPECT_FALSE((*engine)->Subscribe(p).ok());
+  EngineOptions o = SmallBatches();
+  o.aux_layer_ids = {9};
+  EXPECT_FALSE(Engine::Create(w.model.get(), w.dataset.get(), o).ok());
+}
+
+}  // namespace
+}  // namespace e3

@@ -1,0 +1,874 @@
+// The TeacherService over a real gRPC server on loopback, driven by a real
+// client stub: GetInfo, GetWeights, Subscribe (inline and shm), Ack, the
+// end of the stream, a cancelled stream, standard health checks and
+// Generate, on a small real model (tests/fixtures/golden/rand_default_mha,
+// vocab 256, hidden 64) and a synthetic dataset.
+#include "teacher_server/teacher_service.h"
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "common/metrics_server.h"
+#include "common/model_dir.h"
+#include "common/shm_segment.h"
+#include "common/vocab_map.h"
+#include "proto/wire_codec.h"
+#include "tests/teacher_server/golden_fixture.h"
+
+namespace e3 {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr int64_t kDraftVocab = 100;
+
+std::unique_ptr<Dataset> MakeDataset(int num_samples, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<Sample> samples;
+  for (int i = 0; i < num_samples; ++i) {
+    Sample s;
+    const int n = 5 + static_cast<int>(rng() % 56);
+    for (int t = 0; t < n; ++t) {
+      s.input_ids.push_back(static_cast<int32_t>(rng() % 256));
+      s.loss_mask.push_back(t % 3 != 0);
+    }
+    samples.push_back(std::move(s));
+  }
+  return Dataset::FromSamples(std::move(samples), "synthetic");
+}
+
+void SetDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds ms = 10000ms) {
+  ctx->set_deadline(std::chrono::system_clock::now() + ms);
+}
+
+// Polls `pred` until it holds or `limit` passes.
+bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds limit = 5000ms) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return pred();
+}
+
+// The value of an unlabelled sample in a text exposition; -1 if absent.
+double MetricValue(const std::string& text, const std::string& name) {
+  const std::string key = "\n" + name + " ";
+  const size_t at = ("\n" + text).find(key);
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + key.size() - 1));
+}
+
+bool ShmExists(const std::string& name) { return PathExists("/dev/shm" + name); }
+
+int CountShm(const std::string& prefix) {
+  int n = 0;
+  auto names = ListDir("/dev/shm");
+  EXPECT_TRUE(names.ok()) << names.status();
+  if (!names.ok()) return -1;
+  for (const auto& name : *names) {
+    if (name.rfind(prefix.substr(1), 0) == 0) ++n;
+  }
+  return n;
+}
+
+// One live teacher: engine + service + gRPC server on 127.0.0.1:0, and a
+// client stub connected to it.
+struct Teacher {
+  std::unique_ptr<Engine> engine;
+  TeacherMetrics metrics;
+  std::unique_ptr<TeacherServiceImpl> service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::TeacherService::Stub> stub;
+
+  ~Teacher() {
+    stub.reset();
+    channel.reset();
+    if (server) {
+      server->Shutdown(std::chrono::system_clock::now() + 2s);
+      server->Wait();
+    }
+    server.reset();
+    service.reset();
+    engine.reset();
+  }
+};
+
+class TeacherServiceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = ModelDir::Open(testing::SourcePath("tests/fixtures/golden/rand_default_mha")).value().release();
+    model_ = LoadCausalLM(*dir_, ModelOptions{}).value().release();
+    dataset_ = MakeDataset(40, 3).release();
+    vocab_ = new VocabMap(CalibrateVocabMap(dataset_->samples(), 256, kDraftVocab).value());
+  }
+  static void TearDownTestSuite() {
+    delete vocab_;
+    delete dataset_;
+    delete model_;
+    delete dir_;
+  }
+
+  EngineOptions DefaultEngineOptions() const {
+    EngineOptions o;
+    o.tokens_per_batch = 120;
+    o.aux_layer_ids = {0, 2, 4};
+    o.transports = {TransportKind::kShm, TransportKind::kInline};
+    o.shm_prefix = shm_prefix_;
+    return o;
+  }
+
+  std::unique_ptr<Teacher> StartTeacher(EngineOptions eopts, const Dataset* dataset = nullptr) {
+    if (dataset == nullptr) dataset = dataset_;
+    auto t = std::make_unique<Teacher>();
+    auto engine = Engine::Create(model_, dataset, std::move(eopts));
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    if (!engine.ok()) return nullptr;
+    t->engine = std::move(engine).value();
+    ServiceOptions sopts;
+    sopts.hostname = "host-a";
+    auto service = TeacherServiceImpl::Create(t->engine.get(), model_, vocab_, dataset, &t->metrics, sopts);
+    EXPECT_TRUE(service.ok()) << service.status();
+    if (!service.ok()) return nullptr;
+    t->service = std::move(service).value();
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &t->port);
+    builder.RegisterService(t->service.get());
+    t->server = builder.BuildAndStart();
+    EXPECT_NE(t->server, nullptr);
+    EXPECT_GT(t->port, 0);
+    if (!t->server || t->port == 0) return nullptr;
+    t->channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", t->port), grpc::InsecureChannelCredentials());
+    t->stub = v1::TeacherService::NewStub(t->channel);
+    return t;
+  }
+
+  static v1::SubscribeRequest SubscribeReq(const std::string& id, const std::string& host,
+                                           std::vector<v1::Transport> accepted, int rank = 0, int world = 1,
+                                           int credits = 4) {
+    v1::SubscribeRequest req;
+    req.set_version(v1::PROTOCOL_VERSION_CURRENT);
+    req.set_subscriber_id(id);
+    req.set_host(host);
+    req.set_rank(rank);
+    req.set_world_size(world);
+    req.set_credit_window(credits);
+    for (auto t : accepted) req.add_accepted_transports(t);
+    return req;
+  }
+
+  // Checks a resolved batch against the dataset and a direct forward.
+  void CheckBatch(const ReceivedBatch& rb) {
+    const v1::BatchDescriptor& d = rb.descriptor();
+    ASSERT_GT(d.sample_ids_size(), 0);
+    EXPECT_EQ(d.num_samples(), d.sample_ids_size());
+    std::vector<int32_t> want_ids;
+    std::vector<uint8_t> want_mask;
+    std::vector<int32_t> want_cu{0};
+    std::vector<std::vector<int32_t>> samples;
+    for (int64_t s : d.sample_ids()) {
+      ASSERT_GE(s, 0);
+      ASSERT_LT(s, dataset_->size());
+      const Sample& sample = (*dataset_)[s];
+      want_ids.insert(want_ids.end(), sample.input_ids.begin(), sample.input_ids.end());
+      want_mask.insert(want_mask.end(), sample.loss_mask.begin(), sample.loss_mask.end());
+      want_cu.push_back(static_cast<int32_t>(want_ids.size()));
+      samples.push_back(sample.input_ids);
+    }
+    const int64_t T = static_cast<int64_t>(want_ids.size());
+    EXPECT_EQ(d.num_tokens(), T);
+
+    auto ids = rb.Get("input_ids");
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    EXPECT_EQ(ids->dtype, DType::kI32);
+    EXPECT_EQ(ids->shape, std::vector<int64_t>{T});
+    ASSERT_EQ(ids->nbytes, want_ids.size() * 4);
+    EXPECT_EQ(std::memcmp(ids->data, want_ids.data(), ids->nbytes), 0) << "input_ids differ from the samples";
+
+    auto cu = rb.Get("cu_seqlens");
+    ASSERT_TRUE(cu.ok()) << cu.status();
+    EXPECT_EQ(cu->dtype, DType::kI32);
+    EXPECT_EQ(cu->shape, std::vector<int64_t>{static_cast<int64_t>(want_cu.size())});
+    ASSERT_EQ(cu->nbytes, want_cu.size() * 4);
+    EXPECT_EQ(std::memcmp(cu->data, want_cu.data(), cu->nbytes), 0);
+
+    auto mask = rb.Get("loss_mask");
+    ASSERT_TRUE(mask.ok()) << mask.status();
+    EXPECT_EQ(mask->dtype, DType::kU8);
+    EXPECT_EQ(mask->shape, std::vector<int64_t>{T});
+    ASSERT_EQ(mask->nbytes, want_mask.size());
+    EXPECT_EQ(std::memcmp(mask->data, want_mask.data(), mask->nbytes), 0);
+
+    auto aux = rb.Get("aux_hidden");
+    ASSERT_TRUE(aux.ok()) << aux.status();
+    EXPECT_EQ(aux->dtype, DType::kF32);
+    EXPECT_EQ(aux->shape, (std::vector<int64_t>{T, 3 * 64}));
+    auto last = rb.Get("last_hidden");
+    ASSERT_TRUE(last.ok()) << last.status();
+    EXPECT_EQ(last->dtype, DType::kF32);
+    EXPECT_EQ(last->shape, (std::vector<int64_t>{T, 64}));
+    auto argmax = rb.Get("target_argmax");
+    ASSERT_TRUE(argmax.ok()) << argmax.status();
+    EXPECT_EQ(argmax->dtype, DType::kI32);
+    EXPECT_EQ(argmax->shape, std::vector<int64_t>{T});
+
+    // The bytes are the forward's: recompute it here.
+    auto batch = PackSamples(samples, 256, at::kCPU);
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    ForwardOptions fwd;
+    fwd.aux_layer_ids = {0, 2, 4};
+    fwd.return_argmax = true;
+    auto out = model_->Forward(*batch, fwd);
+    ASSERT_TRUE(out.ok()) << out.status();
+    at::Tensor got_aux = torch::from_blob(const_cast<uint8_t*>(aux->data), {T, 192}, torch::kFloat).clone();
+    at::Tensor got_last = torch::from_blob(const_cast<uint8_t*>(last->data), {T, 64}, torch::kFloat).clone();
+    at::Tensor got_argmax = torch::from_blob(const_cast<uint8_t*>(argmax->data), {T}, torch::kInt).clone();
+    EXPECT_TRUE(torch::allclose(got_aux, out->aux_hidden, 1e-5, 1e-5));
+    EXPECT_TRUE(torch::allclose(got_last, out->last_hidden, 1e-5, 1e-5));
+    EXPECT_TRUE(torch::equal(got_argmax, out->target_argmax.to(torch::kInt)));
+  }
+
+  static inline ModelDir* dir_ = nullptr;
+  static inline CausalLM* model_ = nullptr;
+  static inline Dataset* dataset_ = nullptr;
+  static inline VocabMap* vocab_ = nullptr;
+  const std::string shm_prefix_ = absl::StrCat("/e3svctest", ::getpid());
+};
+
+TEST_F(TeacherServiceTest, GetInfoDescribesModelDataAndTransports) {
+  auto t = StartTeacher(DefaultEngineOptions());
+  ASSERT_NE(t, nullptr);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::GetInfoRequest req;
+  req.set_version(v1::PROTOCOL_VERSION_CURRENT);
+  v1::GetInfoResponse resp;
+  grpc::Status st = t->stub->GetInfo(&ctx, req, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(resp.version(), v1::PROTOCOL_VERSION_CURRENT);
+  const v1::ModelInfo& m = resp.model();
+  EXPECT_EQ(m.hidden_size(), 64);
+  EXPECT_EQ(m.num_hidden_layers(), 6);
+  EXPECT_EQ(m.num_attention_heads(), 4);
+  EXPECT_EQ(m.num_key_value_heads(), 4);
+  EXPECT_EQ(m.head_dim(), 16);
+  EXPECT_EQ(m.intermediate_size(), 128);
+  EXPECT_EQ(m.vocab_size(), 256);
+  EXPECT_EQ(m.draft_vocab_size(), kDraftVocab);
+  EXPECT_EQ(m.max_position_embeddings(), 512);
+  EXPECT_DOUBLE_EQ(m.rms_norm_eps(), 1e-5);
+  EXPECT_EQ(std::vector<int32_t>(m.aux_layer_ids().begin(), m.aux_layer_ids().end()),
+            (std::vector<int32_t>{0, 2, 4}));
+  EXPECT_EQ(m.compute_dtype(), v1::DTYPE_F32);
+  EXPECT_NE(m.config_json().find("\"vocab_size\": 256"), std::string::npos) << m.config_json();
+  EXPECT_EQ(resp.dataset_samples(), 40);
+  int64_t tokens = 0;
+  for (const Sample& sample : dataset_->samples()) tokens += sample.size();
+  EXPECT_EQ(resp.dataset_tokens(), tokens);
+  ASSERT_EQ(resp.transports_size(), 2);
+  EXPECT_EQ(resp.transports(0), v1::TRANSPORT_SHM);
+  EXPECT_EQ(resp.transports(1), v1::TRANSPORT_INLINE);
+  EXPECT_EQ(resp.backend(), "hf");
+  EXPECT_EQ(resp.layout().tp_size(), 1);
+  EXPECT_EQ(resp.layout().teacher_ranks(), 1);
+
+  // A student of another protocol version is refused, naming both.
+  grpc::ClientContext ctx2;
+  SetDeadline(&ctx2);
+  req.set_version(static_cast<v1::ProtocolVersion>(99));
+  v1::GetInfoResponse resp2;
+  st = t->stub->GetInfo(&ctx2, req, &resp2);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(st.error_message().find("version 99"), std::string::npos) << st.error_message();
+  EXPECT_NE(st.error_message().find(absl::StrCat("version ", kProtocolVersion)), std::string::npos)
+      << st.error_message();
+}
+
+struct Assembled {
+  v1::TensorRef ref;  // without data
+  std::string bytes;
+  uint64_t received = 0;
+  int chunks = 0;
+};
+
+TEST_F(TeacherServiceTest, GetWeightsStreamsTheFrozenTensors) {
+  auto t = StartTeacher(DefaultEngineOptions());
+  ASSERT_NE(t, nullptr);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::GetWeightsRequest req;
+  req.set_version(v1::PROTOCOL_VERSION_CURRENT);
+  auto reader = t->stub->GetWeights(&ctx, req);
+  std::map<std::string, Assembled> got;
+  v1::WeightChunk chunk;
+  while (reader->Read(&chunk)) {
+    Assembled& a = got[chunk.tensor().name()];
+    if (a.chunks == 0) {
+      a.ref = chunk.tensor();
+      a.ref.clear_inline_data();
+      a.bytes.assign(chunk.total_bytes(), '\0');
+    }
+    ASSERT_EQ(chunk.total_bytes(), a.bytes.size());
+    const std::string& data = chunk.tensor().inline_data();
+    ASSERT_LE(chunk.offset() + data.size(), a.bytes.size()) << chunk.tensor().name();
+    std::memcpy(&a.bytes[chunk.offset()], data.data(), data.size());
+    a.received += data.size();
+    ++a.chunks;
+  }
+  grpc::Status st = reader->Finish();
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  ASSERT_EQ(got.size(), 4u);
+  for (const auto& [name, a] : got) EXPECT_EQ(a.received, a.bytes.size()) << name;
+
+  const Assembled& embed = got["embed_tokens"];
+  EXPECT_EQ(embed.ref.dtype(), v1::DTYPE_F32);
+  ASSERT_EQ(std::vector<int64_t>(embed.ref.shape().begin(), embed.ref.shape().end()),
+            (std::vector<int64_t>{256, 64}));
+  ASSERT_EQ(embed.bytes.size(), 256u * 64 * 4);
+  at::Tensor e = torch::from_blob(const_cast<char*>(embed.bytes.data()), {256, 64}, torch::kFloat);
+  EXPECT_TRUE(torch::equal(e, model_->embed_tokens().contiguous()));
+
+  const Assembled& head = got["target_head"];
+  EXPECT_EQ(head.ref.dtype(), v1::DTYPE_F32);
+  ASSERT_EQ(std::vector<int64_t>(head.ref.shape().begin(), head.ref.shape().end()),
+            (std::vector<int64_t>{kDraftVocab, 64}));
+  ASSERT_EQ(head.bytes.size(), static_cast<size_t>(kDraftVocab) * 64 * 4);
+  at::Tensor h = torch::from_blob(const_cast<char*>(head.bytes.data()), {kDraftVocab, 64}, torch::kFloat);
+  at::Tensor lm = model_->lm_head();
+  for (int64_t i = 0; i < kDraftVocab; ++i) {
+    ASSERT_TRUE(torch::equal(h[i], lm[vocab_->DraftToTarget(i)])) << "draft row " << i;
+  }
+  // The rows are a real selection, not the head's first rows.
+  EXPECT_NE(vocab_->TargetIds(), [] {
+    std::vector<int64_t> first(kDraftVocab);
+    for (int64_t i = 0; i < kDraftVocab; ++i) first[i] = i;
+    return first;
+  }());
+
+  const Assembled& d2t = got["d2t"];
+  EXPECT_EQ(d2t.ref.dtype(), v1::DTYPE_I64);
+  ASSERT_EQ(std::vector<int64_t>(d2t.ref.shape().begin(), d2t.ref.shape().end()),
+            std::vector<int64_t>{kDraftVocab});
+  ASSERT_EQ(d2t.bytes.size(), static_cast<size_t>(kDraftVocab) * 8);
+  std::vector<int64_t> d2t_got(kDraftVocab);
+  std::memcpy(d2t_got.data(), d2t.bytes.data(), d2t.bytes.size());
+  EXPECT_EQ(d2t_got, vocab_->d2t);
+
+  const Assembled& t2d = got["t2d"];
+  EXPECT_EQ(t2d.ref.dtype(), v1::DTYPE_BOOL);
+  ASSERT_EQ(std::vector<int64_t>(t2d.ref.shape().begin(), t2d.ref.shape().end()), std::vector<int64_t>{256});
+  ASSERT_EQ(t2d.bytes.size(), 256u);
+  EXPECT_EQ(std::vector<uint8_t>(t2d.bytes.begin(), t2d.bytes.end()), vocab_->t2d);
+
+  // Asking by name returns only that tensor.
+  {
+    grpc::ClientContext c;
+    SetDeadline(&c);
+    v1::GetWeightsRequest r;
+    r.set_version(v1::PROTOCOL_VERSION_CURRENT);
+    r.add_names("d2t");
+    auto rd = t->stub->GetWeights(&c, r);
+    std::set<std::string> names;
+    while (rd->Read(&chunk)) names.insert(chunk.tensor().name());
+    ASSERT_TRUE(rd->Finish().ok());
+    EXPECT_EQ(names, std::set<std::string>{"d2t"});
+  }
+  // An unknown name is NOT_FOUND, naming it.
+  {
+    grpc::ClientContext c;
+    SetDeadline(&c);
+    v1::GetWeightsRequest r;
+    r.set_version(v1::PROTOCOL_VERSION_CURRENT);
+    r.add_names("embed_tokens");
+    r.add_names("model.layers.0.mlp.up_proj.weight");
+    auto rd = t->stub->GetWeights(&c, r);
+    int n = 0;
+    while (rd->Read(&chunk)) ++n;
+    grpc::Status s = rd->Finish();
+    EXPECT_EQ(n, 0);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_NE(s.error_message().find("model.layers.0.mlp.up_proj.weight"), std::string::npos) << s.error_message();
+  }
+}
+
+TEST_F(TeacherServiceTest, OtherHostGetsInlineBatchesAndAcksReturnCredits) {
+  auto t = StartTeacher(DefaultEngineOptions());
+  ASSERT_NE(t, nullptr);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 20000ms);
+  auto reader = t->stub->Subscribe(&ctx, SubscribeReq("student-b", "host-b", {v1::TRANSPORT_SHM, v1::TRANSPORT_INLINE},
+                                                       0, 1, /*credits=*/3));
+  std::set<int64_t> seen_samples;
+  int64_t expect_index = 0;
+  for (int i = 0; i < 4; ++i) {
+    v1::BatchDescriptor d;
+    ASSERT_TRUE(reader->Read(&d)) << "stream ended early: " << reader->Finish().error_message();
+    EXPECT_EQ(d.version(), v1::PROTOCOL_VERSION_CURRENT);
+    EXPECT_FALSE(d.end_of_data());
+    EXPECT_EQ(d.transport(), v1::TRANSPORT_INLINE);  // shm needs one host
+    EXPECT_EQ(d.epoch(), 0);
+    EXPECT_EQ(d.index_in_epoch(), expect_index++);
+    ASSERT_EQ(d.tensors_size(), 6);
+    for (const auto& ref : d.tensors()) {
+      EXPECT_EQ(ref.location_case(), v1::TensorRef::kInlineData) << ref.name();
+    }
+    for (int64_t s : d.sample_ids()) EXPECT_TRUE(seen_samples.insert(s).second) << "sample " << s << " twice";
+    const int64_t batch_id = d.batch_id();
+    auto rb = ReceivedBatch::Resolve(std::move(d));
+    ASSERT_TRUE(rb.ok()) << rb.status();
+    CheckBatch(**rb);
+
+    grpc::ClientContext actx;
+    SetDeadline(&actx);
+    v1::AckRequest ack;
+    ack.set_version(v1::PROTOCOL_VERSION_CURRENT);
+    ack.set_subscriber_id("student-b");
+    ack.set_rank(0);
+    ack.add_batch_ids(batch_id);
+    v1::AckResponse aresp;
+    grpc::Status st = t->stub->Ack(&actx, ack, &aresp);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    // Everything taken so far is acked: only computed-ahead batches use
+    // credits, and at least the window minus one such batch is free.
+    EXPECT_GE(aresp.credits(), 0);
+    EXPECT_LE(aresp.credits(), 3);
+  }
+  // With nothing taken, the teacher computes ahead exactly to the window.
+  ASSERT_TRUE(WaitFor([&] { return t->engine->stats().buffered_batches == 3; })) << t->engine->stats().buffered_batches;
+  {
+    grpc::ClientContext actx;
+    SetDeadline(&actx);
+    v1::AckRequest ack;
+    ack.set_version(v1::PROTOCOL_VERSION_CURRENT);
+    ack.set_subscriber_id("student-b");
+    v1::AckResponse aresp;
+    ASSERT_TRUE(t->stub->Ack(&actx, ack, &aresp).ok());
+    EXPECT_EQ(aresp.credits(), 0);
+  }
+  // A stale subscriber's ack is refused.
+  {
+    grpc::ClientContext actx;
+    SetDeadline(&actx);
+    v1::AckRequest ack;
+    ack.set_version(v1::PROTOCOL_VERSION_CURRENT);
+    ack.set_subscriber_id("someone-else");
+    v1::AckResponse aresp;
+    grpc::Status st = t->stub->Ack(&actx, ack, &aresp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_NE(st.error_message().find("student-b"), std::string::npos) << st.error_message();
+  }
+  // Taking one more leaves the window full; acking it frees one credit.
+  {
+    v1::BatchDescriptor d;
+    ASSERT_TRUE(reader->Read(&d));
+    EXPECT_EQ(d.index_in_epoch(), 4);
+    grpc::ClientContext actx;
+    SetDeadline(&actx);
+    v1::AckRequest ack;
+    ack.set_version(v1::PROTOCOL_VERSION_CURRENT);
+    ack.set_subscriber_id("student-b");
+    ack.add_batch_ids(d.batch_id());
+    v1::AckResponse aresp;
+    ASSERT_TRUE(t->stub->Ack(&actx, ack, &aresp).ok());
+    EXPECT_GE(aresp.credits(), 1);
+    EXPECT_LE(aresp.credits(), 3);
+  }
+  // The sends were counted per transport.
+  std::string text = RenderMetrics(*t->metrics.registry());
+  EXPECT_NE(text.find("e3_teacher_bytes_sent_total{transport=\"inline\"}"), std::string::npos) << text;
+  // The stream writes ahead of the reads, up to the credit window.
+  EXPECT_GE(MetricValue(text, "e3_teacher_batches_sent_total"), 5) << text;
+  EXPECT_LE(MetricValue(text, "e3_teacher_batches_sent_total"), 5 + 2) << text;
+  EXPECT_EQ(MetricValue(text, "e3_teacher_subscribers"), 1) << text;
+  EXPECT_EQ(t->service->open_streams(), 1);
+  ctx.TryCancel();
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+TEST_F(TeacherServiceTest, SameHostGetsShmReferencesThatResolve) {
+  auto t = StartTeacher(DefaultEngineOptions());
+  ASSERT_NE(t, nullptr);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 20000ms);
+  auto reader =
+      t->stub->Subscribe(&ctx, SubscribeReq("student-a", "host-a", {v1::TRANSPORT_SHM, v1::TRANSPORT_INLINE}));
+  for (int i = 0; i < 2; ++i) {
+    v1::BatchDescriptor d;
+    ASSERT_TRUE(reader->Read(&d)) << reader->Finish().error_message();
+    EXPECT_EQ(d.transport(), v1::TRANSPORT_SHM);
+    ASSERT_EQ(d.tensors_size(), 6);
+    std::string segment;
+    for (const auto& ref : d.tensors()) {
+      ASSERT_TRUE(ref.has_shm()) << ref.name();
+      EXPECT_EQ(ref.shm().segment().rfind(shm_prefix_, 0), 0u) << ref.shm().segment();
+      if (segment.empty()) segment = ref.shm().segment();
+      EXPECT_EQ(ref.shm().segment(), segment);  // one segment per batch
+    }
+    const int64_t batch_id = d.batch_id();
+    {
+      auto rb = ReceivedBatch::Resolve(std::move(d));
+      ASSERT_TRUE(rb.ok()) << rb.status();
+      CheckBatch(**rb);
+    }
+    // Acking frees the batch: its segment is unlinked.
+    grpc::ClientContext actx;
+    SetDeadline(&actx);
+    v1::AckRequest ack;
+    ack.set_version(v1::PROTOCOL_VERSION_CURRENT);
+    ack.set_subscriber_id("student-a");
+    ack.add_batch_ids(batch_id);
+    v1::AckResponse aresp;
+    ASSERT_TRUE(t->stub->Ack(&actx, ack, &aresp).ok());
+    EXPECT_TRUE(WaitFor([&] { return !ShmExists(segment); })) << segment << " still exists after the ack";
+  }
+  std::string text = RenderMetrics(*t->metrics.registry());
+  EXPECT_NE(text.find("e3_teacher_bytes_sent_total{transport=\"shm\"}"), std::string::npos) << text;
+  ctx.TryCancel();
+  reader->Finish();
+}
+
+TEST_F(TeacherServiceTest, NcclOnCpuHasNoCommonTransport) {
+  EngineOptions o = DefaultEngineOptions();
+  o.transports = {TransportKind::kNccl, TransportKind::kShm, TransportKind::kInline};
+  auto t = StartTeacher(o);
+  ASSERT_NE(t, nullptr);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  auto reader = t->stub->Subscribe(&ctx, SubscribeReq("gpu-student", "host-a", {v1::TRANSPORT_NCCL}));
+  v1::BatchDescriptor d;
+  EXPECT_FALSE(reader->Read(&d));
+  grpc::Status st = reader->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(st.error_message().find("no common transport"), std::string::npos) << st.error_message();
+  EXPECT_NE(st.error_message().find("nccl needs both on GPUs"), std::string::npos) << st.error_message();
+  EXPECT_EQ(t->engine->world_size(), 0);  // nothing was subscribed
+}
+
+TEST_F(TeacherServiceTest, InconsistentSubscriptionsAreRefused) {
+  auto t = StartTeacher(DefaultEngineOptions());
+  ASSERT_NE(t, nullptr);
+  // Rank 0 of a world of 2 subscribes first and fixes the world.
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 20000ms);
+  auto first = t->stub->Subscribe(&ctx, SubscribeReq("r0", "host-b", {v1::TRANSPORT_INLINE}, 0, 2));
+  v1::BatchDescriptor d;
+  ASSERT_TRUE(first->Read(&d)) << first->Finish().error_message();
+  EXPECT_EQ(t->engine->world_size(), 2);
+
+  auto refused = [&](const v1::SubscribeRequest& req) {
+    grpc::ClientContext c;
+    SetDeadline(&c);
+    auto r = t->stub->Subscribe(&c, req);
+    v1::BatchDescriptor x;
+    EXPECT_FALSE(r->Read(&x));
+    return r->Finish();
+  };
+  grpc::Status st = refused(SubscribeReq("r1", "host-b", {v1::TRANSPORT_INLINE}, 1, 4));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(st.error_message().find("world of 2"), std::string::npos) << st.error_message();
+  EXPECT_NE(st.error_message().find("says 4"), std::string::npos) << st.error_message();
+
+  st = refused(SubscribeReq("", "host-b", {v1::TRANSPORT_INLINE}, 1, 2));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("subscriber_id"), std::string::npos) << st.error_message();
+
+  st = refused(SubscribeReq("r2", "host-b", {v1::TRANSPORT_INLINE}, 2, 2));  // rank outside the world
+  EXPECT_FALSE(st.ok());
+
+  v1::SubscribeRequest skew = SubscribeReq("r1", "host-b", {v1::TRANSPORT_INLINE}, 1, 2);
+  skew.set_version(static_cast<v1::ProtocolVersion>(99));
+  st = refused(skew);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(st.error_message().find("99"), std::string::npos) << st.error_message();
+
+  // The first subscription is untouched by the refusals.
+  EXPECT_TRUE(first->Read(&d));
+  ctx.TryCancel();
+  first->Finish();
+}
+
+TEST_F(TeacherServiceTest, StreamEndsWithEndOfDataThenOk) {
+  std::unique_ptr<Dataset> tiny = MakeDataset(5, 11);
+  EngineOptions o = DefaultEngineOptions();
+  o.epochs = 1;
+  o.tokens_per_batch = 40;  // a few batches from five samples
+  auto t = StartTeacher(o, tiny.get());
+  ASSERT_NE(t, nullptr);
+  const int64_t per_epoch = t->engine->batches_per_epoch(1);
+  ASSERT_GT(per_epoch, 1);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 20000ms);
+  auto reader = t->stub->Subscribe(&ctx, SubscribeReq("tiny", "host-b", {v1::TRANSPORT_INLINE}, 0, 1, 2));
+  std::multiset<int64_t> samples;
+  int64_t batches = 0;
+  bool ended = false;
+  v1::BatchDescriptor d;
+  while (reader->Read(&d)) {
+    ASSERT_FALSE(ended) << "a descriptor after end_of_data";
+    if (d.end_of_data()) {
+      ended = true;
+      EXPECT_EQ(d.tensors_size(), 0);
+      continue;
+    }
+    ++batches;
+    for (int64_t s : d.sample_ids()) samples.insert(s);
+    grpc::ClientContext actx;
+    SetDeadline(&actx);
+    v1::AckRequest ack;
+    ack.set_version(v1::PROTOCOL_VERSION_CURRENT);
+    ack.set_subscriber_id("tiny");
+    ack.add_batch_ids(d.batch_id());
+    ack.mutable_committed()->set_epoch(d.index_in_epoch() + 1 == per_epoch ? 1 : 0);
+    ack.mutable_committed()->set_next_batch(d.index_in_epoch() + 1 == per_epoch ? 0 : d.index_in_epoch() + 1);
+    v1::AckResponse aresp;
+    ASSERT_TRUE(t->stub->Ack(&actx, ack, &aresp).ok());
+  }
+  grpc::Status st = reader->Finish();
+  EXPECT_TRUE(ended);
+  EXPECT_TRUE(st.ok()) << st.error_code() << ": " << st.error_message();
+  EXPECT_EQ(batches, per_epoch);
+  EXPECT_EQ(samples, (std::multiset<int64_t>{0, 1, 2, 3, 4}));
+  LedgerReport rep = t->engine->ledger_report();
+  EXPECT_EQ(rep.epochs, 1);
+  EXPECT_EQ(rep.committed_samples, 5);
+  EXPECT_EQ(rep.samples_never_committed, 0);
+  EXPECT_TRUE(WaitFor([&] { return t->service->open_streams() == 0; }));
+}
+
+TEST_F(TeacherServiceTest, CancelledStreamIsDetachedAndReclaimed) {
+  EngineOptions o = DefaultEngineOptions();
+  o.subscriber_timeout = absl::Milliseconds(300);
+  auto t = StartTeacher(o);
+  ASSERT_NE(t, nullptr);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 20000ms);
+  auto reader = t->stub->Subscribe(&ctx, SubscribeReq("quitter", "host-a", {v1::TRANSPORT_SHM}, 0, 1, 3));
+  v1::BatchDescriptor d;
+  ASSERT_TRUE(reader->Read(&d)) << reader->Finish().error_message();
+  ASSERT_EQ(d.transport(), v1::TRANSPORT_SHM);
+  ASSERT_TRUE(WaitFor([&] { return t->engine->stats().buffered_batches == 3; }));
+  EXPECT_EQ(CountShm(shm_prefix_), 3);
+  ctx.TryCancel();
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // The server side sees the cancel, detaches, and after the timeout the
+  // buffers (and their shm segments) go.
+  EXPECT_TRUE(WaitFor([&] { return t->service->open_streams() == 0; }));
+  EXPECT_TRUE(WaitFor([&] {
+    EngineStats s = t->engine->stats();
+    return s.buffered_batches == 0 && s.buffered_bytes == 0 && s.reclaimed_batches == 3;
+  })) << t->engine->stats().buffered_batches << " buffered, " << t->engine->stats().reclaimed_batches << " reclaimed";
+  EXPECT_TRUE(WaitFor([&] { return CountShm(shm_prefix_) == 0; }));
+  t->metrics.Update(t->engine->stats());
+  std::string text = RenderMetrics(*t->metrics.registry());
+  EXPECT_EQ(MetricValue(text, "e3_teacher_subscribers"), 0) << text;
+  EXPECT_EQ(MetricValue(text, "e3_teacher_reclaimed_batches_total"), 3) << text;
+}
+
+// Calls grpc.health.v1.Health/Check for the whole server ("") with raw
+// bytes, returning the response bytes.
+grpc::Status HealthCheck(const std::shared_ptr<grpc::Channel>& channel, std::string* out) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 5000ms);
+  grpc::Slice empty(std::string{});
+  grpc::ByteBuffer req(&empty, 1);  // an empty HealthCheckRequest is zero bytes
+  grpc::ByteBuffer resp;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &req, &resp,
+                 [&done](grpc::Status s) { done.set_value(std::move(s)); });
+  auto fut = done.get_future();
+  if (fut.wait_for(10s) != std::future_status::ready) {
+    ctx.TryCancel();
+    fut.wait();
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "no health answer");
+  }
+  grpc::Status st = fut.get();
+  out->clear();
+  if (st.ok()) {
+    std::vector<grpc::Slice> slices;
+    if (!resp.Dump(&slices).ok()) return grpc::Status(grpc::StatusCode::INTERNAL, "dump failed");
+    for (const auto& s : slices) out->append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return st;
+}
+
+TEST_F(TeacherServiceTest, StandardHealthServiceReportsServingState) {
+  auto t = StartTeacher(DefaultEngineOptions());
+  ASSERT_NE(t, nullptr);
+  ASSERT_NE(t->server->GetHealthCheckService(), nullptr);
+  std::string bytes;
+  grpc::Status st = HealthCheck(t->channel, &bytes);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));  // status: SERVING
+  t->server->GetHealthCheckService()->SetServingStatus(false);
+  st = HealthCheck(t->channel, &bytes);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(bytes, std::string("\x08\x02", 2));  // status: NOT_SERVING
+}
+
+TEST_F(TeacherServiceTest, GenerateIsGreedyArgmaxOfTheForward) {
+  auto t = StartTeacher(DefaultEngineOptions());
+  ASSERT_NE(t, nullptr);
+  const std::vector<int32_t> prompt = {3, 17, 42, 99, 7, 200};
+  const int max_new = 6;
+  // Expected: repeated argmax of the last position's full logits.
+  std::vector<int32_t> ids = prompt, expected;
+  const std::set<int64_t> eos(model_->config().eos_token_ids.begin(), model_->config().eos_token_ids.end());
+  for (int step = 0; step < max_new; ++step) {
+    auto batch = PackSamples({ids}, 256, at::kCPU);
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    ForwardOptions fwd;
+    fwd.return_logits = true;
+    fwd.return_argmax = false;
+    auto out = model_->Forward(*batch, fwd);
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_EQ(out->logits.size(0), static_cast<int64_t>(ids.size()));
+    const int32_t next = static_cast<int32_t>(out->logits[-1].argmax().item<int64_t>());
+    ids.push_back(next);
+    expected.push_back(next);
+    if (eos.count(next)) break;
+  }
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::GenerateRequest req;
+  req.set_version(v1::PROTOCOL_VERSION_CURRENT);
+  for (int32_t id : prompt) req.add_input_ids(id);
+  req.set_max_new_tokens(max_new);
+  v1::GenerateResponse resp;
+  grpc::Status st = t->stub->Generate(&ctx, req, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(std::vector<int32_t>(resp.output_ids().begin(), resp.output_ids().end()), expected);
+  if (!eos.count(expected.back())) {
+    EXPECT_EQ(resp.output_ids_size(), max_new);
+  }
+
+  // Bad requests are refused, not crashed on.
+  {
+    grpc::ClientContext c;
+    SetDeadline(&c);
+    v1::GenerateRequest empty;
+    empty.set_version(v1::PROTOCOL_VERSION_CURRENT);
+    empty.set_max_new_tokens(3);
+    v1::GenerateResponse r;
+    EXPECT_EQ(t->stub->Generate(&c, empty, &r).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext c;
+    SetDeadline(&c);
+    v1::GenerateRequest too_long = req;
+    too_long.set_max_new_tokens(510);  // 6 + 510 > 512 positions
+    v1::GenerateResponse r;
+    grpc::Status s = t->stub->Generate(&c, too_long, &r);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find("512"), std::string::npos) << s.error_message();
+  }
+  {
+    grpc::ClientContext c;
+    SetDeadline(&c);
+    v1::GenerateRequest bad_id = req;
+    bad_id.add_input_ids(256);  // outside the vocab
+    v1::GenerateResponse r;
+    grpc::Status s = t->stub->Generate(&c, bad_id, &r);
+    EXPECT_FALSE(s.ok());
+    EXPECT_EQ(r.output_ids_size(), 0);
+  }
+}
+
+// The student's side of the wire: a corrupt descriptor is an error that
+// names the tensor, never a pointer past the bytes it holds.
+TEST(WireCodecTest, ResolveRefusesCorruptDescriptors) {
+  auto resolve = [](std::function<void(v1::TensorRef*)> edit) {
+    v1::BatchDescriptor d;
+    d.set_batch_id(7);
+    v1::TensorRef* ref = d.add_tensors();
+    ref->set_name("input_ids");
+    ref->set_dtype(v1::DTYPE_I32);
+    ref->add_shape(4);
+    ref->set_inline_data(std::string(16, '\1'));
+    edit(ref);
+    return ReceivedBatch::Resolve(std::move(d));
+  };
+  auto good = resolve([](v1::TensorRef*) {});
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ((*good)->Get("input_ids")->nbytes, 16u);
+  EXPECT_FALSE((*good)->Get("loss_mask").ok());
+
+  auto short_bytes = resolve([](v1::TensorRef* r) { r->set_inline_data(std::string(15, '\0')); });
+  EXPECT_EQ(short_bytes.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(short_bytes.status().message().find("input_ids"), std::string::npos) << short_bytes.status();
+
+  auto negative = resolve([](v1::TensorRef* r) { r->set_shape(0, -4); });
+  EXPECT_EQ(negative.status().code(), absl::StatusCode::kDataLoss);
+
+  auto bad_dtype = resolve([](v1::TensorRef* r) { r->set_dtype(static_cast<v1::DType>(42)); });
+  EXPECT_EQ(bad_dtype.status().code(), absl::StatusCode::kDataLoss);
+
+  // 2^32 x 2^32 elements wrap a 64-bit count to 0: must not pass as an
+  // empty tensor.
+  auto wraps = resolve([](v1::TensorRef* r) {
+    r->set_dtype(v1::DTYPE_U8);
+    r->set_shape(0, int64_t{1} << 32);
+    r->add_shape(int64_t{1} << 32);
+    r->set_inline_data("");
+  });
+  EXPECT_EQ(wraps.status().code(), absl::StatusCode::kDataLoss) << wraps.status();
+  auto wraps_bytes = resolve([](v1::TensorRef* r) {
+    r->set_dtype(v1::DTYPE_I64);
+    r->set_shape(0, int64_t{1} << 61);  // x 8 bytes wraps to 0
+    r->set_inline_data("");
+  });
+  EXPECT_EQ(wraps_bytes.status().code(), absl::StatusCode::kDataLoss) << wraps_bytes.status();
+  // A zero dimension is an honest empty tensor, whatever the others say.
+  auto empty = resolve([](v1::TensorRef* r) {
+    r->set_shape(0, int64_t{1} << 62);
+    r->add_shape(0);
+    r->set_inline_data("");
+  });
+  EXPECT_TRUE(empty.ok()) << empty.status();
+
+  // shm: a missing segment, and a range outside a real one.
+  auto missing = resolve([](v1::TensorRef* r) {
+    r->mutable_shm()->set_segment("/e3-no-such-segment-for-this-test");
+    r->mutable_shm()->set_nbytes(16);
+  });
+  EXPECT_FALSE(missing.ok());
+  const std::string name = absl::StrCat("/e3codectest", ::getpid());
+  auto seg = ShmSegment::Create(name, 32);
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  (*seg)->set_unlink_on_destroy(true);
+  auto outside = resolve([&](v1::TensorRef* r) {
+    r->mutable_shm()->set_segment(name);
+    r->mutable_shm()->set_offset(24);
+    r->mutable_shm()->set_nbytes(16);
+  });
+  EXPECT_EQ(outside.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(outside.status().message().find("outside"), std::string::npos) << outside.status();
+  auto inside = resolve([&](v1::TensorRef* r) {
+    r->mutable_shm()->set_segment(name);
+    r->mutable_shm()->set_offset(16);
+    r->mutable_shm()->set_nbytes(16);
+  });
+  EXPECT_TRUE(inside.ok()) << inside.status();
+}
+
+}  // namespace
+}  // namespace e3
