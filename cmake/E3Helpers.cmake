@@ -18,7 +18,9 @@ function(e3_use_torch_pch target)
   endif()
   if(NOT TARGET e3_torch_pch)
     add_library(e3_torch_pch STATIC ${PROJECT_SOURCE_DIR}/cmake/torch_pch.cc)
-    target_link_libraries(e3_torch_pch PUBLIC e3_torch)
+    # Same flags as its users, or GCC rejects the PCH (-pthread defines
+    # _REENTRANT, which the torch headers test).
+    target_link_libraries(e3_torch_pch PUBLIC e3_torch Threads::Threads)
     target_precompile_headers(e3_torch_pch PRIVATE <torch/torch.h>)
   endif()
   target_precompile_headers(${target} REUSE_FROM e3_torch_pch)

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <random>
 #include <set>
@@ -56,15 +57,26 @@ EngineOptions SmallBatches() {
 
 // Waits for the next batch of a subscription (the worker computes async).
 ReadyBatch Next(Engine& e, int rank, uint64_t gen) {
-  for (int i = 0; i < 3000; ++i) {
+  for (int i = 0; i < 15000; ++i) {
     auto b = e.TakeNext(rank, gen);
     EXPECT_TRUE(b.ok()) << b.status();
     if (!b.ok()) return {};
     if (b->has_value()) return **b;
     std::this_thread::sleep_for(2ms);
   }
-  ADD_FAILURE() << "no batch within 6 s";
+  ADD_FAILURE() << "no batch within 30 s";
   return {};
+}
+
+// Polls `pred` (the worker computes asynchronously; a loaded machine may
+// take seconds per batch).
+bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds limit = 30000ms) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return pred();
 }
 
 int CountShmSegments(const std::string& prefix) {
@@ -176,15 +188,19 @@ TEST(EngineTest, CreditWindowBoundsWorkAhead) {
   p.subscriber_id = "slow";
   p.credit_window = 2;
   uint64_t g = *(*engine)->Subscribe(p);
-  std::this_thread::sleep_for(500ms);
-  EXPECT_EQ((*engine)->stats().buffered_batches, 2);  // computed ahead, then stopped
+  auto buffered = [&] { return (*engine)->stats().buffered_batches; };
+  ASSERT_TRUE(WaitFor([&] { return buffered() == 2; }));  // computed ahead...
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(buffered(), 2);  // ...then stopped at the window
   ReadyBatch b = Next(**engine, 0, g);
   std::this_thread::sleep_for(300ms);
-  EXPECT_EQ((*engine)->stats().buffered_batches, 2);  // taken but unacked still counts
+  EXPECT_EQ(buffered(), 2);  // taken but unacked still counts
   auto credits = (*engine)->Ack(0, "slow", {b.batch_id}, std::nullopt);
   ASSERT_TRUE(credits.ok());
-  std::this_thread::sleep_for(500ms);
-  EXPECT_EQ((*engine)->stats().buffered_batches, 2);  // refilled to the window
+  const int64_t computed = (*engine)->stats().batches_computed;
+  ASSERT_TRUE(WaitFor([&] { return (*engine)->stats().batches_computed == computed + 1; }));  // refilled
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(buffered(), 2);  // and no further
 }
 
 TEST(EngineTest, DeadSubscriberBuffersAreReclaimed) {
@@ -203,11 +219,10 @@ TEST(EngineTest, DeadSubscriberBuffersAreReclaimed) {
     ReadyBatch b = Next(**engine, 0, g);  // taken, never acked
     (void)b;
   }
-  std::this_thread::sleep_for(300ms);
-  EXPECT_EQ((*engine)->stats().buffered_batches, 4);
+  ASSERT_TRUE(WaitFor([&] { return (*engine)->stats().buffered_batches == 4; }));
   EXPECT_EQ(CountShmSegments(o.shm_prefix), 4);
   (*engine)->Detach(0, g);  // the stream died
-  std::this_thread::sleep_for(900ms);
+  ASSERT_TRUE(WaitFor([&] { return (*engine)->stats().buffered_batches == 0; }));
   EngineStats s = (*engine)->stats();
   EXPECT_EQ(s.buffered_batches, 0);
   EXPECT_EQ(s.buffered_bytes, 0);

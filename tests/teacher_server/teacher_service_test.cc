@@ -58,7 +58,7 @@ void SetDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds ms = 10000m
 }
 
 // Polls `pred` until it holds or `limit` passes.
-bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds limit = 5000ms) {
+bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds limit = 30000ms) {
   const auto end = std::chrono::steady_clock::now() + limit;
   while (std::chrono::steady_clock::now() < end) {
     if (pred()) return true;
