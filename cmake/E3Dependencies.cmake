@@ -1,8 +1,6 @@
 # Every dependency is found with find_package (Debian packages on the CPU
 # machine; the same packages unpacked by .device/env.sh on the GPU machine).
 
-# -pthread as a compile flag too, so the LibTorch PCH and its users agree.
-set(THREADS_PREFER_PTHREAD_FLAG ON)
 find_package(Threads REQUIRED)
 find_package(absl CONFIG REQUIRED)
 find_package(Protobuf REQUIRED)

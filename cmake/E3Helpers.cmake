@@ -18,9 +18,12 @@ function(e3_use_torch_pch target)
   endif()
   if(NOT TARGET e3_torch_pch)
     add_library(e3_torch_pch STATIC ${PROJECT_SOURCE_DIR}/cmake/torch_pch.cc)
-    # Same flags as its users, or GCC rejects the PCH (-pthread defines
-    # _REENTRANT, which the torch headers test).
+    # Same flags as its users, or GCC rejects the PCH: they all get
+    # -pthread from gRPC/Abseil (it defines _REENTRANT, which the torch
+    # headers test), and glibc's in-libc pthreads keep Threads::Threads from
+    # adding it, so add it here.
     target_link_libraries(e3_torch_pch PUBLIC e3_torch Threads::Threads)
+    target_compile_options(e3_torch_pch PRIVATE -pthread)
     target_precompile_headers(e3_torch_pch PRIVATE <torch/torch.h>)
   endif()
   target_precompile_headers(${target} REUSE_FROM e3_torch_pch)

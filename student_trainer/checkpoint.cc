@@ -41,8 +41,10 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const Trainer
   } catch (const c10::Error& e) {
     return absl::DataLossError(absl::StrCat(tmp, ": saving the optimizer: ", e.what_without_backtrace()));
   }
+  nlohmann::json cursors = nlohmann::json::array();
+  for (const StreamCursor& c : state.cursors) cursors.push_back({{"epoch", c.epoch}, {"next_batch", c.next_batch}});
   nlohmann::json j = {{"step", state.step},
-                      {"cursor", {{"epoch", state.cursor.epoch}, {"next_batch", state.cursor.next_batch}}},
+                      {"cursors", cursors},
                       {"tokens", state.tokens},
                       {"subscriber_id", state.subscriber_id}};
   E3_RETURN_IF_ERROR(WriteFileAtomically(JoinPath(tmp, kState), j.dump(2)));
@@ -81,14 +83,17 @@ absl::StatusOr<std::optional<TrainerState>> LoadLatestCheckpoint(const std::stri
   }
   E3_ASSIGN_OR_RETURN(std::string text, ReadFileToString(JoinPath(path, kState)));
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.contains("step") || !j.contains("cursor") || !j["step"].is_number_integer() ||
-      !j["cursor"].is_object()) {
-    return absl::DataLossError(absl::StrCat(JoinPath(path, kState), ": expected an integer \"step\" and a \"cursor\" object"));
+  if (j.is_discarded() || !j.contains("step") || !j["step"].is_number_integer() || !j.contains("cursors") ||
+      !j["cursors"].is_array()) {
+    return absl::DataLossError(
+        absl::StrCat(JoinPath(path, kState), ": expected an integer \"step\" and a \"cursors\" array"));
   }
   TrainerState st;
   st.step = j["step"].get<int64_t>();
-  st.cursor.epoch = j["cursor"].value("epoch", int64_t{0});
-  st.cursor.next_batch = j["cursor"].value("next_batch", int64_t{0});
+  for (const auto& c : j["cursors"]) {
+    if (!c.is_object()) return absl::DataLossError(absl::StrCat(JoinPath(path, kState), ": a cursor is not an object"));
+    st.cursors.push_back({c.value("epoch", int64_t{0}), c.value("next_batch", int64_t{0})});
+  }
   st.tokens = j.value("tokens", int64_t{0});
   st.subscriber_id = j.value("subscriber_id", std::string());
   return std::optional<TrainerState>(st);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "student_trainer/eagle3_draft.h"
@@ -19,7 +20,8 @@ namespace e3 {
 
 struct TrainerState {
   int64_t step = 0;
-  StreamCursor cursor;  // first batch not included in the weights
+  // Per teacher (in --teacher order): the first batch not in the weights.
+  std::vector<StreamCursor> cursors;
   int64_t tokens = 0;
   std::string subscriber_id;
 };

@@ -16,11 +16,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/metrics_server.h"
 #include "student_trainer/student_metrics.h"
 #include "student_trainer/trainer.h"
 
-ABSL_FLAG(std::string, teacher, "127.0.0.1:50051", "teacher gRPC address");
+ABSL_FLAG(std::string, teacher, "127.0.0.1:50051",
+          "teacher gRPC address, or several comma-separated (teachers serving data shards; round-robin)");
 ABSL_FLAG(int, rank, -1, "data-parallel rank (default: $RANK or 0)");
 ABSL_FLAG(int, world_size, -1, "data-parallel world size (default: $WORLD_SIZE or 1)");
 ABSL_FLAG(std::string, subscriber_id, "", "stable id of this student (default: rank-<rank>)");
@@ -62,7 +64,12 @@ int EnvInt(const char* name, int fallback) {
 int Main() {
   if (absl::GetFlag(FLAGS_threads) > 0) at::set_num_threads(absl::GetFlag(FLAGS_threads));
   TrainerOptions o;
-  o.client.address = absl::GetFlag(FLAGS_teacher);
+  o.teachers = absl::StrSplit(absl::GetFlag(FLAGS_teacher), ',', absl::SkipWhitespace());
+  if (o.teachers.empty()) {
+    std::fprintf(stderr, "student_trainer: error: --teacher is empty\n");
+    return 2;
+  }
+  o.client.address = o.teachers[0];
   o.client.rank = absl::GetFlag(FLAGS_rank) >= 0 ? absl::GetFlag(FLAGS_rank) : EnvInt("RANK", 0);
   o.client.world_size = absl::GetFlag(FLAGS_world_size) > 0 ? absl::GetFlag(FLAGS_world_size) : EnvInt("WORLD_SIZE", 1);
   if (o.client.rank < 0 || o.client.rank >= o.client.world_size) {

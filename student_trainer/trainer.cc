@@ -89,14 +89,43 @@ std::string TrainSummary::ToJson() const {
 
 absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics* metrics) {
   const auto t_start = Clock::now();
-  E3_ASSIGN_OR_RETURN(auto client, TeacherClient::Connect(o.client));
-  const TeacherInfo& info = client->info();
-  std::printf("student[%d/%d]: teacher %s: %s L=%ld H=%ld, aux layers [%s], draft vocab %ld, %ld batches/epoch x %ld\n",
-              o.client.rank, o.client.world_size, o.client.address.c_str(), info.config.architecture_name.c_str(),
-              static_cast<long>(info.config.num_hidden_layers), static_cast<long>(info.config.hidden_size),
-              absl::StrJoin(info.aux_layer_ids, ",").c_str(), static_cast<long>(info.draft_vocab_size),
-              static_cast<long>(info.batches_per_epoch), static_cast<long>(info.epochs));
-  E3_ASSIGN_OR_RETURN(FrozenWeights frozen, client->FetchWeights());
+  std::vector<std::string> addresses = o.teachers;
+  if (addresses.empty()) addresses.push_back(o.client.address);
+  std::vector<std::unique_ptr<TeacherClient>> clients;
+  for (const std::string& address : addresses) {
+    TeacherClientOptions co = o.client;
+    co.address = address;
+    E3_ASSIGN_OR_RETURN(auto client, TeacherClient::Connect(co));
+    clients.push_back(std::move(client));
+  }
+  const TeacherInfo& info = clients[0]->info();
+  int64_t planned_batches = 0;
+  for (size_t i = 0; i < clients.size(); ++i) {
+    const TeacherInfo& ti = clients[i]->info();
+    std::printf("student[%d/%d]: teacher %s: %s L=%ld H=%ld, aux layers [%s], draft vocab %ld, %ld samples, "
+                "%ld batches/epoch x %ld\n",
+                o.client.rank, o.client.world_size, addresses[i].c_str(), ti.config.architecture_name.c_str(),
+                static_cast<long>(ti.config.num_hidden_layers), static_cast<long>(ti.config.hidden_size),
+                absl::StrJoin(ti.aux_layer_ids, ",").c_str(), static_cast<long>(ti.draft_vocab_size),
+                static_cast<long>(ti.raw.dataset_samples()), static_cast<long>(ti.batches_per_epoch),
+                static_cast<long>(ti.epochs));
+    planned_batches += ti.batches_per_epoch * ti.epochs;
+    if (ti.config.hidden_size != info.config.hidden_size || ti.config.num_hidden_layers != info.config.num_hidden_layers ||
+        ti.config.vocab_size != info.config.vocab_size || ti.aux_layer_ids != info.aux_layer_ids ||
+        ti.draft_vocab_size != info.draft_vocab_size) {
+      return absl::FailedPreconditionError(absl::StrCat("teachers ", addresses[0], " and ", addresses[i],
+                                                        " serve different models, aux layers or draft vocabs"));
+    }
+  }
+  E3_ASSIGN_OR_RETURN(FrozenWeights frozen, clients[0]->FetchWeights());
+  for (size_t i = 1; i < clients.size(); ++i) {
+    E3_ASSIGN_OR_RETURN(FrozenWeights other, clients[i]->FetchWeights());
+    if (other.vocab.d2t != frozen.vocab.d2t || !other.target_head.equal(frozen.target_head)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("teachers ", addresses[0], " and ", addresses[i],
+                       " serve different draft vocabs or heads (calibrate once, or pass the same --vocab_map)"));
+    }
+  }
 
   ModelConfig target = info.config;
   if (o.intermediate_size > 0) target.intermediate_size = o.intermediate_size;
@@ -114,26 +143,33 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
   TrainSummary summary;
   TrainerState state;
   state.subscriber_id = o.client.subscriber_id;
+  state.cursors.resize(clients.size());
   if (!o.checkpoint_dir.empty()) {
     E3_ASSIGN_OR_RETURN(auto resumed, LoadLatestCheckpoint(o.checkpoint_dir, *draft, optimizer));
     if (resumed.has_value()) {
+      if (resumed->cursors.size() != clients.size()) {
+        return absl::FailedPreconditionError(absl::StrCat(o.checkpoint_dir, " holds cursors for ", resumed->cursors.size(),
+                                                          " teachers, but ", clients.size(), " are given"));
+      }
       state = *resumed;
       summary.resumed = true;
       summary.resumed_from_step = state.step;
       std::printf("student[%d]: resumed from %s at step %ld, cursor %ld:%ld\n", o.client.rank, o.checkpoint_dir.c_str(),
-                  static_cast<long>(state.step), static_cast<long>(state.cursor.epoch),
-                  static_cast<long>(state.cursor.next_batch));
+                  static_cast<long>(state.step), static_cast<long>(state.cursors[0].epoch),
+                  static_cast<long>(state.cursors[0].next_batch));
     }
   }
 
-  const int64_t planned = o.max_steps > 0 ? o.max_steps : info.batches_per_epoch * info.epochs;
+  const int64_t planned = o.max_steps > 0 ? o.max_steps : planned_batches;
   LrSchedule schedule;
   schedule.peak = o.learning_rate;
   schedule.min_ratio = o.min_lr_ratio;
   schedule.total_steps = planned;
   schedule.warmup_steps = o.warmup_steps >= 0 ? o.warmup_steps : static_cast<int64_t>(o.warmup_ratio * planned);
 
-  E3_RETURN_IF_ERROR(client->Start(state.cursor));
+  for (size_t i = 0; i < clients.size(); ++i) E3_RETURN_IF_ERROR(clients[i]->Start(state.cursors[i]));
+  std::vector<bool> ended(clients.size(), false);
+  size_t turn = 0;
   TttOptions ttt;
   ttt.length = o.ttt_length;
   const size_t window = static_cast<size_t>(std::max<int64_t>(5, std::min<int64_t>(50, planned / 10)));
@@ -147,9 +183,8 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
   auto checkpoint = [&]() -> absl::Status {
     if (o.checkpoint_dir.empty()) return absl::OkStatus();
     E3_ASSIGN_OR_RETURN(summary.last_checkpoint, SaveCheckpoint(o.checkpoint_dir, state, *draft, optimizer));
-    // Only now are the batches before the cursor committed.
-    E3_ASSIGN_OR_RETURN(int credits, client->Ack({}, state.cursor));
-    (void)credits;
+    // Only now are the batches before each cursor committed.
+    for (size_t i = 0; i < clients.size(); ++i) E3_RETURN_IF_ERROR(clients[i]->Ack({}, state.cursors[i]).status());
     return absl::OkStatus();
   };
 
@@ -158,12 +193,25 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
       summary.stopped_by_signal = true;
       break;
     }
+    // Round-robin over the teachers that still have data.
+    size_t k = 0;
+    while (k < clients.size() && ended[turn % clients.size()]) {
+      ++turn;
+      ++k;
+    }
+    if (k == clients.size()) break;
+    const size_t ci = turn % clients.size();
+    TeacherClient* client = clients[ci].get();
     const auto t0 = Clock::now();
     double wait = 0;
     E3_ASSIGN_OR_RETURN(StudentBatch batch, client->Next(&wait));
-    if (batch.end_of_data) break;
+    if (batch.end_of_data) {
+      ended[ci] = true;
+      continue;
+    }
+    ++turn;
     if (batch.num_tokens == 0) {  // this rank's share of a small global batch was empty
-      state.cursor = {batch.epoch, batch.index + 1};
+      state.cursors[ci] = {batch.epoch, batch.index + 1};
       E3_RETURN_IF_ERROR(client->Ack({batch.batch_id}, std::nullopt).status());
       continue;
     }
@@ -187,7 +235,7 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
     E3_RETURN_IF_ERROR(client->Ack({batch.batch_id}, std::nullopt).status());
     state.step += 1;
     state.tokens += batch.num_tokens;
-    state.cursor = {batch.epoch, batch.index + 1};
+    state.cursors[ci] = {batch.epoch, batch.index + 1};
     run_steps += 1;
     run_tokens += batch.num_tokens;
     run_wait += wait;

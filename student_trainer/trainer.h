@@ -15,7 +15,10 @@
 namespace e3 {
 
 struct TrainerOptions {
-  TeacherClientOptions client;
+  TeacherClientOptions client;  // client.address is used when `teachers` is empty
+  // Several teachers, each serving a shard of the data (teacher_server
+  // --num_data_shards/--data_shard): batches are taken round-robin.
+  std::vector<std::string> teachers;
   int ttt_length = 7;
   double learning_rate = 1e-4;  // SpecForge's default
   double min_lr_ratio = 0.1;

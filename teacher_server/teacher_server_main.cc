@@ -62,6 +62,9 @@ ABSL_FLAG(bool, train_on_all_tokens, false, "loss on every token, not only assis
 ABSL_FLAG(int64_t, max_samples, 0, "use at most this many samples (0: all)");
 ABSL_FLAG(bool, exit_when_done, false, "exit once every rank has committed every epoch");
 ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads (0: default)");
+ABSL_FLAG(int, num_data_shards, 1,
+          "split the data over this many teachers; each serves the samples whose index mod N is its shard");
+ABSL_FLAG(int, data_shard, 0, "this teacher's shard in [0, num_data_shards)");
 
 namespace e3 {
 namespace {
@@ -147,6 +150,22 @@ int Main() {
     vocab = std::move(built).value();
   }
   auto coverage = ComputeCoverage(vocab, (*dataset)->samples());
+  // Sharding comes after calibration, so every teacher of a sharded set
+  // serves the same draft vocab (students check that they agree).
+  const int num_shards = absl::GetFlag(FLAGS_num_data_shards), shard = absl::GetFlag(FLAGS_data_shard);
+  if (num_shards < 1 || shard < 0 || shard >= num_shards) {
+    Fail(absl::InvalidArgumentError(absl::StrCat("--data_shard=", shard, " is outside [0, --num_data_shards=",
+                                                 num_shards, ")")));
+  }
+  if (num_shards > 1) {
+    std::vector<Sample> mine;
+    for (const Sample& smp : (*dataset)->samples()) {
+      if (smp.id % num_shards == shard) mine.push_back(smp);
+    }
+    *dataset = Dataset::FromSamples(std::move(mine), absl::StrCat((*dataset)->source(), " shard ", shard, "/", num_shards));
+    std::printf("teacher: serving data shard %d of %d: %ld samples\n", shard, num_shards,
+                static_cast<long>((*dataset)->size()));
+  }
   std::printf("teacher: draft vocab %ld of %ld, covers %.1f%% of trained tokens\n",
               static_cast<long>(vocab.draft_vocab_size()), static_cast<long>(cfg.vocab_size),
               coverage.ok() ? 100.0 * coverage->fraction() : 0.0);

@@ -7,6 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./tools/install_deps.sh
 JOBS=${JOBS:-$(nproc)}
+# Let ccache hit across checkouts in different directories.
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 start=$(date +%s)
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo

@@ -26,7 +26,7 @@ TEST(CheckpointTest, RoundTripsWeightsOptimizerAndCursor) {
   opt_a.step();
   TrainerState st;
   st.step = 12;
-  st.cursor = {1, 5};
+  st.cursors = {{1, 5}, {0, 7}};
   st.tokens = 3456;
   st.subscriber_id = "rank-0";
   auto path = SaveCheckpoint(dir, st, *a, opt_a);
@@ -39,8 +39,10 @@ TEST(CheckpointTest, RoundTripsWeightsOptimizerAndCursor) {
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   ASSERT_TRUE(loaded->has_value());
   EXPECT_EQ((*loaded)->step, 12);
-  EXPECT_EQ((*loaded)->cursor.epoch, 1);
-  EXPECT_EQ((*loaded)->cursor.next_batch, 5);
+  ASSERT_EQ((*loaded)->cursors.size(), 2u);
+  EXPECT_EQ((*loaded)->cursors[0].epoch, 1);
+  EXPECT_EQ((*loaded)->cursors[0].next_batch, 5);
+  EXPECT_EQ((*loaded)->cursors[1].next_batch, 7);
   EXPECT_EQ((*loaded)->tokens, 3456);
   auto pa = a->parameters(), pb = b->parameters();
   ASSERT_EQ(pa.size(), pb.size());
