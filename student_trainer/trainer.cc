@@ -180,11 +180,21 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
   int64_t tokens_at_log = 0;
   double wait_at_log = 0;
 
+  // What each teacher has been told is committed: a teacher that saw its
+  // whole shard committed may exit (--exit_when_done), so it is not asked
+  // again, and a final checkpoint identical to the last one is skipped.
+  std::vector<StreamCursor> committed = state.cursors;
+  int64_t checkpointed_step = summary.resumed ? state.step : -1;
   auto checkpoint = [&]() -> absl::Status {
-    if (o.checkpoint_dir.empty()) return absl::OkStatus();
+    if (o.checkpoint_dir.empty() || state.step == checkpointed_step) return absl::OkStatus();
+    checkpointed_step = state.step;
     E3_ASSIGN_OR_RETURN(summary.last_checkpoint, SaveCheckpoint(o.checkpoint_dir, state, *draft, optimizer));
     // Only now are the batches before each cursor committed.
-    for (size_t i = 0; i < clients.size(); ++i) E3_RETURN_IF_ERROR(clients[i]->Ack({}, state.cursors[i]).status());
+    for (size_t i = 0; i < clients.size(); ++i) {
+      if (state.cursors[i].epoch == committed[i].epoch && state.cursors[i].next_batch == committed[i].next_batch) continue;
+      E3_RETURN_IF_ERROR(clients[i]->Ack({}, state.cursors[i]).status());
+      committed[i] = state.cursors[i];
+    }
     return absl::OkStatus();
   };
 
