@@ -1,3 +1,4 @@
+#include "common/file_util.h"
 #include "common/chat_template.h"
 
 #include <cstdint>
@@ -276,17 +277,6 @@ std::string CanonicalJinja(std::string_view t) {
   return out;
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));
-  return ss.str();
-}
-
-bool FileExists(const std::string& path) { return std::ifstream(path).good(); }
-
 std::string UnsupportedMessage(const std::string& file) {
   return absl::StrCat("unsupported chat template in ", file,
                       "; pass --chat_template=", absl::StrJoin(ChatTemplate::BuiltinNames(), "|"));
@@ -313,8 +303,8 @@ absl::StatusOr<ChatTemplate> ChatTemplate::DetectFromModelDir(const std::string&
   const std::string jinja_path = model_dir + "/chat_template.jinja";
   const std::string config_path = model_dir + "/tokenizer_config.json";
   Json config;  // null when there is no tokenizer_config.json
-  if (FileExists(config_path)) {
-    E3_ASSIGN_OR_RETURN(const std::string text, ReadFile(config_path));
+  if (IsRegularFile(config_path)) {
+    E3_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(config_path));
     config = Json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (config.is_discarded() || !config.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(config_path, ": not a JSON object"));
@@ -323,9 +313,9 @@ absl::StatusOr<ChatTemplate> ChatTemplate::DetectFromModelDir(const std::string&
 
   // transformers prefers chat_template.jinja over the config's string.
   std::string source, text;
-  if (FileExists(jinja_path)) {
+  if (IsRegularFile(jinja_path)) {
     source = jinja_path;
-    E3_ASSIGN_OR_RETURN(text, ReadFile(jinja_path));
+    E3_ASSIGN_OR_RETURN(text, ReadFileToString(jinja_path));
   } else if (config.is_object() && config.contains("chat_template")) {
     source = config_path;
     const Json& t = config["chat_template"];

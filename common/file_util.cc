@@ -101,6 +101,7 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
   if (!f) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
   std::stringstream ss;
   ss << f.rdbuf();
+  if (f.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));
   return ss.str();
 }
 

@@ -1,3 +1,4 @@
+#include "common/file_util.h"
 #include "common/tokenizer.h"
 
 #include <algorithm>
@@ -68,15 +69,6 @@ std::optional<std::string> ByteLevelToBytes(std::string_view token) {
     i += c.len;
   }
   return out;
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));
-  return ss.str();
 }
 
 // Debian's Abseil has its own string_view type; maps keyed by std::string
@@ -825,7 +817,7 @@ std::optional<std::string> BpeTokenizer::IdToToken(int32_t id) const {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFile(const std::string& path) {
-  E3_ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
+  E3_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
   const Json root = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded())
     return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
