@@ -49,15 +49,19 @@ Engine::~Engine() {
   if (worker_.joinable()) worker_.join();
 }
 
+BatcherOptions Engine::BatcherFor(int world) const {
+  BatcherOptions b;
+  b.max_tokens = options_.tokens_per_batch * world;
+  b.max_samples = options_.max_samples_per_batch * world;
+  b.oversize = OversizePolicy::kOwnBatch;  // a long sample runs alone rather than failing mid-epoch
+  return b;
+}
+
 const std::vector<GlobalBatch>& Engine::PlanLocked(int64_t epoch) {
   auto it = plans_.find(epoch);
   if (it != plans_.end()) return it->second;
   std::vector<int64_t> order = EpochOrder(dataset_->size(), options_.seed, epoch);
-  BatcherOptions b;
-  b.max_tokens = options_.tokens_per_batch * world_;
-  b.max_samples = options_.max_samples_per_batch * world_;
-  b.oversize = OversizePolicy::kOwnBatch;  // a long sample runs alone rather than failing mid-epoch
-  auto batches = PackBatches(order, lengths_, b, epoch);
+  auto batches = PackBatches(order, lengths_, BatcherFor(world_), epoch);
   // kOwnBatch cannot fail on valid lengths; an empty plan would stall, so
   // fall back to one sample per batch rather than crash.
   std::vector<GlobalBatch> plan;
@@ -87,11 +91,7 @@ int Engine::world_size() const {
 
 int64_t Engine::batches_per_epoch(int world) const {
   std::vector<int64_t> order = EpochOrder(dataset_->size(), options_.seed, 0);
-  BatcherOptions b;
-  b.max_tokens = options_.tokens_per_batch * world;
-  b.max_samples = options_.max_samples_per_batch * world;
-  b.oversize = OversizePolicy::kOwnBatch;
-  auto batches = PackBatches(order, lengths_, b, 0);
+  auto batches = PackBatches(order, lengths_, BatcherFor(world), 0);
   return batches.ok() ? static_cast<int64_t>(batches->size()) : dataset_->size();
 }
 

@@ -137,6 +137,8 @@ class Engine {
   // Picks a rank needing a batch; returns false when none does.
   bool PickWork(int* rank, uint64_t* generation, Cursor* cursor, TransportKind* transport);
   absl::StatusOr<ReadyBatch> Compute(int rank, const Cursor& cursor, TransportKind transport);
+  // Global batches hold `world` ranks' token budgets.
+  BatcherOptions BatcherFor(int world) const;
   const std::vector<GlobalBatch>& PlanLocked(int64_t epoch);
   Cursor NormalizeLocked(Cursor c);
   bool AtEndLocked(const Cursor& c) { return c.epoch >= options_.epochs; }
