@@ -11,22 +11,39 @@ function(e3_apply_common target)
   target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
 endfunction()
 
-# One PCH for every LibTorch target: torch/torch.h is ~60% of their compile time.
+# One PCH for every LibTorch target: torch/torch.h is ~60% of their compile
+# time. GCC only accepts a PCH built with the same code-model flags, and
+# libraries compile with -fPIC while executables compile with -fPIE, so there
+# are two: e3_torch_pch (a library) and e3_torch_pch_exe (an executable).
+function(_e3_make_torch_pch name kind)
+  if(kind STREQUAL "EXECUTABLE")
+    add_executable(${name} ${PROJECT_SOURCE_DIR}/cmake/torch_pch_main.cc)
+  else()
+    add_library(${name} STATIC ${PROJECT_SOURCE_DIR}/cmake/torch_pch.cc)
+  endif()
+  # Same flags as its users, or GCC rejects the PCH: they all get
+  # -pthread from gRPC/Abseil (it defines _REENTRANT, which the torch
+  # headers test), and glibc's in-libc pthreads keep Threads::Threads from
+  # adding it, so add it here.
+  target_link_libraries(${name} PRIVATE e3_torch Threads::Threads)
+  target_compile_options(${name} PRIVATE -pthread)
+  target_precompile_headers(${name} PRIVATE <torch/torch.h>)
+endfunction()
+
 function(e3_use_torch_pch target)
   if(NOT E3_USE_PCH)
     return()
   endif()
-  if(NOT TARGET e3_torch_pch)
-    add_library(e3_torch_pch STATIC ${PROJECT_SOURCE_DIR}/cmake/torch_pch.cc)
-    # Same flags as its users, or GCC rejects the PCH: they all get
-    # -pthread from gRPC/Abseil (it defines _REENTRANT, which the torch
-    # headers test), and glibc's in-libc pthreads keep Threads::Threads from
-    # adding it, so add it here.
-    target_link_libraries(e3_torch_pch PUBLIC e3_torch Threads::Threads)
-    target_compile_options(e3_torch_pch PRIVATE -pthread)
-    target_precompile_headers(e3_torch_pch PRIVATE <torch/torch.h>)
+  get_target_property(_type ${target} TYPE)
+  if(_type STREQUAL "EXECUTABLE")
+    set(_pch e3_torch_pch_exe)
+  else()
+    set(_pch e3_torch_pch)
   endif()
-  target_precompile_headers(${target} REUSE_FROM e3_torch_pch)
+  if(NOT TARGET ${_pch})
+    _e3_make_torch_pch(${_pch} ${_type})
+  endif()
+  target_precompile_headers(${target} REUSE_FROM ${_pch})
 endfunction()
 
 function(e3_library)

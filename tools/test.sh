@@ -11,7 +11,7 @@ JOBS=${JOBS:-$(nproc)}
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 start=$(date +%s)
 
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG"
 cmake --build build -j"$JOBS"
 ctest --test-dir build --output-on-failure -j"$JOBS" -LE gpu --timeout 900
 
