@@ -27,6 +27,9 @@ ABSL_FLAG(std::string, shapes, "1x128,4x256,8x512,ragged",
           "batches: BxS (B samples of S tokens) or 'ragged' (chat-like lengths 37..700)");
 ABSL_FLAG(int, repeats, 3, "timed repetitions per shape (median reported)");
 ABSL_FLAG(bool, logits, false, "also compute the argmax over the lm_head (as the teacher serves)");
+ABSL_FLAG(bool, eager_baseline, true,
+          "also time the eager-attention forward as the baseline (off when an external baseline, e.g. "
+          "bench/hf_teacher_baseline.py, is compared instead)");
 
 namespace e3 {
 namespace {
@@ -104,8 +107,9 @@ int Main() {
     auto samples = MakeBatch(shape, cfg.vocab_size);
     auto batch = PackSamples(samples, cfg.vocab_size, options.device);
     double tok = static_cast<double>(batch->num_tokens());
-    double rates[2];
-    for (int k = 0; k < 2; ++k) {
+    double rates[2] = {0, 0};
+    const int kernels = absl::GetFlag(FLAGS_eager_baseline) ? 2 : 1;
+    for (int k = 0; k < kernels; ++k) {
       options.attention = k == 0 ? AttentionKernel::kSdpa : AttentionKernel::kEager;
       auto model = LoadCausalLM(**dir, options);
       if (!model.ok()) {
@@ -114,12 +118,13 @@ int Main() {
       }
       rates[k] = tok / MedianSeconds(**model, *batch, fwd, absl::GetFlag(FLAGS_repeats));
     }
-    std::printf("%-10s %8.0f %14.0f %16.0f %8.2f\n", shape.c_str(), tok, rates[0], rates[1], rates[0] / rates[1]);
+    const double ratio = kernels == 2 ? rates[0] / rates[1] : 0.0;
+    std::printf("%-10s %8.0f %14.0f %16.0f %8.2f\n", shape.c_str(), tok, rates[0], rates[1], ratio);
     std::printf("{\"bench\":\"teacher_forward\",\"backend\":\"hf\",\"shape\":\"%s\",\"tokens\":%.0f,"
-                "\"tok_per_s\":%.1f,\"baseline\":\"hf_eager_attention\",\"baseline_tok_per_s\":%.1f,"
+                "\"tok_per_s\":%.1f,\"lm_head\":%s,\"baseline\":\"hf_eager_attention\",\"baseline_tok_per_s\":%.1f,"
                 "\"ratio\":%.3f,\"device\":\"%s\",\"dtype\":\"%s\"}\n",
-                shape.c_str(), tok, rates[0], rates[1], rates[0] / rates[1], absl::GetFlag(FLAGS_device).c_str(),
-                absl::GetFlag(FLAGS_dtype).c_str());
+                shape.c_str(), tok, rates[0], absl::GetFlag(FLAGS_logits) ? "true" : "false", rates[1], ratio,
+                absl::GetFlag(FLAGS_device).c_str(), absl::GetFlag(FLAGS_dtype).c_str());
   }
   return 0;
 }

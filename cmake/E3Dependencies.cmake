@@ -21,18 +21,31 @@ target_include_directories(e3_httplib SYSTEM INTERFACE ${HTTPLIB_INCLUDE_DIR})
 target_link_libraries(e3_httplib INTERFACE ${HTTPLIB_LIBRARY} Threads::Threads)
 target_compile_definitions(e3_httplib INTERFACE CPPHTTPLIB_USE_POLL)
 
+# The GPU transports (common/gpu) need only the CUDA runtime and NCCL, not
+# a CUDA LibTorch, so they build wherever the toolkit is installed (the CPU
+# machine has it for compiling and linking). Sanitizer builds leave them
+# out: ASan and the CUDA driver do not mix.
+find_package(CUDAToolkit QUIET)
+find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
+set(E3_WITH_CUDA_RUNTIME OFF)
+if(CUDAToolkit_FOUND AND NCCL_INCLUDE_DIR AND NCCL_LIBRARY AND NOT E3_SANITIZE)
+  set(E3_WITH_CUDA_RUNTIME ON)
+  set(E3_NCCL_INCLUDE_DIR ${NCCL_INCLUDE_DIR})
+  set(E3_NCCL_LIBRARY ${NCCL_LIBRARY})
+endif()
+message(STATUS "e3: GPU transports (CUDA runtime + NCCL): ${E3_WITH_CUDA_RUNTIME}")
+
 set(E3_HAS_CUDA OFF)
 if(E3_WITH_TORCH)
   find_package(Torch REQUIRED)
-  # CUDA and NCCL are used only when the LibTorch we found was built with
-  # CUDA (pip LibTorch on the GPU machine); Debian's 1.13 is CPU-only.
+  # LibTorch's own CUDA kernels are used only when the LibTorch we found
+  # was built with CUDA (pip LibTorch on the GPU machine); Debian's 1.13 is
+  # CPU-only.
   if(TARGET torch_cuda OR CAFFE2_USE_CUDA)
     set(E3_HAS_CUDA ON)
-    find_package(CUDAToolkit REQUIRED)
-    find_path(NCCL_INCLUDE_DIR nccl.h HINTS /usr/local/cuda/include)
-    find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS /usr/local/cuda/lib64)
-    if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
-      message(FATAL_ERROR "LibTorch has CUDA but NCCL was not found: pass -DNCCL_INCLUDE_DIR and -DNCCL_LIBRARY")
+    if(NOT E3_WITH_CUDA_RUNTIME)
+      message(FATAL_ERROR "LibTorch has CUDA but the CUDA toolkit or NCCL was not found: pass -DNCCL_INCLUDE_DIR and -DNCCL_LIBRARY")
     endif()
   endif()
   # Torch's own flags carry -D_GLIBCXX_USE_CXX11_ABI; we link through the

@@ -1,6 +1,7 @@
 // The bytes of one batch as they travel: named tensors laid out at aligned
-// offsets in one buffer, which is either process memory (sent inline in
-// gRPC) or a POSIX shm segment (read in place by a student on the host).
+// offsets in one buffer, which is process memory (sent inline in gRPC), a
+// POSIX shm segment (read in place by a student on the host), or GPU memory
+// (sent by NCCL, or mapped by a student on the host through CUDA IPC).
 #ifndef E3_COMMON_BATCH_PAYLOAD_H_
 #define E3_COMMON_BATCH_PAYLOAD_H_
 
@@ -33,18 +34,44 @@ struct PayloadSource {
   size_t nbytes;
 };
 
+struct PayloadLayout {
+  std::vector<PayloadTensor> tensors;
+  size_t total_bytes = 0;
+};
+
+// GPU memory holding a payload (common/gpu/ allocates it). Kept alive by
+// the payload that uses it; returned to its pool when released.
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  virtual uint8_t* data() const = 0;
+  virtual size_t capacity() const = 0;
+  virtual int device() const = 0;
+  // cudaIpcMemHandle_t bytes of the allocation that starts at data().
+  virtual const std::string& ipc_handle() const = 0;
+};
+
 class PayloadBuffer {
  public:
+  // Offsets of `sources` laid out 64-byte aligned; checks each size.
+  static absl::StatusOr<PayloadLayout> LayOut(const std::vector<PayloadSource>& sources);
   // Lays the sources out 64-byte aligned and copies them in. For kShm,
   // `shm_name` names the segment to create.
   static absl::StatusOr<std::unique_ptr<PayloadBuffer>> Build(TransportKind transport,
                                                               const std::vector<PayloadSource>& sources,
                                                               const std::string& shm_name = "");
 
+  // A payload already written to GPU memory (kCudaIpc or kNccl).
+  static std::unique_ptr<PayloadBuffer> OnDevice(TransportKind transport, PayloadLayout layout,
+                                                 std::shared_ptr<DeviceMemory> memory);
+
   TransportKind transport() const { return transport_; }
   const std::vector<PayloadTensor>& tensors() const { return tensors_; }
   size_t total_bytes() const { return total_bytes_; }
+  // Host bytes; null for a device payload.
   const uint8_t* data() const;
+  // Null for a host payload.
+  const DeviceMemory* device_memory() const { return device_.get(); }
   const std::string& shm_name() const { return shm_name_; }
 
  private:
@@ -54,6 +81,7 @@ class PayloadBuffer {
   std::vector<uint8_t> bytes_;
   std::unique_ptr<ShmSegment> shm_;
   std::string shm_name_;
+  std::shared_ptr<DeviceMemory> device_;
   size_t total_bytes_ = 0;
 };
 

@@ -56,7 +56,9 @@ std::string Excluded(TransportKind kind, const Placement& p) {
       if (!p.teacher_on_gpu || !p.student_on_gpu) return "cuda_ipc needs both on GPUs";
       return "";
     case TransportKind::kNccl:
-      return p.teacher_on_gpu && p.student_on_gpu ? "" : "nccl needs both on GPUs";
+      if (!p.teacher_on_gpu || !p.student_on_gpu) return "nccl needs both on GPUs";
+      if (!p.nccl_unique_id) return "nccl needs the student's NCCL unique id";
+      return "";
   }
   return "unknown";
 }

@@ -23,6 +23,7 @@ struct Placement {
   bool same_host = false;     // shm and CUDA IPC need one host
   bool teacher_on_gpu = false;  // CUDA IPC and NCCL move device memory
   bool student_on_gpu = false;
+  bool nccl_unique_id = false;  // the student sent one (it makes the NCCL communicator's id)
 };
 
 // The fastest transport offered by the teacher, accepted by the student and

@@ -61,12 +61,27 @@ absl::StatusOr<TransportKind> FromWire(v1::Transport transport) {
 
 void DescribePayload(const PayloadBuffer& payload, v1::BatchDescriptor* out) {
   out->set_transport(ToWire(payload.transport()));
+  out->set_payload_bytes(payload.total_bytes());
   for (const PayloadTensor& t : payload.tensors()) {
     v1::TensorRef* ref = out->add_tensors();
     ref->set_name(t.name);
     for (int64_t d : t.shape) ref->add_shape(d);
     ref->set_dtype(ToWire(t.dtype));
-    if (payload.transport() == TransportKind::kShm) {
+    if (const DeviceMemory* mem = payload.device_memory()) {
+      if (payload.transport() == TransportKind::kCudaIpc) {
+        v1::CudaIpcRef* ipc = ref->mutable_cuda_ipc();
+        ipc->set_handle(mem->ipc_handle());
+        ipc->set_offset(t.offset);
+        ipc->set_nbytes(t.nbytes);
+        ipc->set_device(mem->device());
+      } else {
+        v1::NcclRef* nccl = ref->mutable_nccl();
+        nccl->set_peer(0);
+        nccl->set_tag(0);
+        nccl->set_offset(t.offset);
+        nccl->set_nbytes(t.nbytes);
+      }
+    } else if (payload.transport() == TransportKind::kShm) {
       v1::ShmRef* shm = ref->mutable_shm();
       shm->set_segment(payload.shm_name());
       shm->set_offset(t.offset);
@@ -129,8 +144,38 @@ absl::StatusOr<std::unique_ptr<ReceivedBatch>> ReceivedBatch::Resolve(v1::BatchD
       }
       t.data = reinterpret_cast<const uint8_t*>(ref.inline_data().data());
       t.nbytes = ref.inline_data().size();
+    } else if (ref.has_cuda_ipc() || ref.has_nccl()) {
+      // Device payloads travel as one block; check each range lies in it.
+      const bool ipc = ref.has_cuda_ipc();
+      const uint64_t offset = ipc ? ref.cuda_ipc().offset() : ref.nccl().offset();
+      const uint64_t nbytes = ipc ? ref.cuda_ipc().nbytes() : ref.nccl().nbytes();
+      const uint64_t block = out->descriptor_.payload_bytes();
+      if (nbytes != expect) {
+        return absl::DataLossError(absl::StrCat("tensor ", ref.name(), ": ", ipc ? "CUDA IPC" : "NCCL", " ref says ",
+                                                nbytes, " bytes, shape needs ", expect));
+      }
+      if (offset > block || nbytes > block - offset) {
+        return absl::DataLossError(absl::StrCat("tensor ", ref.name(), ": bytes [", offset, ", +", nbytes,
+                                                ") lie outside the payload of ", block, " bytes"));
+      }
+      if (ipc) {
+        if (!out->ipc_handle_.empty() && out->ipc_handle_ != ref.cuda_ipc().handle()) {
+          return absl::DataLossError(absl::StrCat("tensor ", ref.name(), ": CUDA IPC handle differs from the batch's"));
+        }
+        out->ipc_handle_ = ref.cuda_ipc().handle();
+        out->ipc_device_ = ref.cuda_ipc().device();
+      }
+      if (!out->tensors_.empty() && !out->on_device_) {
+        return absl::DataLossError(absl::StrCat("tensor ", ref.name(), ": mixes device and host transports in one batch"));
+      }
+      out->on_device_ = true;
+      t.offset = offset;
+      t.nbytes = nbytes;
     } else {
-      return absl::UnimplementedError(absl::StrCat("tensor ", ref.name(), ": transport not available in this build"));
+      return absl::DataLossError(absl::StrCat("tensor ", ref.name(), ": no location (inline, shm, CUDA IPC or NCCL)"));
+    }
+    if (out->on_device_ && t.data != nullptr) {
+      return absl::DataLossError(absl::StrCat("tensor ", ref.name(), ": mixes device and host transports in one batch"));
     }
     out->tensors_.push_back(std::move(t));
   }

@@ -33,13 +33,16 @@ absl::StatusOr<TransportKind> FromWire(v1::Transport transport);
 // the message, or shm references.
 void DescribePayload(const PayloadBuffer& payload, v1::BatchDescriptor* out);
 
-// A received tensor's bytes, owned (inline) or mapped (shm).
+// A received tensor's bytes, owned (inline) or mapped (shm). For the
+// device transports `data` is null: the bytes are [offset, offset + nbytes)
+// of the payload block the client fetches (NCCL receive, CUDA IPC copy).
 struct ReceivedTensor {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
   const uint8_t* data = nullptr;
   size_t nbytes = 0;
+  size_t offset = 0;
 };
 
 // Resolves a descriptor's tensors. Keeps any shm segments mapped while the
@@ -49,8 +52,16 @@ class ReceivedBatch {
   static absl::StatusOr<std::unique_ptr<ReceivedBatch>> Resolve(v1::BatchDescriptor descriptor);
   const v1::BatchDescriptor& descriptor() const { return descriptor_; }
   absl::StatusOr<ReceivedTensor> Get(const std::string& name) const;
+  // Device transports: the payload is fetched as one block.
+  bool on_device() const { return on_device_; }
+  uint64_t payload_bytes() const { return descriptor_.payload_bytes(); }
+  const std::string& ipc_handle() const { return ipc_handle_; }  // CUDA IPC only
+  int ipc_device() const { return ipc_device_; }
 
  private:
+  bool on_device_ = false;
+  std::string ipc_handle_;
+  int ipc_device_ = -1;
   v1::BatchDescriptor descriptor_;
   std::vector<ReceivedTensor> tensors_;
   std::vector<std::unique_ptr<ShmSegment>> segments_;

@@ -13,6 +13,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -27,6 +28,8 @@ ABSL_FLAG(int, rank, -1, "data-parallel rank (default: $RANK or 0)");
 ABSL_FLAG(int, world_size, -1, "data-parallel world size (default: $WORLD_SIZE or 1)");
 ABSL_FLAG(std::string, subscriber_id, "", "stable id of this student (default: rank-<rank>)");
 ABSL_FLAG(int, ttt_length, 7, "training-time-test steps");
+ABSL_FLAG(std::string, device, "", "cpu or cuda:N (default: cuda:$LOCAL_RANK when LOCAL_RANK is set and CUDA is available, else cpu)");
+ABSL_FLAG(std::string, dtype, "", "draft compute dtype; default bfloat16 on GPU (fp32 master weights), float32 on CPU");
 ABSL_FLAG(double, lr, 1e-4, "peak learning rate (AdamW)");
 ABSL_FLAG(double, min_lr_ratio, 0.1, "cosine floor as a fraction of the peak");
 ABSL_FLAG(double, warmup_ratio, 0.02, "warmup steps as a fraction of the planned steps");
@@ -44,7 +47,8 @@ ABSL_FLAG(int, log_every, 10, "steps between log lines");
 ABSL_FLAG(int, metrics_port, 0, "port of /metrics (0 picks one, -1 disables)");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address /metrics binds");
 ABSL_FLAG(std::string, summary_json, "", "write the run summary (JSON) here");
-ABSL_FLAG(std::string, transports, "shm,inline", "transports accepted");
+ABSL_FLAG(std::string, transports, "",
+          "transports accepted (default: nccl,cuda_ipc,shm,inline on a GPU, shm,inline on the CPU)");
 ABSL_FLAG(int, credit_window, 4, "batches in flight / prefetched");
 ABSL_FLAG(int, connect_attempts, 6, "attempts (with exponential backoff) before giving up on the teacher");
 ABSL_FLAG(double, initial_backoff_s, 0.5, "first retry delay; doubles each attempt");
@@ -78,7 +82,16 @@ int Main() {
   }
   o.client.subscriber_id = absl::GetFlag(FLAGS_subscriber_id).empty() ? absl::StrCat("rank-", o.client.rank)
                                                                         : absl::GetFlag(FLAGS_subscriber_id);
-  auto transports = ParseTransportList(absl::GetFlag(FLAGS_transports));
+  o.device = absl::GetFlag(FLAGS_device);
+  if (o.device.empty()) {
+    const int local_rank = EnvInt("LOCAL_RANK", -1);
+    o.device = local_rank >= 0 && torch::cuda::is_available() ? absl::StrCat("cuda:", local_rank) : "cpu";
+  }
+  std::string transport_list = absl::GetFlag(FLAGS_transports);
+  if (transport_list.empty()) {
+    transport_list = absl::StartsWith(o.device, "cuda") ? "nccl,cuda_ipc,shm,inline" : "shm,inline";
+  }
+  auto transports = ParseTransportList(transport_list);
   if (!transports.ok()) {
     std::fprintf(stderr, "student_trainer: error: --transports: %s\n", std::string(transports.status().message()).c_str());
     return 2;
@@ -91,6 +104,7 @@ int Main() {
   ::gethostname(host, sizeof(host) - 1);
   o.client.host = host;
   o.ttt_length = absl::GetFlag(FLAGS_ttt_length);
+  o.dtype = absl::GetFlag(FLAGS_dtype);
   o.learning_rate = absl::GetFlag(FLAGS_lr);
   o.min_lr_ratio = absl::GetFlag(FLAGS_min_lr_ratio);
   o.warmup_ratio = absl::GetFlag(FLAGS_warmup_ratio);

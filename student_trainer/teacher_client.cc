@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -54,6 +55,14 @@ std::unique_ptr<grpc::ClientContext> TeacherClient::NewContext(bool with_deadlin
 
 absl::StatusOr<std::unique_ptr<TeacherClient>> TeacherClient::Connect(const TeacherClientOptions& options) {
   auto client = std::unique_ptr<TeacherClient>(new TeacherClient(options));
+  try {
+    client->device_ = at::Device(options.device);
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("device '", options.device, "': ", e.what_without_backtrace()));
+  }
+  if (client->device_.is_cuda()) {
+    client->ipc_ = std::make_unique<CudaIpcImporter>(client->device_.has_index() ? client->device_.index() : 0);
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(64 << 20);
@@ -97,6 +106,7 @@ TeacherClient::~TeacherClient() {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
     if (active_ != nullptr) active_->TryCancel();
+    if (nccl_ != nullptr) nccl_->Cancel();  // a receive in progress returns at once
   }
   cv_.notify_all();
   if (reader_.joinable()) reader_.join();
@@ -176,12 +186,24 @@ absl::StatusOr<StudentBatch> TeacherClient::Decode(const v1::BatchDescriptor& d)
   b.sample_ids.assign(d.sample_ids().begin(), d.sample_ids().end());
   if (b.end_of_data) return b;
   E3_ASSIGN_OR_RETURN(auto received, ReceivedBatch::Resolve(d));
+  E3_ASSIGN_OR_RETURN(b.transport, FromWire(d.transport()));
+  at::Tensor block;  // device transports: the whole payload in this GPU's memory
+  if (received->on_device()) {
+    E3_ASSIGN_OR_RETURN(block, FetchDevicePayload(*received));
+  }
   auto get = [&](const char* name) -> absl::StatusOr<at::Tensor> {
     E3_ASSIGN_OR_RETURN(ReceivedTensor t, received->Get(name));
-    return ToTensor(t);
+    if (!block.defined()) return ToTensor(t);
+    E3_ASSIGN_OR_RETURN(at::ScalarType type, ToScalarType(t.dtype));
+    try {
+      // A typed view of the block: no copy. Offsets are 64-byte aligned.
+      return block.narrow(0, static_cast<int64_t>(t.offset), static_cast<int64_t>(t.nbytes)).view(type).view(t.shape);
+    } catch (const c10::Error& e) {
+      return absl::DataLossError(absl::StrCat("tensor ", t.name, ": ", e.what_without_backtrace()));
+    }
   };
-  // The copies leave shm here, on the reader thread, so the segment can be
-  // reclaimed as soon as the batch is acked.
+  // Host transports: the copies leave shm here, on the reader thread, so
+  // the segment can be reclaimed as soon as the batch is acked.
   E3_ASSIGN_OR_RETURN(b.tensors.input_ids, get("input_ids"));
   E3_ASSIGN_OR_RETURN(b.tensors.cu_seqlens, get("cu_seqlens"));
   E3_ASSIGN_OR_RETURN(b.tensors.loss_mask, get("loss_mask"));
@@ -195,6 +217,30 @@ absl::StatusOr<StudentBatch> TeacherClient::Decode(const v1::BatchDescriptor& d)
   return b;
 }
 
+absl::StatusOr<at::Tensor> TeacherClient::FetchDevicePayload(const ReceivedBatch& received) {
+  const auto transport = FromWire(received.descriptor().transport());
+  if (!device_.is_cuda()) {
+    return absl::FailedPreconditionError("the teacher sent a device payload to a student on the CPU");
+  }
+  at::Tensor block;
+  try {
+    block = torch::empty({static_cast<int64_t>(received.payload_bytes())},
+                         torch::TensorOptions().dtype(at::kByte).device(device_));
+  } catch (const c10::Error& e) {
+    return absl::ResourceExhaustedError(absl::StrCat("allocating ", received.payload_bytes(), " bytes on ",
+                                                     device_.str(), ": ", e.what_without_backtrace()));
+  }
+  if (transport.ok() && *transport == TransportKind::kNccl) {
+    if (nccl_ == nullptr) return absl::FailedPreconditionError("NCCL payload, but this stream has no NCCL channel");
+    E3_RETURN_IF_ERROR(nccl_->Recv(block.data_ptr(), block.numel(), options_.transfer_timeout));
+  } else if (transport.ok() && *transport == TransportKind::kCudaIpc) {
+    E3_RETURN_IF_ERROR(ipc_->CopyOut(received.ipc_handle(), 0, block.numel(), block.data_ptr()));
+  } else {
+    return absl::DataLossError("device payload with a host transport in the descriptor");
+  }
+  return block;
+}
+
 grpc::Status TeacherClient::StreamOnce(StreamCursor from, bool* saw_end, bool* received_any) {
   v1::SubscribeRequest req;
   req.set_version(v1::PROTOCOL_VERSION_CURRENT);
@@ -206,6 +252,32 @@ grpc::Status TeacherClient::StreamOnce(StreamCursor from, bool* saw_end, bool* r
   req.mutable_resume()->set_next_batch(from.next_batch);
   req.set_subscriber_id(options_.subscriber_id);
   req.set_host(options_.host);
+  // Device transports: this student receives into GPU memory; for NCCL it
+  // makes the communicator's unique id and starts joining now (the teacher
+  // joins when it accepts the subscription).
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // the destructor may Cancel() it
+    nccl_.reset();
+  }
+  const bool wants_nccl =
+      std::find(options_.transports.begin(), options_.transports.end(), TransportKind::kNccl) != options_.transports.end();
+  if (device_.is_cuda()) {
+    const int dev = device_.has_index() ? device_.index() : 0;
+    req.set_student_on_gpu(true);
+    req.set_student_device(dev);
+    if (wants_nccl) {
+      auto id = NcclChannel::NewUniqueId();
+      auto channel = id.ok() ? NcclChannel::Create(*id, NcclChannel::kStudentRank, dev) : id.status();
+      if (channel.ok()) {
+        req.set_nccl_unique_id(*id);
+        std::lock_guard<std::mutex> lock(mu_);
+        nccl_ = std::move(channel).value();
+      } else {
+        std::fprintf(stderr, "student: NCCL transport unavailable (%s); negotiating without it\n",
+                     std::string(channel.status().message()).c_str());
+      }
+    }
+  }
   grpc::ClientContext ctx;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -218,7 +290,13 @@ grpc::Status TeacherClient::StreamOnce(StreamCursor from, bool* saw_end, bool* r
   while (reader->Read(&d)) {
     auto batch = Decode(d);
     if (!batch.ok()) {
-      decode_error = grpc::Status(grpc::StatusCode::DATA_LOSS, std::string(batch.status().message()));
+      // A device transfer that timed out or broke is retried on a new
+      // stream; anything else means corrupt data.
+      const absl::StatusCode c = batch.status().code();
+      const bool transient = c == absl::StatusCode::kDeadlineExceeded || c == absl::StatusCode::kUnavailable ||
+                             c == absl::StatusCode::kInternal || c == absl::StatusCode::kCancelled;
+      decode_error = grpc::Status(transient ? grpc::StatusCode::UNAVAILABLE : grpc::StatusCode::DATA_LOSS,
+                                  std::string(batch.status().message()));
       ctx.TryCancel();
       break;
     }
@@ -232,6 +310,7 @@ grpc::Status TeacherClient::StreamOnce(StreamCursor from, bool* saw_end, bool* r
   {
     std::lock_guard<std::mutex> lock(mu_);
     active_ = nullptr;
+    nccl_.reset();  // aborts a transfer the teacher will never complete
   }
   return decode_error.ok() ? st : decode_error;
 }

@@ -20,6 +20,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/gpu/cuda_ipc.h"
+#include "common/gpu/nccl_channel.h"
 #include "common/model_config.h"
 #include "common/transport.h"
 #include "common/vocab_map.h"
@@ -27,6 +29,8 @@
 #include "student_trainer/ttt.h"
 
 namespace e3 {
+
+class ReceivedBatch;  // proto/wire_codec.h
 
 struct StreamCursor {
   int64_t epoch = 0;
@@ -40,7 +44,11 @@ struct TeacherClientOptions {
   int world_size = 1;
   int credit_window = 4;  // batches prefetched (and in flight at the teacher)
   std::vector<TransportKind> transports = {TransportKind::kShm, TransportKind::kInline};
-  std::string host;  // this machine's name, so the teacher can offer shm
+  std::string host;  // this machine's name, so the teacher can offer shm and CUDA IPC
+  // Where batches land. On a GPU the device transports (NCCL, CUDA IPC)
+  // deliver straight into its memory; host transports arrive on the CPU.
+  std::string device = "cpu";
+  absl::Duration transfer_timeout = absl::Seconds(120);  // one device transfer, the teacher's send included
   absl::Duration rpc_timeout = absl::Seconds(30);
   int max_attempts = 6;  // consecutive failed attempts before giving up
   absl::Duration initial_backoff = absl::Milliseconds(500);
@@ -68,7 +76,8 @@ struct StudentBatch {
   bool end_of_data = false;
   int64_t num_tokens = 0;
   std::vector<int64_t> sample_ids;
-  TttBatch tensors;  // CPU tensors
+  TttBatch tensors;  // on the client's device for device transports, else on the CPU
+  TransportKind transport = TransportKind::kInline;
 };
 
 class TeacherClient {
@@ -94,6 +103,9 @@ class TeacherClient {
   // One Subscribe stream from `from`; returns its final status.
   grpc::Status StreamOnce(StreamCursor from, bool* saw_end, bool* received_any);
   absl::StatusOr<StudentBatch> Decode(const v1::BatchDescriptor& d);
+  // Fetches a device payload (NCCL receive or CUDA IPC copy) into one
+  // block of this client's GPU memory.
+  absl::StatusOr<at::Tensor> FetchDevicePayload(const ReceivedBatch& received);
   std::unique_ptr<grpc::ClientContext> NewContext(bool with_deadline) const;
 
   TeacherClientOptions options_;
@@ -111,6 +123,11 @@ class TeacherClient {
   grpc::ClientContext* active_ = nullptr;
   std::thread reader_;
   int reconnects_ = 0;
+  at::Device device_{at::kCPU};
+  // Device transports, used by the reader thread only. The NCCL channel
+  // belongs to one Subscribe stream (a new stream makes a new one).
+  std::unique_ptr<NcclChannel> nccl_;
+  std::unique_ptr<CudaIpcImporter> ipc_;
 };
 
 }  // namespace e3

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <deque>
 #include <fstream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -16,6 +17,7 @@
 #include "student_trainer/draft_export.h"
 #include "student_trainer/eagle3_draft.h"
 #include "student_trainer/lr_schedule.h"
+#include "student_trainer/master_weights.h"
 #include "student_trainer/student_metrics.h"
 #include "student_trainer/ttt.h"
 
@@ -83,7 +85,10 @@ std::string TrainSummary::ToJson() const {
                       {"last_checkpoint", last_checkpoint},
                       {"resumed", resumed},
                       {"resumed_from_step", resumed_from_step},
-                      {"stopped_by_signal", stopped_by_signal}};
+                      {"stopped_by_signal", stopped_by_signal},
+                      {"device", device},
+                      {"dtype", dtype},
+                      {"transport", transport}};
   return j.dump(2);
 }
 
@@ -95,6 +100,7 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
   for (const std::string& address : addresses) {
     TeacherClientOptions co = o.client;
     co.address = address;
+    co.device = o.device;
     E3_ASSIGN_OR_RETURN(auto client, TeacherClient::Connect(co));
     clients.push_back(std::move(client));
   }
@@ -130,22 +136,55 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
   ModelConfig target = info.config;
   if (o.intermediate_size > 0) target.intermediate_size = o.intermediate_size;
   E3_ASSIGN_OR_RETURN(Eagle3DraftConfig dcfg, DraftConfigFromTarget(target, info.draft_vocab_size, info.aux_layer_ids));
+  at::Device device(at::kCPU);
+  try {
+    device = at::Device(o.device);
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("device '", o.device, "': ", e.what_without_backtrace()));
+  }
+  std::string dtype_name = o.dtype.empty() ? (device.is_cuda() ? "bfloat16" : "float32") : o.dtype;
+  E3_ASSIGN_OR_RETURN(DType compute, ParseComputeDType(dtype_name));
   Eagle3DraftOptions dopts;
   dopts.config = dcfg;
   dopts.seed = o.seed;
-  Eagle3FrozenTensors ft{frozen.embed_tokens, frozen.target_head, frozen.vocab};
+  dopts.device = device;
+  dopts.dtype = compute == DType::kBF16 ? at::kBFloat16 : compute == DType::kF16 ? at::kHalf : at::kFloat;
+  // The frozen tensors go to the device once, in the dtypes the draft keeps
+  // them in, so the working draft and the fp32 master share them.
+  Eagle3FrozenTensors ft;
+  try {
+    ft = {frozen.embed_tokens.to(device), frozen.target_head.to(device, dopts.target_head_dtype), frozen.vocab};
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("moving the frozen weights to ", o.device, ": ", e.what_without_backtrace()));
+  }
   E3_ASSIGN_OR_RETURN(auto draft, CreateEagle3Draft(dopts, ft));
+  // Below fp32 the optimizer updates fp32 masters; `trained` is what the
+  // optimizer, checkpoints and the export see.
+  std::optional<Eagle3Draft> master;
+  std::optional<MasterWeights> master_weights;
+  if (dopts.dtype != at::kFloat) {
+    Eagle3DraftOptions mopts = dopts;
+    mopts.dtype = at::kFloat;
+    E3_ASSIGN_OR_RETURN(master, CreateEagle3Draft(mopts, ft));
+    E3_ASSIGN_OR_RETURN(master_weights, MasterWeights::Create(*draft, **master));
+  }
+  Eagle3DraftImpl& trained = master.has_value() ? **master : *draft;
+  TrainSummary summary;
+  summary.device = device.str();
+  summary.dtype = dtype_name;
+  std::printf("student[%d]: draft on %s, compute %s%s\n", o.client.rank, device.str().c_str(), dtype_name.c_str(),
+              master.has_value() ? " with fp32 master weights" : "");
 
   torch::optim::AdamWOptions adam(o.learning_rate);
   adam.betas({o.beta1, o.beta2}).weight_decay(o.weight_decay);
-  torch::optim::AdamW optimizer(draft->parameters(), adam);
+  torch::optim::AdamW optimizer(trained.parameters(), adam);
 
-  TrainSummary summary;
   TrainerState state;
   state.subscriber_id = o.client.subscriber_id;
   state.cursors.resize(clients.size());
   if (!o.checkpoint_dir.empty()) {
-    E3_ASSIGN_OR_RETURN(auto resumed, LoadLatestCheckpoint(o.checkpoint_dir, *draft, optimizer));
+    E3_ASSIGN_OR_RETURN(auto resumed, LoadLatestCheckpoint(o.checkpoint_dir, trained, optimizer));
+    if (master_weights.has_value()) master_weights->PushWeights();
     if (resumed.has_value()) {
       if (resumed->cursors.size() != clients.size()) {
         return absl::FailedPreconditionError(absl::StrCat(o.checkpoint_dir, " holds cursors for ", resumed->cursors.size(),
@@ -188,7 +227,7 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
   auto checkpoint = [&]() -> absl::Status {
     if (o.checkpoint_dir.empty() || state.step == checkpointed_step) return absl::OkStatus();
     checkpointed_step = state.step;
-    E3_ASSIGN_OR_RETURN(summary.last_checkpoint, SaveCheckpoint(o.checkpoint_dir, state, *draft, optimizer));
+    E3_ASSIGN_OR_RETURN(summary.last_checkpoint, SaveCheckpoint(o.checkpoint_dir, state, trained, optimizer));
     // Only now are the batches before each cursor committed.
     for (size_t i = 0; i < clients.size(); ++i) {
       if (state.cursors[i].epoch == committed[i].epoch && state.cursors[i].next_batch == committed[i].next_batch) continue;
@@ -233,8 +272,10 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
     E3_ASSIGN_OR_RETURN(TttOutput out, RunTtt(*draft, batch.tensors, ttt));
     try {
       out.loss.backward();
-      if (o.grad_clip > 0) torch::nn::utils::clip_grad_norm_(draft->parameters(), o.grad_clip);
+      if (master_weights.has_value()) master_weights->PullGradients();
+      if (o.grad_clip > 0) torch::nn::utils::clip_grad_norm_(trained.parameters(), o.grad_clip);
       optimizer.step();
+      if (master_weights.has_value()) master_weights->PushWeights();
     } catch (const c10::Error& e) {
       return absl::InternalError(absl::StrCat("training step ", state.step, ": ", e.what_without_backtrace()));
     }
@@ -246,6 +287,7 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
     state.step += 1;
     state.tokens += batch.num_tokens;
     state.cursors[ci] = {batch.epoch, batch.index + 1};
+    summary.transport = TransportName(batch.transport);
     run_steps += 1;
     run_tokens += batch.num_tokens;
     run_wait += wait;
@@ -282,7 +324,7 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
     DraftExportOptions exp;
     E3_ASSIGN_OR_RETURN(DType dt, ParseComputeDType(o.export_dtype));
     exp.dtype = dt == DType::kBF16 ? at::kBFloat16 : dt == DType::kF16 ? at::kHalf : at::kFloat;
-    E3_RETURN_IF_ERROR(ExportDraft(*draft, o.output_dir, exp));
+    E3_RETURN_IF_ERROR(ExportDraft(trained, o.output_dir, exp));
     summary.export_dir = o.output_dir;
   }
   summary.steps = state.step;

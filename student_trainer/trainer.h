@@ -20,6 +20,10 @@ struct TrainerOptions {
   // --num_data_shards/--data_shard): batches are taken round-robin.
   std::vector<std::string> teachers;
   int ttt_length = 7;
+  std::string device = "cpu";  // cpu or cuda:N
+  // Compute dtype of the draft; empty: bfloat16 on GPU, float32 on CPU.
+  // Below float32, AdamW updates fp32 master weights (master_weights.h).
+  std::string dtype;
   double learning_rate = 1e-4;  // SpecForge's default
   double min_lr_ratio = 0.1;
   double warmup_ratio = 0.02;   // of the planned steps
@@ -57,6 +61,9 @@ struct TrainSummary {
   bool resumed = false;
   int64_t resumed_from_step = 0;
   bool stopped_by_signal = false;
+  std::string device;     // where the draft trained
+  std::string dtype;      // its compute dtype
+  std::string transport;  // how the last batch arrived
   std::string ToJson() const;
 };
 

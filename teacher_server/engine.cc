@@ -373,6 +373,7 @@ absl::StatusOr<ReadyBatch> Engine::Compute(int rank, const Cursor& cursor, Trans
   const int64_t k = static_cast<int64_t>(options_.aux_layer_ids.size());
   at::Tensor aux, last, argmax;
   DType hidden_dtype = DType::kF32;
+  const bool device_payload = transport == TransportKind::kNccl || transport == TransportKind::kCudaIpc;
   try {
     E3_ASSIGN_OR_RETURN(hidden_dtype, FromScalarType(model_->options().dtype));
     if (T > 0) {
@@ -382,9 +383,12 @@ absl::StatusOr<ReadyBatch> Engine::Compute(int rank, const Cursor& cursor, Trans
       fwd.return_argmax = true;
       auto t0 = std::chrono::steady_clock::now();
       E3_ASSIGN_OR_RETURN(ForwardOutput fo, model_->Forward(batch, fwd));
-      aux = fo.aux_hidden.to(at::kCPU).contiguous();
-      last = fo.last_hidden.to(at::kCPU).contiguous();
-      argmax = fo.target_argmax.to(at::kCPU, at::kInt).contiguous();
+      // Device transports copy straight from GPU memory; host transports
+      // need the states on the CPU.
+      const at::Device dst = device_payload ? fo.last_hidden.device() : at::Device(at::kCPU);
+      aux = fo.aux_hidden.to(dst).contiguous();
+      last = fo.last_hidden.to(dst).contiguous();
+      argmax = fo.target_argmax.to(dst, at::kInt).contiguous();
       double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::lock_guard<std::mutex> lock(mu_);
       stats_.forward_seconds += secs;
@@ -405,9 +409,21 @@ absl::StatusOr<ReadyBatch> Engine::Compute(int rank, const Cursor& cursor, Trans
       SourceOf("last_hidden", last, hidden_dtype),
       SourceOf("target_argmax", argmax, DType::kI32),
   };
-  const std::string shm_name = absl::StrCat(options_.shm_prefix, "-", ::getpid(), "-", out.batch_id);
-  E3_ASSIGN_OR_RETURN(auto payload, PayloadBuffer::Build(transport, sources, shm_name));
-  out.payload = std::move(payload);
+  if (device_payload) {
+    if (device_pool_ == nullptr) {
+      const at::Device d = model_->options().device;
+      if (!d.is_cuda()) {
+        return absl::FailedPreconditionError(absl::StrCat(TransportName(transport), " needs the model on a GPU"));
+      }
+      E3_ASSIGN_OR_RETURN(device_pool_, DevicePool::Create(d.has_index() ? d.index() : 0));
+    }
+    E3_ASSIGN_OR_RETURN(auto payload, BuildDevicePayload(transport, sources, *device_pool_));
+    out.payload = std::move(payload);
+  } else {
+    const std::string shm_name = absl::StrCat(options_.shm_prefix, "-", ::getpid(), "-", out.batch_id);
+    E3_ASSIGN_OR_RETURN(auto payload, PayloadBuffer::Build(transport, sources, shm_name));
+    out.payload = std::move(payload);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   stats_.batches_computed += 1;
   stats_.tokens_computed += T;

@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "common/batch_payload.h"
 #include "common/dataset.h"
+#include "common/gpu/device_pool.h"
 #include "common/sample_order.h"
 #include "common/transport.h"
 #include "teacher_server/causal_lm.h"
@@ -162,6 +163,9 @@ class Engine {
   std::atomic<bool> draining_{false};
   bool stop_ = false;
   std::thread worker_;
+  // GPU buffers for device-transport payloads; made by the worker thread
+  // on first use.
+  std::shared_ptr<DevicePool> device_pool_;
 };
 
 }  // namespace e3

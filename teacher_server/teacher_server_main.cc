@@ -53,7 +53,8 @@ ABSL_FLAG(std::string, device, "cpu", "cpu or cuda:N");
 ABSL_FLAG(int64_t, draft_vocab_size, 32000, "draft vocabulary size (capped at the model's vocab)");
 ABSL_FLAG(std::string, vocab_map, "", "load d2t/t2d from this file instead of calibrating on the data");
 ABSL_FLAG(std::string, vocab_map_out, "", "save the calibrated d2t/t2d here");
-ABSL_FLAG(std::string, transports, "shm,inline", "transports offered, fastest first");
+ABSL_FLAG(std::string, transports, "",
+          "transports offered (default: nccl,cuda_ipc,shm,inline on a GPU, shm,inline on the CPU)");
 ABSL_FLAG(int, max_credit_window, 16, "most batches in flight per subscriber");
 ABSL_FLAG(double, subscriber_timeout_s, 60, "buffers of a vanished subscriber are reclaimed after this");
 ABSL_FLAG(std::string, ledger, "", "append the delivery/commit ledger (JSON lines) here");
@@ -202,7 +203,9 @@ int Main() {
   eopts.max_credit_window = absl::GetFlag(FLAGS_max_credit_window);
   eopts.subscriber_timeout = absl::Seconds(absl::GetFlag(FLAGS_subscriber_timeout_s));
   eopts.ledger_path = absl::GetFlag(FLAGS_ledger);
-  auto transports = ParseTransportList(absl::GetFlag(FLAGS_transports));
+  std::string transport_list = absl::GetFlag(FLAGS_transports);
+  if (transport_list.empty()) transport_list = mopts.device.is_cuda() ? "nccl,cuda_ipc,shm,inline" : "shm,inline";
+  auto transports = ParseTransportList(transport_list);
   if (!transports.ok()) Fail(transports.status());
   eopts.transports = *transports;
   if (absl::GetFlag(FLAGS_aux_layer_ids).empty()) {

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/gpu/cuda_runtime.h"
 #include "common/status_macros.h"
 #include "common/torch/tensor_convert.h"
 #include "proto/wire_codec.h"
@@ -44,10 +45,11 @@ class SubscribeReactor : public grpc::ServerWriteReactor<v1::BatchDescriptor> {
     SubscribeReactor* reactor = nullptr;
   };
 
+  // `nccl` is set when the subscription negotiated the NCCL transport.
   SubscribeReactor(Engine* engine, TeacherMetrics* metrics, std::atomic<int>* open_streams, int rank,
-                   uint64_t generation)
+                   uint64_t generation, std::unique_ptr<NcclSender> nccl)
       : engine_(engine), metrics_(metrics), open_streams_(open_streams), rank_(rank), generation_(generation),
-        link_(std::make_shared<Link>()) {
+        link_(std::make_shared<Link>()), nccl_(std::move(nccl)) {
     link_->reactor = this;
     ++*open_streams_;
     metrics_->SetSubscribers(*open_streams_);
@@ -90,6 +92,7 @@ class SubscribeReactor : public grpc::ServerWriteReactor<v1::BatchDescriptor> {
       link_->reactor = nullptr;
     }
     engine_->Detach(rank_, generation_);
+    nccl_.reset();  // cancels a send the student will not receive
     --*open_streams_;
     metrics_->SetSubscribers(*open_streams_);
     delete this;
@@ -97,6 +100,13 @@ class SubscribeReactor : public grpc::ServerWriteReactor<v1::BatchDescriptor> {
 
   void MaybeWriteLocked() {
     if (writing_ || finished_) return;
+    if (nccl_ != nullptr) {
+      absl::Status sent = nccl_->status();
+      if (!sent.ok()) {
+        FinishLocked(ToGrpcStatus(sent));
+        return;
+      }
+    }
     auto next = engine_->TakeNext(rank_, generation_);
     if (!next.ok()) {
       FinishLocked(ToGrpcStatus(next.status()));
@@ -114,6 +124,15 @@ class SubscribeReactor : public grpc::ServerWriteReactor<v1::BatchDescriptor> {
     msg_.set_num_tokens(b.num_tokens);
     for (int64_t s : b.sample_ids) msg_.add_sample_ids(s);
     if (b.payload) DescribePayload(*b.payload, &msg_);
+    if (b.payload && b.payload->transport() == TransportKind::kNccl) {
+      if (nccl_ == nullptr) {
+        FinishLocked(grpc::Status(grpc::StatusCode::INTERNAL, "NCCL payload on a stream without an NCCL channel"));
+        return;
+      }
+      // Queued before the descriptor goes out; the student receives in
+      // descriptor order, which is this order.
+      nccl_->Enqueue(b.payload);
+    }
     current_payload_ = b.payload;  // keeps shm alive until written
     last_written_ = b.end_of_data;
     writing_ = true;
@@ -135,6 +154,7 @@ class SubscribeReactor : public grpc::ServerWriteReactor<v1::BatchDescriptor> {
   std::shared_ptr<Link> link_;
   v1::BatchDescriptor msg_;
   std::shared_ptr<const PayloadBuffer> current_payload_;
+  std::unique_ptr<NcclSender> nccl_;
   bool writing_ = false;
   bool finished_ = false;
   bool last_written_ = false;
@@ -267,9 +287,23 @@ grpc::ServerWriteReactor<v1::BatchDescriptor>* TeacherServiceImpl::Subscribe(grp
   }
   Placement placement;
   placement.same_host = !req->host().empty() && req->host() == options_.hostname;
-  placement.teacher_on_gpu = model_->options().device.is_cuda();
+  const at::Device device = model_->options().device;
+  placement.teacher_on_gpu = device.is_cuda() && CudaRuntimeAvailable();
+  placement.student_on_gpu = req->student_on_gpu();
+  placement.nccl_unique_id = !req->nccl_unique_id().empty();
   auto transport = NegotiateTransport(engine_->options().transports, accepted, placement);
   if (!transport.ok()) return new ErrorWriteReactor<v1::BatchDescriptor>(ToGrpcStatus(transport.status()));
+  std::unique_ptr<NcclSender> nccl;
+  if (*transport == TransportKind::kNccl) {
+    // Joins the student's communicator; the first send waits for it.
+    auto channel = NcclChannel::Create(req->nccl_unique_id(), NcclChannel::kTeacherRank,
+                                       device.has_index() ? device.index() : 0);
+    if (!channel.ok()) {
+      return new ErrorWriteReactor<v1::BatchDescriptor>(grpc::Status(
+          grpc::StatusCode::UNAVAILABLE, absl::StrCat("NCCL channel: ", std::string(channel.status().message()))));
+    }
+    nccl = std::make_unique<NcclSender>(std::move(channel).value(), engine_->options().subscriber_timeout);
+  }
   SubscribeParams p;
   p.subscriber_id = req->subscriber_id();
   p.rank = req->rank();
@@ -279,7 +313,7 @@ grpc::ServerWriteReactor<v1::BatchDescriptor>* TeacherServiceImpl::Subscribe(grp
   p.transport = *transport;
   auto generation = engine_->Subscribe(p);
   if (!generation.ok()) return new ErrorWriteReactor<v1::BatchDescriptor>(ToGrpcStatus(generation.status()));
-  return new SubscribeReactor(engine_, metrics_, &open_streams_, p.rank, *generation);
+  return new SubscribeReactor(engine_, metrics_, &open_streams_, p.rank, *generation, std::move(nccl));
 }
 
 grpc::ServerUnaryReactor* TeacherServiceImpl::Ack(grpc::CallbackServerContext* ctx, const v1::AckRequest* req,

@@ -17,6 +17,7 @@
 #include "proto/teacher.grpc.pb.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/engine.h"
+#include "teacher_server/nccl_sender.h"
 #include "teacher_server/teacher_metrics.h"
 
 namespace e3 {
@@ -31,7 +32,7 @@ struct WeightBlob {
 
 struct ServiceOptions {
   std::string backend = "hf";
-  std::string hostname;      // compared with the student's to allow shm
+  std::string hostname;      // compared with the student's to allow shm and CUDA IPC
   int64_t max_generate_tokens = 512;
   int max_concurrent_generate = 4;
 };

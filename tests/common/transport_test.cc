@@ -16,10 +16,13 @@ TEST(TransportTest, PicksTheFastestCommonTransportThePlacementAllows) {
   EXPECT_EQ(*NegotiateTransport(all, all, cpu_same_host), K::kShm);
   Placement cpu_remote{false, false, false};
   EXPECT_EQ(*NegotiateTransport(all, all, cpu_remote), K::kInline);
-  Placement gpu_same_host{true, true, true};
+  Placement gpu_same_host{true, true, true, /*nccl_unique_id=*/true};
   EXPECT_EQ(*NegotiateTransport(all, all, gpu_same_host), K::kNccl);
+  // Without the student's NCCL unique id, CUDA IPC is the best on one host.
+  Placement gpu_no_id{true, true, true, false};
+  EXPECT_EQ(*NegotiateTransport(all, all, gpu_no_id), K::kCudaIpc);
   EXPECT_EQ(*NegotiateTransport(all, {K::kInline, K::kShm, K::kCudaIpc}, gpu_same_host), K::kCudaIpc);
-  Placement gpu_remote{false, true, true};
+  Placement gpu_remote{false, true, true, true};
   EXPECT_EQ(*NegotiateTransport({K::kInline, K::kCudaIpc, K::kNccl}, all, gpu_remote), K::kNccl);
   // A GPU teacher feeding a CPU student falls back to shm on one host.
   Placement mixed{true, true, false};
@@ -35,6 +38,13 @@ TEST(TransportTest, NoCommonTransportExplainsWhy) {
   EXPECT_NE(r.status().message().find("teacher offers [shm]"), std::string::npos) << r.status();
   EXPECT_NE(r.status().message().find("shm needs both on one host"), std::string::npos);
   EXPECT_FALSE(NegotiateTransport({K::kNccl}, {K::kInline}, Placement{true, false, false}).ok());
+  auto no_id = NegotiateTransport({K::kNccl}, {K::kNccl}, Placement{false, true, true, false});
+  ASSERT_FALSE(no_id.ok());
+  EXPECT_NE(no_id.status().message().find("nccl needs the student's NCCL unique id"), std::string::npos)
+      << no_id.status();
+  auto cpu_student = NegotiateTransport({K::kCudaIpc}, {K::kCudaIpc}, Placement{true, true, false, true});
+  ASSERT_FALSE(cpu_student.ok());
+  EXPECT_NE(cpu_student.status().message().find("cuda_ipc needs both on GPUs"), std::string::npos);
 }
 
 TEST(TransportTest, ParsesLists) {

@@ -20,6 +20,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -868,6 +869,116 @@ TEST(WireCodecTest, ResolveRefusesCorruptDescriptors) {
     r->mutable_shm()->set_nbytes(16);
   });
   EXPECT_TRUE(inside.ok()) << inside.status();
+}
+
+// Device transports move a batch as one block; each tensor is a range of
+// it. Resolve checks every range against the block and the shape, refuses
+// batches that mix device and host refs, and DescribePayload writes what
+// Resolve reads (round trip over a device payload's layout).
+TEST(WireCodecTest, DeviceRefsAreCheckedRangesOfOnePayloadBlock) {
+  auto descriptor = [](v1::Transport transport) {
+    v1::BatchDescriptor d;
+    d.set_batch_id(9);
+    d.set_transport(transport);
+    d.set_payload_bytes(128);
+    for (auto [name, offset, n] : {std::tuple<const char*, int, int>{"input_ids", 0, 4}, {"aux_hidden", 64, 16}}) {
+      v1::TensorRef* ref = d.add_tensors();
+      ref->set_name(name);
+      ref->set_dtype(v1::DTYPE_I32);
+      ref->add_shape(n);
+      if (transport == v1::TRANSPORT_NCCL) {
+        ref->mutable_nccl()->set_offset(offset);
+        ref->mutable_nccl()->set_nbytes(4 * n);
+      } else {
+        ref->mutable_cuda_ipc()->set_handle(std::string(64, 'h'));
+        ref->mutable_cuda_ipc()->set_device(3);
+        ref->mutable_cuda_ipc()->set_offset(offset);
+        ref->mutable_cuda_ipc()->set_nbytes(4 * n);
+      }
+    }
+    return d;
+  };
+  auto nccl = ReceivedBatch::Resolve(descriptor(v1::TRANSPORT_NCCL));
+  ASSERT_TRUE(nccl.ok()) << nccl.status();
+  EXPECT_TRUE((*nccl)->on_device());
+  EXPECT_EQ((*nccl)->payload_bytes(), 128u);
+  EXPECT_EQ((*nccl)->Get("aux_hidden")->offset, 64u);
+  EXPECT_EQ((*nccl)->Get("aux_hidden")->data, nullptr);
+  auto ipc = ReceivedBatch::Resolve(descriptor(v1::TRANSPORT_CUDA_IPC));
+  ASSERT_TRUE(ipc.ok()) << ipc.status();
+  EXPECT_EQ((*ipc)->ipc_handle(), std::string(64, 'h'));
+  EXPECT_EQ((*ipc)->ipc_device(), 3);
+
+  auto outside = descriptor(v1::TRANSPORT_NCCL);
+  outside.mutable_tensors(1)->mutable_nccl()->set_offset(100);
+  auto r = ReceivedBatch::Resolve(outside);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(r.status().message().find("aux_hidden"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("outside the payload of 128 bytes"), std::string::npos) << r.status();
+
+  auto wrong_size = descriptor(v1::TRANSPORT_CUDA_IPC);
+  wrong_size.mutable_tensors(0)->mutable_cuda_ipc()->set_nbytes(12);
+  r = ReceivedBatch::Resolve(wrong_size);
+  EXPECT_NE(r.status().message().find("shape needs 16"), std::string::npos) << r.status();
+
+  auto two_handles = descriptor(v1::TRANSPORT_CUDA_IPC);
+  two_handles.mutable_tensors(1)->mutable_cuda_ipc()->set_handle(std::string(64, 'x'));
+  r = ReceivedBatch::Resolve(two_handles);
+  EXPECT_NE(r.status().message().find("handle differs"), std::string::npos) << r.status();
+
+  auto mixed = descriptor(v1::TRANSPORT_NCCL);
+  mixed.mutable_tensors(1)->set_inline_data(std::string(64, '\0'));
+  r = ReceivedBatch::Resolve(mixed);
+  EXPECT_NE(r.status().message().find("mixes device and host"), std::string::npos) << r.status();
+
+  auto nowhere = descriptor(v1::TRANSPORT_NCCL);
+  nowhere.mutable_tensors(0)->clear_location();
+  r = ReceivedBatch::Resolve(nowhere);
+  EXPECT_NE(r.status().message().find("no location"), std::string::npos) << r.status();
+}
+
+// GPU memory as DescribePayload sees it: only its identity matters here
+// (the bytes never leave the GPU), so a host buffer stands in for it.
+class HostBackedDeviceMemory : public DeviceMemory {
+ public:
+  explicit HostBackedDeviceMemory(size_t n) : bytes_(n), handle_(64, 'k') {}
+  uint8_t* data() const override { return const_cast<uint8_t*>(bytes_.data()); }
+  size_t capacity() const override { return bytes_.size(); }
+  int device() const override { return 1; }
+  const std::string& ipc_handle() const override { return handle_; }
+
+ private:
+  std::vector<uint8_t> bytes_;
+  std::string handle_;
+};
+
+TEST(WireCodecTest, DescribedDevicePayloadsResolveToTheirLayout) {
+  std::vector<int32_t> ids(5), argmax(5);
+  std::vector<uint16_t> hidden(5 * 8);
+  auto layout = PayloadBuffer::LayOut({{"input_ids", DType::kI32, {5}, ids.data(), 20},
+                                       {"last_hidden", DType::kBF16, {5, 8}, hidden.data(), 80},
+                                       {"target_argmax", DType::kI32, {5}, argmax.data(), 20}});
+  ASSERT_TRUE(layout.ok());
+  EXPECT_EQ(layout->total_bytes, 64u + 128u + 64u);
+  for (TransportKind kind : {TransportKind::kNccl, TransportKind::kCudaIpc}) {
+    auto payload = PayloadBuffer::OnDevice(kind, *layout, std::make_shared<HostBackedDeviceMemory>(256));
+    EXPECT_EQ(payload->data(), nullptr);
+    v1::BatchDescriptor d;
+    DescribePayload(*payload, &d);
+    EXPECT_EQ(d.payload_bytes(), 256u);
+    EXPECT_EQ(d.transport(), ToWire(kind));
+    auto rb = ReceivedBatch::Resolve(d);
+    ASSERT_TRUE(rb.ok()) << rb.status();
+    EXPECT_EQ((*rb)->Get("last_hidden")->offset, 64u);
+    EXPECT_EQ((*rb)->Get("target_argmax")->offset, 192u);
+    EXPECT_EQ((*rb)->Get("last_hidden")->shape, (std::vector<int64_t>{5, 8}));
+    if (kind == TransportKind::kCudaIpc) {
+      EXPECT_EQ((*rb)->ipc_handle(), std::string(64, 'k'));
+      EXPECT_EQ((*rb)->ipc_device(), 1);
+    }
+  }
+  // Host transports refuse to build device payloads and vice versa.
+  EXPECT_EQ(PayloadBuffer::Build(TransportKind::kNccl, {}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Baseline for the teacher forward benchmark: HF transformers (sdpa, bf16)
+on one GPU, random weights of a Llama shape, one batch of B x S tokens.
+
+Prints one JSON line with tokens/s for the forward with hidden states and
+logits (like-for-like with a teacher that computes the lm_head) and for the
+base model alone (hidden states, no lm_head). With --save_dir it also
+writes the model there (config.json + safetensors), so the C++ teacher
+benchmarks the very same weights.
+"""
+import argparse
+import json
+import time
+
+import torch
+import transformers
+
+SHAPES = {
+    # Llama-3.2-1B and Llama-3.1-8B dimensions.
+    "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=64, tie_word_embeddings=True),
+    "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
+}
+
+
+def timed(fn, repeats):
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--save_dir", default="")
+    args = ap.parse_args()
+
+    cfg = transformers.LlamaConfig(vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                                   rope_theta=500000.0, bos_token_id=128000, eos_token_id=128001,
+                                   attn_implementation="sdpa", torch_dtype="bfloat16", **SHAPES[args.shape])
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), device="cuda")
+    tokens = args.batch * args.seq
+    with torch.inference_mode():
+        with_logits = timed(lambda: model(input_ids=ids, output_hidden_states=True, use_cache=False), args.repeats)
+        no_logits = timed(lambda: model.model(input_ids=ids, output_hidden_states=True, use_cache=False),
+                          args.repeats)
+    print(json.dumps({"bench": "hf_teacher_forward", "shape": args.shape, "batch": f"{args.batch}x{args.seq}",
+                      "tok_per_s_logits": tokens / with_logits, "tok_per_s_no_logits": tokens / no_logits,
+                      "transformers": transformers.__version__, "torch": torch.__version__,
+                      "gpu": torch.cuda.get_device_name()}), flush=True)
+    if args.save_dir:
+        model.save_pretrained(args.save_dir, safe_serialization=True)
+
+
+if __name__ == "__main__":
+    main()

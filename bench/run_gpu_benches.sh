@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The GPU issue's benchmarks, end to end, on nvidia-h200-x2 (two H200s):
+#   1. teacher forward vs HF transformers (Llama-3.2-1B / 3.1-8B shapes)
+#   2. hidden-state transfer per transport vs c10d ProcessGroupNCCL
+#   3. student training step vs a PyTorch eager EAGLE-3 step
+#   4. end to end on the 1B shape: teacher GPU 0 -> student GPU 1
+# Each prints the ratio against its baseline measured in this run; every
+# JSON line also goes to $RESULTS (default bench-results.jsonl).
+#
+#   bench/run_gpu_benches.sh BUILD_DIR [teacher|transport|student|e2e ...]
+set -euo pipefail
+BUILD=${1:?build dir}; shift
+PARTS=${*:-teacher transport student e2e}
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+RESULTS=${RESULTS:-bench-results.jsonl}
+MODELS=${MODELS:-/tmp/e3-bench-models}
+mkdir -p "$MODELS"
+json() { grep '^{' | tee -a "$RESULTS"; }
+field() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
+ratio() { python3 -c "import sys; print(f'{float(sys.argv[1])/float(sys.argv[2]):.2f}')" "$1" "$2"; }
+
+teacher() {
+  for shape in llama-1b llama-8b; do
+    hf=$(python3 "$SRC/bench/hf_teacher_baseline.py" --shape=$shape --save_dir="$MODELS/$shape" | json)
+    ours_logits=$("$BUILD/bench/teacher_forward_bench" --model_dir="$MODELS/$shape" --device=cuda:0 \
+      --dtype=bfloat16 --shapes=8x1024 --repeats=5 --logits --eager_baseline=false | json)
+    ours_plain=$("$BUILD/bench/teacher_forward_bench" --model_dir="$MODELS/$shape" --device=cuda:0 \
+      --dtype=bfloat16 --shapes=8x1024 --repeats=5 --eager_baseline=false | json)
+    a=$(field "$ours_logits" tok_per_s); b=$(field "$hf" tok_per_s_logits)
+    c=$(field "$ours_plain" tok_per_s); d=$(field "$hf" tok_per_s_no_logits)
+    echo "teacher forward $shape 8x1024 bf16: with lm_head ours $a tok/s vs HF (logits) $b: ratio $(ratio $a $b);" \
+         "without ours $c vs HF base model $d: ratio $(ratio $c $d)"
+  done
+}
+
+transport() {
+  "$BUILD/bench/transport_bench" --sizes_mib=64,256,1024 --iters=10 | tee >(json >/dev/null)
+}
+
+student() {
+  declare -A anchor=([llama-8b]=108.5 [llama-1b]=74)
+  for shape in llama-8b llama-1b; do
+    base=$(python3 "$SRC/bench/student_step_baseline.py" --shape=$shape | json)
+    ours=$("$BUILD/bench/student_step_bench" --shape=$shape --device=cuda:0 | json)
+    a=$(field "$ours" ms_per_step); b=$(field "$base" ms_per_step)
+    echo "student step $shape (2048 tokens, TTT 7, draft vocab 32000): ours $a ms vs PyTorch eager $b ms:" \
+         "speed-up $(ratio $b $a); vs SpecForge anchor ${anchor[$shape]} ms: $(ratio ${anchor[$shape]} $a)"
+  done
+}
+
+e2e() {
+  local dir="$MODELS/llama-1b"
+  [ -f "$dir/config.json" ] || python3 "$SRC/bench/hf_teacher_baseline.py" --shape=llama-1b --save_dir="$dir" >/dev/null
+  # The bundled tokenizer and template: its ids all lie inside the 1B vocab.
+  cp "$SRC/examples/tiny-code-llama/"{tokenizer.json,tokenizer_config.json,chat_template.jinja} "$dir/"
+  local run=$(mktemp -d)
+  "$BUILD/teacher_server/teacher_server" --model_dir="$dir" --data="$SRC/examples/data/train_conversations.jsonl" \
+    --device=cuda:0 --tokens_per_batch=2048 --max_seq_len=2048 --draft_vocab_size=32000 --listen=127.0.0.1:0 \
+    --port_file="$run/port" --metrics_port=-1 > "$run/teacher.log" 2>&1 &
+  local tpid=$!
+  for _ in $(seq 600); do [ -s "$run/port" ] && break; sleep 0.2; done
+  "$BUILD/student_trainer/student_trainer" --teacher=127.0.0.1:$(head -1 "$run/port") --device=cuda:1 \
+    --max_steps=150 --log_every=25 --metrics_port=-1 --summary_json="$run/summary.json" > "$run/student.log" 2>&1
+  kill $tpid; wait $tpid || true
+  tail -4 "$run/student.log"
+  iso=$("$BUILD/bench/student_step_bench" --shape=llama-1b --device=cuda:1 --tokens=2048 --samples=4 | json)
+  python3 - "$run/summary.json" "$(field "$iso" tok_per_s)" <<'PY' | json_or_print
+import json, sys
+s = json.load(open(sys.argv[1]))
+iso = float(sys.argv[2])
+print(f"e2e 1B shape, teacher cuda:0 -> student cuda:1 over {s['transport']}: {s['tokens_per_second']:.0f} trained tok/s,"
+      f" data wait {100*s['data_wait_share']:.1f}% of the student's time; isolated student step {iso:.0f} tok/s:"
+      f" ratio {s['tokens_per_second']/iso:.2f}")
+print(json.dumps({"bench": "e2e_1b", "transport": s["transport"], "trained_tok_per_s": s["tokens_per_second"],
+                  "data_wait_share": s["data_wait_share"], "steps": s["steps"],
+                  "baseline": "isolated_student_step", "baseline_tok_per_s": iso,
+                  "ratio": s["tokens_per_second"] / iso}))
+PY
+}
+json_or_print() { while IFS= read -r l; do case "$l" in '{'*) echo "$l" >> "$RESULTS";; esac; echo "$l"; done; }
+
+for p in $PARTS; do echo "== $p"; $p; done

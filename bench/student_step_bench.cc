@@ -1,0 +1,167 @@
+// Student training step throughput: one EAGLE-3 TTT step (forward over
+// `ttt_length` steps, backward, gradient clipping, AdamW on fp32 master
+// weights) of the draft for a target shape, on a packed batch of random
+// teacher states. Prints ms/step and tokens/s, and a JSON line. The named
+// baseline (a PyTorch eager implementation of the same step, SpecForge
+// v0.2's algorithm) runs in bench/student_step_baseline.py in the same
+// session; bench/run_gpu_benches.sh prints the ratio.
+//
+//   ./build/bench/student_step_bench --shape=llama-8b --device=cuda:0
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "student_trainer/eagle3_draft.h"
+#include "student_trainer/master_weights.h"
+#include "student_trainer/ttt.h"
+
+ABSL_FLAG(std::string, shape, "llama-8b", "target shape: llama-1b (Llama-3.2-1B), llama-8b (Llama-3.1-8B), tiny");
+ABSL_FLAG(int64_t, tokens, 2048, "tokens in the packed batch");
+ABSL_FLAG(int64_t, samples, 1, "samples the tokens are split into");
+ABSL_FLAG(int, ttt_length, 7, "TTT steps");
+ABSL_FLAG(int64_t, draft_vocab, 32000, "draft vocabulary");
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda:N");
+ABSL_FLAG(std::string, dtype, "bfloat16", "compute dtype (below float32: fp32 master weights)");
+ABSL_FLAG(int, warmup, 3, "untimed steps");
+ABSL_FLAG(int, steps, 10, "timed steps (median reported)");
+
+namespace e3 {
+namespace {
+
+struct Shape {
+  int64_t hidden, intermediate, heads, kv_heads, head_dim, vocab, layers;
+  double rope_theta;
+};
+
+Shape ShapeNamed(const std::string& name) {
+  if (name == "llama-1b") return {2048, 8192, 32, 8, 64, 128256, 16, 500000.0};
+  if (name == "llama-8b") return {4096, 14336, 32, 8, 128, 128256, 32, 500000.0};
+  if (name == "tiny") return {256, 704, 4, 2, 64, 8192, 8, 10000.0};
+  std::fprintf(stderr, "unknown --shape %s\n", name.c_str());
+  std::exit(2);
+}
+
+int Main() {
+  const Shape s = ShapeNamed(absl::GetFlag(FLAGS_shape));
+  const at::Device device(absl::GetFlag(FLAGS_device));
+  const std::string dtype_name = absl::GetFlag(FLAGS_dtype);
+  const at::ScalarType dtype = dtype_name == "bfloat16" ? at::kBFloat16 : dtype_name == "float16" ? at::kHalf : at::kFloat;
+  const int64_t T = absl::GetFlag(FLAGS_tokens);
+  const int64_t N = std::min(absl::GetFlag(FLAGS_draft_vocab), s.vocab);
+
+  Eagle3DraftConfig c;
+  c.hidden_size = c.target_hidden_size = s.hidden;
+  c.num_aux = 3;
+  c.intermediate_size = s.intermediate;
+  c.num_heads = s.heads;
+  c.num_kv_heads = s.kv_heads;
+  c.head_dim = s.head_dim;
+  c.rms_norm_eps = 1e-5;
+  c.rope.theta = s.rope_theta;
+  c.max_position_embeddings = 131072;
+  c.vocab_size = s.vocab;
+  c.draft_vocab_size = N;
+  c.aux_layer_ids = {1, static_cast<int32_t>(s.layers / 2 - 1), static_cast<int32_t>(s.layers - 4)};
+
+  torch::manual_seed(0);
+  auto on = torch::TensorOptions().device(device);
+  Eagle3FrozenTensors frozen;
+  frozen.embed_tokens = torch::randn({s.vocab, s.hidden}, on.dtype(dtype)) * 0.02;
+  // The draft vocab: every other target id (any N distinct ids will do).
+  frozen.vocab.target_vocab_size = s.vocab;
+  frozen.vocab.t2d.assign(static_cast<size_t>(s.vocab), 0);
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t t = (2 * i) % s.vocab;
+    frozen.vocab.d2t.push_back(t - i);
+    frozen.vocab.t2d[static_cast<size_t>(t)] = 1;
+  }
+  frozen.target_lm_head = torch::randn({N, s.hidden}, on.dtype(at::kFloat)) * 0.02;
+
+  Eagle3DraftOptions opts;
+  opts.config = c;
+  opts.device = device;
+  opts.dtype = dtype;
+  auto draft = CreateEagle3Draft(opts, frozen);
+  if (!draft.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(draft.status().message()).c_str());
+    return 1;
+  }
+  std::optional<Eagle3Draft> master;
+  std::optional<MasterWeights> mw;
+  if (dtype != at::kFloat) {
+    Eagle3DraftOptions mopts = opts;
+    mopts.dtype = at::kFloat;
+    auto m = CreateEagle3Draft(mopts, frozen);
+    if (!m.ok()) return 1;
+    master = *m;
+    auto w = MasterWeights::Create(**draft, **master);
+    if (!w.ok()) return 1;
+    mw = std::move(w).value();
+  }
+  Eagle3DraftImpl& trained = master ? **master : **draft;
+  torch::optim::AdamW optimizer(trained.parameters(), torch::optim::AdamWOptions(1e-4).betas({0.9, 0.95}));
+
+  TttBatch batch;
+  const int64_t samples = std::max<int64_t>(1, absl::GetFlag(FLAGS_samples));
+  std::vector<int64_t> cu = {0};
+  for (int64_t i = 1; i <= samples; ++i) cu.push_back(T * i / samples);
+  batch.input_ids = torch::randint(0, s.vocab, {T}, on.dtype(at::kInt));
+  batch.cu_seqlens = torch::tensor(cu, torch::kInt);
+  batch.loss_mask = torch::ones({T}, on.dtype(at::kByte));
+  batch.aux_hidden = torch::randn({T, 3 * s.hidden}, on.dtype(dtype));
+  batch.last_hidden = torch::randn({T, s.hidden}, on.dtype(dtype));
+  batch.target_argmax = (torch::randint(0, N, {T}, on.dtype(at::kInt)) * 2) % s.vocab;
+  TttOptions ttt;
+  ttt.length = absl::GetFlag(FLAGS_ttt_length);
+
+  auto step = [&] {
+    optimizer.zero_grad();
+    auto out = RunTtt(**draft, batch, ttt);
+    if (!out.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(out.status().message()).c_str());
+      std::exit(1);
+    }
+    out->loss.backward();
+    if (mw) mw->PullGradients();
+    torch::nn::utils::clip_grad_norm_(trained.parameters(), 0.5);
+    optimizer.step();
+    if (mw) mw->PushWeights();
+    if (device.is_cuda()) torch::cuda::synchronize();
+  };
+  for (int i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) step();
+  std::vector<double> ms;
+  for (int i = 0; i < absl::GetFlag(FLAGS_steps); ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    step();
+    ms.push_back(1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  const double med = ms[ms.size() / 2];
+  int64_t params = 0;
+  for (const auto& p : trained.parameters()) params += p.numel();
+  std::printf("student step %s: H=%ld draft vocab %ld, %ld tokens in %ld samples, TTT %d, %s on %s, %.1fM params\n",
+              absl::GetFlag(FLAGS_shape).c_str(), static_cast<long>(s.hidden), static_cast<long>(N),
+              static_cast<long>(T), static_cast<long>(samples), static_cast<int>(ttt.length), dtype_name.c_str(), device.str().c_str(),
+              params / 1e6);
+  std::printf("median %.2f ms/step (min %.2f, max %.2f), %.0f tok/s\n", med, ms.front(), ms.back(), T / med * 1e3);
+  std::printf("{\"bench\":\"student_step\",\"shape\":\"%s\",\"tokens\":%ld,\"ttt_length\":%d,\"draft_vocab\":%ld,"
+              "\"ms_per_step\":%.3f,\"tok_per_s\":%.1f,\"device\":\"%s\",\"dtype\":\"%s\"}\n",
+              absl::GetFlag(FLAGS_shape).c_str(), static_cast<long>(T), static_cast<int>(ttt.length), static_cast<long>(N), med,
+              T / med * 1e3, device.str().c_str(), dtype_name.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace e3
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return e3::Main();
+}
