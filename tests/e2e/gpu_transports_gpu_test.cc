@@ -42,6 +42,7 @@ TEST_P(GpuTransportsTest, TeacherOnOneGpuTrainsAStudentOnAnother) {
   const std::string port = ReadFile(dir + "/port").substr(0, ReadFile(dir + "/port").find('\n'));
   Subprocess student({testing::StudentBinary(), "--teacher=127.0.0.1:" + port, "--device=" + student_gpu,
                       "--transports=" + transport, "--lr=2e-3", "--warmup_steps=2", "--log_every=10",
+                      "--checkpoint_dir=" + dir + "/ckpt",
                       "--summary_json=" + dir + "/summary.json", "--output_dir=" + dir + "/export"},
                      dir + "/student.log");
   auto st = student.Wait(300s);
