@@ -41,7 +41,7 @@ student() {
   declare -A anchor=([llama-8b]=108.5 [llama-1b]=74)
   for shape in llama-8b llama-1b; do
     base=$(python3 "$SRC/bench/student_step_baseline.py" --shape=$shape | json)
-    ours=$("$BUILD/bench/student_step_bench" --shape=$shape --device=cuda:0 | json)
+    ours=$("$BUILD/bench/student_step_bench" --shape=$shape --device=cuda:0 | tee /dev/stderr | json)
     a=$(field "$ours" ms_per_step); b=$(field "$base" ms_per_step)
     echo "student step $shape (2048 tokens, TTT 7, draft vocab 32000): ours $a ms vs PyTorch eager $b ms:" \
          "speed-up $(ratio $b $a); vs SpecForge anchor ${anchor[$shape]} ms: $(ratio ${anchor[$shape]} $a)"

@@ -54,7 +54,7 @@ int Main() {
   const std::string dtype_name = absl::GetFlag(FLAGS_dtype);
   const at::ScalarType dtype = dtype_name == "bfloat16" ? at::kBFloat16 : dtype_name == "float16" ? at::kHalf : at::kFloat;
   const int64_t T = absl::GetFlag(FLAGS_tokens);
-  const int64_t N = std::min(absl::GetFlag(FLAGS_draft_vocab), s.vocab);
+  const int64_t N = std::min(absl::GetFlag(FLAGS_draft_vocab), s.vocab / 2);  // draft ids map to even target ids
 
   Eagle3DraftConfig c;
   c.hidden_size = c.target_hidden_size = s.hidden;
@@ -121,25 +121,44 @@ int Main() {
   TttOptions ttt;
   ttt.length = absl::GetFlag(FLAGS_ttt_length);
 
-  auto step = [&] {
+  // With `phases`, each phase is synchronised and timed on its own
+  // (forward, backward, optimizer incl. master-weight copies and clipping).
+  double phase_ms[3] = {0, 0, 0};
+  auto step = [&](bool phases) {
+    auto sync = [&] {
+      if (device.is_cuda()) torch::cuda::synchronize();
+    };
+    auto t0 = std::chrono::steady_clock::now();
+    auto lap = [&](int k) {
+      if (!phases) return;
+      sync();
+      auto t1 = std::chrono::steady_clock::now();
+      phase_ms[k] += 1e3 * std::chrono::duration<double>(t1 - t0).count();
+      t0 = t1;
+    };
     optimizer.zero_grad();
     auto out = RunTtt(**draft, batch, ttt);
     if (!out.ok()) {
       std::fprintf(stderr, "%s\n", std::string(out.status().message()).c_str());
       std::exit(1);
     }
+    lap(0);
     out->loss.backward();
+    lap(1);
     if (mw) mw->PullGradients();
     torch::nn::utils::clip_grad_norm_(trained.parameters(), 0.5);
     optimizer.step();
     if (mw) mw->PushWeights();
-    if (device.is_cuda()) torch::cuda::synchronize();
+    lap(2);
+    sync();
   };
-  for (int i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) step();
+  for (int i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) step(false);
+  constexpr int kPhaseSteps = 3;
+  for (int i = 0; i < kPhaseSteps; ++i) step(true);
   std::vector<double> ms;
   for (int i = 0; i < absl::GetFlag(FLAGS_steps); ++i) {
     auto t0 = std::chrono::steady_clock::now();
-    step();
+    step(false);
     ms.push_back(1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(ms.begin(), ms.end());
@@ -150,7 +169,10 @@ int Main() {
               absl::GetFlag(FLAGS_shape).c_str(), static_cast<long>(s.hidden), static_cast<long>(N),
               static_cast<long>(T), static_cast<long>(samples), static_cast<int>(ttt.length), dtype_name.c_str(), device.str().c_str(),
               params / 1e6);
-  std::printf("median %.2f ms/step (min %.2f, max %.2f), %.0f tok/s\n", med, ms.front(), ms.back(), T / med * 1e3);
+  std::printf("median %.2f ms/step (min %.2f, max %.2f), %.0f tok/s; phases (synchronised): forward %.1f ms, "
+              "backward %.1f ms, optimizer %.1f ms\n",
+              med, ms.front(), ms.back(), T / med * 1e3, phase_ms[0] / kPhaseSteps, phase_ms[1] / kPhaseSteps,
+              phase_ms[2] / kPhaseSteps);
   std::printf("{\"bench\":\"student_step\",\"shape\":\"%s\",\"tokens\":%ld,\"ttt_length\":%d,\"draft_vocab\":%ld,"
               "\"ms_per_step\":%.3f,\"tok_per_s\":%.1f,\"device\":\"%s\",\"dtype\":\"%s\"}\n",
               absl::GetFlag(FLAGS_shape).c_str(), static_cast<long>(T), static_cast<int>(ttt.length), static_cast<long>(N), med,
