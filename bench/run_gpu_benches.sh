@@ -53,14 +53,18 @@ e2e() {
   [ -f "$dir/config.json" ] || python3 "$SRC/bench/hf_teacher_baseline.py" --shape=llama-1b --save_dir="$dir" >/dev/null
   # The bundled tokenizer and template: its ids all lie inside the 1B vocab.
   cp "$SRC/examples/tiny-code-llama/"{tokenizer.json,tokenizer_config.json,chat_template.jinja} "$dir/"
-  local run=$(mktemp -d)
+  local run=${LOGS:-$(mktemp -d)}
+  mkdir -p "$run"
   "$BUILD/teacher_server/teacher_server" --model_dir="$dir" --data="$SRC/examples/data/train_conversations.jsonl" \
     --device=cuda:0 --tokens_per_batch=2048 --max_seq_len=2048 --draft_vocab_size=32000 --listen=127.0.0.1:0 \
     --port_file="$run/port" --metrics_port=-1 > "$run/teacher.log" 2>&1 &
   local tpid=$!
   for _ in $(seq 600); do [ -s "$run/port" ] && break; sleep 0.2; done
-  "$BUILD/student_trainer/student_trainer" --teacher=127.0.0.1:$(head -1 "$run/port") --device=cuda:1 \
-    --max_steps=150 --log_every=25 --metrics_port=-1 --summary_json="$run/summary.json" > "$run/student.log" 2>&1
+  if [ ! -s "$run/port" ]; then echo "teacher did not start:"; tail -20 "$run/teacher.log"; kill $tpid; return 1; fi
+  if ! "$BUILD/student_trainer/student_trainer" --teacher=127.0.0.1:$(head -1 "$run/port") --device=cuda:1 \
+    --max_steps=150 --log_every=25 --metrics_port=-1 --summary_json="$run/summary.json" > "$run/student.log" 2>&1; then
+    echo "student failed:"; tail -20 "$run/student.log"; tail -5 "$run/teacher.log"; kill $tpid; return 1
+  fi
   kill $tpid; wait $tpid || true
   tail -4 "$run/student.log"
   iso=$("$BUILD/bench/student_step_bench" --shape=llama-1b --device=cuda:1 --tokens=2048 --samples=4 | json)
