@@ -23,6 +23,21 @@ inline absl::Status NcclStatus(ncclResult_t r, const char* what) {
                                           ")"));
 }
 
+// Makes `stream` wait for the work already queued on the current device's
+// legacy default stream, where LibTorch runs. Memory LibTorch's caching
+// allocator hands out may still be read or written by kernels queued
+// there by its previous owner; a transfer on a private stream that writes
+// into it must start after them.
+inline absl::Status OrderAfterDefaultStream(cudaStream_t stream) {
+  cudaEvent_t ev;
+  auto st = CudaStatus(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+  if (!st.ok()) return st;
+  st = CudaStatus(cudaEventRecord(ev, cudaStreamLegacy), "cudaEventRecord (default stream)");
+  if (st.ok()) st = CudaStatus(cudaStreamWaitEvent(stream, ev, 0), "cudaStreamWaitEvent");
+  cudaEventDestroy(ev);  // released once it completes
+  return st;
+}
+
 }  // namespace e3
 
 #define E3_CUDA_RETURN_IF_ERROR(expr, what)                    \

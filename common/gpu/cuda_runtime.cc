@@ -24,12 +24,15 @@ absl::Status CudaCopy(void* dst, const void* src, size_t bytes, int device) {
   if (bytes == 0) return absl::OkStatus();
   E3_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "cudaSetDevice");
   // A private stream keeps the copy off the legacy default stream, which
-  // the trainer's kernels use: the copy then overlaps with training.
+  // the trainer's kernels use: the copy then overlaps with training. It
+  // starts after the work queued there so far (see OrderAfterDefaultStream).
   thread_local std::map<int, cudaStream_t> streams;
   cudaStream_t& stream = streams[device];
   if (stream == nullptr) {
     E3_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   }
+  auto ordered = OrderAfterDefaultStream(stream);
+  if (!ordered.ok()) return ordered;
   E3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream), "cudaMemcpyAsync");
   return CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize after a copy");
 }

@@ -137,6 +137,7 @@ absl::Status NcclChannel::Transfer(bool send, void* data, size_t bytes, absl::Du
     return st;
   };
   if (auto st = CudaStatus(cudaSetDevice(device_), "cudaSetDevice"); !st.ok()) return fail(st);
+  if (auto st = OrderAfterDefaultStream(impl_->stream); !st.ok()) return fail(st);
   const int peer = rank_ == kTeacherRank ? kStudentRank : kTeacherRank;
   ncclResult_t r = send ? ncclSend(data, bytes, ncclUint8, peer, impl_->comm, impl_->stream)
                         : ncclRecv(data, bytes, ncclUint8, peer, impl_->comm, impl_->stream);

@@ -125,6 +125,46 @@ TEST_F(NcclChannelGpuTest, JoiningAloneTimesOutAndCancelReturnsAtOnce) {
   EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
 }
 
+// Memory a LibTorch allocator hands out may still be written by kernels
+// queued on the default stream by its previous owner. A receive into it must
+// land after them: queue ~100 ms of work on the legacy default stream, then
+// a write into the receive buffer, then receive; the received bytes win.
+TEST_F(NcclChannelGpuTest, ReceiveLandsAfterWorkQueuedOnTheDefaultStream) {
+  auto id = NcclChannel::NewUniqueId();
+  ASSERT_TRUE(id.ok());
+  constexpr size_t kBytes = 8 << 20;
+  absl::Status teacher_status;
+  std::thread teacher([&] {
+    auto ch = NcclChannel::Create(*id, NcclChannel::kTeacherRank, 0);
+    ASSERT_TRUE(ch.ok()) << ch.status();
+    auto host = Pattern(kBytes, 5);
+    void* dev = nullptr;
+    cudaSetDevice(0);
+    cudaMalloc(&dev, kBytes);
+    cudaMemcpy(dev, host.data(), kBytes, cudaMemcpyHostToDevice);
+    teacher_status = (*ch)->Send(dev, kBytes, absl::Seconds(60));
+    cudaFree(dev);
+  });
+  auto ch = NcclChannel::Create(*id, NcclChannel::kStudentRank, 1);
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  ASSERT_TRUE((*ch)->WaitReady(absl::Seconds(60)).ok());
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  void* big = nullptr;
+  void* dst = nullptr;
+  ASSERT_EQ(cudaMalloc(&big, size_t{1} << 30), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dst, kBytes), cudaSuccess);
+  for (int i = 0; i < 200; ++i) cudaMemsetAsync(big, i, size_t{1} << 30, cudaStreamLegacy);
+  cudaMemsetAsync(dst, 0xAB, kBytes, cudaStreamLegacy);  // the previous owner's last write
+  ASSERT_TRUE((*ch)->Recv(dst, kBytes, absl::Seconds(60)).ok());
+  std::vector<uint8_t> got(kBytes);
+  cudaMemcpy(got.data(), dst, kBytes, cudaMemcpyDeviceToHost);
+  teacher.join();
+  ASSERT_TRUE(teacher_status.ok()) << teacher_status;
+  EXPECT_TRUE(got == Pattern(kBytes, 5)) << "a write queued before the receive landed after it";
+  cudaFree(big);
+  cudaFree(dst);
+}
+
 TEST(NcclChannelArgsTest, RejectsBadIdsRanksAndDevices) {
   if (!CudaRuntimeAvailable()) GTEST_SKIP() << "needs a GPU";
   EXPECT_EQ(NcclChannel::Create("short", 0, 0).status().code(), absl::StatusCode::kInvalidArgument);
