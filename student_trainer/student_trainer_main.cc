@@ -144,9 +144,11 @@ int Main() {
     for (double x : a) out += absl::StrFormat(" %.3f", x);
     return out;
   };
-  std::printf("\n=== student[%d] summary: %ld steps, %ld tokens in %.1fs (%.0f tok/s), data wait %.1f%% ===\n",
-              o.client.rank, static_cast<long>(s.steps), static_cast<long>(s.tokens), s.seconds,
-              s.seconds > 0 ? s.tokens / s.seconds : 0.0, s.seconds > 0 ? 100 * s.data_wait_seconds / s.seconds : 0.0);
+  std::printf("\n=== student[%d] summary: %ld steps, %ld tokens in %.1fs of training (%.0f tok/s), data wait %.1f%%; "
+              "%.1fs in all ===\n",
+              o.client.rank, static_cast<long>(s.steps), static_cast<long>(s.tokens), s.train_seconds,
+              s.train_seconds > 0 ? s.tokens / s.train_seconds : 0.0,
+              s.train_seconds > 0 ? 100 * s.data_wait_seconds / s.train_seconds : 0.0, s.seconds);
   std::printf("  first %3ld steps: loss %.3f  tau %.3f  acc_0..%zu%s\n", static_cast<long>(s.first.steps), s.first.loss,
               s.first.tau, s.first.acc.empty() ? 0 : s.first.acc.size() - 1, acc(s.first.acc).c_str());
   std::printf("  last  %3ld steps: loss %.3f  tau %.3f  acc_0..%zu%s\n", static_cast<long>(s.last.steps), s.last.loss,

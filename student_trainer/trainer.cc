@@ -76,9 +76,10 @@ std::string TrainSummary::ToJson() const {
   nlohmann::json j = {{"steps", steps},
                       {"tokens", tokens},
                       {"seconds", seconds},
-                      {"tokens_per_second", seconds > 0 ? tokens / seconds : 0.0},
+                      {"train_seconds", train_seconds},
+                      {"tokens_per_second", train_seconds > 0 ? tokens / train_seconds : 0.0},
                       {"data_wait_seconds", data_wait_seconds},
-                      {"data_wait_share", seconds > 0 ? data_wait_seconds / seconds : 0.0},
+                      {"data_wait_share", train_seconds > 0 ? data_wait_seconds / train_seconds : 0.0},
                       {"first", WindowJson(first)},
                       {"last", WindowJson(last)},
                       {"export_dir", export_dir},
@@ -214,6 +215,7 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
   const size_t window = static_cast<size_t>(std::max<int64_t>(5, std::min<int64_t>(50, planned / 10)));
   Window first(window), last(window);
   int64_t run_steps = 0, run_tokens = 0;
+  std::optional<Clock::time_point> first_step_start, last_step_end;
   double run_wait = 0;
   auto last_log = Clock::now();
   int64_t tokens_at_log = 0;
@@ -252,6 +254,7 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
     const size_t ci = turn % clients.size();
     TeacherClient* client = clients[ci].get();
     const auto t0 = Clock::now();
+    if (!first_step_start.has_value()) first_step_start = t0;
     double wait = 0;
     E3_ASSIGN_OR_RETURN(StudentBatch batch, client->Next(&wait));
     if (batch.end_of_data) {
@@ -290,6 +293,7 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
     summary.transport = TransportName(batch.transport);
     run_steps += 1;
     run_tokens += batch.num_tokens;
+    last_step_end = Clock::now();
     run_wait += wait;
     if (!first.full()) first.Add(loss, out.tau, out.acc);
     last.Add(loss, out.tau, out.acc);
@@ -330,6 +334,9 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
   summary.steps = state.step;
   summary.tokens = run_tokens;
   summary.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+  if (first_step_start.has_value() && last_step_end.has_value()) {
+    summary.train_seconds = std::chrono::duration<double>(*last_step_end - *first_step_start).count();
+  }
   summary.data_wait_seconds = run_wait;
   summary.first = first.Stats();
   summary.last = last.Stats();

@@ -53,7 +53,8 @@ struct WindowStats {
 struct TrainSummary {
   int64_t steps = 0;
   int64_t tokens = 0;
-  double seconds = 0;
+  double seconds = 0;        // wall time of the run, connecting and fetching weights included
+  double train_seconds = 0;  // first step's start to the last step's end (the rates use this)
   double data_wait_seconds = 0;
   WindowStats first, last;  // averages over the first and last windows
   std::string export_dir;
