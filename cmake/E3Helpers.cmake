@@ -68,15 +68,22 @@ function(e3_test)
   target_link_libraries(${E3_NAME} PRIVATE ${E3_DEPS} GTest::gtest GTest::gtest_main)
   target_compile_definitions(${E3_NAME} PRIVATE
     E3_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
-  set(_labels ${E3_LABELS})
   if(E3_TORCH)
     target_link_libraries(${E3_NAME} PRIVATE e3_torch)
     e3_use_torch_pch(${E3_NAME})
-    list(APPEND _labels torch)
+  endif()
+  # One label per test: `gpu`, else the one given (e.g. `e2e`), else
+  # `torch` / `notorch`. gtest_discover_tests writes PROPERTIES unquoted
+  # into set_tests_properties (CMake 3.25), so a list would split: LABELS
+  # would keep its first entry and TIMEOUT would be lost.
+  if(E3_LABELS)
+    list(GET E3_LABELS 0 _label)
+  elseif(E3_TORCH)
+    set(_label torch)
   else()
-    list(APPEND _labels notorch)
+    set(_label notorch)
   endif()
   gtest_discover_tests(${E3_NAME}
-    PROPERTIES LABELS "${_labels}" TIMEOUT ${E3_TIMEOUT}
+    PROPERTIES LABELS ${_label} TIMEOUT ${E3_TIMEOUT}
     DISCOVERY_TIMEOUT 60)
 endfunction()

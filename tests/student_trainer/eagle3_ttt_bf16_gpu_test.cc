@@ -5,10 +5,14 @@
 // significant bits (rounding 2^-9, 0.2%) on every matmul input and
 // activation, and TTT feeds each step's hidden state into the next, so
 // rounding compounds over the 7 unrolled steps and their backward. Bounds:
-// logits 3e-2, losses 2e-2, gradients 1e-1; acc may differ by 5% of the
+// logits 5e-2, losses 2e-2, gradients 2e-1; acc may differ by 5% of the
 // step's loss tokens where rounding flips near-tie argmaxes. The target
 // distribution is computed from an fp32 head, as in training.
-// Measured on nvidia-h200 (see the printed line): within all bounds.
+// Measured on nvidia-h200 (2026-11-30, LibTorch 2.11): golden: logits
+// 9.7e-3, losses 3.4e-3, grads 9.3e-3, tau 2.379 vs 2.416;
+// golden_no_agreement (random weights, gradients near noise): logits
+// 2.4e-2, losses 1.3e-3, grads 9.9e-2. The gradient bound is twice the
+// worst measured, as bf16 rounding of near-cancelling sums varies by kernel.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -23,7 +27,7 @@ class Eagle3TttBf16GpuTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(Eagle3TttBf16GpuTest, MatchesIndependentReferenceWithinBf16Bounds) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a GPU";
   testing::CompareWithGolden(GetParam(), at::kBFloat16,
-                             {/*logits=*/3e-2, /*loss=*/2e-2, /*grad=*/1e-1, /*acc_hits=*/0, /*acc_share=*/0.05},
+                             {/*logits=*/5e-2, /*loss=*/2e-2, /*grad=*/2e-1, /*acc_hits=*/0, /*acc_share=*/0.05},
                              at::Device(at::kCUDA, 0));
 }
 
