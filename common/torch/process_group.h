@@ -1,0 +1,56 @@
+// The c10d process group the student's data parallelism runs on:
+// ProcessGroupGloo for CPU tensors (Debian's LibTorch ships Gloo),
+// ProcessGroupNCCL for GPU tensors (pip's CUDA LibTorch; it ships no Gloo
+// headers). Rendezvous through a c10d TCPStore. Collectives are c10d's own;
+// this wrapper only hides the 1.13 / 2.x class differences and turns
+// exceptions into statuses.
+#ifndef E3_COMMON_TORCH_PROCESS_GROUP_H_
+#define E3_COMMON_TORCH_PROCESS_GROUP_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace e3 {
+
+struct ProcessGroupOptions {
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;  // rank 0 listens here (0: any free port, for tests)
+  int rank = 0;
+  int world_size = 1;
+  bool cuda = false;  // NCCL for GPU tensors, else Gloo
+  absl::Duration timeout = absl::Minutes(5);
+};
+
+// A collective in flight.
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  virtual absl::Status Wait() = 0;
+};
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  // Rank 0 creates the store; the others connect to it.
+  static absl::StatusOr<std::unique_ptr<ProcessGroup>> Create(const ProcessGroupOptions& options);
+
+  // Sum over ranks, in place.
+  virtual absl::StatusOr<std::unique_ptr<PendingCollective>> AllReduceSum(at::Tensor tensor) = 0;
+  // `root`'s values, in place on every rank.
+  virtual absl::Status Broadcast(at::Tensor tensor, int root) = 0;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // The TCPStore port rank 0 listens on (useful with master_port 0).
+  virtual int store_port() const = 0;
+};
+
+}  // namespace e3
+
+#endif  // E3_COMMON_TORCH_PROCESS_GROUP_H_
