@@ -28,6 +28,8 @@ ABSL_FLAG(int, rank, -1, "data-parallel rank (default: $RANK or 0)");
 ABSL_FLAG(int, world_size, -1, "data-parallel world size (default: $WORLD_SIZE or 1)");
 ABSL_FLAG(std::string, subscriber_id, "", "stable id of this student (default: rank-<rank>)");
 ABSL_FLAG(int, ttt_length, 7, "training-time-test steps");
+ABSL_FLAG(std::string, master_addr, "", "data parallelism: rank 0's address (default: $MASTER_ADDR or 127.0.0.1)");
+ABSL_FLAG(int, master_port, -1, "data parallelism: rank 0's c10d store port (default: $MASTER_PORT or 29500)");
 ABSL_FLAG(std::string, device, "", "cpu or cuda:N (default: cuda:$LOCAL_RANK when LOCAL_RANK is set and CUDA is available, else cpu)");
 ABSL_FLAG(std::string, dtype, "", "draft compute dtype; default bfloat16 on GPU (fp32 master weights), float32 on CPU");
 ABSL_FLAG(double, lr, 1e-4, "peak learning rate (AdamW)");
@@ -104,6 +106,9 @@ int Main() {
   ::gethostname(host, sizeof(host) - 1);
   o.client.host = host;
   o.ttt_length = absl::GetFlag(FLAGS_ttt_length);
+  o.master_addr = absl::GetFlag(FLAGS_master_addr);
+  if (o.master_addr.empty()) o.master_addr = std::getenv("MASTER_ADDR") != nullptr ? std::getenv("MASTER_ADDR") : "127.0.0.1";
+  o.master_port = absl::GetFlag(FLAGS_master_port) >= 0 ? absl::GetFlag(FLAGS_master_port) : EnvInt("MASTER_PORT", 29500);
   o.dtype = absl::GetFlag(FLAGS_dtype);
   o.learning_rate = absl::GetFlag(FLAGS_lr);
   o.min_lr_ratio = absl::GetFlag(FLAGS_min_lr_ratio);

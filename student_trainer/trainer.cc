@@ -14,8 +14,10 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "student_trainer/checkpoint.h"
+#include "common/torch/process_group.h"
 #include "student_trainer/draft_export.h"
 #include "student_trainer/eagle3_draft.h"
+#include "student_trainer/gradient_reducer.h"
 #include "student_trainer/lr_schedule.h"
 #include "student_trainer/master_weights.h"
 #include "student_trainer/student_metrics.h"
@@ -176,6 +178,32 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
   std::printf("student[%d]: draft on %s, compute %s%s\n", o.client.rank, device.str().c_str(), dtype_name.c_str(),
               master.has_value() ? " with fp32 master weights" : "");
 
+  // Data parallelism: every rank starts from rank 0's weights, and the
+  // reducer averages gradients into `trained` during backward.
+  const int rank = o.client.rank, world = o.client.world_size;
+  std::unique_ptr<ProcessGroup> group;
+  std::unique_ptr<GradientReducer> reducer;
+  if (world > 1) {
+    ProcessGroupOptions po;
+    po.master_addr = o.master_addr;
+    po.master_port = o.master_port;
+    po.rank = rank;
+    po.world_size = world;
+    po.cuda = device.is_cuda();
+    E3_ASSIGN_OR_RETURN(group, ProcessGroup::Create(po));
+    reducer = std::make_unique<GradientReducer>(group.get(), draft->parameters(), trained.parameters());
+    std::printf("student[%d]: data parallel over %d ranks (c10d %s at %s:%d)\n", rank, world,
+                device.is_cuda() ? "NCCL" : "Gloo", o.master_addr.c_str(), o.master_port);
+  }
+  auto sync_weights = [&]() -> absl::Status {
+    if (group != nullptr) {
+      torch::NoGradGuard no_grad;
+      for (const at::Tensor& p : trained.parameters()) E3_RETURN_IF_ERROR(group->Broadcast(p.detach(), 0));
+    }
+    if (master_weights.has_value()) master_weights->PushWeights();
+    return absl::OkStatus();
+  };
+
   torch::optim::AdamWOptions adam(o.learning_rate);
   adam.betas({o.beta1, o.beta2}).weight_decay(o.weight_decay);
   torch::optim::AdamW optimizer(trained.parameters(), adam);
@@ -185,7 +213,6 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
   state.cursors.resize(clients.size());
   if (!o.checkpoint_dir.empty()) {
     E3_ASSIGN_OR_RETURN(auto resumed, LoadLatestCheckpoint(o.checkpoint_dir, trained, optimizer));
-    if (master_weights.has_value()) master_weights->PushWeights();
     if (resumed.has_value()) {
       if (resumed->cursors.size() != clients.size()) {
         return absl::FailedPreconditionError(absl::StrCat(o.checkpoint_dir, " holds cursors for ", resumed->cursors.size(),
@@ -200,6 +227,7 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
     }
   }
 
+  E3_RETURN_IF_ERROR(sync_weights());
   const int64_t planned = o.max_steps > 0 ? o.max_steps : planned_batches;
   LrSchedule schedule;
   schedule.peak = o.learning_rate;
@@ -229,7 +257,12 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
   auto checkpoint = [&]() -> absl::Status {
     if (o.checkpoint_dir.empty() || state.step == checkpointed_step) return absl::OkStatus();
     checkpointed_step = state.step;
-    E3_ASSIGN_OR_RETURN(summary.last_checkpoint, SaveCheckpoint(o.checkpoint_dir, state, trained, optimizer));
+    // Ranks step in lockstep, so rank 0's checkpoint (weights, optimizer,
+    // cursors) is every rank's; the others commit once it is written.
+    if (rank == 0) {
+      E3_ASSIGN_OR_RETURN(summary.last_checkpoint, SaveCheckpoint(o.checkpoint_dir, state, trained, optimizer));
+    }
+    if (group != nullptr) E3_RETURN_IF_ERROR(group->Broadcast(torch::zeros({1}), 0));  // barrier
     // Only now are the batches before each cursor committed.
     for (size_t i = 0; i < clients.size(); ++i) {
       if (state.cursors[i].epoch == committed[i].epoch && state.cursors[i].next_batch == committed[i].next_batch) continue;
@@ -262,7 +295,7 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
       continue;
     }
     ++turn;
-    if (batch.num_tokens == 0) {  // this rank's share of a small global batch was empty
+    if (batch.num_tokens == 0 && reducer == nullptr) {  // this rank's share of a small global batch was empty
       state.cursors[ci] = {batch.epoch, batch.index + 1};
       E3_RETURN_IF_ERROR(client->Ack({batch.batch_id}, std::nullopt).status());
       continue;
@@ -272,10 +305,22 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     }
     optimizer.zero_grad();
-    E3_ASSIGN_OR_RETURN(TttOutput out, RunTtt(*draft, batch.tensors, ttt));
+    if (reducer != nullptr) reducer->Prepare();
+    TttOutput out;
+    if (batch.num_tokens > 0) {
+      E3_ASSIGN_OR_RETURN(out, RunTtt(*draft, batch.tensors, ttt));
+    } else {
+      // An empty share under data parallelism: no loss here, but the step
+      // (and its all-reduce, with zero gradients) runs in lockstep.
+      out.loss = torch::zeros({}, torch::TensorOptions().device(device).requires_grad(true));
+    }
     try {
       out.loss.backward();
-      if (master_weights.has_value()) master_weights->PullGradients();
+      if (reducer != nullptr) {
+        E3_RETURN_IF_ERROR(reducer->Finish());
+      } else if (master_weights.has_value()) {
+        master_weights->PullGradients();
+      }
       if (o.grad_clip > 0) torch::nn::utils::clip_grad_norm_(trained.parameters(), o.grad_clip);
       optimizer.step();
       if (master_weights.has_value()) master_weights->PushWeights();
@@ -295,10 +340,12 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
     run_tokens += batch.num_tokens;
     last_step_end = Clock::now();
     run_wait += wait;
-    if (!first.full()) first.Add(loss, out.tau, out.acc);
-    last.Add(loss, out.tau, out.acc);
+    if (batch.num_tokens > 0) {  // an empty data-parallel share has no loss or accuracy
+      if (!first.full()) first.Add(loss, out.tau, out.acc);
+      last.Add(loss, out.tau, out.acc);
+    }
     const double step_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (metrics != nullptr) {
+    if (metrics != nullptr && batch.num_tokens > 0) {
       StepReport r;
       r.tokens = batch.num_tokens;
       r.step_seconds = step_seconds;
@@ -324,7 +371,7 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
     if (o.checkpoint_every > 0 && state.step % o.checkpoint_every == 0) E3_RETURN_IF_ERROR(checkpoint());
   }
   E3_RETURN_IF_ERROR(checkpoint());
-  if (!o.output_dir.empty()) {
+  if (!o.output_dir.empty() && rank == 0) {
     DraftExportOptions exp;
     E3_ASSIGN_OR_RETURN(DType dt, ParseComputeDType(o.export_dtype));
     exp.dtype = dt == DType::kBF16 ? at::kBFloat16 : dt == DType::kF16 ? at::kHalf : at::kFloat;
