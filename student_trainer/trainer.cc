@@ -262,7 +262,9 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
     if (rank == 0) {
       E3_ASSIGN_OR_RETURN(summary.last_checkpoint, SaveCheckpoint(o.checkpoint_dir, state, trained, optimizer));
     }
-    if (group != nullptr) E3_RETURN_IF_ERROR(group->Broadcast(torch::zeros({1}), 0));  // barrier
+    if (group != nullptr) {  // a barrier (NCCL needs a tensor on the device)
+      E3_RETURN_IF_ERROR(group->Broadcast(torch::zeros({1}, torch::TensorOptions().device(device)), 0));
+    }
     // Only now are the batches before each cursor committed.
     for (size_t i = 0; i < clients.size(); ++i) {
       if (state.cursors[i].epoch == committed[i].epoch && state.cursors[i].next_batch == committed[i].next_batch) continue;

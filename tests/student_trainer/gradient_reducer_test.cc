@@ -114,6 +114,58 @@ TEST(GradientReducerTest, TwoRanksOnHalvesEqualOneRankOnTheWholeBatch) {
   std::printf("DDP 2 ranks vs 1 rank on the doubled batch, %d steps: worst rel error %.3g\n", kSteps, worst);
 }
 
+// A rank whose share of a global batch is empty runs the step without a
+// backward: Finish() contributes zeros, its all-reduces still match, and
+// both ranks end with half of the other rank's gradient.
+TEST(GradientReducerTest, AnEmptyShareContributesZerosInLockstep) {
+  const TttBatch batch = RandomBatch(TinyConfig(), {12}, /*seed=*/9);
+  Eagle3Draft reference = MakeTinyDraft(at::kFloat, 3);
+  auto ref_out = RunTtt(*reference, batch);
+  ASSERT_TRUE(ref_out.ok());
+  ref_out->loss.backward();
+
+  const int port = FreePort();
+  Eagle3Draft drafts[2] = {MakeTinyDraft(at::kFloat, 3), MakeTinyDraft(at::kFloat, 3)};
+  absl::Status status[2];
+  std::thread ranks[2];
+  for (int r = 0; r < 2; ++r) {
+    ranks[r] = std::thread([&, r] {
+      ProcessGroupOptions o;
+      o.master_port = port;
+      o.rank = r;
+      o.world_size = 2;
+      o.timeout = absl::Seconds(60);
+      auto group = ProcessGroup::Create(o);
+      if (!group.ok()) {
+        status[r] = group.status();
+        return;
+      }
+      GradientReducer reducer(group->get(), drafts[r]->parameters(), drafts[r]->parameters(), 8 << 10);
+      reducer.Prepare();
+      if (r == 0) {  // rank 1's share is empty: no forward, no backward
+        auto out = RunTtt(*drafts[r], batch);
+        if (!out.ok()) {
+          status[r] = out.status();
+          return;
+        }
+        out->loss.backward();
+      }
+      status[r] = reducer.Finish();
+    });
+  }
+  for (auto& t : ranks) t.join();
+  ASSERT_TRUE(status[0].ok()) << status[0];
+  ASSERT_TRUE(status[1].ok()) << status[1];
+  auto pr = reference->parameters();
+  for (int r = 0; r < 2; ++r) {
+    auto p = drafts[r]->parameters();
+    for (size_t i = 0; i < p.size(); ++i) {
+      ASSERT_TRUE(p[i].grad().defined());
+      EXPECT_TRUE(p[i].grad().allclose(pr[i].grad() * 0.5, 1e-6, 1e-9)) << "rank " << r << " parameter " << i;
+    }
+  }
+}
+
 TEST(ProcessGroupTest, RejectsBadRanksAndReportsAnUnreachableMaster) {
   ProcessGroupOptions o;
   o.rank = 2;
