@@ -5,35 +5,23 @@
 // exports; the teacher's ledger shows every sample committed exactly once,
 // by the rank that owns it.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
 #include <chrono>
 
 #include "common/file_util.h"
 #include "nlohmann/json.hpp"
 #include "tests/e2e/subprocess.h"
+#include "tests/free_port.h"
 
 namespace e3 {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::FreePort;
 using testing::ReadFile;
 using testing::Subprocess;
 
 const std::string kSrc = E3_SOURCE_DIR;
-
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 TEST(DdpE2eTest, TwoStudentRanksTrainTheirShardsInLockstep) {
   const std::string dir = testing::ScratchDir("ddp_e2e");

@@ -6,35 +6,22 @@
 #include "student_trainer/gradient_reducer.h"
 
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <thread>
 
 #include "common/torch/process_group.h"
 #include "student_trainer/ttt.h"
+#include "tests/free_port.h"
 #include "tests/student_trainer/tiny_draft.h"
 
 namespace e3 {
 namespace {
 
+using testing::FreePort;
 using testing::MakeTinyDraft;
 using testing::RandomBatch;
 using testing::SliceSample;
 using testing::TinyConfig;
-
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 constexpr int kSteps = 3;
 
