@@ -22,6 +22,7 @@
 
 ABSL_FLAG(std::string, model_dir, "examples/tiny-code-llama", "Hugging Face model directory");
 ABSL_FLAG(std::string, dtype, "float32", "compute dtype");
+ABSL_FLAG(std::string, backend, "hf", "hf (reference) or sgl (QKV and gate-up fused at load)");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda[:N]");
 ABSL_FLAG(std::string, shapes, "1x128,4x256,8x512,ragged",
           "batches: BxS (B samples of S tokens) or 'ragged' (chat-like lengths 37..700)");
@@ -92,6 +93,7 @@ int Main() {
   ModelOptions options;
   options.dtype = *dtype == DType::kBF16 ? at::kBFloat16 : *dtype == DType::kF16 ? at::kHalf : at::kFloat;
   options.device = at::Device(absl::GetFlag(FLAGS_device));
+  options.fuse_projections = absl::GetFlag(FLAGS_backend) == "sgl";
   const ModelConfig& cfg = (*dir)->config();
   ForwardOptions fwd;
   fwd.aux_layer_ids = cfg.DefaultAuxLayerIds();
@@ -120,10 +122,11 @@ int Main() {
     }
     const double ratio = kernels == 2 ? rates[0] / rates[1] : 0.0;
     std::printf("%-10s %8.0f %14.0f %16.0f %8.2f\n", shape.c_str(), tok, rates[0], rates[1], ratio);
-    std::printf("{\"bench\":\"teacher_forward\",\"backend\":\"hf\",\"shape\":\"%s\",\"tokens\":%.0f,"
+    std::printf("{\"bench\":\"teacher_forward\",\"backend\":\"%s\",\"shape\":\"%s\",\"tokens\":%.0f,"
                 "\"tok_per_s\":%.1f,\"lm_head\":%s,\"baseline\":\"hf_eager_attention\",\"baseline_tok_per_s\":%.1f,"
                 "\"ratio\":%.3f,\"device\":\"%s\",\"dtype\":\"%s\"}\n",
-                shape.c_str(), tok, rates[0], absl::GetFlag(FLAGS_logits) ? "true" : "false", rates[1], ratio,
+                absl::GetFlag(FLAGS_backend).c_str(), shape.c_str(), tok, rates[0],
+                absl::GetFlag(FLAGS_logits) ? "true" : "false", rates[1], ratio,
                 absl::GetFlag(FLAGS_device).c_str(), absl::GetFlag(FLAGS_dtype).c_str());
   }
   return 0;

@@ -21,6 +21,10 @@ struct ModelOptions {
   at::ScalarType dtype = at::kFloat;  // compute dtype; weights convert at load
   at::Device device = at::kCPU;
   AttentionKernel attention = AttentionKernel::kSdpa;
+  // The `sgl` backend's load-time fusion (SGLang's QKVParallelLinear and
+  // MergedColumnParallelLinear): q/k/v become one [q+2kv, H] matmul and
+  // gate/up one [2I, H] matmul. The same products, fewer and larger GEMMs.
+  bool fuse_projections = false;
   // Called after each tensor loads: (tensors done, tensors total).
   std::function<void(int64_t, int64_t)> on_progress;
 };

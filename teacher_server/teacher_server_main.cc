@@ -47,7 +47,8 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address (port 0 p
 ABSL_FLAG(std::string, port_file, "", "write the bound gRPC port here once serving");
 ABSL_FLAG(int, metrics_port, 0, "port of /metrics (0 picks one, -1 disables)");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address /metrics binds");
-ABSL_FLAG(std::string, backend, "hf", "forward backend: hf (reference)");
+ABSL_FLAG(std::string, backend, "hf",
+          "forward backend: hf (the reference) or sgl (SGLang-style; so far: QKV and gate-up fused at load)");
 ABSL_FLAG(std::string, dtype, "", "compute dtype; default float32 on CPU, bfloat16 on GPU");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda:N");
 ABSL_FLAG(int64_t, draft_vocab_size, 32000, "draft vocabulary size (capped at the model's vocab)");
@@ -105,9 +106,9 @@ int Main() {
   const std::string model_path = absl::GetFlag(FLAGS_model_dir);
   if (model_path.empty()) Fail(absl::InvalidArgumentError("--model_dir is required"));
   if (absl::GetFlag(FLAGS_data).empty()) Fail(absl::InvalidArgumentError("--data is required"));
-  if (absl::GetFlag(FLAGS_backend) != "hf") {
+  if (absl::GetFlag(FLAGS_backend) != "hf" && absl::GetFlag(FLAGS_backend) != "sgl") {
     Fail(absl::InvalidArgumentError(absl::StrCat("--backend=", absl::GetFlag(FLAGS_backend),
-                                                 " is not available in this build (hf)")));
+                                                 ": expected hf or sgl")));
   }
   if (absl::GetFlag(FLAGS_threads) > 0) at::set_num_threads(absl::GetFlag(FLAGS_threads));
 
@@ -176,6 +177,7 @@ int Main() {
   }
 
   ModelOptions mopts;
+  mopts.fuse_projections = absl::GetFlag(FLAGS_backend) == "sgl";
   try {
     mopts.device = at::Device(absl::GetFlag(FLAGS_device));
   } catch (const c10::Error& e) {

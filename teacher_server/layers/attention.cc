@@ -56,13 +56,29 @@ at::Tensor PackedCausalAttention(const at::Tensor& q, const at::Tensor& k, const
   return out;
 }
 
+void FuseQkv(AttentionWeights* w) {
+  w->qkv_proj = torch::cat({w->q_proj, w->k_proj, w->v_proj}, 0);
+  if (w->q_bias.defined()) w->qkv_bias = torch::cat({w->q_bias, w->k_bias, w->v_bias}, 0);
+  w->q_proj = w->k_proj = w->v_proj = at::Tensor();
+  w->q_bias = w->k_bias = w->v_bias = at::Tensor();
+}
+
 at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const AttentionShape& shape,
                          const at::Tensor& cos, const at::Tensor& sin,
                          const std::vector<int64_t>& cu_seqlens, AttentionKernel kernel) {
   const int64_t T = x.size(0);
-  at::Tensor q = Linear(x, w.q_proj, w.q_bias).view({T, shape.num_heads, shape.head_dim});
-  at::Tensor k = Linear(x, w.k_proj, w.k_bias).view({T, shape.num_kv_heads, shape.head_dim});
-  at::Tensor v = Linear(x, w.v_proj, w.v_bias).view({T, shape.num_kv_heads, shape.head_dim});
+  at::Tensor q, k, v;
+  if (w.qkv_proj.defined()) {
+    const int64_t q_out = shape.num_heads * shape.head_dim, kv_out = shape.num_kv_heads * shape.head_dim;
+    at::Tensor qkv = Linear(x, w.qkv_proj, w.qkv_bias);
+    q = qkv.narrow(-1, 0, q_out).view({T, shape.num_heads, shape.head_dim});
+    k = qkv.narrow(-1, q_out, kv_out).view({T, shape.num_kv_heads, shape.head_dim});
+    v = qkv.narrow(-1, q_out + kv_out, kv_out).view({T, shape.num_kv_heads, shape.head_dim});
+  } else {
+    q = Linear(x, w.q_proj, w.q_bias).view({T, shape.num_heads, shape.head_dim});
+    k = Linear(x, w.k_proj, w.k_bias).view({T, shape.num_kv_heads, shape.head_dim});
+    v = Linear(x, w.v_proj, w.v_bias).view({T, shape.num_kv_heads, shape.head_dim});
+  }
   q = RopeOnPrefix(q, cos, sin, shape.rotary_dim);
   k = RopeOnPrefix(k, cos, sin, shape.rotary_dim);
   const double scaling = 1.0 / std::sqrt(static_cast<double>(shape.head_dim));

@@ -25,7 +25,13 @@ struct AttentionShape {
 struct AttentionWeights {
   at::Tensor q_proj, k_proj, v_proj, o_proj;  // [out, in], nn.Linear layout
   at::Tensor q_bias, k_bias, v_bias, o_bias;  // undefined when absent
+  // Set by FuseQkv: [q_out + 2 kv_out, in] (and its bias); q/k/v_proj are
+  // then released.
+  at::Tensor qkv_proj, qkv_bias;
 };
+
+// Concatenates q/k/v into qkv_proj (rows q, then k, then v).
+void FuseQkv(AttentionWeights* w);
 
 // x: [T, H]; cos/sin: [T, rotary_dim]. Returns [T, H].
 at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const AttentionShape& shape,

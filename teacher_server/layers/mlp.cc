@@ -4,7 +4,19 @@
 
 namespace e3 {
 
+void FuseGateUp(MlpWeights* w) {
+  w->gate_up_proj = torch::cat({w->gate_proj, w->up_proj}, 0);
+  if (w->gate_bias.defined()) w->gate_up_bias = torch::cat({w->gate_bias, w->up_bias}, 0);
+  w->gate_proj = w->up_proj = at::Tensor();
+  w->gate_bias = w->up_bias = at::Tensor();
+}
+
 at::Tensor SwiGluMlp(const at::Tensor& x, const MlpWeights& w) {
+  if (w.gate_up_proj.defined()) {
+    at::Tensor gate_up = Linear(x, w.gate_up_proj, w.gate_up_bias);
+    const int64_t I = gate_up.size(-1) / 2;
+    return Linear(at::silu(gate_up.narrow(-1, 0, I)) * gate_up.narrow(-1, I, I), w.down_proj, w.down_bias);
+  }
   return Linear(at::silu(Linear(x, w.gate_proj, w.gate_bias)) * Linear(x, w.up_proj, w.up_bias), w.down_proj,
                 w.down_bias);
 }

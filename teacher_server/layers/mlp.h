@@ -9,7 +9,12 @@ namespace e3 {
 struct MlpWeights {
   at::Tensor gate_proj, up_proj, down_proj;  // [out, in]
   at::Tensor gate_bias, up_bias, down_bias;  // undefined when absent
+  // Set by FuseGateUp: [2I, in] (gate rows, then up rows); gate/up_proj
+  // are then released.
+  at::Tensor gate_up_proj, gate_up_bias;
 };
+
+void FuseGateUp(MlpWeights* w);
 
 at::Tensor SwiGluMlp(const at::Tensor& x, const MlpWeights& w);
 

@@ -48,6 +48,10 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const ModelDir& dir
         E3_ASSIGN_OR_RETURN(layer.mlp.up_bias, w.Load(p + "mlp.up_proj.bias", {I}));
         E3_ASSIGN_OR_RETURN(layer.mlp.down_bias, w.Load(p + "mlp.down_proj.bias", {H}));
       }
+      if (options.fuse_projections) {
+        FuseQkv(&layer.attn);
+        FuseGateUp(&layer.mlp);
+      }
       model->layers_.push_back(std::move(layer));
     }
     E3_ASSIGN_OR_RETURN(model->norm_, w.Load("model.norm.weight", {H}));
