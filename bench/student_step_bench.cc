@@ -18,6 +18,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "common/torch/tensor_convert.h"
 #include "student_trainer/eagle3_draft.h"
 #include "student_trainer/master_weights.h"
 #include "student_trainer/ttt.h"
@@ -52,7 +53,12 @@ int Main() {
   const Shape s = ShapeNamed(absl::GetFlag(FLAGS_shape));
   const at::Device device(absl::GetFlag(FLAGS_device));
   const std::string dtype_name = absl::GetFlag(FLAGS_dtype);
-  const at::ScalarType dtype = dtype_name == "bfloat16" ? at::kBFloat16 : dtype_name == "float16" ? at::kHalf : at::kFloat;
+  const auto parsed = ParseComputeScalarType(dtype_name);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "--dtype: %s\n", std::string(parsed.status().message()).c_str());
+    return 2;
+  }
+  const at::ScalarType dtype = *parsed;
   const int64_t T = absl::GetFlag(FLAGS_tokens);
   const int64_t N = std::min(absl::GetFlag(FLAGS_draft_vocab), s.vocab / 2);  // draft ids map to even target ids
 

@@ -16,7 +16,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
-#include "common/dtype.h"
+#include "common/torch/tensor_convert.h"
 #include "common/model_dir.h"
 #include "teacher_server/causal_lm.h"
 
@@ -85,13 +85,13 @@ int Main() {
     std::fprintf(stderr, "%s\n", std::string(dir.status().message()).c_str());
     return 1;
   }
-  auto dtype = ParseComputeDType(absl::GetFlag(FLAGS_dtype));
+  auto dtype = ParseComputeScalarType(absl::GetFlag(FLAGS_dtype));
   if (!dtype.ok()) {
     std::fprintf(stderr, "%s\n", std::string(dtype.status().message()).c_str());
     return 1;
   }
   ModelOptions options;
-  options.dtype = *dtype == DType::kBF16 ? at::kBFloat16 : *dtype == DType::kF16 ? at::kHalf : at::kFloat;
+  options.dtype = *dtype;
   options.device = at::Device(absl::GetFlag(FLAGS_device));
   options.fuse_projections = absl::GetFlag(FLAGS_backend) == "sgl";
   const ModelConfig& cfg = (*dir)->config();

@@ -27,6 +27,11 @@ absl::StatusOr<TransportKind> ParseTransport(const std::string& name) {
       absl::StrCat("unknown transport \"", name, "\" (expected inline, shm, cuda_ipc or nccl)"));
 }
 
+std::vector<TransportKind> DefaultTransports(bool on_gpu) {
+  if (on_gpu) return {TransportKind::kNccl, TransportKind::kCudaIpc, TransportKind::kShm, TransportKind::kInline};
+  return {TransportKind::kShm, TransportKind::kInline};
+}
+
 absl::StatusOr<std::vector<TransportKind>> ParseTransportList(const std::string& list) {
   std::vector<TransportKind> out;
   for (const auto& piece : std::vector<std::string>(absl::StrSplit(list, ',', absl::SkipWhitespace()))) {

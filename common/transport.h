@@ -16,6 +16,10 @@ enum class TransportKind { kInline = 0, kShm = 1, kCudaIpc = 2, kNccl = 3 };
 
 const char* TransportName(TransportKind kind);
 absl::StatusOr<TransportKind> ParseTransport(const std::string& name);
+// What a process offers (teacher) or accepts (student) unless told
+// otherwise: every transport its placement can use, fastest first.
+std::vector<TransportKind> DefaultTransports(bool on_gpu);
+
 // "inline,shm" -> kinds; an unknown name is an error naming it.
 absl::StatusOr<std::vector<TransportKind>> ParseTransportList(const std::string& list);
 

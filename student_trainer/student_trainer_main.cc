@@ -89,16 +89,17 @@ int Main() {
     const int local_rank = EnvInt("LOCAL_RANK", -1);
     o.device = local_rank >= 0 && torch::cuda::is_available() ? absl::StrCat("cuda:", local_rank) : "cpu";
   }
-  std::string transport_list = absl::GetFlag(FLAGS_transports);
-  if (transport_list.empty()) {
-    transport_list = absl::StartsWith(o.device, "cuda") ? "nccl,cuda_ipc,shm,inline" : "shm,inline";
+  if (absl::GetFlag(FLAGS_transports).empty()) {
+    o.client.transports = DefaultTransports(absl::StartsWith(o.device, "cuda"));
+  } else {
+    auto transports = ParseTransportList(absl::GetFlag(FLAGS_transports));
+    if (!transports.ok()) {
+      std::fprintf(stderr, "student_trainer: error: --transports: %s\n",
+                   std::string(transports.status().message()).c_str());
+      return 2;
+    }
+    o.client.transports = *transports;
   }
-  auto transports = ParseTransportList(transport_list);
-  if (!transports.ok()) {
-    std::fprintf(stderr, "student_trainer: error: --transports: %s\n", std::string(transports.status().message()).c_str());
-    return 2;
-  }
-  o.client.transports = *transports;
   o.client.credit_window = absl::GetFlag(FLAGS_credit_window);
   o.client.max_attempts = std::max(1, absl::GetFlag(FLAGS_connect_attempts));
   o.client.initial_backoff = absl::Seconds(absl::GetFlag(FLAGS_initial_backoff_s));

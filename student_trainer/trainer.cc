@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "common/dtype.h"
 #include "common/status_macros.h"
+#include "common/torch/tensor_convert.h"
 #include "nlohmann/json.hpp"
 #include "student_trainer/checkpoint.h"
 #include "common/torch/process_group.h"
@@ -146,12 +147,11 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
     return absl::InvalidArgumentError(absl::StrCat("device '", o.device, "': ", e.what_without_backtrace()));
   }
   std::string dtype_name = o.dtype.empty() ? (device.is_cuda() ? "bfloat16" : "float32") : o.dtype;
-  E3_ASSIGN_OR_RETURN(DType compute, ParseComputeDType(dtype_name));
   Eagle3DraftOptions dopts;
   dopts.config = dcfg;
   dopts.seed = o.seed;
   dopts.device = device;
-  dopts.dtype = compute == DType::kBF16 ? at::kBFloat16 : compute == DType::kF16 ? at::kHalf : at::kFloat;
+  E3_ASSIGN_OR_RETURN(dopts.dtype, ParseComputeScalarType(dtype_name));
   // The frozen tensors go to the device once, in the dtypes the draft keeps
   // them in, so the working draft and the fp32 master share them.
   Eagle3FrozenTensors ft;
@@ -375,8 +375,7 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
   E3_RETURN_IF_ERROR(checkpoint());
   if (!o.output_dir.empty() && rank == 0) {
     DraftExportOptions exp;
-    E3_ASSIGN_OR_RETURN(DType dt, ParseComputeDType(o.export_dtype));
-    exp.dtype = dt == DType::kBF16 ? at::kBFloat16 : dt == DType::kF16 ? at::kHalf : at::kFloat;
+    E3_ASSIGN_OR_RETURN(exp.dtype, ParseComputeScalarType(o.export_dtype));
     E3_RETURN_IF_ERROR(ExportDraft(trained, o.output_dir, exp));
     summary.export_dir = o.output_dir;
   }

@@ -24,6 +24,7 @@
 #include "common/chat_template.h"
 #include "common/dataset.h"
 #include "common/dtype.h"
+#include "common/torch/tensor_convert.h"
 #include "common/file_util.h"
 #include "common/shm_segment.h"
 #include "common/metrics_server.h"
@@ -185,9 +186,9 @@ int Main() {
   }
   std::string dtype_name = absl::GetFlag(FLAGS_dtype);
   if (dtype_name.empty()) dtype_name = mopts.device.is_cuda() ? "bfloat16" : "float32";
-  auto dtype = ParseComputeDType(dtype_name);
+  auto dtype = ParseComputeScalarType(dtype_name);
   if (!dtype.ok()) Fail(dtype.status());
-  mopts.dtype = *dtype == DType::kBF16 ? at::kBFloat16 : *dtype == DType::kF16 ? at::kHalf : at::kFloat;
+  mopts.dtype = *dtype;
   mopts.on_progress = [](int64_t done, int64_t total) {
     if (done == total || done % 16 == 0) {
       std::printf("\rteacher: loading weights %ld/%ld", static_cast<long>(done), static_cast<long>(total));
@@ -205,11 +206,13 @@ int Main() {
   eopts.max_credit_window = absl::GetFlag(FLAGS_max_credit_window);
   eopts.subscriber_timeout = absl::Seconds(absl::GetFlag(FLAGS_subscriber_timeout_s));
   eopts.ledger_path = absl::GetFlag(FLAGS_ledger);
-  std::string transport_list = absl::GetFlag(FLAGS_transports);
-  if (transport_list.empty()) transport_list = mopts.device.is_cuda() ? "nccl,cuda_ipc,shm,inline" : "shm,inline";
-  auto transports = ParseTransportList(transport_list);
-  if (!transports.ok()) Fail(transports.status());
-  eopts.transports = *transports;
+  if (absl::GetFlag(FLAGS_transports).empty()) {
+    eopts.transports = DefaultTransports(mopts.device.is_cuda());
+  } else {
+    auto transports = ParseTransportList(absl::GetFlag(FLAGS_transports));
+    if (!transports.ok()) Fail(transports.status());
+    eopts.transports = *transports;
+  }
   if (absl::GetFlag(FLAGS_aux_layer_ids).empty()) {
     eopts.aux_layer_ids = cfg.DefaultAuxLayerIds();
   } else {

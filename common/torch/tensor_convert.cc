@@ -6,6 +6,12 @@
 
 namespace e3 {
 
+absl::StatusOr<at::ScalarType> ParseComputeScalarType(std::string_view name) {
+  auto dtype = ParseComputeDType(name);
+  if (!dtype.ok()) return dtype.status();
+  return ToScalarType(*dtype);
+}
+
 absl::StatusOr<at::ScalarType> ToScalarType(DType dtype) {
   switch (dtype) {
     case DType::kF32: return at::kFloat;

@@ -13,6 +13,9 @@ namespace e3 {
 
 absl::StatusOr<at::ScalarType> ToScalarType(DType dtype);
 absl::StatusOr<DType> FromScalarType(at::ScalarType type);
+// A compute dtype flag ("bfloat16", "fp32", ...; see ParseComputeDType) as
+// the LibTorch scalar type.
+absl::StatusOr<at::ScalarType> ParseComputeScalarType(std::string_view name);
 
 // Copies a view's bytes into a new tensor of `dtype` on `device`
 // (bf16/fp16/fp32 on disk convert to the compute dtype).

@@ -32,7 +32,7 @@ TEST(DdpE2eTest, TwoStudentRanksTrainTheirShardsInLockstep) {
                       "--exit_when_done", "--threads=1"},
                      dir + "/teacher.log");
   ASSERT_TRUE(testing::WaitForFile(dir + "/port", 60s)) << teacher.Log();
-  const std::string port = ReadFile(dir + "/port").substr(0, ReadFile(dir + "/port").find('\n'));
+  const std::string port = testing::ReadPortFile(dir + "/port");
   const std::string master_port = std::to_string(FreePort());
   std::vector<std::unique_ptr<Subprocess>> students;
   for (int r = 0; r < 2; ++r) {

@@ -11,7 +11,6 @@ namespace e3 {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::ReadFile;
 using testing::Subprocess;
 
 const std::string kSrc = E3_SOURCE_DIR;
@@ -39,8 +38,7 @@ TEST(FailureE2eTest, TeacherVanishingMidStreamIsRetriedThenReported) {
                       "--listen=127.0.0.1:0", "--port_file=" + dir + "/port", "--threads=1"},
                      dir + "/teacher.log");
   ASSERT_TRUE(testing::WaitForFile(dir + "/port", 60s)) << teacher.Log();
-  std::string port = ReadFile(dir + "/port");
-  port = port.substr(0, port.find('\n'));
+  const std::string port = testing::ReadPortFile(dir + "/port");
   Subprocess student({testing::StudentBinary(), "--teacher=127.0.0.1:" + port, "--connect_attempts=3",
                       "--initial_backoff_s=0.2", "--log_every=1", "--metrics_port=-1", "--threads=1"},
                      dir + "/student.log");

@@ -39,7 +39,7 @@ TEST_P(GpuTransportsTest, TeacherOnOneGpuTrainsAStudentOnAnother) {
                       "--port_file=" + dir + "/port", "--ledger=" + dir + "/ledger.jsonl", "--exit_when_done"},
                      dir + "/teacher.log");
   ASSERT_TRUE(testing::WaitForFile(dir + "/port", 120s)) << teacher.Log();
-  const std::string port = ReadFile(dir + "/port").substr(0, ReadFile(dir + "/port").find('\n'));
+  const std::string port = testing::ReadPortFile(dir + "/port");
   Subprocess student({testing::StudentBinary(), "--teacher=127.0.0.1:" + port, "--device=" + student_gpu,
                       "--transports=" + transport, "--lr=2e-3", "--warmup_steps=2", "--log_every=10",
                       "--checkpoint_dir=" + dir + "/ckpt",

@@ -63,8 +63,7 @@ TEST(ResumeE2eTest, KilledStudentResumesWithNoSampleLostOrTrainedTwice) {
                       "--threads=1"},
                      dir + "/teacher.log");
   ASSERT_TRUE(testing::WaitForFile(dir + "/port", 60s)) << teacher.Log();
-  std::string port = ReadFile(dir + "/port");
-  port = port.substr(0, port.find('\n'));
+  const std::string port = testing::ReadPortFile(dir + "/port");
 
   {
     Subprocess first(StudentArgs(port, dir), dir + "/student1.log");

@@ -26,19 +26,15 @@ std::vector<std::string> Teacher(const std::string& dir, int shard) {
           "--listen=127.0.0.1:0", "--port_file=" + dir + "/port" + tag, "--exit_when_done", "--threads=1"};
 }
 
-std::string Port(const std::string& path) {
-  std::string p = ReadFile(path);
-  return p.substr(0, p.find('\n'));
-}
-
 TEST(ShardedTeachersE2eTest, OneStudentTrainsOnTwoTeachersShards) {
   const std::string dir = testing::ScratchDir("sharded_e2e");
   Subprocess t0(Teacher(dir, 0), dir + "/teacher0.log");
   Subprocess t1(Teacher(dir, 1), dir + "/teacher1.log");
   ASSERT_TRUE(testing::WaitForFile(dir + "/port0", 60s)) << t0.Log();
   ASSERT_TRUE(testing::WaitForFile(dir + "/port1", 60s)) << t1.Log();
-  Subprocess student({testing::StudentBinary(),
-                      "--teacher=127.0.0.1:" + Port(dir + "/port0") + ",127.0.0.1:" + Port(dir + "/port1"),
+  const std::string teachers =
+      "127.0.0.1:" + testing::ReadPortFile(dir + "/port0") + ",127.0.0.1:" + testing::ReadPortFile(dir + "/port1");
+  Subprocess student({testing::StudentBinary(), "--teacher=" + teachers,
                       "--lr=1e-3", "--checkpoint_dir=" + dir + "/ckpt", "--checkpoint_every=5",
                       "--summary_json=" + dir + "/summary.json", "--log_every=5", "--metrics_port=-1", "--threads=1"},
                      dir + "/student.log");

@@ -95,6 +95,12 @@ inline std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
+// The port a service wrote to its --port_file (the file's first line).
+inline std::string ReadPortFile(const std::string& path) {
+  const std::string p = ReadFile(path);
+  return p.substr(0, p.find('\n'));
+}
+
 inline std::string ScratchDir(const std::string& name) {
   const std::string dir = JoinPath(::testing::TempDir(), name + "_" + std::to_string(::getpid()));
   (void)RemoveAll(dir);

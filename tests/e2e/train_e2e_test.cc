@@ -42,7 +42,7 @@ TEST(TrainE2eTest, StudentLearnsFromALiveTeacherAndExports) {
   const std::string dir = testing::ScratchDir("train_e2e");
   Subprocess teacher(TeacherArgs(dir), dir + "/teacher.log");
   ASSERT_TRUE(testing::WaitForFile(dir + "/port", 60s)) << teacher.Log();
-  const std::string port = ReadFile(dir + "/port").substr(0, ReadFile(dir + "/port").find('\n'));
+  const std::string port = testing::ReadPortFile(dir + "/port");
   Subprocess student({testing::StudentBinary(), "--teacher=127.0.0.1:" + port, "--lr=2e-3", "--warmup_steps=2",
                       "--checkpoint_dir=" + dir + "/ckpt", "--checkpoint_every=10", "--output_dir=" + dir + "/export",
                       "--summary_json=" + dir + "/summary.json", "--log_every=5", "--threads=1"},

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
+#include <functional>
 #include <thread>
 
 #include "common/torch/process_group.h"
@@ -53,16 +55,12 @@ void Train(Eagle3DraftImpl& draft, const TttBatch& batch, ProcessGroup* group, a
   }
 }
 
-TEST(GradientReducerTest, TwoRanksOnHalvesEqualOneRankOnTheWholeBatch) {
-  const TttBatch full = RandomBatch(TinyConfig(), {16, 16}, /*seed=*/5);
-  Eagle3Draft single = MakeTinyDraft(at::kFloat, /*seed=*/3);
-  absl::Status single_status;
-  Train(*single, full, nullptr, &single_status);
-  ASSERT_TRUE(single_status.ok()) << single_status;
-
+// Runs `body(rank, group)` on two ranks, each a thread with its own Gloo
+// process group meeting on a loopback store; returns each rank's status
+// (a failed rendezvous, or what `body` returned).
+std::array<absl::Status, 2> RunTwoRanks(const std::function<absl::Status(int, ProcessGroup*)>& body) {
   const int port = FreePort();
-  Eagle3Draft drafts[2] = {MakeTinyDraft(at::kFloat, 3), MakeTinyDraft(at::kFloat, 3)};
-  absl::Status status[2];
+  std::array<absl::Status, 2> status;
   std::thread ranks[2];
   for (int r = 0; r < 2; ++r) {
     ranks[r] = std::thread([&, r] {
@@ -72,14 +70,26 @@ TEST(GradientReducerTest, TwoRanksOnHalvesEqualOneRankOnTheWholeBatch) {
       o.world_size = 2;
       o.timeout = absl::Seconds(60);
       auto group = ProcessGroup::Create(o);
-      if (!group.ok()) {
-        status[r] = group.status();
-        return;
-      }
-      Train(*drafts[r], SliceSample(full, 16 * r, 16), group->get(), &status[r]);
+      status[r] = group.ok() ? body(r, group->get()) : group.status();
     });
   }
   for (auto& t : ranks) t.join();
+  return status;
+}
+
+TEST(GradientReducerTest, TwoRanksOnHalvesEqualOneRankOnTheWholeBatch) {
+  const TttBatch full = RandomBatch(TinyConfig(), {16, 16}, /*seed=*/5);
+  Eagle3Draft single = MakeTinyDraft(at::kFloat, /*seed=*/3);
+  absl::Status single_status;
+  Train(*single, full, nullptr, &single_status);
+  ASSERT_TRUE(single_status.ok()) << single_status;
+
+  Eagle3Draft drafts[2] = {MakeTinyDraft(at::kFloat, 3), MakeTinyDraft(at::kFloat, 3)};
+  const auto status = RunTwoRanks([&](int r, ProcessGroup* group) {
+    absl::Status st;
+    Train(*drafts[r], SliceSample(full, 16 * r, 16), group, &st);
+    return st;
+  });
   ASSERT_TRUE(status[0].ok()) << status[0];
   ASSERT_TRUE(status[1].ok()) << status[1];
 
@@ -111,36 +121,17 @@ TEST(GradientReducerTest, AnEmptyShareContributesZerosInLockstep) {
   ASSERT_TRUE(ref_out.ok());
   ref_out->loss.backward();
 
-  const int port = FreePort();
   Eagle3Draft drafts[2] = {MakeTinyDraft(at::kFloat, 3), MakeTinyDraft(at::kFloat, 3)};
-  absl::Status status[2];
-  std::thread ranks[2];
-  for (int r = 0; r < 2; ++r) {
-    ranks[r] = std::thread([&, r] {
-      ProcessGroupOptions o;
-      o.master_port = port;
-      o.rank = r;
-      o.world_size = 2;
-      o.timeout = absl::Seconds(60);
-      auto group = ProcessGroup::Create(o);
-      if (!group.ok()) {
-        status[r] = group.status();
-        return;
-      }
-      GradientReducer reducer(group->get(), drafts[r]->parameters(), drafts[r]->parameters(), 8 << 10);
-      reducer.Prepare();
-      if (r == 0) {  // rank 1's share is empty: no forward, no backward
-        auto out = RunTtt(*drafts[r], batch);
-        if (!out.ok()) {
-          status[r] = out.status();
-          return;
-        }
-        out->loss.backward();
-      }
-      status[r] = reducer.Finish();
-    });
-  }
-  for (auto& t : ranks) t.join();
+  const auto status = RunTwoRanks([&](int r, ProcessGroup* group) -> absl::Status {
+    GradientReducer reducer(group, drafts[r]->parameters(), drafts[r]->parameters(), 8 << 10);
+    reducer.Prepare();
+    if (r == 0) {  // rank 1's share is empty: no forward, no backward
+      auto out = RunTtt(*drafts[r], batch);
+      if (!out.ok()) return out.status();
+      out->loss.backward();
+    }
+    return reducer.Finish();
+  });
   ASSERT_TRUE(status[0].ok()) << status[0];
   ASSERT_TRUE(status[1].ok()) << status[1];
   auto pr = reference->parameters();

@@ -8,13 +8,13 @@
 #include <chrono>
 #include <functional>
 #include <map>
-#include <random>
 #include <set>
 #include <thread>
 
 #include "common/file_util.h"
 #include "common/model_dir.h"
 #include "tests/teacher_server/golden_fixture.h"
+#include "tests/teacher_server/synthetic_dataset.h"
 
 namespace e3 {
 namespace {
@@ -31,18 +31,7 @@ World MakeWorld(int num_samples) {
   World w;
   w.dir = std::move(ModelDir::Open(testing::SourcePath("tests/fixtures/golden/rand_default_mha")).value());
   w.model = std::move(LoadCausalLM(*w.dir, ModelOptions{}).value());
-  std::mt19937 rng(3);
-  std::vector<Sample> samples;
-  for (int i = 0; i < num_samples; ++i) {
-    Sample s;
-    const int n = 5 + static_cast<int>(rng() % 56);
-    for (int t = 0; t < n; ++t) {
-      s.input_ids.push_back(static_cast<int32_t>(rng() % 256));
-      s.loss_mask.push_back(t % 3 != 0);
-    }
-    samples.push_back(std::move(s));
-  }
-  w.dataset = Dataset::FromSamples(std::move(samples), "synthetic");
+  w.dataset = testing::MakeSyntheticDataset(num_samples, /*seed=*/3);
   return w;
 }
 

@@ -16,7 +16,6 @@
 #include <functional>
 #include <future>
 #include <map>
-#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -31,6 +30,7 @@
 #include "common/vocab_map.h"
 #include "proto/wire_codec.h"
 #include "tests/teacher_server/golden_fixture.h"
+#include "tests/teacher_server/synthetic_dataset.h"
 
 namespace e3 {
 namespace {
@@ -39,23 +39,24 @@ using namespace std::chrono_literals;
 
 constexpr int64_t kDraftVocab = 100;
 
-std::unique_ptr<Dataset> MakeDataset(int num_samples, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<Sample> samples;
-  for (int i = 0; i < num_samples; ++i) {
-    Sample s;
-    const int n = 5 + static_cast<int>(rng() % 56);
-    for (int t = 0; t < n; ++t) {
-      s.input_ids.push_back(static_cast<int32_t>(rng() % 256));
-      s.loss_mask.push_back(t % 3 != 0);
-    }
-    samples.push_back(std::move(s));
-  }
-  return Dataset::FromSamples(std::move(samples), "synthetic");
-}
-
 void SetDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds ms = 10000ms) {
   ctx->set_deadline(std::chrono::system_clock::now() + ms);
+}
+
+// Acks `batch_ids` as rank 0 of `subscriber_id`, with a deadline;
+// `committed`, when given, reports a checkpoint's cursor.
+grpc::Status SendAck(v1::TeacherService::Stub& stub, const std::string& subscriber_id,
+                     const std::vector<int64_t>& batch_ids, v1::AckResponse* resp,
+                     const v1::Cursor* committed = nullptr) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::AckRequest ack;
+  ack.set_version(v1::PROTOCOL_VERSION_CURRENT);
+  ack.set_subscriber_id(subscriber_id);
+  ack.set_rank(0);
+  for (int64_t id : batch_ids) ack.add_batch_ids(id);
+  if (committed != nullptr) *ack.mutable_committed() = *committed;
+  return stub.Ack(&ctx, ack, resp);
 }
 
 // Polls `pred` until it holds or `limit` passes.
@@ -118,7 +119,7 @@ class TeacherServiceTest : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = ModelDir::Open(testing::SourcePath("tests/fixtures/golden/rand_default_mha")).value().release();
     model_ = LoadCausalLM(*dir_, ModelOptions{}).value().release();
-    dataset_ = MakeDataset(40, 3).release();
+    dataset_ = testing::MakeSyntheticDataset(40, 3).release();
     vocab_ = new VocabMap(CalibrateVocabMap(dataset_->samples(), 256, kDraftVocab).value());
   }
   static void TearDownTestSuite() {
@@ -438,15 +439,8 @@ TEST_F(TeacherServiceTest, OtherHostGetsInlineBatchesAndAcksReturnCredits) {
     ASSERT_TRUE(rb.ok()) << rb.status();
     CheckBatch(**rb);
 
-    grpc::ClientContext actx;
-    SetDeadline(&actx);
-    v1::AckRequest ack;
-    ack.set_version(v1::PROTOCOL_VERSION_CURRENT);
-    ack.set_subscriber_id("student-b");
-    ack.set_rank(0);
-    ack.add_batch_ids(batch_id);
     v1::AckResponse aresp;
-    grpc::Status st = t->stub->Ack(&actx, ack, &aresp);
+    grpc::Status st = SendAck(*t->stub, "student-b", {batch_id}, &aresp);
     ASSERT_TRUE(st.ok()) << st.error_message();
     // Everything taken so far is acked: only computed-ahead batches use
     // credits, and at least the window minus one such batch is free.
@@ -456,24 +450,14 @@ TEST_F(TeacherServiceTest, OtherHostGetsInlineBatchesAndAcksReturnCredits) {
   // With nothing taken, the teacher computes ahead exactly to the window.
   ASSERT_TRUE(WaitFor([&] { return t->engine->stats().buffered_batches == 3; })) << t->engine->stats().buffered_batches;
   {
-    grpc::ClientContext actx;
-    SetDeadline(&actx);
-    v1::AckRequest ack;
-    ack.set_version(v1::PROTOCOL_VERSION_CURRENT);
-    ack.set_subscriber_id("student-b");
     v1::AckResponse aresp;
-    ASSERT_TRUE(t->stub->Ack(&actx, ack, &aresp).ok());
+    ASSERT_TRUE(SendAck(*t->stub, "student-b", {}, &aresp).ok());
     EXPECT_EQ(aresp.credits(), 0);
   }
   // A stale subscriber's ack is refused.
   {
-    grpc::ClientContext actx;
-    SetDeadline(&actx);
-    v1::AckRequest ack;
-    ack.set_version(v1::PROTOCOL_VERSION_CURRENT);
-    ack.set_subscriber_id("someone-else");
     v1::AckResponse aresp;
-    grpc::Status st = t->stub->Ack(&actx, ack, &aresp);
+    grpc::Status st = SendAck(*t->stub, "someone-else", {}, &aresp);
     EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
     EXPECT_NE(st.error_message().find("student-b"), std::string::npos) << st.error_message();
   }
@@ -482,14 +466,8 @@ TEST_F(TeacherServiceTest, OtherHostGetsInlineBatchesAndAcksReturnCredits) {
     v1::BatchDescriptor d;
     ASSERT_TRUE(reader->Read(&d));
     EXPECT_EQ(d.index_in_epoch(), 4);
-    grpc::ClientContext actx;
-    SetDeadline(&actx);
-    v1::AckRequest ack;
-    ack.set_version(v1::PROTOCOL_VERSION_CURRENT);
-    ack.set_subscriber_id("student-b");
-    ack.add_batch_ids(d.batch_id());
     v1::AckResponse aresp;
-    ASSERT_TRUE(t->stub->Ack(&actx, ack, &aresp).ok());
+    ASSERT_TRUE(SendAck(*t->stub, "student-b", {d.batch_id()}, &aresp).ok());
     EXPECT_GE(aresp.credits(), 1);
     EXPECT_LE(aresp.credits(), 3);
   }
@@ -531,14 +509,8 @@ TEST_F(TeacherServiceTest, SameHostGetsShmReferencesThatResolve) {
       CheckBatch(**rb);
     }
     // Acking frees the batch: its segment is unlinked.
-    grpc::ClientContext actx;
-    SetDeadline(&actx);
-    v1::AckRequest ack;
-    ack.set_version(v1::PROTOCOL_VERSION_CURRENT);
-    ack.set_subscriber_id("student-a");
-    ack.add_batch_ids(batch_id);
     v1::AckResponse aresp;
-    ASSERT_TRUE(t->stub->Ack(&actx, ack, &aresp).ok());
+    ASSERT_TRUE(SendAck(*t->stub, "student-a", {batch_id}, &aresp).ok());
     EXPECT_TRUE(WaitFor([&] { return !ShmExists(segment); })) << segment << " still exists after the ack";
   }
   std::string text = RenderMetrics(*t->metrics.registry());
@@ -608,7 +580,7 @@ TEST_F(TeacherServiceTest, InconsistentSubscriptionsAreRefused) {
 }
 
 TEST_F(TeacherServiceTest, StreamEndsWithEndOfDataThenOk) {
-  std::unique_ptr<Dataset> tiny = MakeDataset(5, 11);
+  std::unique_ptr<Dataset> tiny = testing::MakeSyntheticDataset(5, 11);
   EngineOptions o = DefaultEngineOptions();
   o.epochs = 1;
   o.tokens_per_batch = 40;  // a few batches from five samples
@@ -632,16 +604,11 @@ TEST_F(TeacherServiceTest, StreamEndsWithEndOfDataThenOk) {
     }
     ++batches;
     for (int64_t s : d.sample_ids()) samples.insert(s);
-    grpc::ClientContext actx;
-    SetDeadline(&actx);
-    v1::AckRequest ack;
-    ack.set_version(v1::PROTOCOL_VERSION_CURRENT);
-    ack.set_subscriber_id("tiny");
-    ack.add_batch_ids(d.batch_id());
-    ack.mutable_committed()->set_epoch(d.index_in_epoch() + 1 == per_epoch ? 1 : 0);
-    ack.mutable_committed()->set_next_batch(d.index_in_epoch() + 1 == per_epoch ? 0 : d.index_in_epoch() + 1);
+    v1::Cursor committed;
+    committed.set_epoch(d.index_in_epoch() + 1 == per_epoch ? 1 : 0);
+    committed.set_next_batch(d.index_in_epoch() + 1 == per_epoch ? 0 : d.index_in_epoch() + 1);
     v1::AckResponse aresp;
-    ASSERT_TRUE(t->stub->Ack(&actx, ack, &aresp).ok());
+    ASSERT_TRUE(SendAck(*t->stub, "tiny", {d.batch_id()}, &aresp, &committed).ok());
   }
   grpc::Status st = reader->Finish();
   EXPECT_TRUE(ended);
