@@ -9,6 +9,7 @@ GradientReducer::GradientReducer(ProcessGroup* group, std::vector<at::Tensor> pa
     : group_(group), params_(std::move(params)), dest_(std::move(dest)) {
   TORCH_CHECK(params_.size() == dest_.size(), "gradient reducer: ", params_.size(), " params, ", dest_.size(), " dests");
   bucket_of_.resize(params_.size());
+  slot_of_.resize(params_.size());
   seen_.resize(params_.size());
   // Reverse order: backward reaches the last layers first.
   Bucket current;
@@ -16,6 +17,7 @@ GradientReducer::GradientReducer(ProcessGroup* group, std::vector<at::Tensor> pa
   for (size_t k = params_.size(); k-- > 0;) {
     current.offsets.push_back(current.offsets.empty() ? 0
                                                       : current.offsets.back() + params_[current.params.back()].numel());
+    slot_of_[k] = current.params.size();
     current.params.push_back(k);
     bucket_of_[k] = buckets_.size();
     bytes += static_cast<size_t>(params_[k].numel()) * 4;
@@ -49,10 +51,8 @@ void GradientReducer::Prepare() {
 void GradientReducer::OnGradient(size_t index, const at::Tensor& grad) {
   if (!armed_) return;
   Bucket& b = buckets_[bucket_of_[index]];
-  size_t slot = 0;
-  while (b.params[slot] != index) ++slot;
   torch::NoGradGuard no_grad;
-  b.flat.narrow(0, b.offsets[slot], grad.numel()).copy_(grad.reshape({-1}));
+  b.flat.narrow(0, b.offsets[slot_of_[index]], grad.numel()).copy_(grad.reshape({-1}));
   if (!seen_[index]) {
     seen_[index] = true;
     ++b.ready;
@@ -78,9 +78,7 @@ absl::Status GradientReducer::Finish() {
   for (size_t i = 0; i < params_.size(); ++i) {
     if (seen_[i]) continue;
     Bucket& b = buckets_[bucket_of_[i]];
-    size_t slot = 0;
-    while (b.params[slot] != i) ++slot;
-    b.flat.narrow(0, b.offsets[slot], params_[i].numel()).zero_();
+    b.flat.narrow(0, b.offsets[slot_of_[i]], params_[i].numel()).zero_();
     seen_[i] = true;
     ++b.ready;
   }

@@ -52,7 +52,7 @@ class GradientReducer {
 
   ProcessGroup* group_;
   std::vector<at::Tensor> params_, dest_;
-  std::vector<size_t> bucket_of_;
+  std::vector<size_t> bucket_of_, slot_of_;  // each param's bucket and place in it
   std::vector<bool> seen_;
   std::vector<Bucket> buckets_;
   size_t next_launch_ = 0;

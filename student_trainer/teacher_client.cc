@@ -189,7 +189,7 @@ absl::StatusOr<StudentBatch> TeacherClient::Decode(const v1::BatchDescriptor& d)
   E3_ASSIGN_OR_RETURN(b.transport, FromWire(d.transport()));
   at::Tensor block;  // device transports: the whole payload in this GPU's memory
   if (received->on_device()) {
-    E3_ASSIGN_OR_RETURN(block, FetchDevicePayload(*received));
+    E3_ASSIGN_OR_RETURN(block, FetchDevicePayload(*received, b.transport));
   }
   auto get = [&](const char* name) -> absl::StatusOr<at::Tensor> {
     E3_ASSIGN_OR_RETURN(ReceivedTensor t, received->Get(name));
@@ -217,8 +217,7 @@ absl::StatusOr<StudentBatch> TeacherClient::Decode(const v1::BatchDescriptor& d)
   return b;
 }
 
-absl::StatusOr<at::Tensor> TeacherClient::FetchDevicePayload(const ReceivedBatch& received) {
-  const auto transport = FromWire(received.descriptor().transport());
+absl::StatusOr<at::Tensor> TeacherClient::FetchDevicePayload(const ReceivedBatch& received, TransportKind transport) {
   if (!device_.is_cuda()) {
     return absl::FailedPreconditionError("the teacher sent a device payload to a student on the CPU");
   }
@@ -230,10 +229,10 @@ absl::StatusOr<at::Tensor> TeacherClient::FetchDevicePayload(const ReceivedBatch
     return absl::ResourceExhaustedError(absl::StrCat("allocating ", received.payload_bytes(), " bytes on ",
                                                      device_.str(), ": ", e.what_without_backtrace()));
   }
-  if (transport.ok() && *transport == TransportKind::kNccl) {
+  if (transport == TransportKind::kNccl) {
     if (nccl_ == nullptr) return absl::FailedPreconditionError("NCCL payload, but this stream has no NCCL channel");
     E3_RETURN_IF_ERROR(nccl_->Recv(block.data_ptr(), block.numel(), options_.transfer_timeout));
-  } else if (transport.ok() && *transport == TransportKind::kCudaIpc) {
+  } else if (transport == TransportKind::kCudaIpc) {
     E3_RETURN_IF_ERROR(ipc_->CopyOut(received.ipc_handle(), 0, block.numel(), block.data_ptr()));
   } else {
     return absl::DataLossError("device payload with a host transport in the descriptor");

@@ -105,7 +105,7 @@ class TeacherClient {
   absl::StatusOr<StudentBatch> Decode(const v1::BatchDescriptor& d);
   // Fetches a device payload (NCCL receive or CUDA IPC copy) into one
   // block of this client's GPU memory.
-  absl::StatusOr<at::Tensor> FetchDevicePayload(const ReceivedBatch& received);
+  absl::StatusOr<at::Tensor> FetchDevicePayload(const ReceivedBatch& received, TransportKind transport);
   std::unique_ptr<grpc::ClientContext> NewContext(bool with_deadline) const;
 
   TeacherClientOptions options_;
