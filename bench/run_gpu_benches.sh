@@ -4,10 +4,12 @@
 #   2. hidden-state transfer per transport vs c10d ProcessGroupNCCL
 #   3. student training step vs a PyTorch eager EAGLE-3 step
 #   4. end to end on the 1B shape: teacher GPU 0 -> student GPU 1
+#   tp:  teacher forward on the 8B shape, TP=2 over both GPUs vs TP=1
+#   ddp: student step on the 8B shape, DDP=2 over both GPUs vs DDP=1
 # Each prints the ratio against its baseline measured in this run; every
 # JSON line also goes to $RESULTS (default bench-results.jsonl).
 #
-#   bench/run_gpu_benches.sh BUILD_DIR [teacher|transport|student|e2e ...]
+#   bench/run_gpu_benches.sh BUILD_DIR [teacher|transport|student|e2e|tp|ddp ...]
 set -euo pipefail
 BUILD=${1:?build dir}; shift
 PARTS=${*:-teacher transport student e2e}
@@ -81,6 +83,47 @@ print(json.dumps({"bench": "e2e_1b", "transport": s["transport"], "trained_tok_p
                   "ratio": s["tokens_per_second"] / iso}))
 PY
 }
+tp() {
+  local dir="$MODELS/llama-8b"
+  [ -f "$dir/config.json" ] || python3 "$SRC/bench/hf_teacher_baseline.py" --shape=llama-8b --save_dir="$dir" | json >/dev/null
+  local args=(--model_dir="$dir" --device=cuda --dtype=bfloat16 --shapes=8x1024,ragged --repeats=5 --eager_baseline=false)
+  for logits in false true; do
+    one=$("$BUILD/bench/teacher_forward_bench" "${args[@]}" --logits=$logits | json)
+    "$BUILD/bench/teacher_forward_bench" "${args[@]}" --logits=$logits --tp_size=2 --tp_rank=1 > /tmp/tp_rank1.log 2>&1 &
+    two=$("$BUILD/bench/teacher_forward_bench" "${args[@]}" --logits=$logits --tp_size=2 --tp_rank=0 | json)
+    wait $! || { echo "rank 1 failed:"; tail -5 /tmp/tp_rank1.log; }
+    python3 - "$one" "$two" <<'PY' | json_or_print
+import json, sys
+one = [json.loads(l) for l in sys.argv[1].splitlines()]
+two = [json.loads(l) for l in sys.argv[2].splitlines()]
+for a, b in zip(one, two):
+    r = b["tok_per_s"] / a["tok_per_s"]
+    print(f"teacher 8B {a['shape']} lm_head={a['lm_head']}: TP=2 {b['tok_per_s']:.0f} tok/s vs TP=1 {a['tok_per_s']:.0f}:"
+          f" ratio {r:.2f} (scaling efficiency {r/2:.2f})")
+    print(json.dumps({"bench": "teacher_tp", "shape": a["shape"], "lm_head": a["lm_head"], "tp_size": 2,
+                      "tok_per_s": b["tok_per_s"], "baseline": "tp1_same_model", "baseline_tok_per_s": a["tok_per_s"],
+                      "ratio": r}))
+PY
+  done
+}
+
+ddp() {
+  one=$("$BUILD/bench/student_step_bench" --shape=llama-8b --device=cuda:0 | json)
+  "$BUILD/bench/student_step_bench" --shape=llama-8b --world_size=2 --rank=1 > /tmp/ddp_rank1.log 2>&1 &
+  two=$("$BUILD/bench/student_step_bench" --shape=llama-8b --world_size=2 --rank=0 | json)
+  wait $! || { echo "rank 1 failed:"; tail -5 /tmp/ddp_rank1.log; }
+  python3 - "$one" "$two" <<'PY' | json_or_print
+import json, sys
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+r = b["tok_per_s"] / a["tok_per_s"]
+print(f"student step 8B: DDP=2 {b['tok_per_s']:.0f} tok/s ({b['ms_per_step']:.1f} ms/step) vs DDP=1 {a['tok_per_s']:.0f}"
+      f" ({a['ms_per_step']:.1f} ms/step): ratio {r:.2f} (scaling efficiency {r/2:.2f})")
+print(json.dumps({"bench": "student_ddp", "shape": "llama-8b", "world_size": 2, "tok_per_s": b["tok_per_s"],
+                  "ms_per_step": b["ms_per_step"], "baseline": "ddp1", "baseline_tok_per_s": a["tok_per_s"],
+                  "ratio": r}))
+PY
+}
+
 json_or_print() { while IFS= read -r l; do case "$l" in '{'*) echo "$l" >> "$RESULTS";; esac; echo "$l"; done; }
 
 for p in $PARTS; do echo "== $p"; $p; done

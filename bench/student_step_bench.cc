@@ -6,6 +6,12 @@
 // v0.2's algorithm) runs in bench/student_step_baseline.py in the same
 // session; bench/run_gpu_benches.sh prints the ratio.
 //
+// With --world_size=N the step runs data-parallel (DDP as the trainer runs
+// it: bucketed fp32 all-reduce overlapped with backward, on c10d): start
+// one process per rank with --rank and the same --master_port; rank r uses
+// cuda:r and its own batch of --tokens. Rank 0 prints the aggregate
+// throughput, to be set against the --world_size=1 run.
+//
 //   ./build/bench/student_step_bench --shape=llama-8b --device=cuda:0
 #include <torch/torch.h>
 
@@ -19,7 +25,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "common/torch/tensor_convert.h"
+#include "common/torch/process_group.h"
 #include "student_trainer/eagle3_draft.h"
+#include "student_trainer/gradient_reducer.h"
 #include "student_trainer/master_weights.h"
 #include "student_trainer/ttt.h"
 
@@ -31,6 +39,9 @@ ABSL_FLAG(int64_t, draft_vocab, 32000, "draft vocabulary");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda:N");
 ABSL_FLAG(std::string, dtype, "bfloat16", "compute dtype (below float32: fp32 master weights)");
 ABSL_FLAG(int, warmup, 3, "untimed steps");
+ABSL_FLAG(int, world_size, 1, "data-parallel ranks (one process each)");
+ABSL_FLAG(int, rank, 0, "this process's rank (uses cuda:<rank> when --world_size > 1)");
+ABSL_FLAG(int, master_port, 29710, "c10d store port of rank 0");
 ABSL_FLAG(int, steps, 10, "timed steps (median reported)");
 
 namespace e3 {
@@ -51,7 +62,22 @@ Shape ShapeNamed(const std::string& name) {
 
 int Main() {
   const Shape s = ShapeNamed(absl::GetFlag(FLAGS_shape));
-  const at::Device device(absl::GetFlag(FLAGS_device));
+  const int world = absl::GetFlag(FLAGS_world_size), rank = absl::GetFlag(FLAGS_rank);
+  const at::Device device = world > 1 ? at::Device(at::kCUDA, rank) : at::Device(absl::GetFlag(FLAGS_device));
+  std::unique_ptr<ProcessGroup> group;
+  if (world > 1) {
+    ProcessGroupOptions po;
+    po.rank = rank;
+    po.world_size = world;
+    po.master_port = absl::GetFlag(FLAGS_master_port);
+    po.cuda = true;
+    auto g = ProcessGroup::Create(po);
+    if (!g.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(g.status().message()).c_str());
+      return 1;
+    }
+    group = std::move(g).value();
+  }
   const std::string dtype_name = absl::GetFlag(FLAGS_dtype);
   const auto parsed = ParseComputeScalarType(dtype_name);
   if (!parsed.ok()) {
@@ -76,7 +102,7 @@ int Main() {
   c.draft_vocab_size = N;
   c.aux_layer_ids = {1, static_cast<int32_t>(s.layers / 2 - 1), static_cast<int32_t>(s.layers - 4)};
 
-  torch::manual_seed(0);
+  torch::manual_seed(0);  // the same weights on every rank
   auto on = torch::TensorOptions().device(device);
   Eagle3FrozenTensors frozen;
   frozen.embed_tokens = torch::randn({s.vocab, s.hidden}, on.dtype(dtype)) * 0.02;
@@ -112,6 +138,8 @@ int Main() {
     mw = std::move(w).value();
   }
   Eagle3DraftImpl& trained = master ? **master : **draft;
+  std::unique_ptr<GradientReducer> reducer;
+  if (group) reducer = std::make_unique<GradientReducer>(group.get(), (*draft)->parameters(), trained.parameters());
   torch::optim::AdamW optimizer(trained.parameters(), torch::optim::AdamWOptions(1e-4).betas({0.9, 0.95}));
 
   TttBatch batch;
@@ -132,7 +160,7 @@ int Main() {
   double phase_ms[3] = {0, 0, 0};
   auto step = [&](bool phases) {
     auto sync = [&] {
-      if (device.is_cuda()) torch::cuda::synchronize();
+      if (device.is_cuda()) torch::cuda::synchronize(device.index());
     };
     auto t0 = std::chrono::steady_clock::now();
     auto lap = [&](int k) {
@@ -149,9 +177,17 @@ int Main() {
       std::exit(1);
     }
     lap(0);
+    if (reducer) reducer->Prepare();
     out->loss.backward();
+    if (reducer) {
+      const absl::Status st = reducer->Finish();
+      if (!st.ok()) {
+        std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
+        std::exit(1);
+      }
+    }
     lap(1);
-    if (mw) mw->PullGradients();
+    if (mw && !reducer) mw->PullGradients();
     torch::nn::utils::clip_grad_norm_(trained.parameters(), 0.5);
     optimizer.step();
     if (mw) mw->PushWeights();
@@ -169,20 +205,21 @@ int Main() {
   }
   std::sort(ms.begin(), ms.end());
   const double med = ms[ms.size() / 2];
+  if (rank != 0) return 0;
   int64_t params = 0;
   for (const auto& p : trained.parameters()) params += p.numel();
   std::printf("student step %s: H=%ld draft vocab %ld, %ld tokens in %ld samples, TTT %d, %s on %s, %.1fM params\n",
               absl::GetFlag(FLAGS_shape).c_str(), static_cast<long>(s.hidden), static_cast<long>(N),
               static_cast<long>(T), static_cast<long>(samples), static_cast<int>(ttt.length), dtype_name.c_str(), device.str().c_str(),
               params / 1e6);
-  std::printf("median %.2f ms/step (min %.2f, max %.2f), %.0f tok/s; phases (synchronised): forward %.1f ms, "
+  std::printf("%d rank(s): median %.2f ms/step (min %.2f, max %.2f), %.0f tok/s in all; phases (synchronised): forward %.1f ms, "
               "backward %.1f ms, optimizer %.1f ms\n",
-              med, ms.front(), ms.back(), T / med * 1e3, phase_ms[0] / kPhaseSteps, phase_ms[1] / kPhaseSteps,
+              world, med, ms.front(), ms.back(), world * T / med * 1e3, phase_ms[0] / kPhaseSteps, phase_ms[1] / kPhaseSteps,
               phase_ms[2] / kPhaseSteps);
   std::printf("{\"bench\":\"student_step\",\"shape\":\"%s\",\"tokens\":%ld,\"ttt_length\":%d,\"draft_vocab\":%ld,"
-              "\"ms_per_step\":%.3f,\"tok_per_s\":%.1f,\"device\":\"%s\",\"dtype\":\"%s\"}\n",
-              absl::GetFlag(FLAGS_shape).c_str(), static_cast<long>(T), static_cast<int>(ttt.length), static_cast<long>(N), med,
-              T / med * 1e3, device.str().c_str(), dtype_name.c_str());
+              "\"world_size\":%d,\"ms_per_step\":%.3f,\"tok_per_s\":%.1f,\"device\":\"%s\",\"dtype\":\"%s\"}\n",
+              absl::GetFlag(FLAGS_shape).c_str(), static_cast<long>(T), static_cast<int>(ttt.length), static_cast<long>(N), world, med,
+              world * T / med * 1e3, device.str().c_str(), dtype_name.c_str());
   return 0;
 }
 

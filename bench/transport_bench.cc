@@ -15,8 +15,11 @@
 //   nccl        our NcclChannel (the teacher's NCCL transport)
 //   cuda_ipc    the teacher's pool buffer, mapped and copied out by the student
 //   shm         device -> POSIX shm -> device (the host fallback's copies)
+//   inline      device -> host -> a BatchDescriptor's inline bytes on a real
+//               gRPC Subscribe stream over loopback -> host -> device
 //
 //   ./build/bench/transport_bench --sizes_mib=64,256,1024
+#include <grpcpp/grpcpp.h>
 #include <sys/wait.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -39,6 +42,7 @@
 #include "common/gpu/device_pool.h"
 #include "common/gpu/nccl_channel.h"
 #include "common/shm_segment.h"
+#include "proto/teacher.grpc.pb.h"
 
 ABSL_FLAG(std::string, sizes_mib, "64,256,1024", "payload sizes in MiB");
 ABSL_FLAG(int, iters, 10, "payloads per size and transport");
@@ -58,6 +62,50 @@ void Check(const absl::Status& st, const char* what) {
     std::exit(1);
   }
 }
+
+// The teacher's side of the inline path: a TeacherService whose Subscribe
+// streams `iters` descriptors, each carrying the payload as inline bytes
+// copied from GPU memory, as the real teacher does for the CPU fallback.
+class InlineTeacher final : public v1::TeacherService::CallbackService {
+ public:
+  InlineTeacher(const at::Tensor* source, size_t bytes, int iters) : source_(source), bytes_(bytes), iters_(iters) {}
+  grpc::ServerWriteReactor<v1::BatchDescriptor>* Subscribe(grpc::CallbackServerContext*,
+                                                           const v1::SubscribeRequest*) override {
+    class Writer : public grpc::ServerWriteReactor<v1::BatchDescriptor> {
+     public:
+      explicit Writer(InlineTeacher* t) : t_(t) { Next(); }
+      void OnWriteDone(bool ok) override {
+        if (!ok) return Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed"));
+        Next();
+      }
+      void OnDone() override { delete this; }
+
+     private:
+      void Next() {
+        if (sent_ == t_->iters_) return Finish(grpc::Status::OK);
+        msg_.Clear();
+        msg_.set_batch_id(sent_++);
+        v1::TensorRef* ref = msg_.add_tensors();
+        ref->set_name("aux_hidden");
+        ref->set_dtype(v1::DTYPE_U8);
+        ref->add_shape(static_cast<int64_t>(t_->bytes_));
+        std::string* data = ref->mutable_inline_data();
+        data->resize(t_->bytes_);
+        Check(CudaCopy(data->data(), t_->source_->data_ptr(), t_->bytes_, 0), "inline d2h");
+        StartWrite(&msg_);
+      }
+      InlineTeacher* t_;
+      int sent_ = 0;
+      v1::BatchDescriptor msg_;
+    };
+    return new Writer(this);
+  }
+
+ private:
+  const at::Tensor* source_;
+  size_t bytes_;
+  int iters_;
+};
 
 class Bench {
  public:
@@ -126,6 +174,46 @@ class Bench {
       for (int i = 0; rank_ == 1 && i < iters; ++i) Check(ipc_->CopyOut(handle, 0, bytes, buf.data_ptr()), "ipc copy");
       seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       Barrier(key + "/done");  // the teacher keeps its buffer until the student is done
+    } else if (transport == "inline") {
+      // The teacher serves; the student subscribes and copies each
+      // descriptor's inline bytes to its GPU.
+      std::unique_ptr<InlineTeacher> service;
+      std::unique_ptr<grpc::Server> server;
+      if (rank_ == 0) {
+        service = std::make_unique<InlineTeacher>(&buf, bytes, iters);
+        int port = 0;
+        grpc::ServerBuilder builder;
+        builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+        builder.SetMaxSendMessageSize(-1);
+        builder.RegisterService(service.get());
+        server = builder.BuildAndStart();
+        store_->set(key + "/port", Bytes(std::to_string(port)));
+      }
+      const std::string port = Str(store_->get(key + "/port"));
+      Barrier(key);
+      auto t0 = Clock::now();
+      if (rank_ == 1) {
+        grpc::ChannelArguments args;
+        args.SetMaxReceiveMessageSize(-1);
+        auto channel = grpc::CreateCustomChannel("127.0.0.1:" + port, grpc::InsecureChannelCredentials(), args);
+        auto stub = v1::TeacherService::NewStub(channel);
+        grpc::ClientContext ctx;
+        v1::SubscribeRequest req;
+        auto reader = stub->Subscribe(&ctx, req);
+        v1::BatchDescriptor d;
+        int got = 0;
+        while (reader->Read(&d)) {
+          const std::string& data = d.tensors(0).inline_data();
+          Check(CudaCopy(buf.data_ptr(), data.data(), data.size(), 1), "inline h2d");
+          ++got;
+        }
+        const grpc::Status st = reader->Finish();
+        if (!st.ok()) Check(absl::UnavailableError(st.error_message()), "inline stream");
+        if (got != iters) Check(absl::DataLossError(absl::StrCat(got, " of ", iters, " payloads")), "inline");
+      }
+      seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      Barrier(key + "/done");
+      if (server) server->Shutdown();
     } else if (transport == "shm") {
       std::unique_ptr<ShmSegment> seg;
       if (rank_ == 0) {
@@ -192,7 +280,7 @@ int Main(int rank) {
   auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
   Bench bench(rank, store);
   const int iters = absl::GetFlag(FLAGS_iters);
-  const std::vector<std::string> transports = {"c10d_nccl", "nccl", "cuda_ipc", "shm"};
+  const std::vector<std::string> transports = {"c10d_nccl", "nccl", "cuda_ipc", "shm", "inline"};
   if (rank == 1) {
     std::printf("%-10s %10s %12s %14s %8s\n", "size", "transport", "GB/s", "c10d GB/s", "ratio");
   }

@@ -146,6 +146,55 @@ absl::StatusOr<RopeConfig> ParseRope(const json& root, const std::string& source
   return rope;
 }
 
+absl::Status ParseSlidingWindow(const Fields& f, ModelConfig* c) {
+  // Mistral-style configs apply `sliding_window` whenever it is set; Qwen2
+  // and Qwen3 only with use_sliding_window (and only on some layers; this
+  // treats every layer as windowed, the stricter reading).
+  bool windowed = f.Has("sliding_window");
+  if (c->architecture == Architecture::kQwen2 || c->architecture == Architecture::kQwen3 ||
+      c->architecture == Architecture::kQwen3Moe) {
+    E3_ASSIGN_OR_RETURN(bool use, f.Bool("use_sliding_window", false));
+    windowed = windowed && use;
+  }
+  if (!windowed) return absl::OkStatus();
+  E3_ASSIGN_OR_RETURN(c->sliding_window, f.PositiveInt("sliding_window"));
+  return absl::OkStatus();
+}
+
+absl::Status ParseMoe(const Fields& f, const json& root, ModelConfig* c) {
+  MoeConfig& m = c->moe;
+  if (c->architecture == Architecture::kMixtral) {
+    E3_ASSIGN_OR_RETURN(m.num_experts, f.PositiveInt("num_local_experts"));
+    E3_ASSIGN_OR_RETURN(m.top_k, f.PositiveInt("num_experts_per_tok"));
+    m.intermediate_size = c->intermediate_size;
+    m.norm_topk_prob = true;
+  } else if (c->architecture == Architecture::kQwen3Moe) {
+    // The Hub's configs say num_experts; transformers 5 writes num_local_experts.
+    const char* experts_key = f.Has("num_experts") ? "num_experts" : "num_local_experts";
+    E3_ASSIGN_OR_RETURN(m.num_experts, f.PositiveInt(experts_key));
+    E3_ASSIGN_OR_RETURN(m.top_k, f.PositiveInt("num_experts_per_tok"));
+    E3_ASSIGN_OR_RETURN(m.intermediate_size, f.PositiveInt("moe_intermediate_size"));
+    E3_ASSIGN_OR_RETURN(m.norm_topk_prob, f.Bool("norm_topk_prob", false));
+    E3_ASSIGN_OR_RETURN(m.decoder_sparse_step, f.Int("decoder_sparse_step", 1));
+    if (m.decoder_sparse_step <= 0) return f.Error("decoder_sparse_step", "expected a positive integer");
+    if (f.Has("mlp_only_layers")) {
+      const json& v = root.at("mlp_only_layers");
+      if (!v.is_array()) return f.Error("mlp_only_layers", "expected a list of layer indices");
+      for (const auto& x : v) {
+        if (!x.is_number_integer()) return f.Error("mlp_only_layers", "expected integers");
+        m.mlp_only_layers.push_back(x.get<int64_t>());
+      }
+    }
+  } else {
+    return absl::OkStatus();
+  }
+  if (m.top_k > m.num_experts) {
+    return f.Error("num_experts_per_tok",
+                   absl::StrCat("top-k ", m.top_k, " exceeds the ", m.num_experts, " experts"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const char* RopeTypeName(RopeType type) {
@@ -156,6 +205,14 @@ const char* RopeTypeName(RopeType type) {
     case RopeType::kYarn: return "yarn";
   }
   return "?";
+}
+
+bool ModelConfig::IsMoeLayer(int64_t i) const {
+  if (moe.num_experts == 0) return false;
+  if (std::find(moe.mlp_only_layers.begin(), moe.mlp_only_layers.end(), i) != moe.mlp_only_layers.end()) {
+    return false;
+  }
+  return (i + 1) % moe.decoder_sparse_step == 0;
 }
 
 std::vector<int32_t> ModelConfig::DefaultAuxLayerIds() const {
@@ -177,13 +234,22 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
     return f.Error("architectures", "expected a non-empty list of strings");
   }
   c.architecture_name = root.at("architectures")[0].get<std::string>();
-  static const char* kSupported[] = {"LlamaForCausalLM"};
-  if (c.architecture_name == "LlamaForCausalLM") {
-    c.architecture = Architecture::kLlama;
-  } else {
-    return f.Error("architectures",
-                   absl::StrCat("unknown architecture \"", c.architecture_name,
-                                "\"; supported: ", absl::StrJoin(kSupported, ", ")));
+  static const std::pair<const char*, Architecture> kSupported[] = {
+      {"LlamaForCausalLM", Architecture::kLlama},     {"Qwen2ForCausalLM", Architecture::kQwen2},
+      {"Qwen3ForCausalLM", Architecture::kQwen3},     {"MixtralForCausalLM", Architecture::kMixtral},
+      {"Qwen3MoeForCausalLM", Architecture::kQwen3Moe}};
+  bool known = false;
+  for (const auto& [name, arch] : kSupported) {
+    if (c.architecture_name == name) {
+      c.architecture = arch;
+      known = true;
+    }
+  }
+  if (!known) {
+    std::vector<std::string> names;
+    for (const auto& entry : kSupported) names.push_back(entry.first);
+    return f.Error("architectures", absl::StrCat("unknown architecture \"", c.architecture_name,
+                                                 "\"; supported: ", absl::StrJoin(names, ", ")));
   }
   E3_ASSIGN_OR_RETURN(c.model_type, f.Str("model_type", ""));
   E3_ASSIGN_OR_RETURN(c.hidden_size, f.PositiveInt("hidden_size"));
@@ -211,6 +277,13 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
   E3_ASSIGN_OR_RETURN(c.tie_word_embeddings, f.Bool("tie_word_embeddings", false));
   E3_ASSIGN_OR_RETURN(c.attention_bias, f.Bool("attention_bias", false));
   E3_ASSIGN_OR_RETURN(c.mlp_bias, f.Bool("mlp_bias", false));
+  // Per transformers' modeling files: Qwen2 hard-codes a bias on q/k/v and
+  // none on o_proj; Llama and Qwen3 follow attention_bias for all four.
+  c.qkv_bias = c.architecture == Architecture::kQwen2 || c.attention_bias;
+  c.o_bias = c.architecture != Architecture::kQwen2 && c.attention_bias;
+  c.qk_norm = c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe;
+  E3_RETURN_IF_ERROR(ParseSlidingWindow(f, &c));
+  E3_RETURN_IF_ERROR(ParseMoe(f, root, &c));
   std::string act;
   E3_ASSIGN_OR_RETURN(act, f.Str("hidden_act", "silu"));
   if (act != "silu") return f.Error("hidden_act", absl::StrCat("\"", act, "\" is unsupported; expected \"silu\""));

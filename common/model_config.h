@@ -35,7 +35,20 @@ struct RopeConfig {
   bool truncate = true;                         // yarn
 };
 
-enum class Architecture { kLlama };
+// The Llama family: one pre-norm decoder, differing in attention biases,
+// q/k norms and whether the MLP is a routed mixture of experts.
+enum class Architecture { kLlama, kQwen2, kQwen3, kMixtral, kQwen3Moe };
+
+// Sparse MoE MLP (Mixtral, Qwen3-MoE): softmax over the router's logits in
+// fp32, top-k, optionally renormalised over the chosen k.
+struct MoeConfig {
+  int64_t num_experts = 0;  // 0: a dense model
+  int64_t top_k = 0;
+  int64_t intermediate_size = 0;  // of one expert
+  bool norm_topk_prob = true;     // Mixtral always; Qwen3-MoE per config
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;  // dense layers in a MoE model
+};
 
 struct ModelConfig {
   std::string source;  // path of the config.json, for messages
@@ -52,8 +65,15 @@ struct ModelConfig {
   int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;
+  bool attention_bias = false;  // as written in config.json
+  bool qkv_bias = false;        // q/k/v projections carry a bias (Qwen2: always)
+  bool o_bias = false;          // o_proj carries a bias
+  bool qk_norm = false;         // per-head RMSNorm on q and k before rope (Qwen3)
   bool mlp_bias = false;
+  // Sliding-window attention (0: none). Forward refuses samples longer than
+  // the window instead of silently attending past it.
+  int64_t sliding_window = 0;
+  MoeConfig moe;
   std::string torch_dtype;  // "bfloat16", ... (empty when absent)
   RopeConfig rope;
   std::optional<int64_t> bos_token_id;
@@ -62,6 +82,9 @@ struct ModelConfig {
 
   // The SpecForge/ModelOpt default aux layers: [1, L/2 - 1, L - 4].
   std::vector<int32_t> DefaultAuxLayerIds() const;
+  // Whether decoder layer i uses the routed-experts MLP (Qwen3-MoE's rule:
+  // not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0).
+  bool IsMoeLayer(int64_t i) const;
   int64_t rotary_dim() const {
     return static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);
   }

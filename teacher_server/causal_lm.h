@@ -14,6 +14,7 @@
 #include "common/model_dir.h"
 #include "teacher_server/forward_types.h"
 #include "teacher_server/layers/attention.h"
+#include "teacher_server/parallel/tp_group.h"
 
 namespace e3 {
 
@@ -25,6 +26,9 @@ struct ModelOptions {
   // MergedColumnParallelLinear): q/k/v become one [q+2kv, H] matmul and
   // gate/up one [2I, H] matmul. The same products, fewer and larger GEMMs.
   bool fuse_projections = false;
+  // Tensor (and expert) parallelism: this process is one rank of `tp` and
+  // loads only its shard. Null: the whole model in this process.
+  std::shared_ptr<TpGroup> tp;
   // Called after each tensor loads: (tensors done, tensors total).
   std::function<void(int64_t, int64_t)> on_progress;
 };
@@ -32,12 +36,17 @@ struct ModelOptions {
 class CausalLM {
  public:
   virtual ~CausalLM() = default;
+  // The checks Forward runs before any computation (aux ids, sizes). A
+  // tensor-parallel leader runs them before telling the other ranks to
+  // start, so that a refused batch never leaves them waiting.
+  virtual absl::Status CheckForward(const PackedBatch& batch, const ForwardOptions& options) const = 0;
   // Prefill-only forward. Errors (bad aux ids, c10 failures) come back as
   // a status; nothing throws out of here.
   virtual absl::StatusOr<ForwardOutput> Forward(const PackedBatch& batch, const ForwardOptions& options) = 0;
   virtual const ModelConfig& config() const = 0;
   virtual const ModelOptions& options() const = 0;
-  // Frozen tensors the student needs (DESIGN.md step 5).
+  // Frozen tensors the student needs (DESIGN.md step 5), whole. Under
+  // tensor parallelism only rank 0 has them (the others: undefined).
   virtual at::Tensor embed_tokens() const = 0;
   virtual at::Tensor lm_head() const = 0;
 };

@@ -33,6 +33,7 @@
 #include "common/vocab_map.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/engine.h"
+#include "teacher_server/parallel/tp_control.h"
 #include "teacher_server/teacher_metrics.h"
 #include "teacher_server/teacher_service.h"
 
@@ -67,6 +68,11 @@ ABSL_FLAG(bool, exit_when_done, false, "exit once every rank has committed every
 ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads (0: default)");
 ABSL_FLAG(int, num_data_shards, 1,
           "split the data over this many teachers; each serves the samples whose index mod N is its shard");
+ABSL_FLAG(int, tp_size, 1, "tensor-parallel ranks of this teacher (one process each; rank 0 serves gRPC)");
+ABSL_FLAG(int, ep_size, 1, "expert-parallel groups of a MoE model's experts; divides --tp_size");
+ABSL_FLAG(int, tp_rank, -1, "this process's tensor-parallel rank (-1: $RANK, else 0)");
+ABSL_FLAG(std::string, tp_master_addr, "", "rank 0's address for the group rendezvous (empty: $MASTER_ADDR, else 127.0.0.1)");
+ABSL_FLAG(int, tp_master_port, -1, "rendezvous port (-1: $MASTER_PORT, else 29600)");
 ABSL_FLAG(int, data_shard, 0, "this teacher's shard in [0, num_data_shards)");
 
 namespace e3 {
@@ -103,6 +109,71 @@ void RemoveStaleShm(const std::string& prefix) {
   if (removed > 0) std::printf("teacher: removed %d shm segments of dead teachers\n", removed);
 }
 
+// torchrun's variable when the flag is left at its default.
+std::string FlagOrEnv(const std::string& flag, const char* env, const std::string& fallback) {
+  if (!flag.empty()) return flag;
+  const char* v = std::getenv(env);
+  return v != nullptr && *v != '\0' ? v : fallback;
+}
+
+std::shared_ptr<TpGroup> JoinTensorParallelGroup(int tp_size, int ep_size, bool cuda) {
+  ProcessGroupOptions o;
+  o.world_size = tp_size;
+  const int rank_flag = absl::GetFlag(FLAGS_tp_rank), port_flag = absl::GetFlag(FLAGS_tp_master_port);
+  const std::string rank = FlagOrEnv(rank_flag >= 0 ? std::to_string(rank_flag) : "", "RANK", "0");
+  const std::string port = FlagOrEnv(port_flag >= 0 ? std::to_string(port_flag) : "", "MASTER_PORT", "29600");
+  o.master_addr = FlagOrEnv(absl::GetFlag(FLAGS_tp_master_addr), "MASTER_ADDR", "127.0.0.1");
+  if (!absl::SimpleAtoi(rank, &o.rank) || !absl::SimpleAtoi(port, &o.master_port)) {
+    Fail(absl::InvalidArgumentError(absl::StrCat("tensor parallel: rank \"", rank, "\" or port \"", port,
+                                                 "\" is not an integer")));
+  }
+  o.cuda = cuda;
+  std::printf("teacher: joining tensor-parallel group as rank %d of %d (ep %d) at %s:%d\n", o.rank, tp_size, ep_size,
+              o.master_addr.c_str(), o.master_port);
+  std::fflush(stdout);
+  auto group = ProcessGroup::Create(o);
+  if (!group.ok()) Fail(group.status());
+  return std::make_shared<TpGroup>(std::move(group).value(), ep_size);
+}
+
+ModelOptions ModelOptionsFromFlags() {
+  ModelOptions mopts;
+  mopts.fuse_projections = absl::GetFlag(FLAGS_backend) == "sgl";
+  try {
+    mopts.device = at::Device(absl::GetFlag(FLAGS_device));
+  } catch (const c10::Error& e) {
+    Fail(absl::InvalidArgumentError(absl::StrCat("--device=", absl::GetFlag(FLAGS_device), ": ", e.what_without_backtrace())));
+  }
+  std::string dtype_name = absl::GetFlag(FLAGS_dtype);
+  if (dtype_name.empty()) dtype_name = mopts.device.is_cuda() ? "bfloat16" : "float32";
+  auto dtype = ParseComputeScalarType(dtype_name);
+  if (!dtype.ok()) Fail(dtype.status());
+  mopts.dtype = *dtype;
+  mopts.on_progress = [](int64_t done, int64_t total) {
+    if (done == total || done % 16 == 0) {
+      std::printf("\rteacher: loading weights %ld/%ld", static_cast<long>(done), static_cast<long>(total));
+      if (done == total) std::printf("\n");
+      std::fflush(stdout);
+    }
+  };
+  const int tp_size = absl::GetFlag(FLAGS_tp_size), ep_size = absl::GetFlag(FLAGS_ep_size);
+  if (tp_size > 1) mopts.tp = JoinTensorParallelGroup(tp_size, ep_size, mopts.device.is_cuda());
+  else if (ep_size != 1) Fail(absl::InvalidArgumentError("--ep_size needs --tp_size > 1 (experts split over its ranks)"));
+  return mopts;
+}
+
+// Ranks 1..N-1 of a tensor-parallel teacher: load the shard, then compute
+// whatever rank 0 broadcasts until it shuts down.
+int RunFollower(const ModelDir& dir, const ModelOptions& mopts) {
+  auto model = LoadCausalLM(dir, mopts);
+  if (!model.ok()) Fail(model.status());
+  std::printf("teacher rank %d: shard loaded; following rank 0\n", mopts.tp->rank());
+  std::fflush(stdout);
+  absl::Status st = RunTpFollower(**model);
+  if (!st.ok()) Fail(st);
+  return 0;
+}
+
 int Main() {
   const std::string model_path = absl::GetFlag(FLAGS_model_dir);
   if (model_path.empty()) Fail(absl::InvalidArgumentError("--model_dir is required"));
@@ -119,6 +190,9 @@ int Main() {
   std::printf("teacher: model %s (%s, L=%ld, H=%ld, vocab=%ld)\n", model_path.c_str(), cfg.architecture_name.c_str(),
               static_cast<long>(cfg.num_hidden_layers), static_cast<long>(cfg.hidden_size),
               static_cast<long>(cfg.vocab_size));
+
+  ModelOptions mopts = ModelOptionsFromFlags();
+  if (mopts.tp && mopts.tp->rank() != 0) return RunFollower(**dir, mopts);
 
   auto tokenizer = Tokenizer::FromFile(model_path + "/tokenizer.json");
   if (!tokenizer.ok()) Fail(tokenizer.status());
@@ -177,27 +251,9 @@ int Main() {
     if (!s.ok()) Fail(s);
   }
 
-  ModelOptions mopts;
-  mopts.fuse_projections = absl::GetFlag(FLAGS_backend) == "sgl";
-  try {
-    mopts.device = at::Device(absl::GetFlag(FLAGS_device));
-  } catch (const c10::Error& e) {
-    Fail(absl::InvalidArgumentError(absl::StrCat("--device=", absl::GetFlag(FLAGS_device), ": ", e.what_without_backtrace())));
-  }
-  std::string dtype_name = absl::GetFlag(FLAGS_dtype);
-  if (dtype_name.empty()) dtype_name = mopts.device.is_cuda() ? "bfloat16" : "float32";
-  auto dtype = ParseComputeScalarType(dtype_name);
-  if (!dtype.ok()) Fail(dtype.status());
-  mopts.dtype = *dtype;
-  mopts.on_progress = [](int64_t done, int64_t total) {
-    if (done == total || done % 16 == 0) {
-      std::printf("\rteacher: loading weights %ld/%ld", static_cast<long>(done), static_cast<long>(total));
-      if (done == total) std::printf("\n");
-      std::fflush(stdout);
-    }
-  };
   auto model = LoadCausalLM(**dir, mopts);
   if (!model.ok()) Fail(model.status());
+  if (mopts.tp) *model = std::make_unique<TpLeader>(std::move(model).value());
 
   EngineOptions eopts;
   eopts.tokens_per_batch = absl::GetFlag(FLAGS_tokens_per_batch);

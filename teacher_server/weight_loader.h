@@ -26,6 +26,11 @@ class WeightLoader {
   // Optional tensor: undefined when absent, shape-checked when present.
   absl::StatusOr<at::Tensor> LoadOptional(const std::string& name, const std::vector<int64_t>& shape);
 
+  // Rows or columns [begin, begin + length) of dimension `dim` of a tensor
+  // whose full shape is `shape` (a tensor-parallel shard).
+  absl::StatusOr<at::Tensor> LoadSlice(const std::string& name, const std::vector<int64_t>& shape, int64_t dim,
+                                       int64_t begin, int64_t length);
+
   int64_t loaded() const { return loaded_; }
 
  private:

@@ -53,6 +53,15 @@ class C10dProcessGroup : public ProcessGroup {
       return FromC10(e, "all-reduce");
     }
   }
+  absl::Status AllGather(const at::Tensor& input, std::vector<at::Tensor>& outputs) override {
+    try {
+      std::vector<std::vector<at::Tensor>> out = {outputs};
+      std::vector<at::Tensor> in = {input};
+      return C10dPending(pg_->allgather(out, in)).Wait();
+    } catch (const c10::Error& e) {
+      return FromC10(e, "all-gather");
+    }
+  }
   absl::Status Broadcast(at::Tensor tensor, int root) override {
     try {
       std::vector<at::Tensor> t = {std::move(tensor)};

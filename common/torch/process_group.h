@@ -43,6 +43,9 @@ class ProcessGroup {
 
   // Sum over ranks, in place.
   virtual absl::StatusOr<std::unique_ptr<PendingCollective>> AllReduceSum(at::Tensor tensor) = 0;
+  // Every rank's `input`, in rank order, into `outputs` (world_size tensors
+  // shaped like `input`, allocated by the caller).
+  virtual absl::Status AllGather(const at::Tensor& input, std::vector<at::Tensor>& outputs) = 0;
   // `root`'s values, in place on every rank.
   virtual absl::Status Broadcast(at::Tensor tensor, int root) = 0;
   virtual int rank() const = 0;

@@ -47,14 +47,24 @@ absl::StatusOr<DType> FromScalarType(at::ScalarType type) {
 
 absl::StatusOr<at::Tensor> ViewToTensor(const TensorView& view, at::ScalarType dtype,
                                         const at::Device& device) {
+  return ViewSliceToTensor(view, 0, 0, view.shape.empty() ? 0 : view.shape[0], dtype, device);
+}
+
+absl::StatusOr<at::Tensor> ViewSliceToTensor(const TensorView& view, int64_t dim, int64_t begin, int64_t length,
+                                             at::ScalarType dtype, const at::Device& device) {
   auto src_type = ToScalarType(view.dtype);
   if (!src_type.ok()) return src_type.status();
+  const int64_t rank = static_cast<int64_t>(view.shape.size());
+  if (rank > 0 && (dim < 0 || dim >= rank || begin < 0 || length < 0 || begin + length > view.shape[dim])) {
+    return absl::InvalidArgumentError(absl::StrCat(view.file, ": tensor \"", view.name, "\": slice [", begin, ", ",
+                                                   begin + length, ") of dimension ", dim, " is out of range"));
+  }
   try {
     // from_blob does not own the mmap'd bytes; the conversion below copies.
     at::Tensor src = torch::from_blob(const_cast<uint8_t*>(view.data), view.shape,
                                       torch::TensorOptions().dtype(*src_type));
-    at::Tensor out = src.to(device, dtype, /*non_blocking=*/false, /*copy=*/true);
-    return out;
+    if (rank > 0 && length != view.shape[dim]) src = src.narrow(dim, begin, length);
+    return src.to(device, dtype, /*non_blocking=*/false, /*copy=*/true).contiguous();
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat(view.file, ": tensor \"", view.name,
                                             "\": conversion failed: ", e.what_without_backtrace()));

@@ -22,6 +22,11 @@ absl::StatusOr<at::ScalarType> ParseComputeScalarType(std::string_view name);
 absl::StatusOr<at::Tensor> ViewToTensor(const TensorView& view, at::ScalarType dtype,
                                         const at::Device& device = at::kCPU);
 
+// The same for the slice [begin, begin + length) of dimension `dim` (a
+// tensor-parallel shard): only the slice's bytes are converted and copied.
+absl::StatusOr<at::Tensor> ViewSliceToTensor(const TensorView& view, int64_t dim, int64_t begin, int64_t length,
+                                             at::ScalarType dtype, const at::Device& device = at::kCPU);
+
 // Contiguous CPU copy of `tensor` as a TensorToWrite (for safetensors).
 absl::StatusOr<TensorToWrite> TensorToWritable(const std::string& name, const at::Tensor& tensor);
 

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "common/torch/torch_compat.h"
+#include "teacher_server/layers/rms_norm.h"
 #include "teacher_server/layers/rotary.h"
 
 namespace e3 {
@@ -79,6 +80,8 @@ at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const A
     k = Linear(x, w.k_proj, w.k_bias).view({T, shape.num_kv_heads, shape.head_dim});
     v = Linear(x, w.v_proj, w.v_bias).view({T, shape.num_kv_heads, shape.head_dim});
   }
+  if (w.q_norm.defined()) q = RmsNorm(q, w.q_norm, shape.qk_norm_eps);
+  if (w.k_norm.defined()) k = RmsNorm(k, w.k_norm, shape.qk_norm_eps);
   q = RopeOnPrefix(q, cos, sin, shape.rotary_dim);
   k = RopeOnPrefix(k, cos, sin, shape.rotary_dim);
   const double scaling = 1.0 / std::sqrt(static_cast<double>(shape.head_dim));

@@ -20,11 +20,13 @@ struct AttentionShape {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
   int64_t rotary_dim = 0;
+  double qk_norm_eps = 1e-6;  // used when q_norm/k_norm are set
 };
 
 struct AttentionWeights {
   at::Tensor q_proj, k_proj, v_proj, o_proj;  // [out, in], nn.Linear layout
   at::Tensor q_bias, k_bias, v_bias, o_bias;  // undefined when absent
+  at::Tensor q_norm, k_norm;  // [D] per-head RMSNorm before rope (Qwen3); undefined when absent
   // Set by FuseQkv: [q_out + 2 kv_out, in] (and its bias); q/k/v_proj are
   // then released.
   at::Tensor qkv_proj, qkv_bias;

@@ -2,8 +2,11 @@
 // the bundled tiny-code-llama with real chat samples and on random-weight
 // configs covering rope types (default, linear, llama3, yarn), GQA/MQA,
 // explicit head_dim, tied embeddings, fp16/bf16/fp32 weights, sharded and
-// single-file checkpoints, and both config layouts.
-// Fixtures: tests/golden/make_llama_golden.py.
+// single-file checkpoints, and both config layouts; and on the other
+// architectures: Qwen2 (q/k/v bias), Qwen3 (q/k norm, tied), Mixtral (top-2
+// of 4 experts) and Qwen3-MoE (top-2 of 8 renormalised with a dense layer
+// in between; top-3 of 4 not renormalised, MoE every second layer).
+// Fixtures: tests/golden/make_llama_golden.py, make_arch_golden.py.
 //
 // Tolerance: 1e-4 relative (max abs error over the tensor's max abs).
 // Measured on the CPU machine (LibTorch 1.13 + BLIS, fp32, 2026-11-30), worst
@@ -32,9 +35,9 @@ struct Param {
   AttentionKernel kernel;
 };
 
-class LlamaGoldenTest : public ::testing::TestWithParam<Param> {};
+class DecoderGoldenTest : public ::testing::TestWithParam<Param> {};
 
-TEST_P(LlamaGoldenTest, MatchesTransformersFp32) {
+TEST_P(DecoderGoldenTest, MatchesTransformersFp32) {
   const GoldenCase c = LoadGoldenCase(GetParam().name);
   auto dir = ModelDir::Open(c.model_dir);
   ASSERT_TRUE(dir.ok()) << dir.status();
@@ -74,20 +77,21 @@ TEST_P(LlamaGoldenTest, MatchesTransformersFp32) {
 std::vector<Param> AllCases() {
   std::vector<Param> out;
   for (const char* name :
-       {"tiny_code_llama", "rand_llama3_gqa", "rand_yarn_mqa", "rand_linear_headdim", "rand_default_mha"}) {
+       {"tiny_code_llama", "rand_llama3_gqa", "rand_yarn_mqa", "rand_linear_headdim", "rand_default_mha",
+        "rand_qwen2", "rand_qwen3", "rand_mixtral", "rand_qwen3_moe", "rand_qwen3_moe_unnorm"}) {
     out.push_back({name, AttentionKernel::kEager});
     out.push_back({name, AttentionKernel::kSdpa});
   }
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, LlamaGoldenTest, ::testing::ValuesIn(AllCases()),
+INSTANTIATE_TEST_SUITE_P(Cases, DecoderGoldenTest, ::testing::ValuesIn(AllCases()),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            return info.param.name +
                                   (info.param.kernel == AttentionKernel::kEager ? "_eager" : "_sdpa");
                          });
 
-TEST(LlamaForwardTest, SamplesDoNotSeeEachOther) {
+TEST(DecoderForwardTest, SamplesDoNotSeeEachOther) {
   // Packing two samples must give each the outputs it gets alone.
   const GoldenCase c = LoadGoldenCase("rand_default_mha");
   auto dir = ModelDir::Open(c.model_dir);
@@ -104,7 +108,7 @@ TEST(LlamaForwardTest, SamplesDoNotSeeEachOther) {
   EXPECT_TRUE(torch::allclose(packed->last_hidden.narrow(0, 7, 4), alone_b->last_hidden, 1e-5, 1e-6));
 }
 
-TEST(LlamaForwardTest, BadInputsAreErrors) {
+TEST(DecoderForwardTest, BadInputsAreErrors) {
   const GoldenCase c = LoadGoldenCase("rand_default_mha");
   auto dir = ModelDir::Open(c.model_dir);
   ASSERT_TRUE(dir.ok());

@@ -1,0 +1,249 @@
+#include "teacher_server/models/decoder_lm.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "teacher_server/layers/rms_norm.h"
+#include "teacher_server/weight_loader.h"
+
+namespace e3 {
+namespace {
+
+// Rows of the lm_head product computed at once for the argmax, so the
+// [T, V] logits never need to exist in full.
+constexpr int64_t kArgmaxChunkRows = 1024;
+
+// The names of one expert's three projections and of the router.
+struct ExpertNames {
+  std::string router, gate, up, down;
+};
+
+ExpertNames MoeNames(Architecture arch, const std::string& layer_prefix, int64_t e) {
+  if (arch == Architecture::kMixtral) {
+    const std::string p = layer_prefix + "block_sparse_moe.";
+    const std::string x = absl::StrCat(p, "experts.", e, ".");
+    return {p + "gate.weight", x + "w1.weight", x + "w3.weight", x + "w2.weight"};
+  }
+  const std::string p = layer_prefix + "mlp.";
+  const std::string x = absl::StrCat(p, "experts.", e, ".");
+  return {p + "gate.weight", x + "gate_proj.weight", x + "up_proj.weight", x + "down_proj.weight"};
+}
+
+// Tensors a layer loads, for the progress callback's total.
+int64_t TensorsPerLayer(const ModelConfig& c, const ShardPlan& plan, bool moe) {
+  int64_t n = 2 + 4 + (c.qkv_bias ? 3 : 0) + (c.o_bias ? 1 : 0) + (c.qk_norm ? 2 : 0);
+  n += moe ? 1 + 3 * plan.experts.size : 3 + (c.mlp_bias ? 3 : 0);
+  return n;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DecoderLM>> DecoderLM::Load(const ModelDir& dir, const ModelOptions& options) {
+  const ModelConfig& c = dir.config();
+  auto model = std::unique_ptr<DecoderLM>(new DecoderLM(c, options));
+  const int tp_size = options.tp ? options.tp->size() : 1;
+  const int tp_rank = options.tp ? options.tp->rank() : 0;
+  const int ep_size = options.tp ? options.tp->ep_size() : 1;
+  E3_ASSIGN_OR_RETURN(model->plan_, ShardPlan::Make(c, tp_rank, tp_size, ep_size));
+  model->attn_shape_ = {model->plan_.q_heads.size, model->plan_.kv_heads.size, c.head_dim, c.rotary_dim(),
+                        c.rms_norm_eps};
+  model->routing_ = {c.moe.top_k, c.moe.norm_topk_prob};
+  try {
+    E3_RETURN_IF_ERROR(model->LoadWeights(dir));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(dir.path(), ": loading weights failed: ", e.what_without_backtrace()));
+  }
+  return model;
+}
+
+absl::Status DecoderLM::LoadWeights(const ModelDir& dir) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  int64_t total = 3;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) total += TensorsPerLayer(c, plan_, c.IsMoeLayer(i));
+  WeightLoader w(dir, options_.dtype, options_.device, options_.on_progress, total);
+  E3_ASSIGN_OR_RETURN(embed_tokens_, w.LoadSlice("model.embed_tokens.weight", {V, H}, 0, plan_.vocab.begin,
+                                                 plan_.vocab.size));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    Layer layer;
+    E3_RETURN_IF_ERROR(LoadLayer(w, i, &layer));
+    layers_.push_back(std::move(layer));
+  }
+  E3_ASSIGN_OR_RETURN(norm_, w.Load("model.norm.weight", {H}));
+  const std::string head_name = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  if (c.tie_word_embeddings) {
+    lm_head_ = embed_tokens_;
+  } else {
+    E3_ASSIGN_OR_RETURN(lm_head_, w.LoadSlice(head_name, {V, H}, 0, plan_.vocab.begin, plan_.vocab.size));
+  }
+  if (!plan_.sharded()) {
+    full_embed_tokens_ = embed_tokens_;
+    full_lm_head_ = lm_head_;
+  } else if (plan_.rank == 0) {
+    // Rank 0 serves GetWeights: whole tables, kept on the host.
+    WeightLoader host(dir, options_.dtype, at::kCPU);
+    E3_ASSIGN_OR_RETURN(full_embed_tokens_, host.Load("model.embed_tokens.weight", {V, H}));
+    full_lm_head_ = full_embed_tokens_;
+    if (!c.tie_word_embeddings) {
+      E3_ASSIGN_OR_RETURN(full_lm_head_, host.Load(head_name, {V, H}));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecoderLM::LoadLayer(WeightLoader& w, int64_t i, Layer* layer) const {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, D = c.head_dim;
+  const int64_t q_out = c.num_attention_heads * D, kv_out = c.num_key_value_heads * D;
+  const int64_t q0 = plan_.q_heads.begin * D, qn = plan_.q_heads.size * D;
+  const int64_t kv0 = plan_.kv_heads.begin * D, kvn = plan_.kv_heads.size * D;
+  const std::string p = absl::StrCat("model.layers.", i, ".");
+  E3_ASSIGN_OR_RETURN(layer->input_layernorm, w.Load(p + "input_layernorm.weight", {H}));
+  E3_ASSIGN_OR_RETURN(layer->post_attention_layernorm, w.Load(p + "post_attention_layernorm.weight", {H}));
+  AttentionWeights& a = layer->attn;
+  E3_ASSIGN_OR_RETURN(a.q_proj, w.LoadSlice(p + "self_attn.q_proj.weight", {q_out, H}, 0, q0, qn));
+  E3_ASSIGN_OR_RETURN(a.k_proj, w.LoadSlice(p + "self_attn.k_proj.weight", {kv_out, H}, 0, kv0, kvn));
+  E3_ASSIGN_OR_RETURN(a.v_proj, w.LoadSlice(p + "self_attn.v_proj.weight", {kv_out, H}, 0, kv0, kvn));
+  E3_ASSIGN_OR_RETURN(a.o_proj, w.LoadSlice(p + "self_attn.o_proj.weight", {H, q_out}, 1, q0, qn));
+  if (c.qkv_bias) {
+    E3_ASSIGN_OR_RETURN(a.q_bias, w.LoadSlice(p + "self_attn.q_proj.bias", {q_out}, 0, q0, qn));
+    E3_ASSIGN_OR_RETURN(a.k_bias, w.LoadSlice(p + "self_attn.k_proj.bias", {kv_out}, 0, kv0, kvn));
+    E3_ASSIGN_OR_RETURN(a.v_bias, w.LoadSlice(p + "self_attn.v_proj.bias", {kv_out}, 0, kv0, kvn));
+  }
+  if (c.o_bias && plan_.adds_reduced_bias()) {
+    E3_ASSIGN_OR_RETURN(a.o_bias, w.Load(p + "self_attn.o_proj.bias", {H}));
+  }
+  if (c.qk_norm) {
+    E3_ASSIGN_OR_RETURN(a.q_norm, w.Load(p + "self_attn.q_norm.weight", {D}));
+    E3_ASSIGN_OR_RETURN(a.k_norm, w.Load(p + "self_attn.k_norm.weight", {D}));
+  }
+  if (options_.fuse_projections) FuseQkv(&a);
+
+  layer->is_moe = c.IsMoeLayer(i);
+  if (layer->is_moe) {
+    const int64_t I = c.moe.intermediate_size;
+    const int64_t i0 = plan_.expert_intermediate.begin, in = plan_.expert_intermediate.size;
+    E3_ASSIGN_OR_RETURN(layer->moe.router,
+                        w.Load(MoeNames(c.architecture, p, 0).router, {c.moe.num_experts, H}));
+    layer->moe.first_expert = plan_.experts.begin;
+    for (int64_t e = plan_.experts.begin; e < plan_.experts.end(); ++e) {
+      const ExpertNames n = MoeNames(c.architecture, p, e);
+      MlpWeights m;
+      E3_ASSIGN_OR_RETURN(m.gate_proj, w.LoadSlice(n.gate, {I, H}, 0, i0, in));
+      E3_ASSIGN_OR_RETURN(m.up_proj, w.LoadSlice(n.up, {I, H}, 0, i0, in));
+      E3_ASSIGN_OR_RETURN(m.down_proj, w.LoadSlice(n.down, {H, I}, 1, i0, in));
+      if (options_.fuse_projections) FuseGateUp(&m);
+      layer->moe.experts.push_back(std::move(m));
+    }
+    return absl::OkStatus();
+  }
+  const int64_t I = c.intermediate_size;
+  const int64_t i0 = plan_.intermediate.begin, in = plan_.intermediate.size;
+  MlpWeights& m = layer->mlp;
+  E3_ASSIGN_OR_RETURN(m.gate_proj, w.LoadSlice(p + "mlp.gate_proj.weight", {I, H}, 0, i0, in));
+  E3_ASSIGN_OR_RETURN(m.up_proj, w.LoadSlice(p + "mlp.up_proj.weight", {I, H}, 0, i0, in));
+  E3_ASSIGN_OR_RETURN(m.down_proj, w.LoadSlice(p + "mlp.down_proj.weight", {H, I}, 1, i0, in));
+  if (c.mlp_bias) {
+    E3_ASSIGN_OR_RETURN(m.gate_bias, w.LoadSlice(p + "mlp.gate_proj.bias", {I}, 0, i0, in));
+    E3_ASSIGN_OR_RETURN(m.up_bias, w.LoadSlice(p + "mlp.up_proj.bias", {I}, 0, i0, in));
+    if (plan_.adds_reduced_bias()) {
+      E3_ASSIGN_OR_RETURN(m.down_bias, w.Load(p + "mlp.down_proj.bias", {H}));
+    }
+  }
+  if (options_.fuse_projections) FuseGateUp(&m);
+  return absl::OkStatus();
+}
+
+absl::Status DecoderLM::CheckForward(const PackedBatch& batch, const ForwardOptions& options) const {
+  for (int32_t id : options.aux_layer_ids) {
+    if (id < 0 || id >= config_.num_hidden_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("aux layer id ", id, " is outside [0, ",
+                                                     config_.num_hidden_layers, ") for ", config_.source));
+    }
+  }
+  if (batch.num_tokens() == 0) return absl::InvalidArgumentError("empty batch");
+  if (config_.sliding_window > 0) {
+    for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s) {
+      const int64_t n = batch.cu_seqlens[s + 1] - batch.cu_seqlens[s];
+      if (n > config_.sliding_window) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sample ", s, " has ", n, " tokens, more than the sliding window (", config_.sliding_window, ") of ",
+            config_.source, "; windowed attention is not implemented: cut samples with --max_seq_len"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ForwardOutput> DecoderLM::Forward(const PackedBatch& batch, const ForwardOptions& options) {
+  E3_RETURN_IF_ERROR(CheckForward(batch, options));
+  try {
+    // Gloo runs collectives on its own threads, outside this thread's
+    // InferenceMode, and may not write inference tensors there: a sharded
+    // forward uses plain no-grad mode instead.
+    c10::InferenceMode inference(!plan_.sharded());
+    torch::NoGradGuard no_grad;
+    return Run(batch, options);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(config_.architecture_name, " forward failed: ",
+                                            e.what_without_backtrace()));
+  }
+}
+
+void DecoderLM::ReduceIfSharded(at::Tensor& partial) {
+  if (plan_.sharded()) options_.tp->AllReduceSum(partial);
+}
+
+ForwardOutput DecoderLM::Run(const PackedBatch& batch, const ForwardOptions& options) {
+  const double eps = config_.rms_norm_eps;
+  at::Tensor h = plan_.sharded()
+                     ? options_.tp->VocabParallelEmbedding(batch.input_ids, embed_tokens_, plan_.vocab.begin)
+                     : at::embedding(embed_tokens_, batch.input_ids);
+  auto [cos, sin] = rotary_.CosSin(batch.position_ids, h.scalar_type());
+
+  std::vector<at::Tensor> captured(options.aux_layer_ids.size());
+  for (int64_t i = 0; i < static_cast<int64_t>(layers_.size()); ++i) {
+    const Layer& layer = layers_[i];
+    at::Tensor residual = h;
+    at::Tensor x = RmsNorm(h, layer.input_layernorm, eps);
+    x = SelfAttention(x, layer.attn, attn_shape_, cos, sin, batch.cu_seqlens, options_.attention);
+    ReduceIfSharded(x);
+    h = residual + x;
+    residual = h;
+    x = RmsNorm(h, layer.post_attention_layernorm, eps);
+    x = layer.is_moe ? SparseMoe(x, layer.moe, routing_) : SwiGluMlp(x, layer.mlp);
+    ReduceIfSharded(x);
+    h = residual + x;
+    for (size_t k = 0; k < options.aux_layer_ids.size(); ++k) {
+      if (options.aux_layer_ids[k] == i) captured[k] = h;
+    }
+  }
+  ForwardOutput out;
+  out.last_hidden = RmsNorm(h, norm_, eps);
+  if (!captured.empty()) out.aux_hidden = torch::cat(captured, -1);
+  if (options.return_logits || options.return_argmax) {
+    const int64_t T = out.last_hidden.size(0);
+    std::vector<at::Tensor> logits, argmax;
+    for (int64_t start = 0; start < T; start += kArgmaxChunkRows) {
+      const int64_t n = std::min(kArgmaxChunkRows, T - start);
+      at::Tensor chunk = at::linear(out.last_hidden.narrow(0, start, n), lm_head_);
+      if (options.return_argmax) {
+        argmax.push_back(plan_.sharded() ? options_.tp->VocabParallelArgmax(chunk, plan_.vocab.begin)
+                                         : chunk.argmax(-1).to(at::kInt));
+      }
+      if (options.return_logits) {
+        // Vocab shards are ceil(V / tp) rows except the last: gather padded.
+        if (plan_.sharded()) {
+          const int64_t rows = (config_.vocab_size + plan_.tp_size - 1) / plan_.tp_size;
+          at::Tensor padded = at::constant_pad_nd(chunk, {0, rows - chunk.size(1)});
+          chunk = torch::cat(options_.tp->AllGather(padded), -1).narrow(-1, 0, config_.vocab_size);
+        }
+        logits.push_back(chunk);
+      }
+    }
+    if (options.return_argmax) out.target_argmax = torch::cat(argmax);
+    if (options.return_logits) out.logits = torch::cat(logits);
+  }
+  return out;
+}
+
+}  // namespace e3

@@ -1,0 +1,76 @@
+// The Llama family of pre-norm decoders for the reference `hf` backend:
+// LlamaForCausalLM, Qwen2ForCausalLM (q/k/v bias), Qwen3ForCausalLM
+// (per-head q/k RMSNorm), MixtralForCausalLM and Qwen3MoeForCausalLM
+// (routed experts). One class, because the five differ only in which
+// weights a layer has; the op order and precision follow each
+// architecture's modeling_*.py in transformers, over packed batches.
+//
+// With ModelOptions::tp set, this rank holds its ShardPlan's slices and
+// the forward all-reduces after every row-parallel product (o_proj, the
+// MLP or the experts, the vocab-parallel embedding), so the residual
+// stream, and with it every aux hidden state, is whole on every rank.
+#ifndef E3_TEACHER_SERVER_MODELS_DECODER_LM_H_
+#define E3_TEACHER_SERVER_MODELS_DECODER_LM_H_
+
+#include <memory>
+#include <vector>
+
+#include "teacher_server/causal_lm.h"
+#include "teacher_server/layers/attention.h"
+#include "teacher_server/layers/mlp.h"
+#include "teacher_server/layers/moe.h"
+#include "teacher_server/layers/rotary.h"
+#include "teacher_server/parallel/shard_plan.h"
+
+namespace e3 {
+
+class WeightLoader;
+
+class DecoderLM : public CausalLM {
+ public:
+  static absl::StatusOr<std::unique_ptr<DecoderLM>> Load(const ModelDir& dir, const ModelOptions& options);
+
+  absl::Status CheckForward(const PackedBatch& batch, const ForwardOptions& options) const override;
+  absl::StatusOr<ForwardOutput> Forward(const PackedBatch& batch, const ForwardOptions& options) override;
+  const ModelConfig& config() const override { return config_; }
+  const ModelOptions& options() const override { return options_; }
+  at::Tensor embed_tokens() const override { return full_embed_tokens_; }
+  at::Tensor lm_head() const override { return full_lm_head_; }
+  const ShardPlan& shard_plan() const { return plan_; }
+
+ private:
+  struct Layer {
+    at::Tensor input_layernorm;
+    at::Tensor post_attention_layernorm;
+    AttentionWeights attn;
+    bool is_moe = false;
+    MlpWeights mlp;  // dense layers
+    MoeWeights moe;  // routed-experts layers
+  };
+
+  DecoderLM(ModelConfig config, ModelOptions options)
+      : config_(std::move(config)), options_(std::move(options)),
+        rotary_(config_.rope, config_.rotary_dim(), options_.device) {}
+  absl::Status LoadWeights(const ModelDir& dir);
+  absl::Status LoadLayer(WeightLoader& w, int64_t i, Layer* layer) const;
+  ForwardOutput Run(const PackedBatch& batch, const ForwardOptions& options);
+  void ReduceIfSharded(at::Tensor& partial);
+
+  ModelConfig config_;
+  ModelOptions options_;
+  ShardPlan plan_;
+  RotaryEmbedding rotary_;
+  AttentionShape attn_shape_;
+  MoeRouting routing_;
+  at::Tensor embed_tokens_;  // this rank's vocab rows
+  at::Tensor lm_head_;       // this rank's vocab rows
+  at::Tensor norm_;
+  // The whole tables, for GetWeights: the local ones when unsharded; on a
+  // sharded rank 0 a host copy; undefined on other sharded ranks.
+  at::Tensor full_embed_tokens_, full_lm_head_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace e3
+
+#endif  // E3_TEACHER_SERVER_MODELS_DECODER_LM_H_

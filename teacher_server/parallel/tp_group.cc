@@ -1,0 +1,48 @@
+#include "teacher_server/parallel/tp_group.h"
+
+#include <string>
+
+namespace e3 {
+namespace {
+
+void ThrowIfError(const absl::Status& st) {
+  TORCH_CHECK(st.ok(), "tensor parallel: ", std::string(st.message()));
+}
+
+}  // namespace
+
+void TpGroup::AllReduceSum(at::Tensor& t) {
+  auto pending = group_->AllReduceSum(t);
+  ThrowIfError(pending.status());
+  ThrowIfError((*pending)->Wait());
+}
+
+std::vector<at::Tensor> TpGroup::AllGather(const at::Tensor& t) {
+  at::Tensor in = t.contiguous();
+  std::vector<at::Tensor> out;
+  for (int r = 0; r < size(); ++r) out.push_back(torch::empty_like(in));
+  ThrowIfError(group_->AllGather(in, out));
+  return out;
+}
+
+at::Tensor TpGroup::VocabParallelEmbedding(const at::Tensor& ids, const at::Tensor& table, int64_t begin) {
+  at::Tensor local = ids - begin;
+  at::Tensor outside = (local < 0).logical_or(local >= table.size(0));
+  at::Tensor h = at::embedding(table, local.masked_fill(outside, 0));
+  h.masked_fill_(outside.unsqueeze(-1), 0);
+  AllReduceSum(h);  // exactly one rank holds each row: the sum is exact
+  return h;
+}
+
+at::Tensor TpGroup::VocabParallelArgmax(const at::Tensor& local_logits, int64_t begin) {
+  at::Tensor where = local_logits.argmax(-1);  // argmax, unlike max(dim), promises the first maximum
+  at::Tensor best = local_logits.gather(-1, where.unsqueeze(-1)).squeeze(-1);
+  std::vector<at::Tensor> values = AllGather(best.to(at::kFloat));
+  std::vector<at::Tensor> ids = AllGather(where + begin);
+  // [ranks, n]: ranks hold ascending vocab ranges, so the first rank with
+  // the maximum holds its lowest id.
+  at::Tensor rank_of_best = torch::stack(values).argmax(0, /*keepdim=*/true);
+  return torch::stack(ids).gather(0, rank_of_best).squeeze(0).to(at::kInt);
+}
+
+}  // namespace e3

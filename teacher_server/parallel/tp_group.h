@@ -1,0 +1,45 @@
+// The collectives a tensor-parallel teacher needs, over one c10d process
+// group (NCCL on GPU, Gloo on CPU). They are called from inside a forward
+// pass, whose c10::Error handler turns a failure into a status, so they
+// throw c10::Error rather than return one.
+#ifndef E3_TEACHER_SERVER_PARALLEL_TP_GROUP_H_
+#define E3_TEACHER_SERVER_PARALLEL_TP_GROUP_H_
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+#include "common/torch/process_group.h"
+
+namespace e3 {
+
+class TpGroup {
+ public:
+  TpGroup(std::unique_ptr<ProcessGroup> group, int ep_size) : group_(std::move(group)), ep_size_(ep_size) {}
+
+  int rank() const { return group_->rank(); }
+  int size() const { return group_->world_size(); }
+  int ep_size() const { return ep_size_; }
+  ProcessGroup& group() { return *group_; }
+
+  // Sum over ranks, in place. `t` must be contiguous.
+  void AllReduceSum(at::Tensor& t);
+  // Every rank's `t` (same shape on all), in rank order.
+  std::vector<at::Tensor> AllGather(const at::Tensor& t);
+  // Sum of per-rank embeddings of a vocab-parallel table: rows outside
+  // [begin, begin + rows) are zero on this rank.
+  at::Tensor VocabParallelEmbedding(const at::Tensor& ids, const at::Tensor& table, int64_t begin);
+  // The global argmax over a vocab-parallel product: `local_logits` [n, v]
+  // hold this rank's columns, starting at vocab id `begin`. Ties resolve to
+  // the lowest id, as torch's argmax does.
+  at::Tensor VocabParallelArgmax(const at::Tensor& local_logits, int64_t begin);
+
+ private:
+  std::unique_ptr<ProcessGroup> group_;
+  int ep_size_;
+};
+
+}  // namespace e3
+
+#endif  // E3_TEACHER_SERVER_PARALLEL_TP_GROUP_H_

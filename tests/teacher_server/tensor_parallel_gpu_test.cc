@@ -1,0 +1,77 @@
+// Teacher tensor and expert parallelism on two GPUs: real processes, a
+// ProcessGroupNCCL group. Same harness as the CPU test (tp_harness.h).
+//
+// Tolerances (max abs error over the tensor's max abs, against TP=1 on the
+// same GPU and dtype):
+//   fp32: 1e-5, as on CPU (TF32 stays off in LibTorch C++ by default).
+//   bf16: 3e-2. Each all-reduce rounds the summed partial products to bf16
+//   (8 bits of mantissa, 3.9e-3 relative) where the unsharded matmul rounds
+//   once; 6 layers x 2 reductions compound that to a few 1e-3..1e-2.
+#include <gtest/gtest.h>
+
+#include "common/gpu/cuda_runtime.h"
+#include "tests/teacher_server/tp_harness.h"
+
+namespace e3 {
+namespace {
+
+using testing::RunTpProcesses;
+using testing::TpRun;
+
+TEST(TensorParallelGpuTest, ChildRole) {
+  const char* spec = std::getenv("E3_TP_CHILD");
+  if (spec == nullptr) GTEST_SKIP() << "runs only as a rank started by the tests below";
+  testing::RunTpChild(spec);
+}
+
+class TensorParallelNcclTest : public ::testing::TestWithParam<TpRun> {
+ protected:
+  void SetUp() override {
+    if (std::getenv("E3_TP_CHILD") != nullptr) GTEST_SKIP();
+    if (CudaDeviceCount() < GetParam().tp_size) GTEST_SKIP() << "needs " << GetParam().tp_size << " GPUs";
+  }
+};
+
+TEST_P(TensorParallelNcclTest, MatchesTheUnshardedModel) {
+  const TpRun run = GetParam();
+  const bool bf16 = run.dtype == "bfloat16";
+  const double tol = bf16 ? 3e-2 : 1e-5;
+  const nlohmann::json r = RunTpProcesses(run, "TensorParallelGpuTest.ChildRole",
+                                          testing::ScratchDir("tp_gpu_" + run.golden_case + run.dtype));
+  ASSERT_FALSE(r.empty());
+  ASSERT_FALSE(r.contains("forward_error")) << r.dump();
+  std::printf("[%s tp=%d ep=%d %s] vs TP=1: aux %.3g, last %.3g, logits %.3g, argmax agreement %.4f; vs HF fp32: "
+              "aux %.3g\n",
+              run.golden_case.c_str(), run.tp_size, run.ep_size, run.dtype.c_str(), r["aux_vs_tp1"].get<double>(),
+              r["last_vs_tp1"].get<double>(), r["logits_vs_tp1"].get<double>(),
+              r["argmax_agreement_tp1"].get<double>(), r["aux_vs_hf"].get<double>());
+  EXPECT_TRUE(r["shapes_match"].get<bool>());
+  EXPECT_LT(r["aux_vs_tp1"].get<double>(), tol);
+  EXPECT_LT(r["last_vs_tp1"].get<double>(), tol);
+  EXPECT_LT(r["logits_vs_tp1"].get<double>(), tol);
+  EXPECT_TRUE(r["argmax_equals_own_logits"].get<bool>());
+  // bf16 rounding can flip near-ties of the top two logits.
+  EXPECT_GE(r["argmax_agreement_tp1"].get<double>(), bf16 ? 0.97 : 1.0);
+  EXPECT_TRUE(r["repeat_bitwise_equal"].get<bool>());
+}
+
+TpRun Gpu(const char* name, int tp, int ep, const char* dtype) {
+  TpRun r{name, tp, ep, true, dtype};
+  return r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelNcclTest,
+                         ::testing::Values(Gpu("rand_llama3_gqa", 2, 1, "float32"),
+                                           Gpu("rand_yarn_mqa", 2, 1, "float32"),
+                                           Gpu("rand_qwen2", 2, 1, "float32"),
+                                           Gpu("rand_qwen3_moe", 2, 2, "float32"),
+                                           Gpu("rand_mixtral", 2, 1, "float32"),
+                                           Gpu("tiny_code_llama", 2, 1, "bfloat16"),
+                                           Gpu("rand_qwen3_moe", 2, 2, "bfloat16")),
+                         [](const ::testing::TestParamInfo<TpRun>& info) {
+                           return absl::StrCat(info.param.golden_case, "_tp", info.param.tp_size, "_ep",
+                                               info.param.ep_size, "_", info.param.dtype);
+                         });
+
+}  // namespace
+}  // namespace e3

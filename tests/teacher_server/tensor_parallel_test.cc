@@ -1,0 +1,147 @@
+// Teacher tensor and expert parallelism on CPU: real processes, a Gloo
+// group on loopback. TP=2 (and TP=4) must give the aux states, last hidden
+// state, logits and argmax of TP=1.
+//
+// Tolerance: 1e-5 relative (max abs error over the tensor's max abs) for
+// fp32. A sharded row-parallel product sums its partial products in a
+// different order than the whole matmul; in fp32 that moves results by a
+// few ulps per layer, ~1e-6 relative after 6 layers (measured below).
+#include <gtest/gtest.h>
+
+#include "teacher_server/models/decoder_lm.h"
+#include "tests/teacher_server/tp_harness.h"
+
+namespace e3 {
+namespace {
+
+using testing::RunTpProcesses;
+using testing::TpRun;
+
+constexpr double kFp32Tol = 1e-5;
+
+TEST(TensorParallelTest, ChildRole) {
+  const char* spec = std::getenv("E3_TP_CHILD");
+  if (spec == nullptr) GTEST_SKIP() << "runs only as a rank started by the tests below";
+  testing::RunTpChild(spec);
+}
+
+class TensorParallelCpuTest : public ::testing::TestWithParam<TpRun> {
+ protected:
+  void SetUp() override {
+#ifdef E3_HAS_CUDA
+    GTEST_SKIP() << "CPU tensor parallelism needs Gloo, which pip's LibTorch lacks (the GPU test covers NCCL)";
+#endif
+    if (std::getenv("E3_TP_CHILD") != nullptr) GTEST_SKIP();
+  }
+};
+
+TEST_P(TensorParallelCpuTest, MatchesTheUnshardedModel) {
+  const TpRun run = GetParam();
+  const std::string dir = testing::ScratchDir("tp_" + run.golden_case);
+  const nlohmann::json r = RunTpProcesses(run, "TensorParallelTest.ChildRole", dir);
+  ASSERT_FALSE(r.empty());
+  ASSERT_FALSE(r.contains("forward_error")) << r.dump();
+  std::printf("[%s tp=%d ep=%d] vs TP=1: aux %.3g, last %.3g, logits %.3g, argmax agreement %.4f; vs HF: aux %.3g\n",
+              run.golden_case.c_str(), run.tp_size, run.ep_size, r["aux_vs_tp1"].get<double>(),
+              r["last_vs_tp1"].get<double>(), r["logits_vs_tp1"].get<double>(),
+              r["argmax_agreement_tp1"].get<double>(), r["aux_vs_hf"].get<double>());
+  EXPECT_TRUE(r["shapes_match"].get<bool>());
+  EXPECT_LT(r["aux_vs_tp1"].get<double>(), kFp32Tol);
+  EXPECT_LT(r["last_vs_tp1"].get<double>(), kFp32Tol);
+  EXPECT_LT(r["logits_vs_tp1"].get<double>(), kFp32Tol);
+  EXPECT_EQ(r["argmax_agreement_tp1"].get<double>(), 1.0);
+  EXPECT_TRUE(r["argmax_equals_own_logits"].get<bool>());
+  EXPECT_LT(r["aux_vs_hf"].get<double>(), 1e-4);  // the golden tests' bound
+  EXPECT_TRUE(r["repeat_bitwise_equal"].get<bool>());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, TensorParallelCpuTest,
+    ::testing::Values(TpRun{"rand_llama3_gqa", 2, 1},        // 8 q heads, 2 kv heads: 1 kv head per rank
+                      TpRun{"rand_yarn_mqa", 2, 1},          // 1 kv head: replicated on both ranks
+                      TpRun{"rand_linear_headdim", 2, 1},    // tied embeddings: vocab-parallel both ways
+                      TpRun{"rand_qwen2", 2, 1},             // q/k/v biases sliced
+                      TpRun{"rand_qwen3", 2, 1},             // q/k norms replicated
+                      TpRun{"rand_mixtral", 2, 1},           // EP=1: every expert split over 2 ranks
+                      TpRun{"rand_qwen3_moe", 2, 2},         // EP=2: whole experts per rank
+                      TpRun{"rand_qwen3_moe", 4, 2},         // 2 groups of 2: experts and their slices
+                      TpRun{"rand_qwen3_moe_unnorm", 4, 4}), // 1 expert per rank, kv replicated
+    [](const ::testing::TestParamInfo<TpRun>& info) {
+      return absl::StrCat(info.param.golden_case, "_tp", info.param.tp_size, "_ep", info.param.ep_size);
+    });
+
+TEST(TensorParallelFaultTest, LeaderReportsADeadFollowerInsteadOfHanging) {
+#ifdef E3_HAS_CUDA
+  GTEST_SKIP() << "needs Gloo";
+#endif
+  if (std::getenv("E3_TP_CHILD") != nullptr) GTEST_SKIP();
+  TpRun run{"rand_default_mha", 2, 1};
+  run.follower_fault = "exit_after_load";
+  const auto start = std::chrono::steady_clock::now();
+  const nlohmann::json r =
+      RunTpProcesses(run, "TensorParallelTest.ChildRole", testing::ScratchDir("tp_fault"));
+  ASSERT_TRUE(r.contains("forward_error")) << r.dump();
+  std::printf("leader's error: %s\n", r["forward_error"].get<std::string>().c_str());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(90));
+}
+
+TEST(ShardPlanTest, SplitsHeadsVocabAndExperts) {
+  ModelConfig c;
+  c.source = "config.json";
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 8;
+  c.intermediate_size = 14336;
+  c.vocab_size = 128257;  // odd: the last rank's shard is shorter
+  auto p = ShardPlan::Make(c, 3, 4, 1);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->q_heads.begin, 24);
+  EXPECT_EQ(p->q_heads.size, 8);
+  EXPECT_EQ(p->kv_heads.begin, 6);
+  EXPECT_EQ(p->kv_heads.size, 2);
+  EXPECT_EQ(p->intermediate.begin, 3 * 3584);
+  EXPECT_EQ(p->vocab.begin, 3 * 32065);
+  EXPECT_EQ(p->vocab.end(), 128257);
+
+  // GQA with fewer KV heads than ranks: ranks 0-3 read kv head 0, 4-7 head 1.
+  c.num_key_value_heads = 2;
+  for (int r = 0; r < 8; ++r) {
+    auto q = ShardPlan::Make(c, r, 8, 1);
+    ASSERT_TRUE(q.ok());
+    EXPECT_EQ(q->kv_heads.begin, r / 4);
+    EXPECT_EQ(q->kv_heads.size, 1);
+    // Its query heads' group (heads / kv = 16 per kv head) is that head.
+    EXPECT_EQ(q->q_heads.begin / 16, q->kv_heads.begin);
+  }
+
+  c.moe.num_experts = 8;
+  c.moe.intermediate_size = 768;
+  auto m = ShardPlan::Make(c, 5, 8, 2);  // 2 groups of 4 ranks
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->experts.begin, 4);
+  EXPECT_EQ(m->experts.size, 4);
+  EXPECT_EQ(m->expert_intermediate.begin, 192);
+  EXPECT_EQ(m->expert_intermediate.size, 192);
+}
+
+TEST(ShardPlanTest, NamesTheFieldThatDoesNotDivide) {
+  ModelConfig c;
+  c.source = "m/config.json";
+  c.num_attention_heads = 12;
+  c.num_key_value_heads = 3;
+  c.intermediate_size = 64;
+  c.vocab_size = 100;
+  auto p = ShardPlan::Make(c, 0, 8, 1);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("\"num_attention_heads\" = 12"), std::string::npos) << p.status();
+  c.num_attention_heads = 16;
+  p = ShardPlan::Make(c, 0, 4, 1);  // 3 kv heads over 4 ranks
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("num_key_value_heads"), std::string::npos) << p.status();
+  c.num_key_value_heads = 4;
+  EXPECT_FALSE(ShardPlan::Make(c, 0, 4, 2).ok());  // EP on a dense model
+  EXPECT_FALSE(ShardPlan::Make(c, 0, 4, 3).ok());  // ep does not divide tp
+  EXPECT_FALSE(ShardPlan::Make(c, 4, 4, 1).ok());  // rank outside
+}
+
+}  // namespace
+}  // namespace e3

@@ -1,0 +1,152 @@
+// Runs a tensor-parallel teacher as real processes: this test binary
+// starts itself once per rank (env E3_TP_CHILD), the ranks meet over a c10d
+// group on loopback (Gloo on CPU, NCCL on GPUs), rank 0 drives forwards
+// through TpLeader and the others serve them with RunTpFollower, exactly as
+// teacher_server does. Rank 0 also runs the unsharded model in-process and
+// writes how far the sharded outputs are from it (and from transformers'
+// golden fp32 outputs) to a JSON file the parent reads.
+#ifndef E3_TESTS_TEACHER_SERVER_TP_HARNESS_H_
+#define E3_TESTS_TEACHER_SERVER_TP_HARNESS_H_
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/model_dir.h"
+#include "nlohmann/json.hpp"
+#include "teacher_server/causal_lm.h"
+#include "teacher_server/parallel/tp_control.h"
+#include "tests/e2e/subprocess.h"
+#include "tests/free_port.h"
+#include "tests/teacher_server/golden_fixture.h"
+
+namespace e3::testing {
+
+struct TpRun {
+  std::string golden_case;
+  int tp_size = 2;
+  int ep_size = 1;
+  bool cuda = false;
+  std::string dtype = "float32";
+  std::string follower_fault;  // "exit_after_load": rank 1 dies before any forward
+};
+
+inline void PrintTo(const TpRun& r, std::ostream* os) {
+  *os << r.golden_case << " tp=" << r.tp_size << " ep=" << r.ep_size << (r.cuda ? " cuda " : " cpu ") << r.dtype;
+}
+
+inline std::string EncodeRun(const TpRun& r, int rank, int port, const std::string& out) {
+  return absl::StrCat(r.golden_case, "|", rank, "|", r.tp_size, "|", r.ep_size, "|", port, "|", r.cuda ? 1 : 0, "|",
+                      r.dtype, "|", r.follower_fault, "|", out);
+}
+
+// The body of one rank (called from the child-role test).
+inline void RunTpChild(const std::string& spec) {
+  std::vector<std::string> f = absl::StrSplit(spec, '|');
+  ASSERT_EQ(f.size(), 9u) << spec;
+  const GoldenCase c = LoadGoldenCase(f[0]);
+  const int rank = std::stoi(f[1]), size = std::stoi(f[2]), ep = std::stoi(f[3]), port = std::stoi(f[4]);
+  const bool cuda = f[5] == "1";
+  const at::ScalarType dtype = f[6] == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  auto dir = ModelDir::Open(c.model_dir);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+
+  ProcessGroupOptions po;
+  po.master_port = port;
+  po.rank = rank;
+  po.world_size = size;
+  po.cuda = cuda;
+  po.timeout = absl::Seconds(60);
+  auto group = ProcessGroup::Create(po);
+  ASSERT_TRUE(group.ok()) << group.status();
+  ModelOptions opts;
+  opts.dtype = dtype;
+  opts.device = cuda ? at::Device(at::kCUDA, rank) : at::Device(at::kCPU);
+  opts.tp = std::make_shared<TpGroup>(std::move(group).value(), ep);
+  auto shard = LoadCausalLM(**dir, opts);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  if (rank != 0) {
+    if (f[7] == "exit_after_load") std::_Exit(3);
+    const absl::Status st = RunTpFollower(**shard);
+    ASSERT_TRUE(st.ok()) << st;
+    return;
+  }
+
+  nlohmann::json report;
+  {
+    // A short heartbeat, so that the pause below exercises it.
+    TpLeader leader(std::move(shard).value(), absl::Milliseconds(50));
+    auto batch = MakePackedBatch(c.tensors.at("input_ids").to(at::kLong), c.cu_seqlens,
+                                 (*dir)->config().vocab_size, opts.device);
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    ForwardOptions fwd;
+    fwd.aux_layer_ids = c.aux_layer_ids;
+    fwd.return_logits = true;
+    auto first = leader.Forward(*batch, fwd);
+    if (!first.ok()) {
+      report["forward_error"] = std::string(first.status().message());
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // idle: heartbeats flow
+      auto again = leader.Forward(*batch, fwd);
+      ASSERT_TRUE(again.ok()) << again.status();
+      report["repeat_bitwise_equal"] = again->aux_hidden.equal(first->aux_hidden);
+
+      ModelOptions whole = opts;
+      whole.tp = nullptr;
+      auto ref_model = LoadCausalLM(**dir, whole);
+      ASSERT_TRUE(ref_model.ok()) << ref_model.status();
+      auto ref = (*ref_model)->Forward(*batch, fwd);
+      ASSERT_TRUE(ref.ok()) << ref.status();
+      report["aux_vs_tp1"] = RelInf(first->aux_hidden, ref->aux_hidden);
+      report["last_vs_tp1"] = RelInf(first->last_hidden, ref->last_hidden);
+      report["logits_vs_tp1"] = RelInf(first->logits, ref->logits);
+      report["argmax_agreement_tp1"] =
+          first->target_argmax.eq(ref->target_argmax).to(at::kFloat).mean().item<double>();
+      report["argmax_equals_own_logits"] =
+          first->target_argmax.equal(first->logits.argmax(-1).to(at::kInt));
+      report["aux_vs_hf"] = RelInf(first->aux_hidden.cpu(), c.tensors.at("aux_hidden"));
+      report["last_vs_hf"] = RelInf(first->last_hidden.cpu(), c.tensors.at("last_hidden"));
+      report["shapes_match"] = first->aux_hidden.sizes() == ref->aux_hidden.sizes() &&
+                               first->logits.sizes() == ref->logits.sizes();
+    }
+  }
+  std::ofstream(f[8]) << report.dump() << "\n";
+}
+
+// Starts the ranks and returns rank 0's report (asserting on failures).
+inline nlohmann::json RunTpProcesses(const TpRun& run, const std::string& child_filter, const std::string& dir) {
+  const int port = FreePort();
+  const std::string out = dir + "/report_" + run.golden_case + ".json";
+  std::vector<std::unique_ptr<Subprocess>> ranks;
+  for (int r = 0; r < run.tp_size; ++r) {
+    ::setenv("E3_TP_CHILD", EncodeRun(run, r, port, out).c_str(), 1);
+    ranks.push_back(std::make_unique<Subprocess>(
+        std::vector<std::string>{"/proc/self/exe", "--gtest_filter=" + child_filter},
+        absl::StrCat(dir, "/rank", r, "_", run.golden_case, ".log")));
+  }
+  ::unsetenv("E3_TP_CHILD");
+  for (int r = 0; r < run.tp_size; ++r) {
+    auto st = ranks[r]->Wait(std::chrono::seconds(240));
+    const bool expect_death = r == 1 && !run.follower_fault.empty();
+    if (expect_death) continue;
+    EXPECT_TRUE(st.has_value() && WIFEXITED(*st) && WEXITSTATUS(*st) == 0)
+        << "rank " << r << " of " << run.golden_case << " failed:\n" << ranks[r]->Log();
+  }
+  if (!PathExists(out)) {
+    ADD_FAILURE() << "rank 0 wrote no report:\n" << ranks[0]->Log();
+    return nlohmann::json::object();
+  }
+  return nlohmann::json::parse(ReadFile(out));
+}
+
+}  // namespace e3::testing
+
+#endif  // E3_TESTS_TEACHER_SERVER_TP_HARNESS_H_
