@@ -63,6 +63,7 @@ std::string Excluded(TransportKind kind, const Placement& p) {
     case TransportKind::kNccl:
       if (!p.teacher_on_gpu || !p.student_on_gpu) return "nccl needs both on GPUs";
       if (!p.nccl_unique_id) return "nccl needs the student's NCCL unique id";
+      if (p.same_gpu) return "nccl cannot join two ranks on one GPU (teacher and student share it)";
       return "";
   }
   return "unknown";

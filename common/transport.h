@@ -28,6 +28,9 @@ struct Placement {
   bool teacher_on_gpu = false;  // CUDA IPC and NCCL move device memory
   bool student_on_gpu = false;
   bool nccl_unique_id = false;  // the student sent one (it makes the NCCL communicator's id)
+  // Teacher and student on the very same GPU (same host, same device
+  // index). NCCL refuses a communicator with two ranks on one device.
+  bool same_gpu = false;
 };
 
 // The fastest transport offered by the teacher, accepted by the student and

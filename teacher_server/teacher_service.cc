@@ -291,6 +291,10 @@ grpc::ServerWriteReactor<v1::BatchDescriptor>* TeacherServiceImpl::Subscribe(grp
   placement.teacher_on_gpu = device.is_cuda() && CudaRuntimeAvailable();
   placement.student_on_gpu = req->student_on_gpu();
   placement.nccl_unique_id = !req->nccl_unique_id().empty();
+  // Device indices name the same GPU when both processes see the host's
+  // devices in the same order (no differing CUDA_VISIBLE_DEVICES).
+  placement.same_gpu = placement.same_host && placement.teacher_on_gpu && placement.student_on_gpu &&
+                       req->student_device() == (device.has_index() ? device.index() : 0);
   auto transport = NegotiateTransport(engine_->options().transports, accepted, placement);
   if (!transport.ok()) return new ErrorWriteReactor<v1::BatchDescriptor>(ToGrpcStatus(transport.status()));
   std::unique_ptr<NcclSender> nccl;

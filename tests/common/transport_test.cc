@@ -24,6 +24,12 @@ TEST(TransportTest, PicksTheFastestCommonTransportThePlacementAllows) {
   EXPECT_EQ(*NegotiateTransport(all, {K::kInline, K::kShm, K::kCudaIpc}, gpu_same_host), K::kCudaIpc);
   Placement gpu_remote{false, true, true, true};
   EXPECT_EQ(*NegotiateTransport({K::kInline, K::kCudaIpc, K::kNccl}, all, gpu_remote), K::kNccl);
+  // Teacher and student sharing one GPU: NCCL cannot, CUDA IPC can.
+  Placement one_gpu{true, true, true, true, /*same_gpu=*/true};
+  EXPECT_EQ(*NegotiateTransport(all, all, one_gpu), K::kCudaIpc);
+  auto refused = NegotiateTransport({K::kNccl}, all, one_gpu);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("two ranks on one GPU"), std::string::npos) << refused.status();
   // A GPU teacher feeding a CPU student falls back to shm on one host.
   Placement mixed{true, true, false};
   EXPECT_EQ(*NegotiateTransport(all, all, mixed), K::kShm);

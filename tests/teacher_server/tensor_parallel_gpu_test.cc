@@ -4,9 +4,16 @@
 // Tolerances (max abs error over the tensor's max abs, against TP=1 on the
 // same GPU and dtype):
 //   fp32: 1e-5, as on CPU (TF32 stays off in LibTorch C++ by default).
-//   bf16: 3e-2. Each all-reduce rounds the summed partial products to bf16
-//   (8 bits of mantissa, 3.9e-3 relative) where the unsharded matmul rounds
-//   once; 6 layers x 2 reductions compound that to a few 1e-3..1e-2.
+//   bf16: 3e-2 for dense models. Each all-reduce rounds the summed partial
+//   products to bf16 (8 bits of mantissa, 3.9e-3 relative) where the
+//   unsharded matmul rounds once; 6 layers x 2 reductions compound that to
+//   a few 1e-3..1e-2 (measured: tiny-code-llama aux 2.5e-3, logits 1.9e-2).
+//   MoE in bf16: those rounding differences also flip the router's choice
+//   for tokens whose top-k probabilities nearly tie, and a flipped expert
+//   changes the token's output by O(1). The bound is then how far
+//   transformers' own bf16 forward is from its fp32 one on the same
+//   fixture (stored by make_arch_golden.py; 0.16 for rand_qwen3_moe): TP=2
+//   may not drift from TP=1 more than bf16 itself drifts from fp32.
 #include <gtest/gtest.h>
 
 #include "common/gpu/cuda_runtime.h"
@@ -35,7 +42,9 @@ class TensorParallelNcclTest : public ::testing::TestWithParam<TpRun> {
 TEST_P(TensorParallelNcclTest, MatchesTheUnshardedModel) {
   const TpRun run = GetParam();
   const bool bf16 = run.dtype == "bfloat16";
-  const double tol = bf16 ? 3e-2 : 1e-5;
+  const nlohmann::json meta = testing::LoadGoldenCase(run.golden_case).meta;
+  const bool moe = run.golden_case.find("moe") != std::string::npos || run.golden_case.find("mixtral") != std::string::npos;
+  const double tol = !bf16 ? 1e-5 : moe ? meta["hf_bf16_vs_fp32_rel_inf"]["aux_hidden"].get<double>() : 3e-2;
   const nlohmann::json r = RunTpProcesses(run, "TensorParallelGpuTest.ChildRole",
                                           testing::ScratchDir("tp_gpu_" + run.golden_case + run.dtype));
   ASSERT_FALSE(r.empty());
@@ -47,11 +56,14 @@ TEST_P(TensorParallelNcclTest, MatchesTheUnshardedModel) {
               r["argmax_agreement_tp1"].get<double>(), r["aux_vs_hf"].get<double>());
   EXPECT_TRUE(r["shapes_match"].get<bool>());
   EXPECT_LT(r["aux_vs_tp1"].get<double>(), tol);
-  EXPECT_LT(r["last_vs_tp1"].get<double>(), tol);
-  EXPECT_LT(r["logits_vs_tp1"].get<double>(), tol);
+  const double last_tol = bf16 && moe ? meta["hf_bf16_vs_fp32_rel_inf"]["last_hidden"].get<double>() : tol;
+  EXPECT_LT(r["last_vs_tp1"].get<double>(), last_tol);
+  EXPECT_LT(r["logits_vs_tp1"].get<double>(), bf16 && moe ? last_tol : tol);
   EXPECT_TRUE(r["argmax_equals_own_logits"].get<bool>());
-  // bf16 rounding can flip near-ties of the top two logits.
-  EXPECT_GE(r["argmax_agreement_tp1"].get<double>(), bf16 ? 0.97 : 1.0);
+  // bf16 rounding can flip near-ties of the top two logits (and, for MoE,
+  // of the router); transformers' own bf16 agrees with its fp32 on 95.4%
+  // of rand_qwen3_moe's argmaxes.
+  EXPECT_GE(r["argmax_agreement_tp1"].get<double>(), bf16 ? (moe ? 0.95 : 0.97) : 1.0);
   EXPECT_TRUE(r["repeat_bitwise_equal"].get<bool>());
 }
 

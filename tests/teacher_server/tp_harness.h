@@ -108,8 +108,9 @@ inline void RunTpChild(const std::string& spec) {
       report["aux_vs_tp1"] = RelInf(first->aux_hidden, ref->aux_hidden);
       report["last_vs_tp1"] = RelInf(first->last_hidden, ref->last_hidden);
       report["logits_vs_tp1"] = RelInf(first->logits, ref->logits);
-      report["argmax_agreement_tp1"] =
-          first->target_argmax.eq(ref->target_argmax).to(at::kFloat).mean().item<double>();
+      // Counted exactly: a float mean of a 0/1 tensor is not exactly 1.
+      const int64_t differ = first->target_argmax.ne(ref->target_argmax).sum().item<int64_t>();
+      report["argmax_agreement_tp1"] = 1.0 - static_cast<double>(differ) / first->target_argmax.numel();
       report["argmax_equals_own_logits"] =
           first->target_argmax.equal(first->logits.argmax(-1).to(at::kInt));
       report["aux_vs_hf"] = RelInf(first->aux_hidden.cpu(), c.tensors.at("aux_hidden"));
