@@ -95,6 +95,7 @@ def main():
     ap.add_argument("--draft_vocab", type=int, default=32000)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--profile_steps", type=int, default=0, help="profile this many steps; print top GPU kernels")
     args = ap.parse_args()
     s = SHAPES[args.shape]
     dev = "cuda"
@@ -126,6 +127,12 @@ def main():
         times.append(time.perf_counter() - t0)
     times.sort()
     ms = 1e3 * times[len(times) // 2]
+    if args.profile_steps > 0:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.profile_steps):
+                one()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30), flush=True)
     print(json.dumps({"bench": "pytorch_eagle3_step", "shape": args.shape, "tokens": T, "ttt_length": args.ttt_length,
                       "draft_vocab": args.draft_vocab, "ms_per_step": ms, "tok_per_s": T / ms * 1e3,
                       "torch": torch.__version__}), flush=True)

@@ -27,6 +27,21 @@ inline at::Tensor ScaledDotProductAttention(const at::Tensor& q, const at::Tenso
 #endif
 }
 
+// Lets fp32 matmuls on CUDA use TF32 tensor cores while in scope, then
+// restores the process-wide setting (which is off by default in C++).
+class ScopedTf32Matmul {
+ public:
+  ScopedTf32Matmul() : previous_(at::globalContext().allowTF32CuBLAS()) {
+    at::globalContext().setAllowTF32CuBLAS(true);
+  }
+  ~ScopedTf32Matmul() { at::globalContext().setAllowTF32CuBLAS(previous_); }
+  ScopedTf32Matmul(const ScopedTf32Matmul&) = delete;
+  ScopedTf32Matmul& operator=(const ScopedTf32Matmul&) = delete;
+
+ private:
+  bool previous_;
+};
+
 }  // namespace e3::compat
 
 #endif  // E3_COMMON_TORCH_TORCH_COMPAT_H_
