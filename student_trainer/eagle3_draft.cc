@@ -175,12 +175,23 @@ at::Tensor Eagle3AttentionImpl::forward(const at::Tensor& x, const PackedRope& r
     at::Tensor scores = at::baddbmm(causal.expand({qs.size(0), n, n}), qs, k0.transpose(1, 2));
     if (steps > 1) scores = torch::cat({scores, diag.narrow(0, begin, n).permute({1, 0, 2})}, -1);
     at::Tensor probs = at::softmax(scores, -1, softmax_type).to(q.scalar_type());
-    at::Tensor o = at::matmul(probs.narrow(-1, 0, n), v0);
-    for (int64_t i = 1; i < steps; ++i) {
-      at::Tensor vi = cache->values[i].narrow(0, begin, n).transpose(0, 1);
-      o = o + probs.narrow(-1, n + i - 1, 1) * vi;
+    if (steps == 1) {
+      outs.push_back(at::matmul(probs, v0).transpose(0, 1));
+      continue;
     }
-    outs.push_back(o.transpose(0, 1));
+    // One split into the causal block and the diagonal columns, never a
+    // slice per column: autograd turns each slice of `probs` into a
+    // zero-filled gradient of the whole [heads, n, n + j] tensor and adds
+    // them up, which at j = 6 moved ~7 GB per step for a few KB of
+    // gradient. The diagonal terms are then summed in the [n, heads, D]
+    // layout the cached values already have (no transposed copies).
+    std::vector<at::Tensor> parts = probs.split_with_sizes({n, steps - 1}, -1);
+    std::vector<at::Tensor> diag_weights = parts[1].permute({1, 0, 2}).unbind(-1);  // j x [n, heads]
+    at::Tensor o = at::matmul(parts[0], v0).transpose(0, 1);
+    for (int64_t i = 1; i < steps; ++i) {
+      o = o + diag_weights[i - 1].unsqueeze(-1) * cache->values[i].narrow(0, begin, n);
+    }
+    outs.push_back(o);
   }
   at::Tensor attn = torch::cat(outs, 0).reshape({total, num_heads_ * head_dim_});
   return o_proj->forward(attn);
