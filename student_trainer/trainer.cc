@@ -112,10 +112,11 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
   int64_t planned_batches = 0;
   for (size_t i = 0; i < clients.size(); ++i) {
     const TeacherInfo& ti = clients[i]->info();
-    std::printf("student[%d/%d]: teacher %s: %s L=%ld H=%ld, aux layers [%s], draft vocab %ld, %ld samples, "
-                "%ld batches/epoch x %ld\n",
+    std::printf("student[%d/%d]: teacher %s: %s L=%ld H=%ld (TP=%d, EP=%d), aux layers [%s], draft vocab %ld, "
+                "%ld samples, %ld batches/epoch x %ld\n",
                 o.client.rank, o.client.world_size, addresses[i].c_str(), ti.config.architecture_name.c_str(),
                 static_cast<long>(ti.config.num_hidden_layers), static_cast<long>(ti.config.hidden_size),
+                ti.raw.layout().tp_size(), ti.raw.layout().ep_size(),
                 absl::StrJoin(ti.aux_layer_ids, ",").c_str(), static_cast<long>(ti.draft_vocab_size),
                 static_cast<long>(ti.raw.dataset_samples()), static_cast<long>(ti.batches_per_epoch),
                 static_cast<long>(ti.epochs));

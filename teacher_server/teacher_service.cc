@@ -260,9 +260,10 @@ grpc::ServerUnaryReactor* TeacherServiceImpl::GetInfo(grpc::CallbackServerContex
   auto dtype = FromScalarType(model_->options().dtype);
   m->set_compute_dtype(dtype.ok() ? ToWire(*dtype) : v1::DTYPE_UNSPECIFIED);
   m->set_config_json(c.raw_json);
-  resp->mutable_layout()->set_tp_size(1);
-  resp->mutable_layout()->set_ep_size(1);
-  resp->mutable_layout()->set_teacher_ranks(1);
+  const std::shared_ptr<TpGroup>& tp = model_->options().tp;
+  resp->mutable_layout()->set_tp_size(tp ? tp->size() : 1);
+  resp->mutable_layout()->set_ep_size(tp ? tp->ep_size() : 1);
+  resp->mutable_layout()->set_teacher_ranks(tp ? tp->size() : 1);  // one process per TP rank
   for (TransportKind k : engine_->options().transports) resp->add_transports(ToWire(k));
   resp->set_dataset_samples(dataset_->size());
   resp->set_dataset_tokens(dataset_->stats().total_tokens);

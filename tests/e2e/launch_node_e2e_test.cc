@@ -85,6 +85,8 @@ TEST(LaunchNodeE2eTest, ATensorParallelTeacherTrainsLikeAnUnshardedOne) {
 #endif
   const std::string dir = testing::ScratchDir("launch_node_tp_e2e");
   const nlohmann::json tp2 = LaunchWithTeacherTp(2, dir + "/tp2");
+  // The students learn the teacher's layout from GetInfo.
+  EXPECT_NE(ReadFile(dir + "/tp2/run/student-0.log").find("(TP=2, EP=1)"), std::string::npos);
   const std::string follower = ReadFile(dir + "/tp2/run/teacher-0-rank1.log");
   EXPECT_NE(follower.find("leader shut down after"), std::string::npos) << follower;
   const nlohmann::json tp1 = LaunchWithTeacherTp(1, dir + "/tp1");

@@ -25,6 +25,11 @@ TEST(TensorParallelTest, ChildRole) {
   testing::RunTpChild(spec);
 }
 
+TpRun Sgl(TpRun r) {
+  r.sgl = true;
+  return r;
+}
+
 class TensorParallelCpuTest : public ::testing::TestWithParam<TpRun> {
  protected:
   void SetUp() override {
@@ -41,8 +46,8 @@ TEST_P(TensorParallelCpuTest, MatchesTheUnshardedModel) {
   const nlohmann::json r = RunTpProcesses(run, "TensorParallelTest.ChildRole", dir);
   ASSERT_FALSE(r.empty());
   ASSERT_FALSE(r.contains("forward_error")) << r.dump();
-  std::printf("[%s tp=%d ep=%d] vs TP=1: aux %.3g, last %.3g, logits %.3g, argmax agreement %.4f; vs HF: aux %.3g\n",
-              run.golden_case.c_str(), run.tp_size, run.ep_size, r["aux_vs_tp1"].get<double>(),
+  std::printf("[%s tp=%d ep=%d%s] vs TP=1: aux %.3g, last %.3g, logits %.3g, argmax agreement %.4f; vs HF: aux %.3g\n",
+              run.golden_case.c_str(), run.tp_size, run.ep_size, run.sgl ? " sgl" : "", r["aux_vs_tp1"].get<double>(),
               r["last_vs_tp1"].get<double>(), r["logits_vs_tp1"].get<double>(),
               r["argmax_agreement_tp1"].get<double>(), r["aux_vs_hf"].get<double>());
   EXPECT_TRUE(r["shapes_match"].get<bool>());
@@ -65,9 +70,12 @@ INSTANTIATE_TEST_SUITE_P(
                       TpRun{"rand_mixtral", 2, 1},           // EP=1: every expert split over 2 ranks
                       TpRun{"rand_qwen3_moe", 2, 2},         // EP=2: whole experts per rank
                       TpRun{"rand_qwen3_moe", 4, 2},         // 2 groups of 2: experts and their slices
-                      TpRun{"rand_qwen3_moe_unnorm", 4, 4}), // 1 expert per rank, kv replicated
+                      TpRun{"rand_qwen3_moe_unnorm", 4, 4},  // 1 expert per rank, kv replicated
+                      Sgl(TpRun{"rand_qwen2", 2, 1}),         // sgl: fused qkv (with biases) per shard
+                      Sgl(TpRun{"rand_qwen3_moe", 2, 2})),    // sgl: fused gate-up per local expert
     [](const ::testing::TestParamInfo<TpRun>& info) {
-      return absl::StrCat(info.param.golden_case, "_tp", info.param.tp_size, "_ep", info.param.ep_size);
+      return absl::StrCat(info.param.golden_case, "_tp", info.param.tp_size, "_ep", info.param.ep_size,
+                          info.param.sgl ? "_sgl" : "");
     });
 
 TEST(TensorParallelFaultTest, LeaderReportsADeadFollowerInsteadOfHanging) {

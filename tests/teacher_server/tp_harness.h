@@ -37,21 +37,23 @@ struct TpRun {
   bool cuda = false;
   std::string dtype = "float32";
   std::string follower_fault;  // "exit_after_load": rank 1 dies before any forward
+  bool sgl = false;             // the sgl backend's fused projections, on every rank
 };
 
 inline void PrintTo(const TpRun& r, std::ostream* os) {
-  *os << r.golden_case << " tp=" << r.tp_size << " ep=" << r.ep_size << (r.cuda ? " cuda " : " cpu ") << r.dtype;
+  *os << r.golden_case << " tp=" << r.tp_size << " ep=" << r.ep_size << (r.cuda ? " cuda " : " cpu ") << r.dtype
+      << (r.sgl ? " sgl" : " hf");
 }
 
 inline std::string EncodeRun(const TpRun& r, int rank, int port, const std::string& out) {
   return absl::StrCat(r.golden_case, "|", rank, "|", r.tp_size, "|", r.ep_size, "|", port, "|", r.cuda ? 1 : 0, "|",
-                      r.dtype, "|", r.follower_fault, "|", out);
+                      r.dtype, "|", r.follower_fault, "|", r.sgl ? 1 : 0, "|", out);
 }
 
 // The body of one rank (called from the child-role test).
 inline void RunTpChild(const std::string& spec) {
   std::vector<std::string> f = absl::StrSplit(spec, '|');
-  ASSERT_EQ(f.size(), 9u) << spec;
+  ASSERT_EQ(f.size(), 10u) << spec;
   const GoldenCase c = LoadGoldenCase(f[0]);
   const int rank = std::stoi(f[1]), size = std::stoi(f[2]), ep = std::stoi(f[3]), port = std::stoi(f[4]);
   const bool cuda = f[5] == "1";
@@ -70,6 +72,7 @@ inline void RunTpChild(const std::string& spec) {
   ModelOptions opts;
   opts.dtype = dtype;
   opts.device = cuda ? at::Device(at::kCUDA, rank) : at::Device(at::kCPU);
+  opts.fuse_projections = f[8] == "1";
   opts.tp = std::make_shared<TpGroup>(std::move(group).value(), ep);
   auto shard = LoadCausalLM(**dir, opts);
   ASSERT_TRUE(shard.ok()) << shard.status();
@@ -119,13 +122,14 @@ inline void RunTpChild(const std::string& spec) {
                                first->logits.sizes() == ref->logits.sizes();
     }
   }
-  std::ofstream(f[8]) << report.dump() << "\n";
+  std::ofstream(f[9]) << report.dump() << "\n";
 }
 
 // Starts the ranks and returns rank 0's report (asserting on failures).
 inline nlohmann::json RunTpProcesses(const TpRun& run, const std::string& child_filter, const std::string& dir) {
   const int port = FreePort();
-  const std::string out = dir + "/report_" + run.golden_case + ".json";
+  const std::string out = absl::StrCat(dir, "/report_", run.golden_case, "_tp", run.tp_size, "_ep", run.ep_size,
+                                       run.sgl ? "_sgl" : "", ".json");
   std::vector<std::unique_ptr<Subprocess>> ranks;
   for (int r = 0; r < run.tp_size; ++r) {
     ::setenv("E3_TP_CHILD", EncodeRun(run, r, port, out).c_str(), 1);
