@@ -6,10 +6,11 @@
 #   4. end to end on the 1B shape: teacher GPU 0 -> student GPU 1
 #   tp:  teacher forward on the 8B shape, TP=2 over both GPUs vs TP=1
 #   ddp: student step on the 8B shape, DDP=2 over both GPUs vs DDP=1
+#   consistency: sgl vs hf per aux layer (bf16), against bf16's own gap
 # Each prints the ratio against its baseline measured in this run; every
 # JSON line also goes to $RESULTS (default bench-results.jsonl).
 #
-#   bench/run_gpu_benches.sh BUILD_DIR [teacher|transport|student|e2e|tp|ddp ...]
+#   bench/run_gpu_benches.sh BUILD_DIR [teacher|transport|student|e2e|tp|ddp|consistency ...]
 set -euo pipefail
 BUILD=${1:?build dir}; shift
 PARTS=${*:-teacher transport student e2e}
@@ -122,6 +123,14 @@ print(json.dumps({"bench": "student_ddp", "shape": "llama-8b", "world_size": 2, 
                   "ms_per_step": b["ms_per_step"], "baseline": "ddp1", "baseline_tok_per_s": a["tok_per_s"],
                   "ratio": r}))
 PY
+}
+
+consistency() {
+  local dir="$MODELS/llama-1b"
+  [ -f "$dir/config.json" ] || python3 "$SRC/bench/hf_teacher_baseline.py" --shape=llama-1b --save_dir="$dir" >/dev/null
+  for m in "$SRC/examples/tiny-code-llama" "$dir"; do
+    "$BUILD/bench/backend_consistency_bench" --model_dir="$m" --device=cuda:0 --dtype=bfloat16 | json_or_print
+  done
 }
 
 json_or_print() { while IFS= read -r l; do case "$l" in '{'*) echo "$l" >> "$RESULTS";; esac; echo "$l"; done; }
