@@ -80,8 +80,13 @@ namespace {
 
 std::atomic<int> g_signal{0};
 
+// Rank 0 of a tensor-parallel teacher once it exists: a startup error must
+// still release the followers, which otherwise wait out the group timeout.
+TpLeader* g_tp_leader = nullptr;
+
 void Fail(const absl::Status& s) {
   std::fprintf(stderr, "teacher_server: error: %s\n", std::string(s.message()).c_str());
+  if (g_tp_leader != nullptr) g_tp_leader->Shutdown();
   std::exit(1);
 }
 
@@ -128,6 +133,9 @@ std::shared_ptr<TpGroup> JoinTensorParallelGroup(int tp_size, int ep_size, bool 
                                                  "\" is not an integer")));
   }
   o.cuda = cuda;
+  // Ranks load their shards at different speeds (rank 0 also reads the
+  // data): the first collective may wait long for the slowest.
+  o.timeout = absl::Minutes(30);
   std::printf("teacher: joining tensor-parallel group as rank %d of %d (ep %d) at %s:%d\n", o.rank, tp_size, ep_size,
               o.master_addr.c_str(), o.master_port);
   std::fflush(stdout);
@@ -193,6 +201,16 @@ int Main() {
 
   ModelOptions mopts = ModelOptionsFromFlags();
   if (mopts.tp && mopts.tp->rank() != 0) return RunFollower(**dir, mopts);
+  // The model first: under tensor parallelism the followers are waiting in
+  // the group, and the leader's heartbeats (from TpLeader) must start
+  // before the data is read, which can take minutes.
+  auto model = LoadCausalLM(**dir, mopts);
+  if (!model.ok()) Fail(model.status());
+  if (mopts.tp) {
+    auto leader = std::make_unique<TpLeader>(std::move(model).value());
+    g_tp_leader = leader.get();
+    *model = std::move(leader);
+  }
 
   auto tokenizer = Tokenizer::FromFile(model_path + "/tokenizer.json");
   if (!tokenizer.ok()) Fail(tokenizer.status());
@@ -251,9 +269,6 @@ int Main() {
     if (!s.ok()) Fail(s);
   }
 
-  auto model = LoadCausalLM(**dir, mopts);
-  if (!model.ok()) Fail(model.status());
-  if (mopts.tp) *model = std::make_unique<TpLeader>(std::move(model).value());
 
   EngineOptions eopts;
   eopts.tokens_per_batch = absl::GetFlag(FLAGS_tokens_per_batch);

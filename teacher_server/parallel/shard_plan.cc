@@ -64,10 +64,12 @@ absl::StatusOr<ShardPlan> ShardPlan::Make(const ModelConfig& c, int rank, int tp
     // heads (group size heads / kv) read.
     p.kv_heads = {rank / (tp_size / c.num_key_value_heads), 1};
   }
-  if (c.intermediate_size % tp_size != 0) {
+  bool has_dense_layer = false;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) has_dense_layer = has_dense_layer || !c.IsMoeLayer(i);
+  if (has_dense_layer && c.intermediate_size % tp_size != 0) {
     return NotDivisible(c, "intermediate_size", c.intermediate_size, ranks);
   }
-  p.intermediate = Even(c.intermediate_size, tp_size, rank);
+  if (has_dense_layer) p.intermediate = Even(c.intermediate_size, tp_size, rank);
   const int64_t rows = (c.vocab_size + tp_size - 1) / tp_size;
   p.vocab = {rows * rank, std::min(c.vocab_size, rows * (rank + 1)) - rows * rank};
   if (p.vocab.size <= 0) {

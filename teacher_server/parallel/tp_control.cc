@@ -1,6 +1,7 @@
 #include "teacher_server/parallel/tp_control.h"
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -24,7 +25,11 @@ absl::Status BroadcastHeader(TpGroup& tp, at::Tensor header) { return tp.group()
 absl::Status SendKind(TpGroup& tp, const at::Device& device, Kind kind) {
   at::Tensor header = torch::zeros({kHeaderLen}, Int64On(device));
   header[kKind] = static_cast<int64_t>(kind);
-  return BroadcastHeader(tp, header);
+  absl::Status st = BroadcastHeader(tp, header);
+  // On a GPU the broadcast is only queued on a stream: wait for it, so a
+  // shutdown has left this process before the group is torn down.
+  if (st.ok()) (void)header.cpu();
+  return st;
 }
 
 }  // namespace
@@ -34,14 +39,18 @@ TpLeader::TpLeader(std::unique_ptr<CausalLM> shard, absl::Duration heartbeat)
   heartbeat_ = std::thread([this, heartbeat] { HeartbeatLoop(heartbeat); });
 }
 
-TpLeader::~TpLeader() {
+TpLeader::~TpLeader() { Shutdown(); }
+
+void TpLeader::Shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return;
     stopping_ = true;
   }
   wake_.notify_all();
   heartbeat_.join();
   std::lock_guard<std::mutex> lock(mu_);
+  shut_down_ = true;
   absl::Status st = SendKind(*shard_->options().tp, shard_->options().device, kShutdown);
   if (!st.ok()) std::fprintf(stderr, "teacher: tensor-parallel shutdown: %s\n", std::string(st.message()).c_str());
 }
@@ -69,6 +78,7 @@ absl::StatusOr<ForwardOutput> TpLeader::Forward(const PackedBatch& batch, const 
   TpGroup& tp = *shard_->options().tp;
   const at::Device device = shard_->options().device;
   std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_) return absl::FailedPreconditionError("tensor-parallel group already shut down");
   try {
     std::vector<int64_t> h(kHeaderLen, 0);
     h[kKind] = kForward;
@@ -87,7 +97,20 @@ absl::StatusOr<ForwardOutput> TpLeader::Forward(const PackedBatch& batch, const 
     return absl::InternalError(absl::StrCat("tensor-parallel batch broadcast: ", e.what_without_backtrace()));
   }
   last_message_ = absl::Now();
-  return shard_->Forward(batch, options);
+  auto out = shard_->Forward(batch, options);
+  if (!out.ok()) {
+    // The followers are inside the same forward, at whichever collective
+    // this rank failed before. No later broadcast can line up with theirs,
+    // so the group is lost: exit at once (the launcher or orchestrator
+    // restarts the teacher; the ledger and the students' checkpoints
+    // bound what is redone) rather than serve from a desynchronised group.
+    std::fprintf(stderr, "teacher: tensor-parallel forward failed after the batch went to every rank (%s); "
+                 "the group cannot recover, exiting\n", std::string(out.status().message()).c_str());
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(3);
+  }
+  return out;
 }
 
 absl::Status RunTpFollower(CausalLM& shard) {

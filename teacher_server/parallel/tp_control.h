@@ -26,7 +26,11 @@ namespace e3 {
 class TpLeader : public CausalLM {
  public:
   TpLeader(std::unique_ptr<CausalLM> shard, absl::Duration heartbeat = absl::Seconds(20));
-  ~TpLeader() override;  // broadcasts the shutdown
+  ~TpLeader() override;  // Shutdown()
+
+  // Stops the heartbeat and tells the followers to exit; later calls do
+  // nothing. For a leader that gives up before serving (a startup error).
+  void Shutdown();
 
   absl::Status CheckForward(const PackedBatch& batch, const ForwardOptions& options) const override {
     return shard_->CheckForward(batch, options);
@@ -44,6 +48,7 @@ class TpLeader : public CausalLM {
   std::mutex mu_;  // one broadcast sequence at a time on the group
   std::condition_variable wake_;
   bool stopping_ = false;
+  bool shut_down_ = false;
   absl::Time last_message_;
   std::thread heartbeat_;
 };

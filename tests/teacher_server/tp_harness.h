@@ -138,10 +138,19 @@ inline nlohmann::json RunTpProcesses(const TpRun& run, const std::string& child_
         absl::StrCat(dir, "/rank", r, "_", run.golden_case, ".log")));
   }
   ::unsetenv("E3_TP_CHILD");
+  const bool fault = !run.follower_fault.empty();
   for (int r = 0; r < run.tp_size; ++r) {
     auto st = ranks[r]->Wait(std::chrono::seconds(240));
-    const bool expect_death = r == 1 && !run.follower_fault.empty();
-    if (expect_death) continue;
+    if (fault) {
+      // The leader either reports the failed forward or, when the failure
+      // came after the batch reached the group, exits with status 3.
+      if (r == 0 && !PathExists(out)) {
+        EXPECT_TRUE(st.has_value() && WIFEXITED(*st)) << ranks[0]->Log();
+        return nlohmann::json{{"leader_exit_status", st.has_value() && WIFEXITED(*st) ? WEXITSTATUS(*st) : -1},
+                              {"leader_log", ranks[0]->Log()}};
+      }
+      continue;
+    }
     EXPECT_TRUE(st.has_value() && WIFEXITED(*st) && WEXITSTATUS(*st) == 0)
         << "rank " << r << " of " << run.golden_case << " failed:\n" << ranks[r]->Log();
   }
