@@ -22,6 +22,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "bench/random_samples.h"
 #include "common/model_dir.h"
 #include "common/torch/tensor_convert.h"
 #include "teacher_server/causal_lm.h"
@@ -46,21 +47,11 @@ Diff Compare(const at::Tensor& a, const at::Tensor& b) {
   return d;
 }
 
+// Batch `index`: 4 samples of chat-like lengths, its own seed.
 std::vector<std::vector<int32_t>> ChatLikeBatch(int index, int64_t vocab) {
-  static const int64_t kLengths[] = {37, 512, 129, 700, 64, 301, 90, 448};
-  std::vector<std::vector<int32_t>> out;
-  uint64_t x = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(index + 1);
-  for (int s = 0; s < 4; ++s) {
-    std::vector<int32_t> ids(static_cast<size_t>(kLengths[(index * 4 + s) % 8]));
-    for (auto& id : ids) {
-      x ^= x << 13;
-      x ^= x >> 7;
-      x ^= x << 17;
-      id = static_cast<int32_t>(x % static_cast<uint64_t>(vocab));
-    }
-    out.push_back(std::move(ids));
-  }
-  return out;
+  std::vector<int64_t> lengths;
+  for (int s = 0; s < 4; ++s) lengths.push_back(bench::kChatLikeLengths[(index * 4 + s) % 8]);
+  return bench::RandomSamples(lengths, vocab, 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(index + 1));
 }
 
 int Fail(const absl::Status& s) {

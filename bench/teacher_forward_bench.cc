@@ -16,14 +16,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
-#include "common/torch/tensor_convert.h"
+#include "bench/random_samples.h"
 #include "common/model_dir.h"
+#include "common/torch/tensor_convert.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/parallel/tp_control.h"
 
@@ -50,25 +52,13 @@ namespace {
 std::vector<std::vector<int32_t>> MakeBatch(const std::string& shape, int64_t vocab) {
   std::vector<int64_t> lengths;
   if (shape == "ragged") {
-    lengths = {37, 512, 129, 700, 64, 301, 90, 448};
+    lengths.assign(std::begin(bench::kChatLikeLengths), std::end(bench::kChatLikeLengths));
   } else {
     std::vector<std::string> bs = absl::StrSplit(shape, 'x');
     int64_t b = std::stoll(bs.at(0)), s = std::stoll(bs.at(1));
     lengths.assign(b, s);
   }
-  std::vector<std::vector<int32_t>> out;
-  uint64_t x = 88172645463325252ull;  // xorshift: deterministic ids, no zeros
-  for (int64_t n : lengths) {
-    std::vector<int32_t> ids(n);
-    for (auto& id : ids) {
-      x ^= x << 13;
-      x ^= x >> 7;
-      x ^= x << 17;
-      id = static_cast<int32_t>(x % static_cast<uint64_t>(vocab));
-    }
-    out.push_back(std::move(ids));
-  }
-  return out;
+  return bench::RandomSamples(lengths, vocab, 88172645463325252ull);
 }
 
 double MedianSeconds(CausalLM& model, const PackedBatch& batch, const ForwardOptions& fwd, int repeats) {

@@ -28,6 +28,16 @@ ExpertNames MoeNames(Architecture arch, const std::string& layer_prefix, int64_t
   return {p + "gate.weight", x + "gate_proj.weight", x + "up_proj.weight", x + "down_proj.weight"};
 }
 
+// The slice [i0, i0 + in) of a SwiGLU MLP's intermediate dimension: rows
+// of gate and up, columns of down (dense layers and experts alike).
+absl::Status LoadSwiGluSlice(WeightLoader& w, const std::string& gate, const std::string& up,
+                             const std::string& down, int64_t I, int64_t H, int64_t i0, int64_t in, MlpWeights* m) {
+  E3_ASSIGN_OR_RETURN(m->gate_proj, w.LoadSlice(gate, {I, H}, 0, i0, in));
+  E3_ASSIGN_OR_RETURN(m->up_proj, w.LoadSlice(up, {I, H}, 0, i0, in));
+  E3_ASSIGN_OR_RETURN(m->down_proj, w.LoadSlice(down, {H, I}, 1, i0, in));
+  return absl::OkStatus();
+}
+
 // Tensors a layer loads, for the progress callback's total.
 int64_t TensorsPerLayer(const ModelConfig& c, const ShardPlan& plan, bool moe) {
   int64_t n = 2 + 4 + (c.qkv_bias ? 3 : 0) + (c.o_bias ? 1 : 0) + (c.qk_norm ? 2 : 0);
@@ -128,9 +138,7 @@ absl::Status DecoderLM::LoadLayer(WeightLoader& w, int64_t i, Layer* layer) cons
     for (int64_t e = plan_.experts.begin; e < plan_.experts.end(); ++e) {
       const ExpertNames n = MoeNames(c.architecture, p, e);
       MlpWeights m;
-      E3_ASSIGN_OR_RETURN(m.gate_proj, w.LoadSlice(n.gate, {I, H}, 0, i0, in));
-      E3_ASSIGN_OR_RETURN(m.up_proj, w.LoadSlice(n.up, {I, H}, 0, i0, in));
-      E3_ASSIGN_OR_RETURN(m.down_proj, w.LoadSlice(n.down, {H, I}, 1, i0, in));
+      E3_RETURN_IF_ERROR(LoadSwiGluSlice(w, n.gate, n.up, n.down, I, H, i0, in, &m));
       if (options_.fuse_projections) FuseGateUp(&m);
       layer->moe.experts.push_back(std::move(m));
     }
@@ -139,9 +147,8 @@ absl::Status DecoderLM::LoadLayer(WeightLoader& w, int64_t i, Layer* layer) cons
   const int64_t I = c.intermediate_size;
   const int64_t i0 = plan_.intermediate.begin, in = plan_.intermediate.size;
   MlpWeights& m = layer->mlp;
-  E3_ASSIGN_OR_RETURN(m.gate_proj, w.LoadSlice(p + "mlp.gate_proj.weight", {I, H}, 0, i0, in));
-  E3_ASSIGN_OR_RETURN(m.up_proj, w.LoadSlice(p + "mlp.up_proj.weight", {I, H}, 0, i0, in));
-  E3_ASSIGN_OR_RETURN(m.down_proj, w.LoadSlice(p + "mlp.down_proj.weight", {H, I}, 1, i0, in));
+  E3_RETURN_IF_ERROR(LoadSwiGluSlice(w, p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight",
+                                     p + "mlp.down_proj.weight", I, H, i0, in, &m));
   if (c.mlp_bias) {
     E3_ASSIGN_OR_RETURN(m.gate_bias, w.LoadSlice(p + "mlp.gate_proj.bias", {I}, 0, i0, in));
     E3_ASSIGN_OR_RETURN(m.up_bias, w.LoadSlice(p + "mlp.up_proj.bias", {I}, 0, i0, in));

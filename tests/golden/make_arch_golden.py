@@ -20,22 +20,13 @@ import torch
 from safetensors import safe_open
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_llama_golden import write_case  # noqa: E402
+from make_llama_golden import randomise, write_case  # noqa: E402
 
 import transformers  # noqa: E402
 from transformers import (AutoModelForCausalLM, MixtralConfig, Qwen2Config, Qwen3Config,  # noqa: E402
                           Qwen3MoeConfig)
 
 torch.backends.cuda.matmul.allow_tf32 = False
-
-
-def randomise(model):
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if n.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            else:
-                p.normal_(0.0, 0.08)
 
 
 def save_random(out_dir, name, cfg, save_dtype, seed):

@@ -88,16 +88,22 @@ def write_case(out_dir, name, model, samples, aux_ids, meta):
     print(name, "T =", T, "meta =", json.dumps(meta))
 
 
-def random_model(out_dir, name, cfg_kwargs, save_dtype, shard, old_style_rope, seed):
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(**cfg_kwargs)
-    model = LlamaForCausalLM(cfg)
+def randomise(model):
+    """Norm weights near 1, everything else N(0, 0.08): large enough that
+    every layer changes the residual stream visibly."""
     with torch.no_grad():
         for n, p in model.named_parameters():
             if n.endswith("norm.weight"):
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             else:
                 p.normal_(0.0, 0.08)
+
+
+def random_model(out_dir, name, cfg_kwargs, save_dtype, shard, old_style_rope, seed):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(**cfg_kwargs)
+    model = LlamaForCausalLM(cfg)
+    randomise(model)
     model_dir = os.path.join(out_dir, name)
     model.to(save_dtype).save_pretrained(
         model_dir, safe_serialization=True, max_shard_size="200KB" if shard else "1GB")
