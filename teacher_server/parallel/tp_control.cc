@@ -20,12 +20,10 @@ at::TensorOptions Int64On(const at::Device& device) {
   return at::TensorOptions().dtype(at::kLong).device(device);
 }
 
-absl::Status BroadcastHeader(TpGroup& tp, at::Tensor header) { return tp.group().Broadcast(header, 0); }
-
 absl::Status SendKind(TpGroup& tp, const at::Device& device, Kind kind) {
   at::Tensor header = torch::zeros({kHeaderLen}, Int64On(device));
   header[kKind] = static_cast<int64_t>(kind);
-  absl::Status st = BroadcastHeader(tp, header);
+  absl::Status st = tp.group().Broadcast(header, 0);
   // On a GPU the broadcast is only queued on a stream: wait for it, so a
   // shutdown has left this process before the group is torn down.
   if (st.ok()) (void)header.cpu();
@@ -88,7 +86,7 @@ absl::StatusOr<ForwardOutput> TpLeader::Forward(const PackedBatch& batch, const 
     h[kArgmax] = options.return_argmax;
     h[kNumAux] = num_aux;
     for (int64_t k = 0; k < num_aux; ++k) h[kFirstAux + k] = options.aux_layer_ids[k];
-    E3_RETURN_IF_ERROR(BroadcastHeader(tp, torch::tensor(h, at::kLong).to(device)));
+    E3_RETURN_IF_ERROR(tp.group().Broadcast(torch::tensor(h, at::kLong).to(device), 0));
     // ids, positions and offsets in one message.
     at::Tensor offsets = torch::tensor(batch.cu_seqlens, at::kLong).to(device);
     at::Tensor body = torch::cat({batch.input_ids.to(at::kLong), batch.position_ids.to(at::kLong), offsets});
@@ -122,7 +120,7 @@ absl::Status RunTpFollower(CausalLM& shard) {
     ForwardOptions options;
     try {
       at::Tensor header = torch::zeros({kHeaderLen}, Int64On(device));
-      E3_RETURN_IF_ERROR(BroadcastHeader(tp, header));
+      E3_RETURN_IF_ERROR(tp.group().Broadcast(header, 0));
       header = header.cpu();
       const int64_t* h = header.data_ptr<int64_t>();
       if (h[kKind] == kHeartbeat) continue;
