@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """Baseline for the teacher forward benchmark: HF transformers (sdpa, bf16)
-on one GPU, random weights of a Llama shape, one batch of B x S tokens.
+on one GPU, random weights of a Llama shape, one batch of B x S tokens, or
+with --lengths a ragged batch of samples of those lengths: transformers
+pads them to the longest and masks the padding (right padding, an
+attention mask), which is how it runs a batch of chat samples; tokens/s
+counts the real tokens only.
 
 Prints one JSON line with tokens/s for the forward with hidden states and
 logits (like-for-like with a teacher that computes the lm_head) and for the
@@ -42,6 +46,7 @@ def main():
     ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--lengths", default="", help="ragged batch: sample lengths L1/L2/... (overrides --batch/--seq)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--save_dir", default="")
     args = ap.parse_args()
@@ -52,13 +57,22 @@ def main():
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-    ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), device="cuda")
-    tokens = args.batch * args.seq
+    lengths = [int(n) for n in args.lengths.split("/")] if args.lengths else [args.seq] * args.batch
+    longest = max(lengths)
+    ids = torch.randint(0, cfg.vocab_size, (len(lengths), longest), device="cuda")
+    mask = torch.zeros(len(lengths), longest, dtype=torch.long, device="cuda")
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    inputs = dict(input_ids=ids, output_hidden_states=True, use_cache=False)
+    if args.lengths:
+        inputs["attention_mask"] = mask
+    tokens = sum(lengths)
     with torch.inference_mode():
-        with_logits = timed(lambda: model(input_ids=ids, output_hidden_states=True, use_cache=False), args.repeats)
-        no_logits = timed(lambda: model.model(input_ids=ids, output_hidden_states=True, use_cache=False),
-                          args.repeats)
-    print(json.dumps({"bench": "hf_teacher_forward", "shape": args.shape, "batch": f"{args.batch}x{args.seq}",
+        with_logits = timed(lambda: model(**inputs), args.repeats)
+        no_logits = timed(lambda: model.model(**inputs), args.repeats)
+    batch = args.lengths or f"{args.batch}x{args.seq}"
+    print(json.dumps({"bench": "hf_teacher_forward", "shape": args.shape, "batch": batch, "tokens": tokens,
+                      "padded_tokens": len(lengths) * longest,
                       "tok_per_s_logits": tokens / with_logits, "tok_per_s_no_logits": tokens / no_logits,
                       "transformers": transformers.__version__, "torch": torch.__version__,
                       "gpu": torch.cuda.get_device_name()}), flush=True)

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The GPU issue's benchmarks, end to end, on nvidia-h200-x2 (two H200s):
-#   1. teacher forward vs HF transformers (Llama-3.2-1B / 3.1-8B shapes)
+#   1. teacher forward: the sgl and hf backends vs HF transformers
+#      (Llama-3.2-1B / 3.1-8B shapes, 8x1024 and a ragged chat mix), MFU,
+#      a speed ablation of the sgl techniques (1B), and the teacher-to-
+#      student balance
 #   2. hidden-state transfer per transport vs c10d ProcessGroupNCCL
 #   3. student training step vs a PyTorch eager EAGLE-3 step
 #   4. end to end on the 1B shape: teacher GPU 0 -> student GPU 1
@@ -22,17 +25,52 @@ json() { grep '^{' | tee -a "$RESULTS"; }
 field() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
 ratio() { python3 -c "import sys; print(f'{float(sys.argv[1])/float(sys.argv[2]):.2f}')" "$1" "$2"; }
 
+# A ragged batch of chat samples, 200..2048 tokens (7770 tokens; padded
+# to 8 x 2048 by transformers).
+CHAT_MIX=200/2048/512/1400/320/900/1750/640
+
 teacher() {
-  for shape in llama-1b llama-8b; do
-    hf=$(python3 "$SRC/bench/hf_teacher_baseline.py" --shape=$shape --save_dir="$MODELS/$shape" | json)
-    ours_logits=$("$BUILD/bench/teacher_forward_bench" --model_dir="$MODELS/$shape" --device=cuda:0 \
-      --dtype=bfloat16 --shapes=8x1024 --repeats=5 --logits --eager_baseline=false | json)
-    ours_plain=$("$BUILD/bench/teacher_forward_bench" --model_dir="$MODELS/$shape" --device=cuda:0 \
-      --dtype=bfloat16 --shapes=8x1024 --repeats=5 --eager_baseline=false | json)
-    a=$(field "$ours_logits" tok_per_s); b=$(field "$hf" tok_per_s_logits)
-    c=$(field "$ours_plain" tok_per_s); d=$(field "$hf" tok_per_s_no_logits)
-    echo "teacher forward $shape 8x1024 bf16: with lm_head ours $a tok/s vs HF (logits) $b: ratio $(ratio $a $b);" \
-         "without ours $c vs HF base model $d: ratio $(ratio $c $d)"
+  for shape in ${TEACHER_SHAPES:-llama-1b llama-8b}; do
+    local save=()
+    [ -f "$MODELS/$shape/config.json" ] || save=(--save_dir="$MODELS/$shape")
+    hf_dense=$(python3 "$SRC/bench/hf_teacher_baseline.py" --shape=$shape "${save[@]}" | json)
+    hf_ragged=$(python3 "$SRC/bench/hf_teacher_baseline.py" --shape=$shape --lengths=$CHAT_MIX | json)
+    # The served forward: aux states, last hidden and the lm_head argmax.
+    # 1B also times each sgl technique switched off (the speed ablation).
+    local backends=sgl,hf
+    [ $shape = llama-1b ] && backends=sgl,hf,sgl-no-kernels,sgl-no-varlen,sgl-no-fusion
+    ours=$("$BUILD/bench/teacher_forward_bench" --model_dir="$MODELS/$shape" --device=cuda:0 --dtype=bfloat16 \
+      --shapes=8x1024,$CHAT_MIX --repeats=5 --logits --backends=$backends | tee /dev/stderr | json)
+    student=$("$BUILD/bench/student_step_bench" --shape=$shape --device=cuda:0 | json)
+    python3 - "$shape" "$hf_dense" "$hf_ragged" "$ours" "$student" <<'PY' | json_or_print
+import json, sys
+shape, hf_dense, hf_ragged = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+ours = [json.loads(l) for l in sys.argv[4].splitlines()]
+student = json.loads(sys.argv[5])
+for label, hf in (("8x1024", hf_dense), ("chat mix 200..2048", hf_ragged)):
+    rows = {r["backend"]: r for r in ours if r["tokens"] == hf["tokens"]}
+    sgl, ref = rows["sgl"], rows["hf"]
+    r = sgl["tok_per_s"] / hf["tok_per_s_logits"]
+    print(f"teacher {shape} {label} ({hf['tokens']} tokens, bf16, with lm_head): sgl {sgl['tok_per_s']:.0f} tok/s"
+          f" (MFU {100*sgl['mfu']:.1f}%, host {100*sgl['host_issue_share']:.0f}% of wall), our hf"
+          f" {ref['tok_per_s']:.0f} (MFU {100*ref['mfu']:.1f}%), HF transformers {hf['tok_per_s_logits']:.0f}:"
+          f" sgl/transformers {r:.2f}, sgl/hf {sgl['tok_per_s']/ref['tok_per_s']:.2f}")
+    for name, row in rows.items():
+        if name.startswith("sgl-no-"):
+            print(f"  ablation {name}: {row['tok_per_s']:.0f} tok/s ({row['tok_per_s']/sgl['tok_per_s']:.2f} of sgl)")
+    print(json.dumps({"bench": "teacher_vs_transformers", "shape": shape, "batch": hf["batch"],
+                      "tokens": hf["tokens"], "tok_per_s": sgl["tok_per_s"], "mfu": sgl["mfu"],
+                      "baseline": "hf_transformers_logits", "baseline_tok_per_s": hf["tok_per_s_logits"],
+                      "ratio": r, "hf_backend_tok_per_s": ref["tok_per_s"]}))
+# Students one sgl teacher GPU keeps busy: its served rate over one student
+# GPU's training rate on the same shape (student_step_bench, 2048 tokens).
+sgl = next(r for r in ours if r["backend"] == "sgl" and r["tokens"] == hf_ragged["tokens"])
+balance = sgl["tok_per_s"] / student["tok_per_s"]
+print(f"balance {shape}: one sgl teacher GPU {sgl['tok_per_s']:.0f} tok/s (chat mix) feeds"
+      f" {balance:.1f} student GPUs at {student['tok_per_s']:.0f} tok/s each")
+print(json.dumps({"bench": "teacher_student_balance", "shape": shape, "teacher_tok_per_s": sgl["tok_per_s"],
+                  "student_tok_per_s": student["tok_per_s"], "students_per_teacher_gpu": balance}))
+PY
   done
 }
 
@@ -128,9 +166,13 @@ PY
 consistency() {
   local dir="$MODELS/llama-1b"
   [ -f "$dir/config.json" ] || python3 "$SRC/bench/hf_teacher_baseline.py" --shape=llama-1b --save_dir="$dir" >/dev/null
-  for m in "$SRC/examples/tiny-code-llama" "$dir"; do
-    "$BUILD/bench/backend_consistency_bench" --model_dir="$m" --device=cuda:0 --dtype=bfloat16 | json_or_print
+  # tiny-code-llama also with each sgl technique off: which one moves the
+  # outputs (the per-layer ablation).
+  for fast in sgl sgl-no-fusion sgl-no-varlen sgl-no-kernels; do
+    "$BUILD/bench/backend_consistency_bench" --model_dir="$SRC/examples/tiny-code-llama" --device=cuda:0 \
+      --dtype=bfloat16 --sgl=$fast | json_or_print
   done
+  "$BUILD/bench/backend_consistency_bench" --model_dir="$dir" --device=cuda:0 --dtype=bfloat16 | json_or_print
 }
 
 json_or_print() { while IFS= read -r l; do case "$l" in '{'*) echo "$l" >> "$RESULTS";; esac; echo "$l"; done; }

@@ -22,14 +22,10 @@
 #include <string>
 #include <vector>
 
-#ifdef E3_HAS_CUDA
-#include <torch/csrc/autograd/profiler_kineto.h>
-#endif
-
-#include <map>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "bench/kineto_profile.h"
 #include "common/torch/tensor_convert.h"
 #include "common/torch/process_group.h"
 #include "student_trainer/eagle3_draft.h"
@@ -66,44 +62,6 @@ Shape ShapeNamed(const std::string& name) {
   if (name == "tiny") return {256, 704, 4, 2, 64, 8192, 8, 10000.0};
   std::fprintf(stderr, "unknown --shape %s\n", name.c_str());
   std::exit(2);
-}
-
-// Runs `steps` steps under the Kineto profiler and prints the GPU kernels
-// that take the most time per step, to see where a step goes.
-template <typename Step>
-void ProfileSteps(Step& step, int steps) {
-  if (steps <= 0) return;
-#ifdef E3_HAS_CUDA
-  namespace prof = torch::autograd::profiler;
-  const prof::ProfilerConfig config(prof::ProfilerState::KINETO);
-  const std::set<prof::ActivityType> activities = {prof::ActivityType::CPU, prof::ActivityType::CUDA};
-  prof::prepareProfiler(config, activities);
-  prof::enableProfiler(config, activities);
-  for (int i = 0; i < steps; ++i) step(false);
-  auto result = prof::disableProfiler();
-  std::map<std::string, std::pair<double, int64_t>> by_kernel;  // total us, count
-  double total_us = 0;
-  for (const auto& e : result->events()) {
-    if (e.deviceType() != c10::DeviceType::CUDA) continue;
-    const double us = static_cast<double>(e.durationNs()) / 1e3;
-    auto& slot = by_kernel[e.name().substr(0, 90)];
-    slot.first += us;
-    slot.second += 1;
-    total_us += us;
-  }
-  std::vector<std::pair<double, std::string>> order;
-  for (const auto& [name, v] : by_kernel) order.push_back({v.first, name});
-  std::sort(order.rbegin(), order.rend());
-  std::printf("profile: GPU busy %.1f ms/step over %d steps; top kernels (ms/step, calls/step):\n",
-              total_us / 1e3 / steps, steps);
-  for (size_t i = 0; i < order.size() && i < 30; ++i) {
-    std::printf("  %8.2f %6.0f  %s\n", order[i].first / 1e3 / steps,
-                static_cast<double>(by_kernel[order[i].second].second) / steps, order[i].second.c_str());
-  }
-#else
-  (void)step;
-  std::printf("profile: needs a CUDA build of LibTorch\n");
-#endif
 }
 
 int Main() {
@@ -249,7 +207,7 @@ int Main() {
     step(false);
     ms.push_back(1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  ProfileSteps(step, absl::GetFlag(FLAGS_profile_steps));
+  bench::ProfileSteps(step, absl::GetFlag(FLAGS_profile_steps));
   std::sort(ms.begin(), ms.end());
   const double med = ms[ms.size() / 2];
   if (rank != 0) return 0;

@@ -1,8 +1,15 @@
-// Teacher forward throughput (tokens/s) of the hf backend on a model dir,
-// at a few packed batch shapes. Baseline, measured in the same run: the
-// same forward with transformers' eager attention kernel (matmul + fp32
-// softmax), against which the SDPA kernel's ratio is printed. Each shape
-// also prints a JSON line for collection.
+// Teacher forward throughput (tokens/s) and MFU of the backends on a
+// model dir, at a few packed batch shapes, all measured in the same run.
+// The first backend of --backends is the one measured; the others are its
+// baselines, and the ratio against each is printed (default: sgl against
+// hf, and hf-eager: the hf backend with transformers' eager attention,
+// matmul + fp32 softmax). HF transformers itself, in Python, is the
+// external baseline of bench/run_gpu_benches.sh teacher.
+//
+// Each row also prints the host's share of the wall time (the time until
+// Forward returns, before the device is synchronised, over the total):
+// when it is well below 1 the GPU always has queued work, so launch
+// overhead is hidden and CUDA graphs could not make the forward faster.
 //
 // With --tp_size=N the model is sharded over N processes (tensor
 // parallelism, as teacher_server --tp_size runs it): start one process per
@@ -11,6 +18,8 @@
 // the same model and shape (bench/run_gpu_benches.sh tp).
 //
 //   ./build/bench/teacher_forward_bench --model_dir=examples/tiny-code-llama
+//   ./build/bench/teacher_forward_bench --model_dir=M --device=cuda --dtype=bfloat16
+//       --shapes=8x1024,200/2048/512/1400/320/900/1750/640 --logits   (one line)
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -22,24 +31,35 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/backend_spec.h"
+#include "bench/kineto_profile.h"
 #include "bench/random_samples.h"
 #include "common/model_dir.h"
+#include "common/status_macros.h"
 #include "common/torch/tensor_convert.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/parallel/tp_control.h"
 
 ABSL_FLAG(std::string, model_dir, "examples/tiny-code-llama", "Hugging Face model directory");
 ABSL_FLAG(std::string, dtype, "float32", "compute dtype");
-ABSL_FLAG(std::string, backend, "hf", "hf (reference) or sgl (QKV and gate-up fused at load)");
+ABSL_FLAG(std::string, backends, "sgl,hf,hf-eager",
+          "backends timed in this run; the first is measured against the others: hf, sgl, hf-eager (hf with "
+          "eager attention), or sgl-no-<technique> (sgl without fusion, kernels or varlen) for ablations");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda[:N]");
 ABSL_FLAG(std::string, shapes, "1x128,4x256,8x512,ragged",
-          "batches: BxS (B samples of S tokens) or 'ragged' (chat-like lengths 37..700)");
+          "batches: BxS (B samples of S tokens), 'ragged' (chat-like lengths 37..700) or explicit sample "
+          "lengths L1/L2/... (e.g. 200/2048/512)");
 ABSL_FLAG(int, repeats, 3, "timed repetitions per shape (median reported)");
 ABSL_FLAG(bool, logits, false, "also compute the argmax over the lm_head (as the teacher serves)");
-ABSL_FLAG(bool, eager_baseline, true,
-          "also time the eager-attention forward as the baseline (off when an external baseline, e.g. "
-          "bench/hf_teacher_baseline.py, is compared instead)");
+ABSL_FLAG(int, profile, 0,
+          "CUDA builds: also profile this many forwards of the first backend on the first shape and print the "
+          "GPU kernels by time");
+ABSL_FLAG(double, peak_tflops, 989.0,
+          "the device's dense peak for --dtype, for MFU (989: H100/H200 SXM bf16; 0 leaves MFU out)");
 
 ABSL_FLAG(int, tp_size, 1, "tensor-parallel ranks (one process each)");
 ABSL_FLAG(int, ep_size, 1, "expert-parallel groups (MoE models)");
@@ -49,55 +69,86 @@ ABSL_FLAG(int, master_port, 29720, "c10d store port of rank 0");
 namespace e3 {
 namespace {
 
-std::vector<std::vector<int32_t>> MakeBatch(const std::string& shape, int64_t vocab) {
+std::vector<int64_t> ShapeLengths(const std::string& shape) {
+  if (shape == "ragged") return {std::begin(bench::kChatLikeLengths), std::end(bench::kChatLikeLengths)};
   std::vector<int64_t> lengths;
-  if (shape == "ragged") {
-    lengths.assign(std::begin(bench::kChatLikeLengths), std::end(bench::kChatLikeLengths));
-  } else {
-    std::vector<std::string> bs = absl::StrSplit(shape, 'x');
-    int64_t b = std::stoll(bs.at(0)), s = std::stoll(bs.at(1));
-    lengths.assign(b, s);
+  if (shape.find('/') != std::string::npos) {
+    for (const std::string& n : std::vector<std::string>(absl::StrSplit(shape, '/'))) lengths.push_back(std::stoll(n));
+    return lengths;
   }
-  return bench::RandomSamples(lengths, vocab, 88172645463325252ull);
+  std::vector<std::string> bs = absl::StrSplit(shape, 'x');
+  lengths.assign(std::stoll(bs.at(0)), std::stoll(bs.at(1)));
+  return lengths;
 }
 
-double MedianSeconds(CausalLM& model, const PackedBatch& batch, const ForwardOptions& fwd, int repeats) {
+// Model FLOPs of one forward over samples of these lengths (the usual MFU
+// count: 2 per multiply-add of every matmul, causal attention's half of
+// QK^T and PV, the routed experts a token actually runs).
+double ForwardFlops(const ModelConfig& c, const std::vector<int64_t>& lengths, bool lm_head) {
+  const double H = static_cast<double>(c.hidden_size), D = static_cast<double>(c.head_dim);
+  const double q = c.num_attention_heads * D, kv = c.num_key_value_heads * D;
+  double tokens = 0, attn_pairs = 0;
+  for (int64_t n : lengths) {
+    tokens += static_cast<double>(n);
+    attn_pairs += static_cast<double>(n) * static_cast<double>(n + 1) / 2.0;
+  }
+  double flops = 0;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const double proj = H * (q + 2 * kv) + q * H;
+    const double mlp = c.IsMoeLayer(i) ? H * static_cast<double>(c.moe.num_experts) +
+                                             3.0 * H * static_cast<double>(c.moe.intermediate_size * c.moe.top_k)
+                                       : 3.0 * H * static_cast<double>(c.intermediate_size);
+    flops += 2.0 * tokens * (proj + mlp) + 4.0 * attn_pairs * q;
+  }
+  if (lm_head) flops += 2.0 * tokens * H * static_cast<double>(c.vocab_size);
+  return flops;
+}
+
+struct Timing {
+  double seconds = 0;      // median wall time per forward
+  double issue_share = 0;  // host time until Forward returned, over the wall time (same repetition)
+};
+
+Timing Measure(CausalLM& model, const PackedBatch& batch, const ForwardOptions& fwd, int repeats) {
+  const bool cuda = model.options().device.is_cuda();
   auto run = [&] {
+    auto t0 = std::chrono::steady_clock::now();
     auto out = model.Forward(batch, fwd);
     if (!out.ok()) {
       std::fprintf(stderr, "forward failed: %s\n", std::string(out.status().message()).c_str());
       std::exit(1);
     }
-    if (model.options().device.is_cuda()) torch::cuda::synchronize(model.options().device.index());
+    auto t1 = std::chrono::steady_clock::now();
+    if (cuda) torch::cuda::synchronize(model.options().device.index());
+    auto t2 = std::chrono::steady_clock::now();
+    const double wall = std::chrono::duration<double>(t2 - t0).count();
+    return std::make_pair(wall, std::chrono::duration<double>(t1 - t0).count() / wall);
   };
   run();  // warm-up
-  std::vector<double> times;
-  for (int i = 0; i < repeats; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    run();
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
+  std::vector<std::pair<double, double>> times;
+  for (int i = 0; i < repeats; ++i) times.push_back(run());
   std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  const auto& median = times[times.size() / 2];
+  return {median.first, median.second};
+}
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+  return 1;
 }
 
 int Main() {
   auto dir = ModelDir::Open(absl::GetFlag(FLAGS_model_dir));
-  if (!dir.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(dir.status().message()).c_str());
-    return 1;
-  }
+  if (!dir.ok()) return Fail(dir.status());
   auto dtype = ParseComputeScalarType(absl::GetFlag(FLAGS_dtype));
-  if (!dtype.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(dtype.status().message()).c_str());
-    return 1;
-  }
+  if (!dtype.ok()) return Fail(dtype.status());
   ModelOptions options;
   options.dtype = *dtype;
   options.device = at::Device(absl::GetFlag(FLAGS_device));
-  options.fuse_projections = absl::GetFlag(FLAGS_backend) == "sgl";
   const int tp_size = absl::GetFlag(FLAGS_tp_size), tp_rank = absl::GetFlag(FLAGS_tp_rank);
+  std::vector<std::string> backends = absl::StrSplit(absl::GetFlag(FLAGS_backends), ',');
   if (tp_size > 1) {
+    backends.resize(1);  // one sharded model per process group
     ProcessGroupOptions po;
     po.rank = tp_rank;
     po.world_size = tp_size;
@@ -105,22 +156,16 @@ int Main() {
     po.cuda = options.device.is_cuda();
     if (po.cuda) options.device = at::Device(at::kCUDA, tp_rank);
     auto group = ProcessGroup::Create(po);
-    if (!group.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(group.status().message()).c_str());
-      return 1;
-    }
+    if (!group.ok()) return Fail(group.status());
     options.tp = std::make_shared<TpGroup>(std::move(group).value(), absl::GetFlag(FLAGS_ep_size));
   }
   // Models are loaded once, before the shapes (a sharded one on every rank).
-  const int kernels = absl::GetFlag(FLAGS_eager_baseline) && tp_size == 1 ? 2 : 1;
   std::vector<std::unique_ptr<CausalLM>> models;
-  for (int k = 0; k < kernels; ++k) {
-    options.attention = k == 0 ? AttentionKernel::kSdpa : AttentionKernel::kEager;
-    auto model = LoadCausalLM(**dir, options);
-    if (!model.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(model.status().message()).c_str());
-      return 1;
-    }
+  for (const std::string& b : backends) {
+    ModelOptions o = options;
+    if (absl::Status st = bench::ApplyBackendSpec(b, &o); !st.ok()) return Fail(st);
+    auto model = LoadCausalLM(**dir, o);
+    if (!model.ok()) return Fail(model.status());
     models.push_back(std::move(model).value());
   }
   if (tp_size > 1) {
@@ -135,29 +180,52 @@ int Main() {
   ForwardOptions fwd;
   fwd.aux_layer_ids = cfg.DefaultAuxLayerIds();
   fwd.return_argmax = absl::GetFlag(FLAGS_logits);
+  const double peak = absl::GetFlag(FLAGS_peak_tflops) * 1e12;
 
-  std::printf("model %s: L=%ld H=%ld heads=%ld/%ld vocab=%ld, dtype %s, device %s, tp %d, torch threads %d\n",
+  std::printf("model %s: L=%ld H=%ld heads=%ld/%ld vocab=%ld, dtype %s, device %s, tp %d, lm_head %s, "
+              "torch threads %d\n",
               (*dir)->path().c_str(), static_cast<long>(cfg.num_hidden_layers), static_cast<long>(cfg.hidden_size),
               static_cast<long>(cfg.num_attention_heads), static_cast<long>(cfg.num_key_value_heads),
               static_cast<long>(cfg.vocab_size), absl::GetFlag(FLAGS_dtype).c_str(),
-              absl::GetFlag(FLAGS_device).c_str(), tp_size, at::get_num_threads());
-  std::printf("%-10s %8s %14s %16s %8s\n", "shape", "tokens", "sdpa tok/s", "eager tok/s (base)", "ratio");
-  for (const std::string& shape : std::vector<std::string>(absl::StrSplit(absl::GetFlag(FLAGS_shapes), ','))) {
-    auto samples = MakeBatch(shape, cfg.vocab_size);
-    auto batch = PackSamples(samples, cfg.vocab_size, options.device);
-    double tok = static_cast<double>(batch->num_tokens());
-    double rates[2] = {0, 0};
-    for (int k = 0; k < kernels; ++k) {
-      rates[k] = tok / MedianSeconds(*models[k], *batch, fwd, absl::GetFlag(FLAGS_repeats));
+              absl::GetFlag(FLAGS_device).c_str(), tp_size, fwd.return_argmax ? "argmax" : "off", at::get_num_threads());
+  std::printf("%-14s %7s  %-10s %12s %7s %7s %s\n", "shape", "tokens", "backend", "tok/s", "MFU", "host", "ratio");
+  const std::vector<std::string> shapes = absl::StrSplit(absl::GetFlag(FLAGS_shapes), ',');
+  for (const std::string& shape : shapes) {
+    const std::vector<int64_t> lengths = ShapeLengths(shape);
+    auto batch = PackSamples(bench::RandomSamples(lengths, cfg.vocab_size, 88172645463325252ull), cfg.vocab_size,
+                             options.device);
+    if (!batch.ok()) return Fail(batch.status());
+    const double tok = static_cast<double>(batch->num_tokens());
+    // MFU of a sharded forward is per rank: the whole model's FLOPs over tp devices.
+    const double flops = ForwardFlops(cfg, lengths, fwd.return_argmax) / tp_size;
+    std::vector<Timing> t;
+    for (auto& m : models) t.push_back(Measure(*m, *batch, fwd, absl::GetFlag(FLAGS_repeats)));
+    if (&shape == &shapes.front()) {
+      auto forward = [&](bool) { (void)models[0]->Forward(*batch, fwd); };
+      bench::ProfileSteps(forward, absl::GetFlag(FLAGS_profile));
     }
-    const double ratio = kernels == 2 ? rates[0] / rates[1] : 0.0;
-    std::printf("%-10s %8.0f %14.0f %16.0f %8.2f\n", shape.c_str(), tok, rates[0], rates[1], ratio);
-    std::printf("{\"bench\":\"teacher_forward\",\"backend\":\"%s\",\"shape\":\"%s\",\"tokens\":%.0f,"
-                "\"tok_per_s\":%.1f,\"lm_head\":%s,\"baseline\":\"hf_eager_attention\",\"baseline_tok_per_s\":%.1f,"
-                "\"ratio\":%.3f,\"device\":\"%s\",\"dtype\":\"%s\",\"tp_size\":%d}\n",
-                absl::GetFlag(FLAGS_backend).c_str(), shape.c_str(), tok, rates[0],
-                absl::GetFlag(FLAGS_logits) ? "true" : "false", rates[1], ratio,
-                absl::GetFlag(FLAGS_device).c_str(), absl::GetFlag(FLAGS_dtype).c_str(), tp_size);
+    const std::string label = shape.size() > 14 ? absl::StrCat(lengths.size(), " ragged") : shape;
+    for (size_t k = 0; k < models.size(); ++k) {
+      const double rate = tok / t[k].seconds;
+      const double mfu = peak > 0 ? flops / t[k].seconds / peak : 0.0;
+      std::string ratios;
+      if (k == 0) {
+        for (size_t b = 1; b < models.size(); ++b) {
+          absl::StrAppend(&ratios, b > 1 ? ", " : "", absl::StrFormat("%.2fx %s", t[b].seconds / t[0].seconds,
+                                                                      backends[b]));
+        }
+      }
+      std::printf("%-14s %7.0f  %-10s %12.0f %6.1f%% %6.0f%% %s\n", k == 0 ? label.c_str() : "", tok,
+                  backends[k].c_str(), rate, 100 * mfu, 100 * t[k].issue_share, ratios.c_str());
+      std::printf("{\"bench\":\"teacher_forward\",\"backend\":\"%s\",\"shape\":\"%s\",\"tokens\":%.0f,"
+                  "\"tok_per_s\":%.1f,\"mfu\":%.4f,\"host_issue_share\":%.3f,\"lm_head\":%s,\"baseline\":\"%s\","
+                  "\"baseline_tok_per_s\":%.1f,\"ratio\":%.3f,\"device\":\"%s\",\"dtype\":\"%s\",\"tp_size\":%d}\n",
+                  backends[k].c_str(), shape.c_str(), tok, rate, mfu, t[k].issue_share,
+                  fwd.return_argmax ? "true" : "false", models.size() > 1 && k == 0 ? backends[1].c_str() : "",
+                  models.size() > 1 && k == 0 ? tok / t[1].seconds : 0.0,
+                  models.size() > 1 && k == 0 ? t[1].seconds / t[0].seconds : 0.0,
+                  absl::GetFlag(FLAGS_device).c_str(), absl::GetFlag(FLAGS_dtype).c_str(), tp_size);
+    }
   }
   return 0;
 }

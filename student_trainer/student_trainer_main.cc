@@ -49,6 +49,8 @@ ABSL_FLAG(int, log_every, 10, "steps between log lines");
 ABSL_FLAG(int, metrics_port, 0, "port of /metrics (0 picks one, -1 disables)");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address /metrics binds");
 ABSL_FLAG(std::string, summary_json, "", "write the run summary (JSON) here");
+ABSL_FLAG(std::string, step_log, "",
+          "append one JSON line per training step here (step, loss, tau, acc per TTT step, lr, tokens)");
 ABSL_FLAG(std::string, transports, "",
           "transports accepted (default: nccl,cuda_ipc,shm,inline on a GPU, shm,inline on the CPU)");
 ABSL_FLAG(int, credit_window, 4, "batches in flight / prefetched");
@@ -126,6 +128,7 @@ int Main() {
   o.export_dtype = absl::GetFlag(FLAGS_export_dtype);
   o.log_every = absl::GetFlag(FLAGS_log_every);
   o.summary_json = absl::GetFlag(FLAGS_summary_json);
+  o.step_log = absl::GetFlag(FLAGS_step_log);
   o.stop = &g_stop;
 
   StudentMetrics metrics(o.client.rank, o.ttt_length);

@@ -241,6 +241,11 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
   size_t turn = 0;
   TttOptions ttt;
   ttt.length = o.ttt_length;
+  std::ofstream step_log;
+  if (!o.step_log.empty()) {
+    step_log.open(o.step_log, std::ios::app);
+    if (!step_log) return absl::FailedPreconditionError(absl::StrCat("--step_log ", o.step_log, ": cannot open for append"));
+  }
   const size_t window = static_cast<size_t>(std::max<int64_t>(5, std::min<int64_t>(50, planned / 10)));
   Window first(window), last(window);
   int64_t run_steps = 0, run_tokens = 0;
@@ -348,6 +353,13 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
       last.Add(loss, out.tau, out.acc);
     }
     const double step_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (step_log.is_open() && batch.num_tokens > 0) {
+      step_log << nlohmann::json{{"step", state.step}, {"loss", loss}, {"tau", out.tau}, {"acc", out.acc},
+                                 {"lr", lr}, {"tokens", batch.num_tokens}, {"seconds", step_seconds}}
+                      .dump()
+               << "\n";
+      step_log.flush();
+    }
     if (metrics != nullptr && batch.num_tokens > 0) {
       StepReport r;
       r.tokens = batch.num_tokens;

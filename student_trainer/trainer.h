@@ -45,6 +45,9 @@ struct TrainerOptions {
   uint64_t seed = 0;
   int64_t intermediate_size = 0;  // 0: the target's
   std::string summary_json;       // write the run summary here
+  // Append one JSON line per step here (this rank's loss, tau, acc_j, lr,
+  // tokens): the full training curve, for plots and backend comparisons.
+  std::string step_log;
   const std::atomic<bool>* stop = nullptr;  // set by SIGTERM: checkpoint and return
 };
 

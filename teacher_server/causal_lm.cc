@@ -1,8 +1,20 @@
 #include "teacher_server/causal_lm.h"
 
+#include "absl/strings/str_cat.h"
 #include "teacher_server/models/decoder_lm.h"
 
 namespace e3 {
+
+absl::Status SetBackend(const std::string& backend, ModelOptions* options) {
+  if (backend != "hf" && backend != "sgl") {
+    return absl::InvalidArgumentError(absl::StrCat("backend \"", backend, "\": expected hf or sgl"));
+  }
+  const bool sgl = backend == "sgl";
+  options->fuse_projections = sgl;
+  options->fused_kernels = sgl;
+  options->attention = sgl ? AttentionKernel::kFlashVarlen : AttentionKernel::kSdpa;
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<CausalLM>> LoadCausalLM(const ModelDir& dir, const ModelOptions& options) {
   // Every supported architecture (ModelConfig's Architecture) is a

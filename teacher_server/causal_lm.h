@@ -22,10 +22,16 @@ struct ModelOptions {
   at::ScalarType dtype = at::kFloat;  // compute dtype; weights convert at load
   at::Device device = at::kCPU;
   AttentionKernel attention = AttentionKernel::kSdpa;
-  // The `sgl` backend's load-time fusion (SGLang's QKVParallelLinear and
-  // MergedColumnParallelLinear): q/k/v become one [q+2kv, H] matmul and
-  // gate/up one [2I, H] matmul. The same products, fewer and larger GEMMs.
+  // The `sgl` backend's techniques (SetBackend turns them all on; each can
+  // be switched off alone for an ablation):
+  // - load-time fusion (SGLang's QKVParallelLinear and
+  //   MergedColumnParallelLinear): q/k/v become one [q+2kv, H] matmul and
+  //   gate/up one [2I, H] matmul. The same products, fewer, larger GEMMs;
   bool fuse_projections = false;
+  // - custom CUDA kernels (fused_ops.h): residual add + RMSNorm, SiLU-mul,
+  //   rope in place; on CPU the same op sequence as hf;
+  bool fused_kernels = false;
+  // - and attention = kFlashVarlen (one varlen flash call per layer).
   // Tensor (and expert) parallelism: this process is one rank of `tp` and
   // loads only its shard. Null: the whole model in this process.
   std::shared_ptr<TpGroup> tp;
@@ -50,6 +56,11 @@ class CausalLM {
   virtual at::Tensor embed_tokens() const = 0;
   virtual at::Tensor lm_head() const = 0;
 };
+
+// The backend names of --backend: "hf" (the reference: transformers' op
+// order, SDPA per sample, nothing fused) and "sgl" (every technique above).
+// Sets those fields of *options; an unknown name is an error naming both.
+absl::Status SetBackend(const std::string& backend, ModelOptions* options);
 
 // Builds the architecture named in the model's config.json.
 absl::StatusOr<std::unique_ptr<CausalLM>> LoadCausalLM(const ModelDir& dir, const ModelOptions& options);

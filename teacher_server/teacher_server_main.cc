@@ -50,7 +50,8 @@ ABSL_FLAG(std::string, port_file, "", "write the bound gRPC port here once servi
 ABSL_FLAG(int, metrics_port, 0, "port of /metrics (0 picks one, -1 disables)");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address /metrics binds");
 ABSL_FLAG(std::string, backend, "hf",
-          "forward backend: hf (the reference) or sgl (SGLang-style; so far: QKV and gate-up fused at load)");
+          "forward backend: hf (the reference: transformers' op order) or sgl (SGLang-style: fused QKV and gate-up "
+          "weights, fused add+RMSNorm/SiLU-mul/rope CUDA kernels, varlen flash attention; same outputs)");
 ABSL_FLAG(std::string, dtype, "", "compute dtype; default float32 on CPU, bfloat16 on GPU");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda:N");
 ABSL_FLAG(int64_t, draft_vocab_size, 32000, "draft vocabulary size (capped at the model's vocab)");
@@ -146,7 +147,7 @@ std::shared_ptr<TpGroup> JoinTensorParallelGroup(int tp_size, int ep_size, bool 
 
 ModelOptions ModelOptionsFromFlags() {
   ModelOptions mopts;
-  mopts.fuse_projections = absl::GetFlag(FLAGS_backend) == "sgl";
+  if (const absl::Status st = SetBackend(absl::GetFlag(FLAGS_backend), &mopts); !st.ok()) Fail(st);
   try {
     mopts.device = at::Device(absl::GetFlag(FLAGS_device));
   } catch (const c10::Error& e) {
@@ -186,7 +187,7 @@ int Main() {
   const std::string model_path = absl::GetFlag(FLAGS_model_dir);
   if (model_path.empty()) Fail(absl::InvalidArgumentError("--model_dir is required"));
   if (absl::GetFlag(FLAGS_data).empty()) Fail(absl::InvalidArgumentError("--data is required"));
-  if (absl::GetFlag(FLAGS_backend) != "hf" && absl::GetFlag(FLAGS_backend) != "sgl") {
+  if (ModelOptions probe; !SetBackend(absl::GetFlag(FLAGS_backend), &probe).ok()) {
     Fail(absl::InvalidArgumentError(absl::StrCat("--backend=", absl::GetFlag(FLAGS_backend),
                                                  ": expected hf or sgl")));
   }

@@ -27,6 +27,41 @@ inline at::Tensor ScaledDotProductAttention(const at::Tensor& q, const at::Tenso
 #endif
 }
 
+// Causal attention over packed samples in one flash-attention call: q
+// [T, heads, D], k/v [T, kv_heads, D] (last dimension contiguous; GQA
+// without repeating k/v), cu_seqlens int32 [B + 1] on the device. Only
+// LibTorch 2.x built with CUDA has the varlen kernel; callers check
+// kHasFlashVarlen and fall back otherwise.
+#if TORCH_VERSION_MAJOR >= 2 && defined(E3_HAS_CUDA)
+constexpr bool kHasFlashVarlen = true;
+inline at::Tensor FlashVarlenAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& cu_seqlens, int64_t max_seqlen, double scale) {
+  return std::get<0>(at::_flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                                  /*dropout_p=*/0.0, /*is_causal=*/true,
+                                                  /*return_debug_mask=*/false, scale));
+}
+// Causal attention over a batch of equal-length samples with cuDNN's fused
+// kernel: q [B, heads, S, D], k/v [B, kv_heads, S, D] (any strides with a
+// contiguous last dimension; GQA without repeating k/v). Returns
+// [B, heads, S, D].
+inline at::Tensor CudnnBatchedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                        double scale) {
+  return std::get<0>(at::_scaled_dot_product_cudnn_attention(q, k, v, /*attn_bias=*/c10::nullopt,
+                                                             /*compute_log_sumexp=*/false, /*dropout_p=*/0.0,
+                                                             /*is_causal=*/true, /*return_debug_mask=*/false,
+                                                             scale));
+}
+#else
+constexpr bool kHasFlashVarlen = false;
+inline at::Tensor FlashVarlenAttention(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                       int64_t, double) {
+  TORCH_CHECK(false, "varlen flash attention needs LibTorch 2.x with CUDA");
+}
+inline at::Tensor CudnnBatchedAttention(const at::Tensor&, const at::Tensor&, const at::Tensor&, double) {
+  TORCH_CHECK(false, "cuDNN attention needs LibTorch 2.x with CUDA");
+}
+#endif
+
 // Lets fp32 matmuls on CUDA use TF32 tensor cores while in scope, then
 // restores the process-wide setting (which is off by default in C++).
 class ScopedTf32Matmul {

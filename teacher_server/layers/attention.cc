@@ -1,11 +1,15 @@
 #include "teacher_server/layers/attention.h"
 
-#include "teacher_server/layers/linear.h"
-
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <limits>
+#include <string>
 
 #include "common/torch/torch_compat.h"
+#include "teacher_server/layers/fused_ops.h"
+#include "teacher_server/layers/linear.h"
 #include "teacher_server/layers/rms_norm.h"
 #include "teacher_server/layers/rotary.h"
 
@@ -25,11 +29,63 @@ at::Tensor RopeOnPrefix(const at::Tensor& x, const at::Tensor& cos, const at::Te
   return torch::cat({rot, x.narrow(-1, rotary_dim, x.size(-1) - rotary_dim)}, -1);
 }
 
+std::atomic<bool> g_cudnn_attention{true};
+
+bool CudnnAttentionUsable() { return g_cudnn_attention.load(std::memory_order_relaxed); }
+
+void DisableCudnnAttention(const std::string& why) {
+  if (g_cudnn_attention.exchange(false)) {
+    std::fprintf(stderr, "attention: cuDNN's batched kernel failed (%s); using varlen flash attention\n",
+                 why.substr(0, 300).c_str());
+  }
+}
+
+// Whether the varlen flash kernel takes these tensors; otherwise the
+// per-sample SDPA loop runs.
+bool FlashVarlenApplies(const at::Tensor& q, const PackedLayout& layout) {
+  const at::ScalarType t = q.scalar_type();
+  return compat::kHasFlashVarlen && q.is_cuda() && layout.cu_seqlens_device.defined() &&
+         (t == at::kBFloat16 || t == at::kHalf) && q.size(-1) % 8 == 0 && q.size(-1) <= 256;
+}
+
 }  // namespace
 
+PackedLayout MakePackedLayout(const std::vector<int64_t>& cu_seqlens, const at::Device& device,
+                              AttentionKernel kernel) {
+  PackedLayout layout;
+  layout.cu_seqlens = cu_seqlens;
+  for (size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
+    layout.max_seqlen = std::max(layout.max_seqlen, cu_seqlens[s + 1] - cu_seqlens[s]);
+  }
+  const int64_t samples = static_cast<int64_t>(cu_seqlens.size()) - 1;
+  layout.uniform = samples > 0 && cu_seqlens.back() == samples * layout.max_seqlen;
+  if (kernel == AttentionKernel::kFlashVarlen && device.is_cuda()) {
+    std::vector<int32_t> cu(cu_seqlens.begin(), cu_seqlens.end());
+    layout.cu_seqlens_device =
+        torch::from_blob(cu.data(), {static_cast<int64_t>(cu.size())}, at::kInt).to(device);
+  }
+  return layout;
+}
+
 at::Tensor PackedCausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                 const std::vector<int64_t>& cu_seqlens, double scaling,
-                                 AttentionKernel kernel) {
+                                 const PackedLayout& layout, double scaling, AttentionKernel kernel) {
+  if (kernel == AttentionKernel::kFlashVarlen && FlashVarlenApplies(q, layout)) {
+    if (layout.uniform && q.size(-1) <= 128 && CudnnAttentionUsable()) {
+      const int64_t B = static_cast<int64_t>(layout.cu_seqlens.size()) - 1, S = layout.max_seqlen;
+      // [T, h, D] -> [B, h, S, D] as views (cuDNN takes the strides).
+      auto batched = [&](const at::Tensor& x) { return x.view({B, S, x.size(1), x.size(2)}).transpose(1, 2); };
+      try {
+        at::Tensor o = compat::CudnnBatchedAttention(batched(q), batched(k), batched(v), scaling);
+        return o.transpose(1, 2).reshape({B * S, q.size(1), q.size(2)});
+      } catch (const c10::Error& e) {
+        // A LibTorch without cuDNN attention (or a cuDNN that refuses the
+        // shape): say so once, then use the flash kernel for every batch.
+        DisableCudnnAttention(e.what_without_backtrace());
+      }
+    }
+    return compat::FlashVarlenAttention(q, k, v, layout.cu_seqlens_device, layout.max_seqlen, scaling);
+  }
+  const std::vector<int64_t>& cu_seqlens = layout.cu_seqlens;
   const int64_t n_rep = q.size(1) / k.size(1);
   at::Tensor out = torch::empty_like(q);
   for (size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
@@ -65,8 +121,8 @@ void FuseQkv(AttentionWeights* w) {
 }
 
 at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const AttentionShape& shape,
-                         const at::Tensor& cos, const at::Tensor& sin,
-                         const std::vector<int64_t>& cu_seqlens, AttentionKernel kernel) {
+                         const at::Tensor& cos, const at::Tensor& sin, const PackedLayout& layout,
+                         const AttentionOptions& options) {
   const int64_t T = x.size(0);
   at::Tensor q, k, v;
   if (w.qkv_proj.defined()) {
@@ -82,10 +138,15 @@ at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const A
   }
   if (w.q_norm.defined()) q = RmsNorm(q, w.q_norm, shape.qk_norm_eps);
   if (w.k_norm.defined()) k = RmsNorm(k, w.k_norm, shape.qk_norm_eps);
-  q = RopeOnPrefix(q, cos, sin, shape.rotary_dim);
-  k = RopeOnPrefix(k, cos, sin, shape.rotary_dim);
+  if (options.rope_in_place) {
+    RopeInPlace(q, cos, sin, /*fused=*/true);
+    RopeInPlace(k, cos, sin, /*fused=*/true);
+  } else {
+    q = RopeOnPrefix(q, cos, sin, shape.rotary_dim);
+    k = RopeOnPrefix(k, cos, sin, shape.rotary_dim);
+  }
   const double scaling = 1.0 / std::sqrt(static_cast<double>(shape.head_dim));
-  at::Tensor o = PackedCausalAttention(q, k, v, cu_seqlens, scaling, kernel);
+  at::Tensor o = PackedCausalAttention(q, k, v, layout, scaling, options.kernel);
   return Linear(o.reshape({T, shape.num_heads * shape.head_dim}), w.o_proj, w.o_bias);
 }
 

@@ -12,7 +12,31 @@ namespace e3 {
 
 enum class AttentionKernel {
   kEager,  // transformers' eager_attention_forward: matmul, fp32 softmax, matmul
-  kSdpa,   // scaled_dot_product_attention (fused kernels on GPU)
+  kSdpa,   // scaled_dot_product_attention per sample (fused kernels on GPU)
+  // One fused call over the whole packed batch (CUDA, bf16/fp16, LibTorch
+  // 2.x): no per-sample loop, no copies, GQA without repeating k/v. Ragged
+  // batches go through the varlen flash kernel; batches whose samples all
+  // have one length through cuDNN's batched kernel, twice as fast on an
+  // H200 (bench/README.md). Elsewhere it falls back to kSdpa.
+  kFlashVarlen,
+};
+
+// Where the packed samples start, for the attention of one forward.
+struct PackedLayout {
+  std::vector<int64_t> cu_seqlens;  // B + 1 offsets (host)
+  int64_t max_seqlen = 0;
+  bool uniform = false;  // every sample has max_seqlen tokens
+  at::Tensor cu_seqlens_device;  // int32 on the model's device; set only for kFlashVarlen
+};
+
+PackedLayout MakePackedLayout(const std::vector<int64_t>& cu_seqlens, const at::Device& device,
+                              AttentionKernel kernel);
+
+struct AttentionOptions {
+  AttentionKernel kernel = AttentionKernel::kSdpa;
+  // Rotate q and k in place, as one kernel each on CUDA (fused_ops.h),
+  // instead of building new tensors.
+  bool rope_in_place = false;
 };
 
 struct AttentionShape {
@@ -37,13 +61,13 @@ void FuseQkv(AttentionWeights* w);
 
 // x: [T, H]; cos/sin: [T, rotary_dim]. Returns [T, H].
 at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const AttentionShape& shape,
-                         const at::Tensor& cos, const at::Tensor& sin,
-                         const std::vector<int64_t>& cu_seqlens, AttentionKernel kernel);
+                         const at::Tensor& cos, const at::Tensor& sin, const PackedLayout& layout,
+                         const AttentionOptions& options);
 
-// q: [T, heads, D], k/v: [T, kv_heads, D]. Returns [T, heads, D].
+// q: [T, heads, D], k/v: [T, kv_heads, D] (last dimension contiguous).
+// Returns [T, heads, D].
 at::Tensor PackedCausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                 const std::vector<int64_t>& cu_seqlens, double scaling,
-                                 AttentionKernel kernel);
+                                 const PackedLayout& layout, double scaling, AttentionKernel kernel);
 
 }  // namespace e3
 

@@ -1,5 +1,6 @@
 #include "teacher_server/layers/mlp.h"
 
+#include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/linear.h"
 
 namespace e3 {
@@ -11,11 +12,9 @@ void FuseGateUp(MlpWeights* w) {
   w->gate_bias = w->up_bias = at::Tensor();
 }
 
-at::Tensor SwiGluMlp(const at::Tensor& x, const MlpWeights& w) {
+at::Tensor SwiGluMlp(const at::Tensor& x, const MlpWeights& w, bool fused_activation) {
   if (w.gate_up_proj.defined()) {
-    at::Tensor gate_up = Linear(x, w.gate_up_proj, w.gate_up_bias);
-    const int64_t I = gate_up.size(-1) / 2;
-    return Linear(at::silu(gate_up.narrow(-1, 0, I)) * gate_up.narrow(-1, I, I), w.down_proj, w.down_bias);
+    return Linear(SiluMul(Linear(x, w.gate_up_proj, w.gate_up_bias), fused_activation), w.down_proj, w.down_bias);
   }
   return Linear(at::silu(Linear(x, w.gate_proj, w.gate_bias)) * Linear(x, w.up_proj, w.up_bias), w.down_proj,
                 w.down_bias);

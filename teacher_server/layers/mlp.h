@@ -16,7 +16,8 @@ struct MlpWeights {
 
 void FuseGateUp(MlpWeights* w);
 
-at::Tensor SwiGluMlp(const at::Tensor& x, const MlpWeights& w);
+// With `fused_activation`, silu(gate) * up is one kernel on CUDA (fused_ops.h).
+at::Tensor SwiGluMlp(const at::Tensor& x, const MlpWeights& w, bool fused_activation = false);
 
 }  // namespace e3
 

@@ -4,7 +4,7 @@
 
 namespace e3 {
 
-at::Tensor SparseMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing) {
+at::Tensor SparseMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing, bool fused_activation) {
   at::Tensor probs = at::softmax(at::linear(x, w.router), -1, at::kFloat);
   auto [weights, chosen] = probs.topk(routing.top_k, -1);
   if (routing.normalize) weights = weights / weights.sum(-1, /*keepdim=*/true);
@@ -30,7 +30,7 @@ at::Tensor SparseMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting&
   for (int64_t e = 0; e < num_local; ++e) {
     if (n[e] == 0) continue;
     at::Tensor tok = tokens.narrow(0, begin, n[e]);
-    at::Tensor y = SwiGluMlp(x.index_select(0, tok), w.experts[e]) *
+    at::Tensor y = SwiGluMlp(x.index_select(0, tok), w.experts[e], fused_activation) *
                    weights.index({tok, slots.narrow(0, begin, n[e])}).unsqueeze(-1);
     out.index_add_(0, tok, y);
     begin += n[e];

@@ -29,7 +29,9 @@ struct MoeRouting {
 // x: [T, H]. Follows transformers' numerics: router logits in x's dtype,
 // softmax in fp32, top-k, optional renormalisation, weights cast to x's
 // dtype; experts accumulated in id order with index_add.
-at::Tensor SparseMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing);
+// `fused_activation` as in SwiGluMlp.
+at::Tensor SparseMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing,
+                     bool fused_activation = false);
 
 }  // namespace e3
 

@@ -1,16 +1,23 @@
 #include "teacher_server/models/decoder_lm.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "teacher_server/layers/rms_norm.h"
+#include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/weight_loader.h"
 
 namespace e3 {
 namespace {
 
-// Rows of the lm_head product computed at once for the argmax, so the
-// [T, V] logits never need to exist in full.
-constexpr int64_t kArgmaxChunkRows = 1024;
+// Rows of the lm_head product computed at once for the argmax: about
+// 1 GiB of logits at a time, so the [T, V] logits never need to exist in
+// full for long batches, while the GEMMs stay large (4096 rows for a 128k
+// vocab in bf16).
+int64_t ArgmaxChunkRows(int64_t vocab_rows, int64_t element_size) {
+  constexpr int64_t kChunkBytes = int64_t{1} << 30;
+  return std::max<int64_t>(256, kChunkBytes / std::max<int64_t>(1, vocab_rows * element_size));
+}
 
 // The names of one expert's three projections and of the router.
 struct ExpertNames {
@@ -202,36 +209,45 @@ void DecoderLM::ReduceIfSharded(at::Tensor& partial) {
 
 ForwardOutput DecoderLM::Run(const PackedBatch& batch, const ForwardOptions& options) {
   const double eps = config_.rms_norm_eps;
+  const bool fused = options_.fused_kernels;
   at::Tensor h = plan_.sharded()
                      ? options_.tp->VocabParallelEmbedding(batch.input_ids, embed_tokens_, plan_.vocab.begin)
                      : at::embedding(embed_tokens_, batch.input_ids);
   auto [cos, sin] = rotary_.CosSin(batch.position_ids, h.scalar_type());
+  const PackedLayout layout = MakePackedLayout(batch.cu_seqlens, options_.device, options_.attention);
+  const AttentionOptions attn{options_.attention, /*rope_in_place=*/fused};
 
+  // The residual stream h and the output of the last sublayer, not yet
+  // added to it: each residual add is done by the next norm (one kernel
+  // with `fused`), so layer i's output, h after its MLP is added, exists
+  // once layer i + 1's input norm (or the final norm) has run.
   std::vector<at::Tensor> captured(options.aux_layer_ids.size());
+  auto capture = [&](int64_t layer) {
+    for (size_t k = 0; k < options.aux_layer_ids.size(); ++k) {
+      if (options.aux_layer_ids[k] == layer) captured[k] = h;
+    }
+  };
+  at::Tensor pending;
   for (int64_t i = 0; i < static_cast<int64_t>(layers_.size()); ++i) {
     const Layer& layer = layers_[i];
-    at::Tensor residual = h;
-    at::Tensor x = RmsNorm(h, layer.input_layernorm, eps);
-    x = SelfAttention(x, layer.attn, attn_shape_, cos, sin, batch.cu_seqlens, options_.attention);
+    at::Tensor x = AddRmsNorm(&h, pending, layer.input_layernorm, eps, fused);
+    if (i > 0) capture(i - 1);
+    x = SelfAttention(x, layer.attn, attn_shape_, cos, sin, layout, attn);
     ReduceIfSharded(x);
-    h = residual + x;
-    residual = h;
-    x = RmsNorm(h, layer.post_attention_layernorm, eps);
-    x = layer.is_moe ? SparseMoe(x, layer.moe, routing_) : SwiGluMlp(x, layer.mlp);
-    ReduceIfSharded(x);
-    h = residual + x;
-    for (size_t k = 0; k < options.aux_layer_ids.size(); ++k) {
-      if (options.aux_layer_ids[k] == i) captured[k] = h;
-    }
+    x = AddRmsNorm(&h, x, layer.post_attention_layernorm, eps, fused);
+    pending = layer.is_moe ? SparseMoe(x, layer.moe, routing_, fused) : SwiGluMlp(x, layer.mlp, fused);
+    ReduceIfSharded(pending);
   }
   ForwardOutput out;
-  out.last_hidden = RmsNorm(h, norm_, eps);
+  out.last_hidden = AddRmsNorm(&h, pending, norm_, eps, fused);
+  capture(static_cast<int64_t>(layers_.size()) - 1);
   if (!captured.empty()) out.aux_hidden = torch::cat(captured, -1);
   if (options.return_logits || options.return_argmax) {
     const int64_t T = out.last_hidden.size(0);
+    const int64_t chunk_rows = ArgmaxChunkRows(lm_head_.size(0), lm_head_.element_size());
     std::vector<at::Tensor> logits, argmax;
-    for (int64_t start = 0; start < T; start += kArgmaxChunkRows) {
-      const int64_t n = std::min(kArgmaxChunkRows, T - start);
+    for (int64_t start = 0; start < T; start += chunk_rows) {
+      const int64_t n = std::min(chunk_rows, T - start);
       at::Tensor chunk = at::linear(out.last_hidden.narrow(0, start, n), lm_head_);
       if (options.return_argmax) {
         argmax.push_back(plan_.sharded() ? options_.tp->VocabParallelArgmax(chunk, plan_.vocab.begin)

@@ -1,9 +1,11 @@
-// The Llama family of pre-norm decoders for the reference `hf` backend:
+// The Llama family of pre-norm decoders, for both backends:
 // LlamaForCausalLM, Qwen2ForCausalLM (q/k/v bias), Qwen3ForCausalLM
 // (per-head q/k RMSNorm), MixtralForCausalLM and Qwen3MoeForCausalLM
 // (routed experts). One class, because the five differ only in which
 // weights a layer has; the op order and precision follow each
-// architecture's modeling_*.py in transformers, over packed batches.
+// architecture's modeling_*.py in transformers, over packed batches. The
+// `sgl` backend (ModelOptions' fusion, kernel and attention switches) runs
+// the same layer loop with fused weights, kernels and varlen attention.
 //
 // With ModelOptions::tp set, this rank holds its ShardPlan's slices and
 // the forward all-reduces after every row-parallel product (o_proj, the

@@ -1,5 +1,6 @@
-// bf16 on GPU: the hf backend against transformers' own bf16 (sdpa, CUDA)
-// outputs stored in the golden fixtures (hf_bf16.*).
+// bf16 on GPU: both backends (hf, and sgl with its fused CUDA kernels and
+// varlen flash attention) against transformers' own bf16 (sdpa, CUDA)
+// outputs stored in the golden fixtures (hf_bf16.*), under the same bound.
 //
 // Tolerance and its reason: two bf16 implementations of the same math do
 // not agree bit for bit (kernel choice changes accumulation order, and each
@@ -16,6 +17,7 @@
 
 #include "common/model_dir.h"
 #include "teacher_server/causal_lm.h"
+#include "teacher_server/layers/fused_ops.h"
 #include "tests/teacher_server/golden_fixture.h"
 
 namespace e3 {
@@ -24,17 +26,19 @@ namespace {
 using testing::LoadGoldenCase;
 using testing::RelInf;
 
-class LlamaBf16GpuTest : public ::testing::TestWithParam<std::string> {};
+class LlamaBf16GpuTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 TEST_P(LlamaBf16GpuTest, MatchesTransformersBf16WithinStatedBound) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "needs CUDA";
-  const auto c = LoadGoldenCase(GetParam());
+  const auto& [case_name, backend] = GetParam();
+  const auto c = LoadGoldenCase(case_name);
   if (!c.tensors.count("hf_bf16.aux_hidden")) GTEST_SKIP() << "fixture made without CUDA";
   auto dir = ModelDir::Open(c.model_dir);
   ASSERT_TRUE(dir.ok()) << dir.status();
   ModelOptions options;
   options.dtype = at::kBFloat16;
   options.device = at::Device("cuda:0");
+  ASSERT_TRUE(SetBackend(backend, &options).ok());
   auto model = LoadCausalLM(**dir, options);
   ASSERT_TRUE(model.ok()) << model.status();
   auto batch = MakePackedBatch(c.tensors.at("input_ids").to(at::kLong), c.cu_seqlens, (*dir)->config().vocab_size,
@@ -42,28 +46,36 @@ TEST_P(LlamaBf16GpuTest, MatchesTransformersBf16WithinStatedBound) {
   ASSERT_TRUE(batch.ok());
   ForwardOptions fwd;
   fwd.aux_layer_ids = c.aux_layer_ids;
+  const int64_t launches = FusedKernelLaunches();
   auto out = (*model)->Forward(*batch, fwd);
   ASSERT_TRUE(out.ok()) << out.status();
+  // sgl really ran its kernels: 2 norms and 2 ropes per layer, 1 SiLU-mul.
+  if (backend == "sgl") EXPECT_GE(FusedKernelLaunches() - launches, 5 * (*dir)->config().num_hidden_layers);
   const auto& hf = c.meta.at("hf_bf16_vs_fp32_rel_inf");
   for (const char* name : {"aux_hidden", "last_hidden"}) {
     at::Tensor ours = (std::string(name) == "aux_hidden" ? out->aux_hidden : out->last_hidden).cpu().to(at::kFloat);
     const double hf_err = hf.at(name).get<double>();
     const double vs_fp32 = RelInf(ours, c.tensors.at(name));
     const double vs_hf_bf16 = RelInf(ours, c.tensors.at(std::string("hf_bf16.") + name).to(at::kFloat));
-    std::printf("[%s] %s: ours-bf16 vs fp32 %.4g (transformers-bf16 %.4g), vs transformers-bf16 %.4g\n",
-                c.name.c_str(), name, vs_fp32, hf_err, vs_hf_bf16);
+    std::printf("[%s %s] %s: ours-bf16 vs fp32 %.4g (transformers-bf16 %.4g), vs transformers-bf16 %.4g\n",
+                c.name.c_str(), backend.c_str(), name, vs_fp32, hf_err, vs_hf_bf16);
     EXPECT_LE(vs_fp32, 1.5 * hf_err + 1.0 / 256) << name;
     EXPECT_LE(vs_hf_bf16, 2.0 * hf_err + 1.0 / 256) << name;
   }
   const double agree = out->target_argmax.cpu().eq(c.tensors.at("target_argmax")).to(at::kDouble).mean().item<double>();
-  std::printf("[%s] argmax agreement with fp32: ours %.4f, transformers-bf16 %.4f\n", c.name.c_str(), agree,
+  std::printf("[%s %s] argmax agreement with fp32: ours %.4f, transformers-bf16 %.4f\n", c.name.c_str(),
+              backend.c_str(), agree,
               hf.at("argmax_agreement").get<double>());
   EXPECT_GE(agree, hf.at("argmax_agreement").get<double>() - 0.01);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, LlamaBf16GpuTest,
-                         ::testing::Values("tiny_code_llama", "rand_llama3_gqa", "rand_yarn_mqa",
-                                           "rand_linear_headdim", "rand_default_mha"));
+                         ::testing::Combine(::testing::Values("tiny_code_llama", "rand_llama3_gqa", "rand_yarn_mqa",
+                                                              "rand_linear_headdim", "rand_default_mha"),
+                                            ::testing::Values("hf", "sgl")),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                         });
 
 }  // namespace
 }  // namespace e3

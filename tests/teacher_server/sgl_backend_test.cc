@@ -1,17 +1,23 @@
-// The `sgl` backend's load-time fusion (QKV and gate-up as one matmul each)
-// against the `hf` reference on the same weights and packed batches, in
-// fp32 on the CPU: the same products in a larger GEMM, so the aux states and
-// the final hidden state agree to fp32 rounding (bound 1e-5 relative to
-// each tensor's max; measured 0 with BLIS, which computes every output
-// column the same way however many there are) and the target argmax agrees
-// at every position. The layer-level test checks that the fused path is the
-// one that runs.
+// The `sgl` backend against the `hf` reference on the same weights and
+// packed batches, on the CPU. There the custom kernels and the varlen flash
+// call fall back to the reference op sequence, so what runs is the sgl
+// control flow: fused QKV and gate-up weights, residual adds done by the
+// next norm, rope in place on views of the fused product. The same
+// products in a larger GEMM, so the aux states and the final hidden state
+// agree to fp32 rounding (bound 1e-5 relative to each tensor's max;
+// measured 0 with BLIS, which computes every output column the same way
+// however many there are) and the target argmax agrees at every position.
+// The layer-level tests check each piece against its reference. The
+// kernels themselves are tested on a GPU (sgl_kernels_gpu_test).
 #include <gtest/gtest.h>
 
 #include "common/model_dir.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/attention.h"
+#include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/mlp.h"
+#include "teacher_server/layers/rms_norm.h"
+#include "teacher_server/layers/rotary.h"
 #include "tests/teacher_server/golden_fixture.h"
 
 namespace e3 {
@@ -40,8 +46,13 @@ TEST(SglLayersTest, FusedQkvAndGateUpReplaceTheSeparateWeightsAndMatchThem) {
   const at::Tensor pos = torch::cat({torch::arange(5), torch::arange(4)}).to(at::kFloat);
   const at::Tensor inv = 1.0 / torch::pow(10000.0, torch::arange(0, D, 2).to(at::kFloat) / D);
   const at::Tensor ang = torch::cat({pos.unsqueeze(1) * inv, pos.unsqueeze(1) * inv}, -1);
-  const std::vector<int64_t> cu = {0, 5, 9};
-  const at::Tensor a0 = SelfAttention(x, aw, shape, ang.cos(), ang.sin(), cu, AttentionKernel::kEager);
+  const PackedLayout cu = MakePackedLayout({0, 5, 9}, at::kCPU, AttentionKernel::kEager);
+  EXPECT_EQ(cu.max_seqlen, 5);
+  EXPECT_FALSE(cu.uniform);
+  EXPECT_TRUE(MakePackedLayout({0, 4, 8, 12}, at::kCPU, AttentionKernel::kFlashVarlen).uniform);
+  EXPECT_FALSE(MakePackedLayout({0, 4, 8, 12}, at::kCPU, AttentionKernel::kFlashVarlen).cu_seqlens_device.defined());
+  const AttentionOptions eager{AttentionKernel::kEager, /*rope_in_place=*/false};
+  const at::Tensor a0 = SelfAttention(x, aw, shape, ang.cos(), ang.sin(), cu, eager);
   const at::Tensor m0 = SwiGluMlp(x, mw);
   FuseQkv(&aw);
   FuseGateUp(&mw);
@@ -50,22 +61,85 @@ TEST(SglLayersTest, FusedQkvAndGateUpReplaceTheSeparateWeightsAndMatchThem) {
   EXPECT_EQ(aw.qkv_proj.sizes(), (at::IntArrayRef{(heads + 2 * kv) * D, H}));
   EXPECT_EQ(aw.qkv_bias.sizes(), (at::IntArrayRef{(heads + 2 * kv) * D}));
   EXPECT_EQ(mw.gate_up_proj.sizes(), (at::IntArrayRef{2 * I, H}));
-  const at::Tensor a1 = SelfAttention(x, aw, shape, ang.cos(), ang.sin(), cu, AttentionKernel::kEager);
+  const at::Tensor a1 = SelfAttention(x, aw, shape, ang.cos(), ang.sin(), cu, eager);
   const at::Tensor m1 = SwiGluMlp(x, mw);
   EXPECT_LE(RelInf(a1, a0), 1e-6);
   EXPECT_LE(RelInf(m1, m0), 1e-6);
+  // The sgl attention: rope in place on views of the fused product, and
+  // the varlen kernel choice (the per-sample SDPA loop on the CPU).
+  const at::Tensor a2 = SelfAttention(x, aw, shape, ang.cos(), ang.sin(), cu,
+                                      AttentionOptions{AttentionKernel::kFlashVarlen, /*rope_in_place=*/true});
+  EXPECT_LE(RelInf(a2, a0), 1e-5);
+  EXPECT_TRUE(SwiGluMlp(x, mw, /*fused_activation=*/true).equal(m1));
+}
+
+TEST(SglLayersTest, RopeInPlaceRotatesAStridedViewLikeTheReference) {
+  torch::manual_seed(1);
+  const int64_t T = 7, heads = 3, D = 16;
+  for (int64_t rotary_dim : {D, D / 2}) {  // full and partial rotary
+    // q as a view into a wider fused product, as the sgl attention has it.
+    at::Tensor fused = torch::randn({T, heads * D + 5});
+    at::Tensor q = fused.narrow(1, 0, heads * D).view({T, heads, D});
+    const at::Tensor angles = torch::randn({T, rotary_dim});
+    const at::Tensor expected_rot = ApplyRotary(q.narrow(-1, 0, rotary_dim).clone(), angles.cos(), angles.sin());
+    const at::Tensor expected_pass = q.narrow(-1, rotary_dim, D - rotary_dim).clone();
+    const at::Tensor tail = fused.narrow(1, heads * D, 5).clone();
+    RopeInPlace(q, angles.cos(), angles.sin(), /*fused=*/true);
+    EXPECT_TRUE(q.narrow(-1, 0, rotary_dim).equal(expected_rot)) << "rotary_dim " << rotary_dim;
+    EXPECT_TRUE(q.narrow(-1, rotary_dim, D - rotary_dim).equal(expected_pass));
+    EXPECT_TRUE(fused.narrow(1, heads * D, 5).equal(tail)) << "wrote outside the view";
+  }
+}
+
+TEST(SglLayersTest, AddRmsNormAddsThenNormalisesAndLeavesEarlierStatesAlone) {
+  torch::manual_seed(2);
+  const at::Tensor w = torch::randn({32});
+  at::Tensor h = torch::randn({5, 32});
+  const at::Tensor before = h;  // e.g. a captured aux state
+  const at::Tensor before_copy = h.clone();
+  const at::Tensor delta = torch::randn({5, 32});
+  const at::Tensor y = AddRmsNorm(&h, delta, w, 1e-5, /*fused=*/true);
+  EXPECT_TRUE(h.equal(before_copy + delta));
+  EXPECT_TRUE(y.equal(RmsNorm(before_copy + delta, w, 1e-5)));
+  EXPECT_TRUE(before.equal(before_copy));
+  // No delta: only the norm, h untouched.
+  at::Tensor h2 = before_copy.clone();
+  EXPECT_TRUE(AddRmsNorm(&h2, at::Tensor(), w, 1e-5, true).equal(RmsNorm(before_copy, w, 1e-5)));
+  EXPECT_TRUE(h2.equal(before_copy));
+}
+
+TEST(SglLayersTest, SiluMulSplitsGateThenUp) {
+  const at::Tensor gate_up = torch::randn({4, 2 * 24});
+  const at::Tensor expected = at::silu(gate_up.narrow(1, 0, 24)) * gate_up.narrow(1, 24, 24);
+  EXPECT_TRUE(SiluMul(gate_up, /*fused=*/true).equal(expected));
+  EXPECT_TRUE(SiluMul(gate_up, /*fused=*/false).equal(expected));
+}
+
+TEST(SglLayersTest, SetBackendKnowsHfAndSgl) {
+  ModelOptions o;
+  ASSERT_TRUE(SetBackend("sgl", &o).ok());
+  EXPECT_TRUE(o.fuse_projections);
+  EXPECT_TRUE(o.fused_kernels);
+  EXPECT_EQ(o.attention, AttentionKernel::kFlashVarlen);
+  ASSERT_TRUE(SetBackend("hf", &o).ok());
+  EXPECT_FALSE(o.fuse_projections);
+  EXPECT_FALSE(o.fused_kernels);
+  EXPECT_EQ(o.attention, AttentionKernel::kSdpa);
+  const absl::Status bad = SetBackend("vllm", &o);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(bad.message()).find("expected hf or sgl"), std::string::npos) << bad;
 }
 
 class SglBackendTest : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(SglBackendTest, FusedProjectionsMatchTheReference) {
+TEST_P(SglBackendTest, MatchesTheReference) {
   const auto c = LoadGoldenCase(GetParam());
   auto dir = ModelDir::Open(c.model_dir);
   ASSERT_TRUE(dir.ok()) << dir.status();
   ForwardOutput out[2];
   for (int fused = 0; fused < 2; ++fused) {
     ModelOptions options;
-    options.fuse_projections = fused == 1;
+    ASSERT_TRUE(SetBackend(fused == 1 ? "sgl" : "hf", &options).ok());
     auto model = LoadCausalLM(**dir, options);
     ASSERT_TRUE(model.ok()) << model.status();
     auto batch = MakePackedBatch(c.tensors.at("input_ids").to(at::kLong), c.cu_seqlens,
@@ -88,7 +162,8 @@ TEST_P(SglBackendTest, FusedProjectionsMatchTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, SglBackendTest,
                          ::testing::Values("tiny_code_llama", "rand_llama3_gqa", "rand_yarn_mqa",
-                                           "rand_linear_headdim", "rand_default_mha"));
+                                           "rand_linear_headdim", "rand_default_mha", "rand_qwen2", "rand_qwen3",
+                                           "rand_qwen3_moe"));
 
 }  // namespace
 }  // namespace e3

@@ -67,8 +67,9 @@ TEST_P(TensorParallelNcclTest, MatchesTheUnshardedModel) {
   EXPECT_TRUE(r["repeat_bitwise_equal"].get<bool>());
 }
 
-TpRun Gpu(const char* name, int tp, int ep, const char* dtype) {
+TpRun Gpu(const char* name, int tp, int ep, const char* dtype, bool sgl = false) {
   TpRun r{name, tp, ep, true, dtype};
+  r.sgl = sgl;
   return r;
 }
 
@@ -79,10 +80,14 @@ INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelNcclTest,
                                            Gpu("rand_qwen3_moe", 2, 2, "float32"),
                                            Gpu("rand_mixtral", 2, 1, "float32"),
                                            Gpu("tiny_code_llama", 2, 1, "bfloat16"),
-                                           Gpu("rand_qwen3_moe", 2, 2, "bfloat16")),
+                                           Gpu("rand_qwen3_moe", 2, 2, "bfloat16"),
+                                           // The sgl backend (fused kernels, varlen flash) per shard.
+                                           Gpu("tiny_code_llama", 2, 1, "bfloat16", /*sgl=*/true),
+                                           Gpu("rand_qwen3_moe", 2, 2, "bfloat16", /*sgl=*/true)),
                          [](const ::testing::TestParamInfo<TpRun>& info) {
                            return absl::StrCat(info.param.golden_case, "_tp", info.param.tp_size, "_ep",
-                                               info.param.ep_size, "_", info.param.dtype);
+                                               info.param.ep_size, "_", info.param.dtype,
+                                               info.param.sgl ? "_sgl" : "");
                          });
 
 }  // namespace

@@ -37,7 +37,7 @@ struct TpRun {
   bool cuda = false;
   std::string dtype = "float32";
   std::string follower_fault;  // "exit_after_load": rank 1 dies before any forward
-  bool sgl = false;             // the sgl backend's fused projections, on every rank
+  bool sgl = false;             // the sgl backend (SetBackend("sgl")) on every rank
 };
 
 inline void PrintTo(const TpRun& r, std::ostream* os) {
@@ -72,7 +72,7 @@ inline void RunTpChild(const std::string& spec) {
   ModelOptions opts;
   opts.dtype = dtype;
   opts.device = cuda ? at::Device(at::kCUDA, rank) : at::Device(at::kCPU);
-  opts.fuse_projections = f[8] == "1";
+  ASSERT_TRUE(SetBackend(f[8] == "1" ? "sgl" : "hf", &opts).ok());
   opts.tp = std::make_shared<TpGroup>(std::move(group).value(), ep);
   auto shard = LoadCausalLM(**dir, opts);
   ASSERT_TRUE(shard.ok()) << shard.status();

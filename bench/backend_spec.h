@@ -1,0 +1,39 @@
+// Backend names for the benchmarks: the two --backend names of the teacher
+// and variants for comparisons and ablations.
+#ifndef E3_BENCH_BACKEND_SPEC_H_
+#define E3_BENCH_BACKEND_SPEC_H_
+
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "teacher_server/causal_lm.h"
+
+namespace e3::bench {
+
+// "hf", "sgl", "hf-eager", or "sgl-no-fusion" / "-no-kernels" / "-no-varlen"
+// (one sgl technique off, for ablations).
+inline absl::Status ApplyBackendSpec(const std::string& spec, ModelOptions* o) {
+  if (spec == "hf-eager") {
+    E3_RETURN_IF_ERROR(SetBackend("hf", o));
+    o->attention = AttentionKernel::kEager;
+    return absl::OkStatus();
+  }
+  const std::string off = absl::StartsWith(spec, "sgl-no-") ? spec.substr(7) : "";
+  E3_RETURN_IF_ERROR(SetBackend(off.empty() ? spec : "sgl", o));
+  if (off == "fusion") {
+    o->fuse_projections = false;
+  } else if (off == "kernels") {
+    o->fused_kernels = false;
+  } else if (off == "varlen") {
+    o->attention = AttentionKernel::kSdpa;
+  } else if (!off.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("backend ", spec, ": expected sgl-no-fusion, -kernels or -varlen"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace e3::bench
+
+#endif  // E3_BENCH_BACKEND_SPEC_H_

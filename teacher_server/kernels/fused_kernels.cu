@@ -1,0 +1,244 @@
+// See fused_kernels.h. Memory-bound kernels: 16-byte accesses (8 bf16/fp16
+// elements) where the shape allows, fp32 arithmetic, and a rounding to the
+// storage dtype exactly where the reference op sequence stores a tensor.
+#include "teacher_server/kernels/fused_kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+namespace e3::kernels {
+namespace {
+
+template <typename T>
+struct Num;
+template <>
+struct Num<__nv_bfloat16> {
+  static __device__ __forceinline__ float ToF(__nv_bfloat16 x) { return __bfloat162float(x); }
+  static __device__ __forceinline__ __nv_bfloat16 FromF(float x) { return __float2bfloat16_rn(x); }
+};
+template <>
+struct Num<__half> {
+  static __device__ __forceinline__ float ToF(__half x) { return __half2float(x); }
+  static __device__ __forceinline__ __half FromF(float x) { return __float2half_rn(x); }
+};
+
+// The value a tensor of dtype T would hold after storing x.
+template <typename T>
+__device__ __forceinline__ float Round(float x) {
+  return Num<T>::ToF(Num<T>::FromF(x));
+}
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+constexpr int kVec = 8;  // 16 bytes of bf16/fp16
+constexpr int kThreads = 256;
+
+bool Aligned(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+int64_t Blocks(int64_t work) {
+  const int64_t b = (work + kThreads - 1) / kThreads;
+  return b < 1 ? 1 : (b > 65536 ? 65536 : b);
+}
+
+// The sum over the block, returned to every thread (blockDim.x a multiple of 32).
+__device__ float BlockSum(float v) {
+  __shared__ float warp_sums[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x >> 5) ? warp_sums[lane] : 0.f;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// One block per row; each thread keeps up to kMaxPacks packs of the row
+// in registers between the statistics and the scaling.
+constexpr int kMaxPacks = 4;
+
+template <typename T>
+__global__ void AddRmsNormKernel(const T* __restrict__ residual, const T* __restrict__ delta,
+                                 const T* __restrict__ weight, T* __restrict__ sum, T* __restrict__ out, int64_t cols,
+                                 float inv_cols, float eps) {
+  using P = Pack<T, kVec>;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * cols;
+  const int packs = static_cast<int>(cols / kVec);
+  const P* r = reinterpret_cast<const P*>(residual + base);
+  const P* d = delta != nullptr ? reinterpret_cast<const P*>(delta + base) : nullptr;
+  P h[kMaxPacks];
+  float sq = 0.f;
+#pragma unroll
+  for (int k = 0; k < kMaxPacks; ++k) {
+    const int p = threadIdx.x + k * blockDim.x;
+    if (p < packs) {
+      P a = r[p];
+      if (d != nullptr) {
+        const P b = d[p];
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) a.v[i] = Num<T>::FromF(Num<T>::ToF(a.v[i]) + Num<T>::ToF(b.v[i]));
+        reinterpret_cast<P*>(sum + base)[p] = a;
+      }
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        const float f = Num<T>::ToF(a.v[i]);
+        sq += f * f;
+      }
+      h[k] = a;
+    }
+  }
+  // mean() multiplies the sum by 1/n, as ATen's mean reduction does.
+  const float inv_rms = rsqrtf(BlockSum(sq) * inv_cols + eps);
+  const P* w = reinterpret_cast<const P*>(weight);
+  P* o = reinterpret_cast<P*>(out + base);
+#pragma unroll
+  for (int k = 0; k < kMaxPacks; ++k) {
+    const int p = threadIdx.x + k * blockDim.x;
+    if (p < packs) {
+      const P wk = w[p];
+      P y;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        const float normed = Round<T>(Num<T>::ToF(h[k].v[i]) * inv_rms);
+        y.v[i] = Num<T>::FromF(Num<T>::ToF(wk.v[i]) * normed);
+      }
+      o[p] = y;
+    }
+  }
+}
+
+template <typename T>
+__global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows, int64_t cols) {
+  using P = Pack<T, kVec>;
+  const int64_t packs = cols / kVec;
+  const int64_t total = rows * packs;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = idx / packs, p = idx % packs;
+    const T* in = gate_up + row * 2 * cols;
+    const P g = reinterpret_cast<const P*>(in)[p];
+    const P u = reinterpret_cast<const P*>(in + cols)[p];
+    P y;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const float x = Num<T>::ToF(g.v[i]);
+      const float silu = Round<T>(x / (1.f + expf(-x)));  // at::silu's formula, stored
+      y.v[i] = Num<T>::FromF(silu * Num<T>::ToF(u.v[i]));
+    }
+    reinterpret_cast<P*>(out + row * cols)[p] = y;
+  }
+}
+
+// Thread work: N consecutive features i of the first half and the N
+// features i + half they rotate with.
+template <typename T, int N>
+__global__ void RopeKernel(T* __restrict__ x, int64_t tokens, int64_t heads, int64_t row_stride, int64_t head_stride,
+                           int64_t rotary_dim, const T* __restrict__ cos, const T* __restrict__ sin) {
+  using P = Pack<T, N>;
+  const int64_t half = rotary_dim / 2, groups = half / N;
+  const int64_t total = tokens * heads * groups;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t g = idx % groups, th = idx / groups;
+    const int64_t h = th % heads, t = th / heads;
+    const int64_t i = g * N;
+    T* p = x + t * row_stride + h * head_stride;
+    const T* c = cos + t * rotary_dim;
+    const T* s = sin + t * rotary_dim;
+    P x1 = *reinterpret_cast<const P*>(p + i), x2 = *reinterpret_cast<const P*>(p + i + half);
+    const P c1 = *reinterpret_cast<const P*>(c + i), c2 = *reinterpret_cast<const P*>(c + i + half);
+    const P s1 = *reinterpret_cast<const P*>(s + i), s2 = *reinterpret_cast<const P*>(s + i + half);
+    P y1, y2;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const float a = Num<T>::ToF(x1.v[k]), b = Num<T>::ToF(x2.v[k]);
+      // rotate_half(x) = cat(-x2, x1): each product is a stored tensor.
+      y1.v[k] = Num<T>::FromF(Round<T>(a * Num<T>::ToF(c1.v[k])) + Round<T>(-b * Num<T>::ToF(s1.v[k])));
+      y2.v[k] = Num<T>::FromF(Round<T>(b * Num<T>::ToF(c2.v[k])) + Round<T>(a * Num<T>::ToF(s2.v[k])));
+    }
+    *reinterpret_cast<P*>(p + i) = y1;
+    *reinterpret_cast<P*>(p + i + half) = y2;
+  }
+}
+
+template <typename T>
+void LaunchAddRmsNorm(const void* residual, const void* delta, const void* weight, void* sum, void* out, int64_t rows,
+                      int64_t cols, float eps, int threads, cudaStream_t stream) {
+  AddRmsNormKernel<T><<<static_cast<unsigned>(rows), threads, 0, stream>>>(
+      static_cast<const T*>(residual), static_cast<const T*>(delta), static_cast<const T*>(weight),
+      static_cast<T*>(sum), static_cast<T*>(out), cols, 1.f / static_cast<float>(cols), eps);
+}
+
+template <typename T>
+void LaunchRope(void* x, int64_t tokens, int64_t heads, int64_t row_stride, int64_t head_stride, int64_t rotary_dim,
+                const void* cos, const void* sin, bool vectorised, cudaStream_t stream) {
+  T* xt = static_cast<T*>(x);
+  const T* c = static_cast<const T*>(cos);
+  const T* s = static_cast<const T*>(sin);
+  const int64_t half = rotary_dim / 2;
+  if (vectorised) {
+    RopeKernel<T, kVec><<<Blocks(tokens * heads * half / kVec), kThreads, 0, stream>>>(
+        xt, tokens, heads, row_stride, head_stride, rotary_dim, c, s);
+  } else {
+    RopeKernel<T, 1><<<Blocks(tokens * heads * half), kThreads, 0, stream>>>(xt, tokens, heads, row_stride,
+                                                                             head_stride, rotary_dim, c, s);
+  }
+}
+
+}  // namespace
+
+bool AddRmsNorm(Dtype dtype, const void* residual, const void* delta, const void* weight, void* sum, void* out,
+                int64_t rows, int64_t cols, float eps, void* stream) {
+  if (rows <= 0 || rows > 0x7fffffff || cols % kVec != 0) return false;
+  if (!Aligned(residual) || !Aligned(delta) || !Aligned(weight) || !Aligned(sum) || !Aligned(out)) return false;
+  const int64_t packs = cols / kVec;
+  int64_t threads = ((packs + 31) / 32) * 32;
+  if (threads > 1024) threads = 1024;
+  if (packs > threads * kMaxPacks) return false;
+  auto s = static_cast<cudaStream_t>(stream);
+  if (dtype == Dtype::kBFloat16) {
+    LaunchAddRmsNorm<__nv_bfloat16>(residual, delta, weight, sum, out, rows, cols, eps, static_cast<int>(threads), s);
+  } else {
+    LaunchAddRmsNorm<__half>(residual, delta, weight, sum, out, rows, cols, eps, static_cast<int>(threads), s);
+  }
+  return true;
+}
+
+bool SiluMul(Dtype dtype, const void* gate_up, void* out, int64_t rows, int64_t cols, void* stream) {
+  if (rows <= 0 || cols % kVec != 0 || !Aligned(gate_up) || !Aligned(out)) return false;
+  auto s = static_cast<cudaStream_t>(stream);
+  const int64_t blocks = Blocks(rows * cols / kVec);
+  if (dtype == Dtype::kBFloat16) {
+    SiluMulKernel<__nv_bfloat16><<<blocks, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(gate_up),
+                                                             static_cast<__nv_bfloat16*>(out), rows, cols);
+  } else {
+    SiluMulKernel<__half><<<blocks, kThreads, 0, s>>>(static_cast<const __half*>(gate_up), static_cast<__half*>(out),
+                                                      rows, cols);
+  }
+  return true;
+}
+
+bool RopeInPlace(Dtype dtype, void* x, int64_t tokens, int64_t heads, int64_t row_stride, int64_t head_stride,
+                 int64_t rotary_dim, const void* cos, const void* sin, void* stream) {
+  if (tokens <= 0 || heads <= 0 || rotary_dim <= 0 || rotary_dim % 2 != 0) return false;
+  const int64_t half = rotary_dim / 2;
+  const bool vectorised = half % kVec == 0 && row_stride % kVec == 0 && head_stride % kVec == 0 && Aligned(x) &&
+                          Aligned(cos) && Aligned(sin);
+  auto s = static_cast<cudaStream_t>(stream);
+  if (dtype == Dtype::kBFloat16) {
+    LaunchRope<__nv_bfloat16>(x, tokens, heads, row_stride, head_stride, rotary_dim, cos, sin, vectorised, s);
+  } else {
+    LaunchRope<__half>(x, tokens, heads, row_stride, head_stride, rotary_dim, cos, sin, vectorised, s);
+  }
+  return true;
+}
+
+const char* TakeLaunchError() {
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
+}
+
+}  // namespace e3::kernels

@@ -1,0 +1,47 @@
+// The `sgl` backend's custom CUDA kernels (nvcc), behind a plain C++
+// interface so that neither side needs the other's headers: no LibTorch
+// in the .cu file, no CUDA headers here. Pointers are device pointers,
+// `stream` is a cudaStream_t. Built only when LibTorch has CUDA
+// (E3_HAS_CUDA); teacher_server/layers/fused_ops.cc is the only caller and
+// keeps the reference ATen op sequence for every other case.
+//
+// Each kernel reproduces the roundings of the op sequence it replaces
+// (transformers' modeling_llama.py in bf16/fp16): it fuses memory passes,
+// never changes the arithmetic, so that a draft trained on the fast
+// teacher sees the reference teacher's numbers (issue 6's accuracy gap).
+#ifndef E3_TEACHER_SERVER_KERNELS_FUSED_KERNELS_H_
+#define E3_TEACHER_SERVER_KERNELS_FUSED_KERNELS_H_
+
+#include <cstdint>
+
+namespace e3::kernels {
+
+enum class Dtype { kBFloat16, kFloat16 };
+
+// Per row of `cols` elements: sum = residual + delta (rounded to the
+// dtype, like a bf16 tensor add); out = weight * dtype(sum * rsqrt(mean(sum^2)
+// + eps)) with the statistics in fp32 (LlamaRMSNorm). With delta null the
+// add is skipped (sum is not written) and `residual` is normalised.
+// Requires cols % 8 == 0 and 16-byte aligned rows; returns false (nothing
+// launched) when the shape is outside what the kernel handles.
+bool AddRmsNorm(Dtype dtype, const void* residual, const void* delta, const void* weight, void* sum, void* out,
+                int64_t rows, int64_t cols, float eps, void* stream);
+
+// gate_up: [rows, 2 * cols] (gate columns, then up columns), contiguous;
+// out: [rows, cols] = dtype(silu(gate)) * up, silu in fp32 as at::silu.
+bool SiluMul(Dtype dtype, const void* gate_up, void* out, int64_t rows, int64_t cols, void* stream);
+
+// Rotary embedding in place on x: [tokens, heads, head_dim] with element
+// (t, h, d) at x + t * row_stride + h * head_stride + d. The first
+// `rotary_dim` features rotate (rotate_half convention); cos/sin:
+// [tokens, rotary_dim] contiguous, in the same dtype. Per element, as
+// transformers: dtype(dtype(x * cos) + dtype(rotate_half(x) * sin)).
+bool RopeInPlace(Dtype dtype, void* x, int64_t tokens, int64_t heads, int64_t row_stride, int64_t head_stride,
+                 int64_t rotary_dim, const void* cos, const void* sin, void* stream);
+
+// The error of the last launch on this thread (cudaGetLastError), or null.
+const char* TakeLaunchError();
+
+}  // namespace e3::kernels
+
+#endif  // E3_TEACHER_SERVER_KERNELS_FUSED_KERNELS_H_

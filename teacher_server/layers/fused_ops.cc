@@ -1,0 +1,118 @@
+#include "teacher_server/layers/fused_ops.h"
+
+#include <atomic>
+
+#include "teacher_server/layers/rms_norm.h"
+#include "teacher_server/layers/rotary.h"
+
+#ifdef E3_HAS_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "teacher_server/kernels/fused_kernels.h"
+#endif
+
+namespace e3 {
+namespace {
+
+std::atomic<int64_t> g_launches{0};
+
+#ifdef E3_HAS_CUDA
+// The kernels' dtype for t, or false when no kernel takes it.
+bool KernelDtype(const at::Tensor& t, kernels::Dtype* out) {
+  if (!t.is_cuda()) return false;
+  if (t.scalar_type() == at::kBFloat16) {
+    *out = kernels::Dtype::kBFloat16;
+    return true;
+  }
+  if (t.scalar_type() == at::kHalf) {
+    *out = kernels::Dtype::kFloat16;
+    return true;
+  }
+  return false;
+}
+
+void* CurrentStream(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+
+void CheckLaunch(const char* what) {
+  const char* err = kernels::TakeLaunchError();
+  TORCH_CHECK(err == nullptr, what, " kernel launch failed: ", err);
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+}
+#endif
+
+}  // namespace
+
+int64_t FusedKernelLaunches() { return g_launches.load(std::memory_order_relaxed); }
+
+bool FusedKernelsBuilt() {
+#ifdef E3_HAS_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+at::Tensor AddRmsNorm(at::Tensor* h, const at::Tensor& delta, const at::Tensor& weight, double eps, bool fused) {
+#ifdef E3_HAS_CUDA
+  kernels::Dtype dt;
+  if (fused && KernelDtype(*h, &dt) && h->dim() == 2 && h->is_contiguous() && weight.scalar_type() == h->scalar_type() &&
+      weight.is_contiguous() && (!delta.defined() || (delta.is_contiguous() && delta.sizes() == h->sizes() &&
+                                                      delta.scalar_type() == h->scalar_type()))) {
+    const c10::cuda::CUDAGuard guard(h->device());
+    at::Tensor sum = delta.defined() ? torch::empty_like(*h) : at::Tensor();
+    at::Tensor out = torch::empty_like(*h);
+    if (kernels::AddRmsNorm(dt, h->data_ptr(), delta.defined() ? delta.data_ptr() : nullptr, weight.data_ptr(),
+                            delta.defined() ? sum.data_ptr() : nullptr, out.data_ptr(), h->size(0), h->size(1),
+                            static_cast<float>(eps), CurrentStream(*h))) {
+      CheckLaunch("add+RMSNorm");
+      if (delta.defined()) *h = sum;
+      return out;
+    }
+  }
+#endif
+  (void)fused;
+  if (delta.defined()) *h = *h + delta;
+  return RmsNorm(*h, weight, eps);
+}
+
+at::Tensor SiluMul(const at::Tensor& gate_up, bool fused) {
+  const int64_t I = gate_up.size(-1) / 2;
+#ifdef E3_HAS_CUDA
+  kernels::Dtype dt;
+  if (fused && KernelDtype(gate_up, &dt) && gate_up.is_contiguous()) {
+    const c10::cuda::CUDAGuard guard(gate_up.device());
+    std::vector<int64_t> shape = gate_up.sizes().vec();
+    shape.back() = I;
+    at::Tensor out = torch::empty(shape, gate_up.options());
+    if (kernels::SiluMul(dt, gate_up.data_ptr(), out.data_ptr(), gate_up.numel() / (2 * I), I,
+                         CurrentStream(gate_up))) {
+      CheckLaunch("SiLU-and-multiply");
+      return out;
+    }
+  }
+#endif
+  (void)fused;
+  return at::silu(gate_up.narrow(-1, 0, I)) * gate_up.narrow(-1, I, I);
+}
+
+void RopeInPlace(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool fused) {
+  const int64_t rotary_dim = cos.size(-1);
+#ifdef E3_HAS_CUDA
+  kernels::Dtype dt;
+  if (fused && KernelDtype(x, &dt) && x.dim() == 3 && x.stride(2) == 1 && cos.is_contiguous() && sin.is_contiguous() &&
+      cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type() && cos.size(0) == x.size(0)) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    if (kernels::RopeInPlace(dt, x.data_ptr(), x.size(0), x.size(1), x.stride(0), x.stride(1), rotary_dim,
+                             cos.data_ptr(), sin.data_ptr(), CurrentStream(x))) {
+      CheckLaunch("rotary");
+      return;
+    }
+  }
+#endif
+  (void)fused;
+  at::Tensor rot = x.narrow(-1, 0, rotary_dim);
+  rot.copy_(ApplyRotary(rot, cos, sin));
+}
+
+}  // namespace e3

@@ -1,0 +1,36 @@
+// The `sgl` backend's fused element-wise steps: residual add + RMSNorm,
+// SiLU-and-multiply, rotary embedding in place. With `fused` set and a
+// CUDA bf16/fp16 tensor the step is one custom kernel
+// (teacher_server/kernels); everywhere else (CPU, fp32, a build without
+// CUDA, a shape the kernel does not take) it is the reference op sequence
+// of transformers, so the CPU suite runs the same control flow. Both give
+// the same roundings: the kernels fuse memory passes, not arithmetic.
+#ifndef E3_TEACHER_SERVER_LAYERS_FUSED_OPS_H_
+#define E3_TEACHER_SERVER_LAYERS_FUSED_OPS_H_
+
+#include <torch/torch.h>
+
+namespace e3 {
+
+// Whether this build has the custom CUDA kernels.
+bool FusedKernelsBuilt();
+// How many custom-kernel launches this process has made (all threads): the
+// tests' proof that the kernel, not the fallback, ran.
+int64_t FusedKernelLaunches();
+
+// *h <- *h + delta (when delta is defined; *h becomes a new tensor, never
+// written in place, so earlier references such as captured aux states keep
+// their values), then returns LlamaRMSNorm(*h) with `weight`.
+at::Tensor AddRmsNorm(at::Tensor* h, const at::Tensor& delta, const at::Tensor& weight, double eps, bool fused);
+
+// gate_up: [..., 2I] (gate, then up). Returns silu(gate) * up: [..., I].
+at::Tensor SiluMul(const at::Tensor& gate_up, bool fused);
+
+// x: [T, heads, head_dim], possibly a strided view (of a fused qkv
+// product); rotates its first cos.size(-1) features in place.
+// cos/sin: [T, rotary_dim] in x's dtype.
+void RopeInPlace(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool fused);
+
+}  // namespace e3
+
+#endif  // E3_TEACHER_SERVER_LAYERS_FUSED_OPS_H_
