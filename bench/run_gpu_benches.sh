@@ -125,7 +125,9 @@ PY
 tp() {
   local dir="$MODELS/llama-8b"
   [ -f "$dir/config.json" ] || python3 "$SRC/bench/hf_teacher_baseline.py" --shape=llama-8b --save_dir="$dir" | json >/dev/null
-  local args=(--model_dir="$dir" --device=cuda --dtype=bfloat16 --shapes=8x1024,ragged --repeats=5 --eager_baseline=false)
+  # One backend per process group (a sharded run times only the first).
+  local args=(--model_dir="$dir" --device=cuda --dtype=bfloat16 --shapes=8x1024,ragged --repeats=5
+              --backends=${TP_BACKEND:-sgl})
   for logits in false true; do
     one=$("$BUILD/bench/teacher_forward_bench" "${args[@]}" --logits=$logits | json)
     "$BUILD/bench/teacher_forward_bench" "${args[@]}" --logits=$logits --tp_size=2 --tp_rank=1 > /tmp/tp_rank1.log 2>&1 &
@@ -133,11 +135,12 @@ tp() {
     wait $! || { echo "rank 1 failed:"; tail -5 /tmp/tp_rank1.log; }
     python3 - "$one" "$two" <<'PY' | json_or_print
 import json, sys
-one = [json.loads(l) for l in sys.argv[1].splitlines()]
+one = {r["shape"]: r for r in map(json.loads, sys.argv[1].splitlines())}
 two = [json.loads(l) for l in sys.argv[2].splitlines()]
-for a, b in zip(one, two):
+for b in two:
+    a = one[b["shape"]]
     r = b["tok_per_s"] / a["tok_per_s"]
-    print(f"teacher 8B {a['shape']} lm_head={a['lm_head']}: TP=2 {b['tok_per_s']:.0f} tok/s vs TP=1 {a['tok_per_s']:.0f}:"
+    print(f"teacher 8B {a['backend']} {a['shape']} lm_head={a['lm_head']}: TP=2 {b['tok_per_s']:.0f} tok/s vs TP=1 {a['tok_per_s']:.0f}:"
           f" ratio {r:.2f} (scaling efficiency {r/2:.2f})")
     print(json.dumps({"bench": "teacher_tp", "shape": a["shape"], "lm_head": a["lm_head"], "tp_size": 2,
                       "tok_per_s": b["tok_per_s"], "baseline": "tp1_same_model", "baseline_tok_per_s": a["tok_per_s"],
@@ -170,9 +173,10 @@ consistency() {
   # outputs (the per-layer ablation).
   for fast in sgl sgl-no-fusion sgl-no-varlen sgl-no-kernels; do
     "$BUILD/bench/backend_consistency_bench" --model_dir="$SRC/examples/tiny-code-llama" --device=cuda:0 \
-      --dtype=bfloat16 --sgl=$fast | json_or_print
+      --dtype=bfloat16 --sgl=$fast | json_or_print || echo "($fast: FAIL, exit status above)"
   done
-  "$BUILD/bench/backend_consistency_bench" --model_dir="$dir" --device=cuda:0 --dtype=bfloat16 | json_or_print
+  "$BUILD/bench/backend_consistency_bench" --model_dir="$dir" --device=cuda:0 --dtype=bfloat16 | json_or_print \
+    || echo "(1B: FAIL)"
 }
 
 json_or_print() { while IFS= read -r l; do case "$l" in '{'*) echo "$l" >> "$RESULTS";; esac; echo "$l"; done; }

@@ -50,7 +50,8 @@ ABSL_FLAG(int, metrics_port, 0, "port of /metrics (0 picks one, -1 disables)");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address /metrics binds");
 ABSL_FLAG(std::string, summary_json, "", "write the run summary (JSON) here");
 ABSL_FLAG(std::string, step_log, "",
-          "append one JSON line per training step here (step, loss, tau, acc per TTT step, lr, tokens)");
+          "append one JSON line per training step here (step, loss, tau, acc per TTT step, lr, tokens); with "
+          "several ranks, to <path>.rank<r>");
 ABSL_FLAG(std::string, transports, "",
           "transports accepted (default: nccl,cuda_ipc,shm,inline on a GPU, shm,inline on the CPU)");
 ABSL_FLAG(int, credit_window, 4, "batches in flight / prefetched");

@@ -243,8 +243,10 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
   ttt.length = o.ttt_length;
   std::ofstream step_log;
   if (!o.step_log.empty()) {
-    step_log.open(o.step_log, std::ios::app);
-    if (!step_log) return absl::FailedPreconditionError(absl::StrCat("--step_log ", o.step_log, ": cannot open for append"));
+    // Under data parallelism each rank logs its own steps to its own file.
+    const std::string path = world > 1 ? absl::StrCat(o.step_log, ".rank", rank) : o.step_log;
+    step_log.open(path, std::ios::app);
+    if (!step_log) return absl::FailedPreconditionError(absl::StrCat("--step_log ", path, ": cannot open for append"));
   }
   const size_t window = static_cast<size_t>(std::max<int64_t>(5, std::min<int64_t>(50, planned / 10)));
   Window first(window), last(window);

@@ -47,6 +47,7 @@ struct TrainerOptions {
   std::string summary_json;       // write the run summary here
   // Append one JSON line per step here (this rank's loss, tau, acc_j, lr,
   // tokens): the full training curve, for plots and backend comparisons.
+  // With more than one rank each writes `<step_log>.rank<r>`.
   std::string step_log;
   const std::atomic<bool>* stop = nullptr;  // set by SIGTERM: checkpoint and return
 };

@@ -30,9 +30,9 @@ inline at::Tensor ScaledDotProductAttention(const at::Tensor& q, const at::Tenso
 // Causal attention over packed samples in one flash-attention call: q
 // [T, heads, D], k/v [T, kv_heads, D] (last dimension contiguous; GQA
 // without repeating k/v), cu_seqlens int32 [B + 1] on the device. Only
-// LibTorch 2.x built with CUDA has the varlen kernel; callers check
-// kHasFlashVarlen and fall back otherwise.
-#if TORCH_VERSION_MAJOR >= 2 && defined(E3_HAS_CUDA)
+// LibTorch 2.5+ built with CUDA has both entry points with these
+// arguments; callers check kHasFlashVarlen and fall back otherwise.
+#if (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)) && defined(E3_HAS_CUDA)
 constexpr bool kHasFlashVarlen = true;
 inline at::Tensor FlashVarlenAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                        const at::Tensor& cu_seqlens, int64_t max_seqlen, double scale) {

@@ -61,7 +61,7 @@ __device__ float BlockSum(float v) {
 constexpr int kMaxPacks = 4;
 
 template <typename T>
-__global__ void AddRmsNormKernel(const T* __restrict__ residual, const T* __restrict__ delta,
+__global__ void __launch_bounds__(1024) AddRmsNormKernel(const T* __restrict__ residual, const T* __restrict__ delta,
                                  const T* __restrict__ weight, T* __restrict__ sum, T* __restrict__ out, int64_t cols,
                                  float inv_cols, float eps) {
   using P = Pack<T, kVec>;

@@ -6,9 +6,12 @@
 // keeps the reference ATen op sequence for every other case.
 //
 // Each kernel reproduces the roundings of the op sequence it replaces
-// (transformers' modeling_llama.py in bf16/fp16): it fuses memory passes,
-// never changes the arithmetic, so that a draft trained on the fast
-// teacher sees the reference teacher's numbers (issue 6's accuracy gap).
+// (transformers' modeling_llama.py in bf16/fp16): it fuses memory passes
+// and rounds to the storage dtype wherever the reference stores a tensor,
+// so that a draft trained on the fast teacher sees the reference
+// teacher's numbers (issue 6's accuracy gap). SiLU-mul, rope and the
+// residual sum are bit-exact; the norm sums its row in another order than
+// ATen's mean, which can move an output by an ulp or two.
 #ifndef E3_TEACHER_SERVER_KERNELS_FUSED_KERNELS_H_
 #define E3_TEACHER_SERVER_KERNELS_FUSED_KERNELS_H_
 

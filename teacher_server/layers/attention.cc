@@ -31,8 +31,6 @@ at::Tensor RopeOnPrefix(const at::Tensor& x, const at::Tensor& cos, const at::Te
 
 std::atomic<bool> g_cudnn_attention{true};
 
-bool CudnnAttentionUsable() { return g_cudnn_attention.load(std::memory_order_relaxed); }
-
 void DisableCudnnAttention(const std::string& why) {
   if (g_cudnn_attention.exchange(false)) {
     std::fprintf(stderr, "attention: cuDNN's batched kernel failed (%s); using varlen flash attention\n",
@@ -44,11 +42,14 @@ void DisableCudnnAttention(const std::string& why) {
 // per-sample SDPA loop runs.
 bool FlashVarlenApplies(const at::Tensor& q, const PackedLayout& layout) {
   const at::ScalarType t = q.scalar_type();
-  return compat::kHasFlashVarlen && q.is_cuda() && layout.cu_seqlens_device.defined() &&
+  return compat::kHasFlashVarlen && q.is_cuda() && FusedKernelsRunOn(q.device()) &&
+         layout.cu_seqlens_device.defined() &&
          (t == at::kBFloat16 || t == at::kHalf) && q.size(-1) % 8 == 0 && q.size(-1) <= 256;
 }
 
 }  // namespace
+
+bool CudnnAttentionUsable() { return g_cudnn_attention.load(std::memory_order_relaxed); }
 
 PackedLayout MakePackedLayout(const std::vector<int64_t>& cu_seqlens, const at::Device& device,
                               AttentionKernel kernel) {
@@ -77,6 +78,8 @@ at::Tensor PackedCausalAttention(const at::Tensor& q, const at::Tensor& k, const
       try {
         at::Tensor o = compat::CudnnBatchedAttention(batched(q), batched(k), batched(v), scaling);
         return o.transpose(1, 2).reshape({B * S, q.size(1), q.size(2)});
+      } catch (const c10::OutOfMemoryError&) {
+        throw;  // transient: the batch fails, cuDNN stays in use
       } catch (const c10::Error& e) {
         // A LibTorch without cuDNN attention (or a cuDNN that refuses the
         // shape): say so once, then use the flash kernel for every batch.

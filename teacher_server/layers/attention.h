@@ -29,6 +29,10 @@ struct PackedLayout {
   at::Tensor cu_seqlens_device;  // int32 on the model's device; set only for kFlashVarlen
 };
 
+// False once cuDNN's batched kernel has failed in this process (uniform
+// batches then use the varlen flash kernel too); for tests and logs.
+bool CudnnAttentionUsable();
+
 PackedLayout MakePackedLayout(const std::vector<int64_t>& cu_seqlens, const at::Device& device,
                               AttentionKernel kernel);
 

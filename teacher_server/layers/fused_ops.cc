@@ -1,11 +1,13 @@
 #include "teacher_server/layers/fused_ops.h"
 
+#include <array>
 #include <atomic>
 
 #include "teacher_server/layers/rms_norm.h"
 #include "teacher_server/layers/rotary.h"
 
 #ifdef E3_HAS_CUDA
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -20,7 +22,7 @@ std::atomic<int64_t> g_launches{0};
 #ifdef E3_HAS_CUDA
 // The kernels' dtype for t, or false when no kernel takes it.
 bool KernelDtype(const at::Tensor& t, kernels::Dtype* out) {
-  if (!t.is_cuda()) return false;
+  if (!t.is_cuda() || !FusedKernelsRunOn(t.device())) return false;
   if (t.scalar_type() == at::kBFloat16) {
     *out = kernels::Dtype::kBFloat16;
     return true;
@@ -45,6 +47,25 @@ void CheckLaunch(const char* what) {
 
 int64_t FusedKernelLaunches() { return g_launches.load(std::memory_order_relaxed); }
 
+bool FusedKernelsRunOn(const at::Device& device) {
+#ifdef E3_HAS_CUDA
+  if (!device.is_cuda()) return false;
+  const int index = device.has_index() ? device.index() : c10::cuda::current_device();
+  // Compute capability per device, read once.
+  static std::array<std::atomic<int>, 64> major{};
+  if (index < 0 || index >= static_cast<int>(major.size())) return false;
+  int m = major[index].load(std::memory_order_relaxed);
+  if (m == 0) {
+    m = at::cuda::getDeviceProperties(index)->major;
+    major[index].store(m, std::memory_order_relaxed);
+  }
+  return m >= 8;
+#else
+  (void)device;
+  return false;
+#endif
+}
+
 bool FusedKernelsBuilt() {
 #ifdef E3_HAS_CUDA
   return true;
@@ -57,7 +78,7 @@ at::Tensor AddRmsNorm(at::Tensor* h, const at::Tensor& delta, const at::Tensor& 
 #ifdef E3_HAS_CUDA
   kernels::Dtype dt;
   if (fused && KernelDtype(*h, &dt) && h->dim() == 2 && h->is_contiguous() && weight.scalar_type() == h->scalar_type() &&
-      weight.is_contiguous() && (!delta.defined() || (delta.is_contiguous() && delta.sizes() == h->sizes() &&
+      weight.is_contiguous() && weight.numel() == h->size(1) && (!delta.defined() || (delta.is_contiguous() && delta.sizes() == h->sizes() &&
                                                       delta.scalar_type() == h->scalar_type()))) {
     const c10::cuda::CUDAGuard guard(h->device());
     at::Tensor sum = delta.defined() ? torch::empty_like(*h) : at::Tensor();
@@ -80,7 +101,7 @@ at::Tensor SiluMul(const at::Tensor& gate_up, bool fused) {
   const int64_t I = gate_up.size(-1) / 2;
 #ifdef E3_HAS_CUDA
   kernels::Dtype dt;
-  if (fused && KernelDtype(gate_up, &dt) && gate_up.is_contiguous()) {
+  if (fused && I > 0 && KernelDtype(gate_up, &dt) && gate_up.is_contiguous()) {
     const c10::cuda::CUDAGuard guard(gate_up.device());
     std::vector<int64_t> shape = gate_up.sizes().vec();
     shape.back() = I;
@@ -100,8 +121,9 @@ void RopeInPlace(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bo
   const int64_t rotary_dim = cos.size(-1);
 #ifdef E3_HAS_CUDA
   kernels::Dtype dt;
-  if (fused && KernelDtype(x, &dt) && x.dim() == 3 && x.stride(2) == 1 && cos.is_contiguous() && sin.is_contiguous() &&
-      cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type() && cos.size(0) == x.size(0)) {
+  if (fused && KernelDtype(x, &dt) && x.dim() == 3 && x.stride(2) == 1 && cos.dim() == 2 && cos.is_contiguous() &&
+      sin.is_contiguous() && sin.sizes() == cos.sizes() && cos.scalar_type() == x.scalar_type() &&
+      sin.scalar_type() == x.scalar_type() && cos.size(0) == x.size(0) && rotary_dim <= x.size(2)) {
     const c10::cuda::CUDAGuard guard(x.device());
     if (kernels::RopeInPlace(dt, x.data_ptr(), x.size(0), x.size(1), x.stride(0), x.stride(1), rotary_dim,
                              cos.data_ptr(), sin.data_ptr(), CurrentStream(x))) {

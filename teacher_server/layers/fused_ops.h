@@ -3,8 +3,9 @@
 // CUDA bf16/fp16 tensor the step is one custom kernel
 // (teacher_server/kernels); everywhere else (CPU, fp32, a build without
 // CUDA, a shape the kernel does not take) it is the reference op sequence
-// of transformers, so the CPU suite runs the same control flow. Both give
-// the same roundings: the kernels fuse memory passes, not arithmetic.
+// of transformers, so the CPU suite runs the same control flow. Both
+// round at the same points (see kernels/fused_kernels.h for the one
+// difference: the norm's reduction order).
 #ifndef E3_TEACHER_SERVER_LAYERS_FUSED_OPS_H_
 #define E3_TEACHER_SERVER_LAYERS_FUSED_OPS_H_
 
@@ -14,6 +15,10 @@ namespace e3 {
 
 // Whether this build has the custom CUDA kernels.
 bool FusedKernelsBuilt();
+// Whether the kernels (and the fused attention calls, which need the same
+// hardware) run on this device: a CUDA build, a CUDA device of compute
+// capability 8.0 or newer (the kernels are built for sm_80 and sm_90).
+bool FusedKernelsRunOn(const at::Device& device);
 // How many custom-kernel launches this process has made (all threads): the
 // tests' proof that the kernel, not the fallback, ran.
 int64_t FusedKernelLaunches();

@@ -12,8 +12,9 @@ namespace {
 
 // Rows of the lm_head product computed at once for the argmax: about
 // 1 GiB of logits at a time, so the [T, V] logits never need to exist in
-// full for long batches, while the GEMMs stay large (4096 rows for a 128k
-// vocab in bf16).
+// full for long batches, while the GEMMs stay large (about 4200 rows for
+// a 128k vocab in bf16). Under TP, with logits requested, the gathered
+// chunk is tp times that.
 int64_t ArgmaxChunkRows(int64_t vocab_rows, int64_t element_size) {
   constexpr int64_t kChunkBytes = int64_t{1} << 30;
   return std::max<int64_t>(256, kChunkBytes / std::max<int64_t>(1, vocab_rows * element_size));
