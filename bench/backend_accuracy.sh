@@ -17,7 +17,8 @@ SRC=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$RUN"
 pids=()
 teachers=()
-trap 'kill "${teachers[@]}" 2>/dev/null || true' EXIT
+# On any exit (a teacher that did not start included), stop every process started here.
+trap 'kill "${pids[@]}" "${teachers[@]}" 2>/dev/null || true' EXIT
 start_pair() {  # name backend
   local name=$1 backend=$2 dir="$RUN/$1"
   rm -rf "$dir" && mkdir -p "$dir"
