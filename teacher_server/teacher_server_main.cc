@@ -147,7 +147,9 @@ std::shared_ptr<TpGroup> JoinTensorParallelGroup(int tp_size, int ep_size, bool 
 
 ModelOptions ModelOptionsFromFlags() {
   ModelOptions mopts;
-  if (const absl::Status st = SetBackend(absl::GetFlag(FLAGS_backend), &mopts); !st.ok()) Fail(st);
+  if (!SetBackend(absl::GetFlag(FLAGS_backend), &mopts).ok()) {
+    Fail(absl::InvalidArgumentError(absl::StrCat("--backend=", absl::GetFlag(FLAGS_backend), ": expected hf or sgl")));
+  }
   try {
     mopts.device = at::Device(absl::GetFlag(FLAGS_device));
   } catch (const c10::Error& e) {
@@ -187,10 +189,6 @@ int Main() {
   const std::string model_path = absl::GetFlag(FLAGS_model_dir);
   if (model_path.empty()) Fail(absl::InvalidArgumentError("--model_dir is required"));
   if (absl::GetFlag(FLAGS_data).empty()) Fail(absl::InvalidArgumentError("--data is required"));
-  if (ModelOptions probe; !SetBackend(absl::GetFlag(FLAGS_backend), &probe).ok()) {
-    Fail(absl::InvalidArgumentError(absl::StrCat("--backend=", absl::GetFlag(FLAGS_backend),
-                                                 ": expected hf or sgl")));
-  }
   if (absl::GetFlag(FLAGS_threads) > 0) at::set_num_threads(absl::GetFlag(FLAGS_threads));
 
   auto dir = ModelDir::Open(model_path);

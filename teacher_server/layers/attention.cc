@@ -42,7 +42,7 @@ void DisableCudnnAttention(const std::string& why) {
 // per-sample SDPA loop runs.
 bool FlashVarlenApplies(const at::Tensor& q, const PackedLayout& layout) {
   const at::ScalarType t = q.scalar_type();
-  return compat::kHasFlashVarlen && q.is_cuda() && FusedKernelsRunOn(q.device()) &&
+  return compat::kHasFlashVarlen && FusedKernelsRunOn(q.device()) &&
          layout.cu_seqlens_device.defined() &&
          (t == at::kBFloat16 || t == at::kHalf) && q.size(-1) % 8 == 0 && q.size(-1) <= 256;
 }

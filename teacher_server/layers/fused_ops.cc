@@ -1,6 +1,5 @@
 #include "teacher_server/layers/fused_ops.h"
 
-#include <array>
 #include <atomic>
 
 #include "teacher_server/layers/rms_norm.h"
@@ -22,7 +21,7 @@ std::atomic<int64_t> g_launches{0};
 #ifdef E3_HAS_CUDA
 // The kernels' dtype for t, or false when no kernel takes it.
 bool KernelDtype(const at::Tensor& t, kernels::Dtype* out) {
-  if (!t.is_cuda() || !FusedKernelsRunOn(t.device())) return false;
+  if (!FusedKernelsRunOn(t.device())) return false;
   if (t.scalar_type() == at::kBFloat16) {
     *out = kernels::Dtype::kBFloat16;
     return true;
@@ -50,16 +49,9 @@ int64_t FusedKernelLaunches() { return g_launches.load(std::memory_order_relaxed
 bool FusedKernelsRunOn(const at::Device& device) {
 #ifdef E3_HAS_CUDA
   if (!device.is_cuda()) return false;
+  // LibTorch reads each device's properties once and caches them.
   const int index = device.has_index() ? device.index() : c10::cuda::current_device();
-  // Compute capability per device, read once.
-  static std::array<std::atomic<int>, 64> major{};
-  if (index < 0 || index >= static_cast<int>(major.size())) return false;
-  int m = major[index].load(std::memory_order_relaxed);
-  if (m == 0) {
-    m = at::cuda::getDeviceProperties(index)->major;
-    major[index].store(m, std::memory_order_relaxed);
-  }
-  return m >= 8;
+  return at::cuda::getDeviceProperties(index)->major >= 8;
 #else
   (void)device;
   return false;
