@@ -13,7 +13,8 @@
 namespace e3::bench {
 
 // "hf", "sgl", "hf-eager", or "sgl-no-fusion" / "-no-kernels" / "-no-varlen"
-// (one sgl technique off, for ablations).
+// / "-no-lt" (LibTorch's matmul, so no residual add in the GEMM either) /
+// "-no-residual-gemm" (one sgl technique off, for ablations).
 inline absl::Status ApplyBackendSpec(const std::string& spec, ModelOptions* o) {
   if (spec == "hf-eager") {
     E3_RETURN_IF_ERROR(SetBackend("hf", o));
@@ -28,8 +29,13 @@ inline absl::Status ApplyBackendSpec(const std::string& spec, ModelOptions* o) {
     o->fused_kernels = false;
   } else if (off == "varlen") {
     o->attention = AttentionKernel::kSdpa;
+  } else if (off == "lt") {
+    o->gemm = GemmPath::kAten;
+  } else if (off == "residual-gemm") {
+    o->residual_in_gemm = false;
   } else if (!off.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("backend ", spec, ": expected sgl-no-fusion, -kernels or -varlen"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backend ", spec, ": expected sgl-no-fusion, -kernels, -varlen, -lt or -residual-gemm"));
   }
   return absl::OkStatus();
 }

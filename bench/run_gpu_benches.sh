@@ -38,7 +38,8 @@ teacher() {
     # The served forward: aux states, last hidden and the lm_head argmax.
     # 1B also times each sgl technique switched off (the speed ablation).
     local backends=sgl,hf
-    [ $shape = llama-1b ] && backends=sgl,hf,sgl-no-kernels,sgl-no-varlen,sgl-no-fusion
+    [ $shape = llama-8b ] && backends=sgl,hf,sgl-no-lt
+    [ $shape = llama-1b ] && backends=sgl,hf,sgl-no-kernels,sgl-no-varlen,sgl-no-fusion,sgl-no-lt,sgl-no-residual-gemm
     ours=$("$BUILD/bench/teacher_forward_bench" --model_dir="$MODELS/$shape" --device=cuda:0 --dtype=bfloat16 \
       --shapes=8x1024,$CHAT_MIX --repeats=5 --logits --backends=$backends | tee /dev/stderr | json)
     student=$("$BUILD/bench/student_step_bench" --shape=$shape --device=cuda:0 | json)
@@ -171,7 +172,7 @@ consistency() {
   [ -f "$dir/config.json" ] || python3 "$SRC/bench/hf_teacher_baseline.py" --shape=llama-1b --save_dir="$dir" >/dev/null
   # tiny-code-llama also with each sgl technique off: which one moves the
   # outputs (the per-layer ablation).
-  for fast in sgl sgl-no-fusion sgl-no-varlen sgl-no-kernels; do
+  for fast in sgl sgl-no-fusion sgl-no-varlen sgl-no-kernels sgl-no-residual-gemm; do
     "$BUILD/bench/backend_consistency_bench" --model_dir="$SRC/examples/tiny-code-llama" --device=cuda:0 \
       --dtype=bfloat16 --sgl=$fast | json_or_print || echo "($fast: FAIL, exit status above)"
   done

@@ -13,6 +13,8 @@ absl::Status SetBackend(const std::string& backend, ModelOptions* options) {
   options->fuse_projections = sgl;
   options->fused_kernels = sgl;
   options->attention = sgl ? AttentionKernel::kFlashVarlen : AttentionKernel::kSdpa;
+  options->gemm = sgl ? GemmPath::kCublasLt : GemmPath::kAten;
+  options->residual_in_gemm = sgl;
   return absl::OkStatus();
 }
 

@@ -31,7 +31,15 @@ struct ModelOptions {
   // - custom CUDA kernels (fused_ops.h): residual add + RMSNorm, SiLU-mul,
   //   rope in place; on CPU the same op sequence as hf;
   bool fused_kernels = false;
-  // - and attention = kFlashVarlen (one varlen flash call per layer).
+  // - attention = kFlashVarlen (one varlen flash call per layer);
+  // - the projections through cuBLASLt (gemm.h),
+  GemmPath gemm = GemmPath::kAten;
+  // - with the residual adds in the o_proj and down_proj GEMMs' epilogue
+  //   (one rounding of the sum, from fp32), so the norms read the new
+  //   residual stream instead of adding to it. Only with kCublasLt and
+  //   without tensor parallelism (there the partial products are
+  //   all-reduced before the add); MoE layers add in the next norm.
+  bool residual_in_gemm = false;
   // Tensor (and expert) parallelism: this process is one rank of `tp` and
   // loads only its shard. Null: the whole model in this process.
   std::shared_ptr<TpGroup> tp;

@@ -9,7 +9,6 @@
 
 #include "common/torch/torch_compat.h"
 #include "teacher_server/layers/fused_ops.h"
-#include "teacher_server/layers/linear.h"
 #include "teacher_server/layers/rms_norm.h"
 #include "teacher_server/layers/rotary.h"
 
@@ -125,19 +124,19 @@ void FuseQkv(AttentionWeights* w) {
 
 at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const AttentionShape& shape,
                          const at::Tensor& cos, const at::Tensor& sin, const PackedLayout& layout,
-                         const AttentionOptions& options) {
+                         const AttentionOptions& options, const at::Tensor& residual) {
   const int64_t T = x.size(0);
   at::Tensor q, k, v;
   if (w.qkv_proj.defined()) {
     const int64_t q_out = shape.num_heads * shape.head_dim, kv_out = shape.num_kv_heads * shape.head_dim;
-    at::Tensor qkv = Linear(x, w.qkv_proj, w.qkv_bias);
+    at::Tensor qkv = Gemm(x, w.qkv_proj, w.qkv_bias, at::Tensor(), options.gemm);
     q = qkv.narrow(-1, 0, q_out).view({T, shape.num_heads, shape.head_dim});
     k = qkv.narrow(-1, q_out, kv_out).view({T, shape.num_kv_heads, shape.head_dim});
     v = qkv.narrow(-1, q_out + kv_out, kv_out).view({T, shape.num_kv_heads, shape.head_dim});
   } else {
-    q = Linear(x, w.q_proj, w.q_bias).view({T, shape.num_heads, shape.head_dim});
-    k = Linear(x, w.k_proj, w.k_bias).view({T, shape.num_kv_heads, shape.head_dim});
-    v = Linear(x, w.v_proj, w.v_bias).view({T, shape.num_kv_heads, shape.head_dim});
+    q = Gemm(x, w.q_proj, w.q_bias, at::Tensor(), options.gemm).view({T, shape.num_heads, shape.head_dim});
+    k = Gemm(x, w.k_proj, w.k_bias, at::Tensor(), options.gemm).view({T, shape.num_kv_heads, shape.head_dim});
+    v = Gemm(x, w.v_proj, w.v_bias, at::Tensor(), options.gemm).view({T, shape.num_kv_heads, shape.head_dim});
   }
   if (w.q_norm.defined()) q = RmsNorm(q, w.q_norm, shape.qk_norm_eps);
   if (w.k_norm.defined()) k = RmsNorm(k, w.k_norm, shape.qk_norm_eps);
@@ -150,7 +149,7 @@ at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const A
   }
   const double scaling = 1.0 / std::sqrt(static_cast<double>(shape.head_dim));
   at::Tensor o = PackedCausalAttention(q, k, v, layout, scaling, options.kernel);
-  return Linear(o.reshape({T, shape.num_heads * shape.head_dim}), w.o_proj, w.o_bias);
+  return Gemm(o.reshape({T, shape.num_heads * shape.head_dim}), w.o_proj, w.o_bias, residual, options.gemm);
 }
 
 }  // namespace e3

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "teacher_server/layers/gemm.h"
+
 namespace e3 {
 
 enum class AttentionKernel {
@@ -41,6 +43,8 @@ struct AttentionOptions {
   // Rotate q and k in place, as one kernel each on CUDA (fused_ops.h),
   // instead of building new tensors.
   bool rope_in_place = false;
+  // Which GEMM the q/k/v and o projections run (gemm.h).
+  GemmPath gemm = GemmPath::kAten;
 };
 
 struct AttentionShape {
@@ -63,10 +67,11 @@ struct AttentionWeights {
 // Concatenates q/k/v into qkv_proj (rows q, then k, then v).
 void FuseQkv(AttentionWeights* w);
 
-// x: [T, H]; cos/sin: [T, rotary_dim]. Returns [T, H].
+// x: [T, H]; cos/sin: [T, rotary_dim]. Returns [T, H]: the attention
+// output, plus `residual` when that is defined (added in the o_proj GEMM).
 at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const AttentionShape& shape,
                          const at::Tensor& cos, const at::Tensor& sin, const PackedLayout& layout,
-                         const AttentionOptions& options);
+                         const AttentionOptions& options, const at::Tensor& residual = at::Tensor());
 
 // q: [T, heads, D], k/v: [T, kv_heads, D] (last dimension contiguous).
 // Returns [T, heads, D].

@@ -129,4 +129,22 @@ void RopeInPlace(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bo
   rot.copy_(ApplyRotary(rot, cos, sin));
 }
 
+at::Tensor RowArgmax(const at::Tensor& logits, bool fused) {
+#ifdef E3_HAS_CUDA
+  kernels::Dtype dt;
+  if (fused && KernelDtype(logits, &dt) && logits.dim() == 2 && logits.size(0) > 0 && logits.size(1) > 0 &&
+      logits.stride(1) == 1) {
+    const c10::cuda::CUDAGuard guard(logits.device());
+    at::Tensor out = torch::empty({logits.size(0)}, logits.options().dtype(at::kInt));
+    if (kernels::RowArgmax(dt, logits.data_ptr(), logits.size(0), logits.size(1), logits.stride(0),
+                           out.data_ptr<int32_t>(), CurrentStream(logits))) {
+      CheckLaunch("row argmax");
+      return out;
+    }
+  }
+#endif
+  (void)fused;
+  return logits.argmax(-1).to(at::kInt);
+}
+
 }  // namespace e3

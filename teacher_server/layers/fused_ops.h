@@ -1,11 +1,11 @@
 // The `sgl` backend's fused element-wise steps: residual add + RMSNorm,
-// SiLU-and-multiply, rotary embedding in place. With `fused` set and a
-// CUDA bf16/fp16 tensor the step is one custom kernel
-// (teacher_server/kernels); everywhere else (CPU, fp32, a build without
-// CUDA, a shape the kernel does not take) it is the reference op sequence
-// of transformers, so the CPU suite runs the same control flow. Both
-// round at the same points (see kernels/fused_kernels.h for the one
-// difference: the norm's reduction order).
+// SiLU-and-multiply, rotary embedding in place, and the lm_head's row
+// argmax. With `fused` set and a CUDA bf16/fp16 tensor the step is one
+// custom kernel (teacher_server/kernels); everywhere else (CPU, fp32, a
+// build without CUDA, a shape the kernel does not take) it is the
+// reference op sequence of transformers, so the CPU suite runs the same
+// control flow. Both round at the same points (see kernels/fused_kernels.h
+// for the one difference: the norm's reduction order).
 #ifndef E3_TEACHER_SERVER_LAYERS_FUSED_OPS_H_
 #define E3_TEACHER_SERVER_LAYERS_FUSED_OPS_H_
 
@@ -35,6 +35,11 @@ at::Tensor SiluMul(const at::Tensor& gate_up, bool fused);
 // product); rotates its first cos.size(-1) features in place.
 // cos/sin: [T, rotary_dim] in x's dtype.
 void RopeInPlace(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool fused);
+
+// logits: [rows, cols], unit stride along cols. Returns the per-row
+// argmax as int32 [rows], exactly at::argmax's (first NaN, else first
+// maximum); with `fused` on CUDA one bandwidth-bound kernel.
+at::Tensor RowArgmax(const at::Tensor& logits, bool fused);
 
 }  // namespace e3
 

@@ -1,7 +1,6 @@
 #include "teacher_server/layers/mlp.h"
 
 #include "teacher_server/layers/fused_ops.h"
-#include "teacher_server/layers/linear.h"
 
 namespace e3 {
 
@@ -12,12 +11,16 @@ void FuseGateUp(MlpWeights* w) {
   w->gate_bias = w->up_bias = at::Tensor();
 }
 
-at::Tensor SwiGluMlp(const at::Tensor& x, const MlpWeights& w, bool fused_activation) {
+at::Tensor SwiGluMlp(const at::Tensor& x, const MlpWeights& w, bool fused_activation, GemmPath gemm,
+                     const at::Tensor& residual) {
+  at::Tensor act;
   if (w.gate_up_proj.defined()) {
-    return Linear(SiluMul(Linear(x, w.gate_up_proj, w.gate_up_bias), fused_activation), w.down_proj, w.down_bias);
+    act = SiluMul(Gemm(x, w.gate_up_proj, w.gate_up_bias, at::Tensor(), gemm), fused_activation);
+  } else {
+    act = at::silu(Gemm(x, w.gate_proj, w.gate_bias, at::Tensor(), gemm)) *
+          Gemm(x, w.up_proj, w.up_bias, at::Tensor(), gemm);
   }
-  return Linear(at::silu(Linear(x, w.gate_proj, w.gate_bias)) * Linear(x, w.up_proj, w.up_bias), w.down_proj,
-                w.down_bias);
+  return Gemm(act, w.down_proj, w.down_bias, residual, gemm);
 }
 
 }  // namespace e3

@@ -4,6 +4,8 @@
 
 #include <torch/torch.h>
 
+#include "teacher_server/layers/gemm.h"
+
 namespace e3 {
 
 struct MlpWeights {
@@ -16,8 +18,11 @@ struct MlpWeights {
 
 void FuseGateUp(MlpWeights* w);
 
-// With `fused_activation`, silu(gate) * up is one kernel on CUDA (fused_ops.h).
-at::Tensor SwiGluMlp(const at::Tensor& x, const MlpWeights& w, bool fused_activation = false);
+// With `fused_activation`, silu(gate) * up is one kernel on CUDA
+// (fused_ops.h). `gemm` picks the projections' GEMM (gemm.h); a
+// defined `residual` is added to the output in the down_proj GEMM.
+at::Tensor SwiGluMlp(const at::Tensor& x, const MlpWeights& w, bool fused_activation = false,
+                     GemmPath gemm = GemmPath::kAten, const at::Tensor& residual = at::Tensor());
 
 }  // namespace e3
 

@@ -1,7 +1,5 @@
 #include "teacher_server/layers/moe.h"
 
-#include "teacher_server/layers/linear.h"
-
 namespace e3 {
 
 at::Tensor SparseMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing, bool fused_activation) {

@@ -216,12 +216,18 @@ ForwardOutput DecoderLM::Run(const PackedBatch& batch, const ForwardOptions& opt
                      : at::embedding(embed_tokens_, batch.input_ids);
   auto [cos, sin] = rotary_.CosSin(batch.position_ids, h.scalar_type());
   const PackedLayout layout = MakePackedLayout(batch.cu_seqlens, options_.device, options_.attention);
-  const AttentionOptions attn{options_.attention, /*rope_in_place=*/fused};
+  const AttentionOptions attn{options_.attention, /*rope_in_place=*/fused, options_.gemm};
+  const GemmPath gemm = options_.gemm;
+  // Residual adds in the GEMMs: partial products of tensor-parallel ranks
+  // must be summed before h is added, so not under TP.
+  const bool add_in_gemm = options_.residual_in_gemm && gemm == GemmPath::kCublasLt && !plan_.sharded();
 
   // The residual stream h and the output of the last sublayer, not yet
-  // added to it: each residual add is done by the next norm (one kernel
-  // with `fused`), so layer i's output, h after its MLP is added, exists
-  // once layer i + 1's input norm (or the final norm) has run.
+  // added to it (`pending`): each residual add is done by the next norm
+  // (one kernel with `fused`) or, with add_in_gemm, by the sublayer's last
+  // GEMM (pending then stays undefined). Either way layer i's output, h
+  // after its MLP is added, exists once layer i + 1's input norm (or the
+  // final norm) has run; h is always replaced, never written in place.
   std::vector<at::Tensor> captured(options.aux_layer_ids.size());
   auto capture = [&](int64_t layer) {
     for (size_t k = 0; k < options.aux_layer_ids.size(); ++k) {
@@ -233,11 +239,24 @@ ForwardOutput DecoderLM::Run(const PackedBatch& batch, const ForwardOptions& opt
     const Layer& layer = layers_[i];
     at::Tensor x = AddRmsNorm(&h, pending, layer.input_layernorm, eps, fused);
     if (i > 0) capture(i - 1);
-    x = SelfAttention(x, layer.attn, attn_shape_, cos, sin, layout, attn);
-    ReduceIfSharded(x);
-    x = AddRmsNorm(&h, x, layer.post_attention_layernorm, eps, fused);
-    pending = layer.is_moe ? SparseMoe(x, layer.moe, routing_, fused) : SwiGluMlp(x, layer.mlp, fused);
-    ReduceIfSharded(pending);
+    if (add_in_gemm) {
+      h = SelfAttention(x, layer.attn, attn_shape_, cos, sin, layout, attn, /*residual=*/h);
+      x = AddRmsNorm(&h, at::Tensor(), layer.post_attention_layernorm, eps, fused);
+    } else {
+      x = SelfAttention(x, layer.attn, attn_shape_, cos, sin, layout, attn);
+      ReduceIfSharded(x);
+      x = AddRmsNorm(&h, x, layer.post_attention_layernorm, eps, fused);
+    }
+    if (layer.is_moe) {
+      pending = SparseMoe(x, layer.moe, routing_, fused);
+      ReduceIfSharded(pending);
+    } else if (add_in_gemm) {
+      h = SwiGluMlp(x, layer.mlp, fused, gemm, /*residual=*/h);
+      pending = at::Tensor();
+    } else {
+      pending = SwiGluMlp(x, layer.mlp, fused, gemm);
+      ReduceIfSharded(pending);
+    }
   }
   ForwardOutput out;
   out.last_hidden = AddRmsNorm(&h, pending, norm_, eps, fused);
@@ -249,10 +268,10 @@ ForwardOutput DecoderLM::Run(const PackedBatch& batch, const ForwardOptions& opt
     std::vector<at::Tensor> logits, argmax;
     for (int64_t start = 0; start < T; start += chunk_rows) {
       const int64_t n = std::min(chunk_rows, T - start);
-      at::Tensor chunk = at::linear(out.last_hidden.narrow(0, start, n), lm_head_);
+      at::Tensor chunk = Gemm(out.last_hidden.narrow(0, start, n), lm_head_, at::Tensor(), at::Tensor(), gemm);
       if (options.return_argmax) {
         argmax.push_back(plan_.sharded() ? options_.tp->VocabParallelArgmax(chunk, plan_.vocab.begin)
-                                         : chunk.argmax(-1).to(at::kInt));
+                                         : RowArgmax(chunk, fused));
       }
       if (options.return_logits) {
         // Vocab shards are ceil(V / tp) rows except the last: gather padded.

@@ -11,10 +11,13 @@
 // kernels themselves are tested on a GPU (sgl_kernels_gpu_test).
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "common/model_dir.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/attention.h"
 #include "teacher_server/layers/fused_ops.h"
+#include "teacher_server/layers/gemm.h"
 #include "teacher_server/layers/mlp.h"
 #include "teacher_server/layers/rms_norm.h"
 #include "teacher_server/layers/rotary.h"
@@ -121,13 +124,50 @@ TEST(SglLayersTest, SetBackendKnowsHfAndSgl) {
   EXPECT_TRUE(o.fuse_projections);
   EXPECT_TRUE(o.fused_kernels);
   EXPECT_EQ(o.attention, AttentionKernel::kFlashVarlen);
+  EXPECT_EQ(o.gemm, GemmPath::kCublasLt);
+  EXPECT_TRUE(o.residual_in_gemm);
   ASSERT_TRUE(SetBackend("hf", &o).ok());
   EXPECT_FALSE(o.fuse_projections);
   EXPECT_FALSE(o.fused_kernels);
   EXPECT_EQ(o.attention, AttentionKernel::kSdpa);
+  EXPECT_EQ(o.gemm, GemmPath::kAten);
+  EXPECT_FALSE(o.residual_in_gemm);
   const absl::Status bad = SetBackend("vllm", &o);
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(bad.message()).find("expected hf or sgl"), std::string::npos) << bad;
+}
+
+TEST(SglLayersTest, GemmOnCpuIsLinearPlusTheResidualOnBothPaths) {
+  torch::manual_seed(4);
+  const at::Tensor x = torch::randn({2, 5, 16});
+  const at::Tensor w = torch::randn({24, 16});
+  const at::Tensor b = torch::randn({24});
+  const at::Tensor r = torch::randn({2, 5, 24});
+  const at::Tensor r_copy = r.clone();
+  for (GemmPath path : {GemmPath::kAten, GemmPath::kCublasLt}) {
+    EXPECT_TRUE(Gemm(x, w, at::Tensor(), at::Tensor(), path).equal(at::linear(x, w)));
+    EXPECT_TRUE(Gemm(x, w, b, at::Tensor(), path).equal(at::linear(x, w, b)));
+    // The residual is added as hf adds it (h + delta) and is not written.
+    EXPECT_TRUE(Gemm(x, w, b, r, path).equal(r + at::linear(x, w, b)));
+    EXPECT_TRUE(r.equal(r_copy));
+  }
+  EXPECT_EQ(LtGemmCalls(), 0) << "cuBLASLt is for CUDA tensors only";
+}
+
+TEST(SglLayersTest, RowArgmaxIsAtenArgmaxWithTiesAndNans) {
+  at::Tensor logits = torch::randn({6, 40});
+  logits[1].fill_(0.5);                                   // all tied: index 0
+  logits[2][7] = 9;
+  logits[2][30] = 9;                                       // tie: the first
+  logits[3][11] = std::numeric_limits<float>::quiet_NaN();  // NaN wins
+  logits[3][25] = std::numeric_limits<float>::quiet_NaN();
+  logits[4].fill_(-std::numeric_limits<float>::infinity());
+  const at::Tensor got = RowArgmax(logits, /*fused=*/true);
+  EXPECT_EQ(got.scalar_type(), at::kInt);
+  EXPECT_TRUE(got.equal(logits.argmax(-1).to(at::kInt)));
+  EXPECT_EQ(got[1].item<int>(), 0);
+  EXPECT_EQ(got[2].item<int>(), 7);
+  EXPECT_EQ(got[3].item<int>(), 11);
 }
 
 class SglBackendTest : public ::testing::TestWithParam<std::string> {};

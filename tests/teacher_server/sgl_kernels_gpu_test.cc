@@ -16,6 +16,12 @@
 //   bf16 attention with fp32 accumulation in different orders. Bound: the
 //   flash output is no further from an fp32 reference than 1.5x the SDPA
 //   output's distance from it, plus 2^-9.
+// - The row argmax: exact (at::argmax's answer, ties and NaNs included).
+// - cuBLASLt GEMMs: the fp32-accumulated product (plus bias, plus the
+//   residual when it is in the epilogue) rounded once to the dtype. Against
+//   an fp32 reference: one rounding (half an ulp of the result, at most one
+//   ulp of the reference) plus what summing in another fp32 order can move,
+//   at most K 2^-24 sum|x w| (the classic bound; H200 runs sit far below).
 // - The whole sgl model against hf on a uniform batch (cuDNN attention on
 //   views of the fused QKV product) and a ragged one (varlen flash), bf16:
 //   the bench's bound (backend_consistency_bench): |sgl - hf| <= 2g, where
@@ -25,12 +31,16 @@
 
 #include <array>
 #include <cmath>
+#include <limits>
+#include <utility>
+#include <vector>
 
 #include "common/torch/torch_compat.h"
 #include "common/model_dir.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/attention.h"
 #include "teacher_server/layers/fused_ops.h"
+#include "teacher_server/layers/gemm.h"
 #include "teacher_server/layers/rms_norm.h"
 #include "teacher_server/layers/rotary.h"
 #include "tests/teacher_server/golden_fixture.h"
@@ -167,6 +177,64 @@ TEST_P(SglKernelsGpuTest, FusedPackedAttentionMatchesPerSampleSdpa) {
                 flash_err, sdpa_err);
     EXPECT_LE(flash_err, 1.5 * sdpa_err + 1.0 / 512);
   }
+}
+
+TEST_P(SglKernelsGpuTest, RowArgmaxIsExact) {
+  torch::manual_seed(9);
+  // The lm_head's shape class (a 128k vocab), a row width the vectorised
+  // path cannot take (scalar path), and rows that are a strided view.
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{37, 128256}, {5, 1001}, {300, 64}}) {
+    at::Tensor logits = torch::randn({rows, cols}, opts());
+    logits[0].fill_(0.25);  // all tied: index 0
+    logits[1][cols - 1] = 100;
+    logits[1][cols / 2] = 100;  // tie: the first
+    logits[2][cols / 3] = std::numeric_limits<float>::quiet_NaN();
+    logits[2][cols / 4] = std::numeric_limits<float>::quiet_NaN();  // the first NaN wins
+    logits[3].fill_(-std::numeric_limits<float>::infinity());
+    const int64_t before = FusedKernelLaunches();
+    const at::Tensor got = RowArgmax(logits, /*fused=*/true);
+    EXPECT_EQ(FusedKernelLaunches(), before + 1) << "the kernel, not the fallback, must run";
+    EXPECT_TRUE(got.equal(logits.argmax(-1).to(at::kInt))) << rows << "x" << cols;
+    EXPECT_EQ(got[2].item<int>(), cols / 4);
+    const at::Tensor wide = torch::randn({rows, cols + 8}, opts());
+    const at::Tensor view = wide.narrow(1, 0, cols);
+    EXPECT_TRUE(RowArgmax(view, true).equal(view.argmax(-1).to(at::kInt))) << "strided rows";
+  }
+}
+
+TEST_P(SglKernelsGpuTest, LtGemmIsOneRoundingOfTheFp32Product) {
+  torch::manual_seed(10);
+  const int64_t K = 512;
+  const at::Tensor w = torch::randn({1024, K}, opts()) * 0.05;
+  const at::Tensor b = torch::randn({1024}, opts());
+  for (int64_t rows : {300, 257, 64}) {
+    const at::Tensor x = torch::randn({rows, K}, opts());
+    const at::Tensor r = torch::randn({rows, 1024}, opts()) * 4;
+    const at::Tensor r_copy = r.clone();
+    const at::Tensor exact = at::linear(x.to(at::kFloat), w.to(at::kFloat));
+    // fp32 sums in another order differ by at most K * 2^-24 * sum |x w|.
+    const at::Tensor reorder = at::linear(x.to(at::kFloat).abs(), w.to(at::kFloat).abs()) * (K * std::ldexp(1.0, -24));
+    const int64_t calls = LtGemmCalls();
+    const at::Tensor y = Gemm(x, w, at::Tensor(), at::Tensor(), GemmPath::kCublasLt);
+    const at::Tensor yb = Gemm(x, w, b, at::Tensor(), GemmPath::kCublasLt);
+    const at::Tensor yr = Gemm(x, w, b, r, GemmPath::kCublasLt);
+    EXPECT_EQ(LtGemmCalls(), calls + 3) << "cuBLASLt, not the fallback, must run";
+    auto excess = [&](const at::Tensor& got, const at::Tensor& want) {
+      return (got.to(at::kFloat) - want).abs().sub(TwoUlps(want) / 2 + reorder).max().item<float>();
+    };
+    EXPECT_LE(excess(y, exact), 0.f) << rows;
+    EXPECT_LE(excess(yb, exact + b.to(at::kFloat)), 0.f) << rows;
+    EXPECT_LE(excess(yr, exact + b.to(at::kFloat) + r.to(at::kFloat)), 0.f) << rows;
+    EXPECT_TRUE(r.equal(r_copy)) << "the residual is read, never written";
+  }
+  // What cuBLASLt does not take falls back to at::linear: fp32, a strided x.
+  const at::Tensor x32 = torch::randn({8, K}, opts().dtype(at::kFloat));
+  const int64_t calls = LtGemmCalls();
+  EXPECT_TRUE(Gemm(x32, w.to(at::kFloat), at::Tensor(), at::Tensor(), GemmPath::kCublasLt)
+                  .equal(at::linear(x32, w.to(at::kFloat))));
+  const at::Tensor strided = torch::randn({8, 2 * K}, opts()).narrow(1, 0, K);
+  EXPECT_TRUE(Gemm(strided, w, at::Tensor(), at::Tensor(), GemmPath::kCublasLt).equal(at::linear(strided, w)));
+  EXPECT_EQ(LtGemmCalls(), calls);
 }
 
 class SglModelGpuTest : public ::testing::TestWithParam<std::string> {};

@@ -474,9 +474,11 @@ TEST_F(TeacherServiceTest, OtherHostGetsInlineBatchesAndAcksReturnCredits) {
   // The sends were counted per transport.
   std::string text = RenderMetrics(*t->metrics.registry());
   EXPECT_NE(text.find("e3_teacher_bytes_sent_total{transport=\"inline\"}"), std::string::npos) << text;
-  // The stream writes ahead of the reads, up to the credit window.
+  // The stream writes ahead of the reads, up to the credit window: with
+  // all 5 read batches acked, at most 3 more can have been sent (a loaded
+  // machine lets the writer reach the full window before this line).
   EXPECT_GE(MetricValue(text, "e3_teacher_batches_sent_total"), 5) << text;
-  EXPECT_LE(MetricValue(text, "e3_teacher_batches_sent_total"), 5 + 2) << text;
+  EXPECT_LE(MetricValue(text, "e3_teacher_batches_sent_total"), 5 + 3) << text;
   EXPECT_EQ(MetricValue(text, "e3_teacher_subscribers"), 1) << text;
   EXPECT_EQ(t->service->open_streams(), 1);
   ctx.TryCancel();

@@ -1,0 +1,211 @@
+// Times cuBLAS on the teacher's projection GEMMs (GPU machine): the
+// cublasGemmEx default that LibTorch's matmul uses, against every algorithm
+// cuBLASLt's heuristic offers for the same problem, plus the residual form
+// (beta = 1, D = X W^T + H). It measures how much per-shape algorithm
+// selection could gain before any of it is built into the teacher.
+//
+//   nvcc -O2 -std=c++17 -arch=sm_90 bench/gemm_algo_probe.cu -lcublasLt -lcublas -o /tmp/gemm_probe
+//   /tmp/gemm_probe
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CHECK_CUDA(x) do { cudaError_t e = (x); if (e != cudaSuccess) { std::printf("%s: %s\n", #x, cudaGetErrorString(e)); std::exit(1); } } while (0)
+#define CHECK_BLAS(x) do { int st_ = static_cast<int>(x); if (st_ != 0) { std::printf("%s: status %d\n", #x, st_); std::exit(1); } } while (0)
+
+struct Shape { const char* name; int m, n, k; };
+
+// Random-looking values in [-1, 1): constant inputs draw less power and let
+// the GPU hold higher clocks, which overstates what real activations get.
+__global__ void FillRandom(__nv_bfloat16* p, size_t n, unsigned seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    unsigned h = unsigned(i) * 2654435761u ^ seed;
+    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+    p[i] = __float2bfloat16((h & 0xffff) / 32768.f - 1.f);
+  }
+}
+
+// One shape's cuBLASLt descriptors (row-major y = x W^T as column-major
+// D[n, m] = W^T(T) x) and the heuristic's candidates for it.
+struct LtPlan {
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t la, lb, lc;
+  cublasLtMatmulHeuristicResult_t results[16];
+  int count = 0;
+};
+
+static LtPlan MakePlan(cublasLtHandle_t lt, const Shape& s, size_t workspace_bytes) {
+  LtPlan p;
+  CHECK_BLAS(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  CHECK_BLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  CHECK_BLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  CHECK_BLAS(cublasLtMatrixLayoutCreate(&p.la, CUDA_R_16BF, s.k, s.n, s.k));
+  CHECK_BLAS(cublasLtMatrixLayoutCreate(&p.lb, CUDA_R_16BF, s.k, s.m, s.k));
+  CHECK_BLAS(cublasLtMatrixLayoutCreate(&p.lc, CUDA_R_16BF, s.n, s.m, s.n));
+  cublasLtMatmulPreference_t pref;
+  CHECK_BLAS(cublasLtMatmulPreferenceCreate(&pref));
+  CHECK_BLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                                  sizeof(workspace_bytes)));
+  CHECK_BLAS(cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.la, p.lb, p.lc, p.lc, pref, 16, p.results, &p.count));
+  cublasLtMatmulPreferenceDestroy(pref);
+  return p;
+}
+
+static void DestroyPlan(LtPlan& p) {
+  cublasLtMatrixLayoutDestroy(p.la);
+  cublasLtMatrixLayoutDestroy(p.lb);
+  cublasLtMatrixLayoutDestroy(p.lc);
+  cublasLtMatmulDescDestroy(p.desc);
+}
+
+template <typename F>
+static float TimeMs(F fn, int iters = 20) {
+  fn();
+  cudaEvent_t a, b;
+  cudaEventCreate(&a); cudaEventCreate(&b);
+  cudaEventRecord(a);
+  for (int i = 0; i < iters; ++i) fn();
+  cudaEventRecord(b);
+  CHECK_CUDA(cudaEventSynchronize(b));
+  float ms = 0; cudaEventElapsedTime(&ms, a, b);
+  return ms / iters;
+}
+
+int main() {
+  const int tokens = 8192;
+  const Shape shapes[] = {
+      {"1B qkv", tokens, 3072, 2048},   {"1B o", tokens, 2048, 2048},
+      {"1B gate_up", tokens, 16384, 2048}, {"1B down", tokens, 2048, 8192},
+      {"1B lm_head", tokens, 128256, 2048},
+      {"8B qkv", tokens, 6144, 4096},   {"8B o", tokens, 4096, 4096},
+      {"8B gate_up", tokens, 28672, 4096}, {"8B down", tokens, 4096, 14336},
+      {"8B lm_head", tokens, 128256, 4096},
+  };
+  cublasHandle_t blas; CHECK_BLAS(cublasCreate(&blas));
+  cublasLtHandle_t lt; CHECK_BLAS(cublasLtCreate(&lt));
+  size_t workspace_bytes = 64u << 20;
+  void* workspace; CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
+  CHECK_BLAS(cublasSetWorkspace(blas, workspace, workspace_bytes));
+  for (const Shape& s : shapes) {
+    // Row-major X[m,k], W[n,k], Y[m,n]; column-major Y^T = W * X^T.
+    __nv_bfloat16 *x, *w, *y;
+    CHECK_CUDA(cudaMalloc(&x, size_t(s.m) * s.k * 2));
+    CHECK_CUDA(cudaMalloc(&w, size_t(s.n) * s.k * 2));
+    CHECK_CUDA(cudaMalloc(&y, size_t(s.m) * s.n * 2));
+    FillRandom<<<1024, 256>>>(x, size_t(s.m) * s.k, 1);
+    FillRandom<<<1024, 256>>>(w, size_t(s.n) * s.k, 2);
+    cudaMemset(y, 0, size_t(s.m) * s.n * 2);
+    const double flops = 2.0 * s.m * s.n * s.k;
+    float alpha = 1.f, beta0 = 0.f, beta1 = 1.f;
+    float gemm_ex = TimeMs([&] {
+      CHECK_BLAS(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, s.n, s.m, s.k, &alpha, w, CUDA_R_16BF, s.k,
+                              x, CUDA_R_16BF, s.k, &beta0, y, CUDA_R_16BF, s.n, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT_TENSOR_OP));
+    });
+    float gemm_ex_beta1 = TimeMs([&] {
+      CHECK_BLAS(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, s.n, s.m, s.k, &alpha, w, CUDA_R_16BF, s.k,
+                              x, CUDA_R_16BF, s.k, &beta1, y, CUDA_R_16BF, s.n, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT_TENSOR_OP));
+    });
+    LtPlan plan = MakePlan(lt, s, workspace_bytes);
+    const int count = plan.count;
+    const cublasLtMatmulHeuristicResult_t* results = plan.results;
+    cublasLtMatmulDesc_t desc = plan.desc;
+    cublasLtMatrixLayout_t la = plan.la, lb = plan.lb, lc = plan.lc;
+    std::vector<float> times;
+    for (int i = 0; i < count; ++i) {
+      times.push_back(TimeMs([&] {
+        CHECK_BLAS(cublasLtMatmul(lt, desc, &alpha, w, la, x, lb, &beta0, y, lc, y, lc, &results[i].algo,
+                                  workspace, workspace_bytes, 0));
+      }));
+    }
+    int best = int(std::min_element(times.begin(), times.end()) - times.begin());
+    float best_beta1 = TimeMs([&] {
+      CHECK_BLAS(cublasLtMatmul(lt, desc, &alpha, w, la, x, lb, &beta1, y, lc, y, lc, &results[best].algo,
+                                workspace, workspace_bytes, 0));
+    });
+    std::printf("%-12s m=%d n=%d k=%d  GemmEx %.3f ms (%.0f TF)  beta1 %.3f  | Lt %d algos: top1 %.3f ms (%.0f TF) best #%d %.3f ms (%.0f TF) beta1 %.3f\n",
+                s.name, s.m, s.n, s.k, gemm_ex, flops / gemm_ex / 1e9, gemm_ex_beta1, count, times[0],
+                flops / times[0] / 1e9, best, times[best], flops / times[best] / 1e9, best_beta1);
+    std::printf("   all:");
+    for (float t : times) std::printf(" %.3f", t);
+    std::printf("\n");
+    DestroyPlan(plan);
+    cudaFree(x); cudaFree(w); cudaFree(y);
+  }
+  // In sequence, as a forward runs them: each model's four layer GEMMs
+  // (o_proj and down_proj accumulating into the residual), 16 or 32 times,
+  // with cuBLAS's default, cuBLASLt's first guess, and the per-shape
+  // fastest of the isolated timings above.
+  for (int model = 0; model < 2; ++model) {
+    const Shape* layer = &shapes[model * 5];
+    const int layers = model == 0 ? 16 : 32;
+    size_t max_in = 0, max_out = 0;
+    for (int i = 0; i < 4; ++i) {
+      max_in = std::max(max_in, size_t(layer[i].m) * layer[i].k);
+      max_out = std::max(max_out, size_t(layer[i].m) * layer[i].n);
+    }
+    __nv_bfloat16 *x, *y, *w[4];
+    CHECK_CUDA(cudaMalloc(&x, max_in * 2));
+    CHECK_CUDA(cudaMalloc(&y, max_out * 2));
+    FillRandom<<<1024, 256>>>(x, max_in, 3);
+    FillRandom<<<1024, 256>>>(y, max_out, 4);
+    LtPlan plans[4];
+    cublasLtMatmulAlgo_t top1[4], best_algo[4];
+    for (int i = 0; i < 4; ++i) {
+      const Shape& s = layer[i];
+      CHECK_CUDA(cudaMalloc(&w[i], size_t(s.n) * s.k * 2));
+      FillRandom<<<1024, 256>>>(w[i], size_t(s.n) * s.k, 5 + i);
+      LtPlan& p = plans[i];
+      p = MakePlan(lt, s, workspace_bytes);
+      top1[i] = best_algo[i] = p.results[0].algo;
+      const float beta = (i == 1 || i == 3) ? 1.f : 0.f, alpha = 1.f;
+      float best = 1e30f;
+      for (int c = 0; c < p.count; ++c) {
+        const float t = TimeMs([&] {
+          CHECK_BLAS(cublasLtMatmul(lt, p.desc, &alpha, w[i], p.la, x, p.lb, &beta, y, p.lc, y, p.lc,
+                                    &p.results[c].algo, workspace, workspace_bytes, 0));
+        }, 10);
+        if (t < best) { best = t; best_algo[i] = p.results[c].algo; }
+      }
+    }
+    for (int mode = 0; mode < 3; ++mode) {
+      auto forward = [&] {
+        for (int l = 0; l < layers; ++l) {
+          for (int i = 0; i < 4; ++i) {
+            const Shape& s = layer[i];
+            const float alpha = 1.f, beta = (i == 1 || i == 3) ? 1.f : 0.f;
+            if (mode == 0) {
+              CHECK_BLAS(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, s.n, s.m, s.k, &alpha, w[i], CUDA_R_16BF, s.k, x,
+                                      CUDA_R_16BF, s.k, &beta, y, CUDA_R_16BF, s.n, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT_TENSOR_OP));
+            } else {
+              const LtPlan& p = plans[i];
+              CHECK_BLAS(cublasLtMatmul(lt, p.desc, &alpha, w[i], p.la, x, p.lb, &beta, y, p.lc, y, p.lc,
+                                        mode == 1 ? &top1[i] : &best_algo[i], workspace, workspace_bytes, 0));
+            }
+          }
+        }
+      };
+      const float ms = TimeMs(forward, 5);
+      const char* what = mode == 0 ? "cublasGemmEx default" : mode == 1 ? "cuBLASLt first guess"
+                                                                        : "cuBLASLt fastest isolated";
+      std::printf("%s layers in sequence (%d x qkv, o+res, gate_up, down+res): %s %.2f ms\n",
+                  model == 0 ? "1B" : "8B", layers, what, ms);
+    }
+    for (int i = 0; i < 4; ++i) {
+      DestroyPlan(plans[i]);
+      cudaFree(w[i]);
+    }
+    cudaFree(x);
+    cudaFree(y);
+  }
+  return 0;
+}

@@ -1,0 +1,183 @@
+#include "teacher_server/layers/gemm.h"
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#ifdef E3_HAS_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cublasLt.h>
+#endif
+
+namespace e3 {
+namespace {
+
+std::atomic<int64_t> g_lt_calls{0};
+
+at::Tensor AtenGemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& residual) {
+  at::Tensor y = bias.defined() ? at::linear(x, w, bias) : at::linear(x, w);
+  return residual.defined() ? residual + y : y;
+}
+
+#ifdef E3_HAS_CUDA
+// cuBLASLt's workspace; split-K algorithms use it.
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+// Chosen algorithms kept at most; past that the cache starts over (a
+// re-query gives the same choice, so this costs only host time).
+constexpr size_t kMaxCachedShapes = 4096;
+
+// The alignment cuBLASLt may assume for a pointer: the largest power of
+// two (up to 256) that divides its address.
+int64_t Alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  int64_t align = 256;
+  while (align > 1 && a % align != 0) align /= 2;
+  return align;
+}
+
+// Everything the heuristic's choice depends on: the choice is a function
+// of the shape alone, whatever batches came before.
+struct ShapeKey {
+  int device;
+  int dtype;
+  int64_t rows, out, in;
+  bool bias, residual;
+  int64_t align;
+  bool operator<(const ShapeKey& o) const {
+    return std::tie(device, dtype, rows, out, in, bias, residual, align) <
+           std::tie(o.device, o.dtype, o.rows, o.out, o.in, o.bias, o.residual, o.align);
+  }
+};
+
+std::mutex g_mu;
+std::map<ShapeKey, cublasLtMatmulAlgo_t>& Chosen() {
+  static auto* chosen = new std::map<ShapeKey, cublasLtMatmulAlgo_t>();
+  return *chosen;
+}
+
+void Check(cublasStatus_t s, const char* what) {
+  TORCH_CHECK(s == CUBLAS_STATUS_SUCCESS, "cuBLASLt ", what, ": ", cublasLtGetStatusString(s));
+}
+
+// One problem's descriptors, built on the stack (no allocation): row-major
+// y[M, N] = x[M, K] W[N, K]^T is, column-major, D[N, M] = W^T(T) * x, so A
+// is W seen as K x N with TRANSA, B is x seen as K x M, C and D are N x M.
+struct LtProblem {
+  cublasLtMatmulDescOpaque_t desc;
+  cublasLtMatrixLayoutOpaque_t a, b, cd;
+  LtProblem(cudaDataType_t type, int64_t M, int64_t N, int64_t K, const void* bias) {
+    Check(cublasLtMatmulDescInit(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
+    const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
+    Check(cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)), "transa");
+    Check(cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)), "transb");
+    if (bias != nullptr) {
+      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      Check(cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
+            "bias epilogue");
+      Check(cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+            "bias pointer");
+    }
+    Check(cublasLtMatrixLayoutInit(&a, type, K, N, K), "layout of W");
+    Check(cublasLtMatrixLayoutInit(&b, type, K, M, K), "layout of x");
+    Check(cublasLtMatrixLayoutInit(&cd, type, N, M, N), "layout of y");
+  }
+};
+
+// The heuristic's first choice for this problem, or false when it has none.
+bool FirstChoice(cublasLtHandle_t handle, LtProblem& p, int64_t align, cublasLtMatmulAlgo_t* out) {
+  cublasLtMatmulPreference_t pref;
+  Check(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  const size_t workspace = kWorkspaceBytes;
+  const auto align32 = static_cast<uint32_t>(align);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    cublasLtMatmulPreferenceSetAttribute(pref, attr, &align32, sizeof(align32));
+  }
+  cublasLtMatmulHeuristicResult_t result;
+  int found = 0;
+  const cublasStatus_t s =
+      cublasLtMatmulAlgoGetHeuristic(handle, &p.desc, &p.a, &p.b, &p.cd, &p.cd, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (s != CUBLAS_STATUS_SUCCESS || found < 1 || result.state != CUBLAS_STATUS_SUCCESS) return false;
+  *out = result.algo;
+  return true;
+}
+
+// y = x W^T (+ bias) (+ residual) through cuBLASLt, or an undefined tensor
+// when the operands are outside what this path takes.
+at::Tensor LtGemm(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& residual2) {
+  const at::ScalarType st = x2.scalar_type();
+  if (!x2.is_cuda() || (st != at::kBFloat16 && st != at::kHalf)) return {};
+  if (w.scalar_type() != st || w.dim() != 2 || !w.is_contiguous() || w.device() != x2.device()) return {};
+  if (!x2.is_contiguous()) return {};
+  const int64_t M = x2.size(0), K = x2.size(1), N = w.size(0);
+  if (M == 0 || w.size(1) != K || K % 8 != 0 || N % 8 != 0) return {};
+  if (bias.defined() && (bias.scalar_type() != st || bias.dim() != 1 || bias.size(0) != N || !bias.is_contiguous() ||
+                         bias.device() != x2.device())) {
+    return {};
+  }
+  if (residual2.defined() && (residual2.scalar_type() != st || residual2.sizes() != at::IntArrayRef{M, N} ||
+                              !residual2.is_contiguous() || residual2.device() != x2.device())) {
+    return {};
+  }
+  const c10::cuda::CUDAGuard guard(x2.device());
+  at::Tensor y = at::empty({M, N}, x2.options());
+  int64_t align = std::min(Alignment(x2.data_ptr()), std::min(Alignment(w.data_ptr()), Alignment(y.data_ptr())));
+  if (residual2.defined()) align = std::min(align, Alignment(residual2.data_ptr()));
+  if (bias.defined()) align = std::min(align, Alignment(bias.data_ptr()));
+  if (align < 16) return {};
+  LtProblem p(st == at::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F, M, N, K, bias.defined() ? bias.data_ptr() : nullptr);
+  cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
+  const ShapeKey key{x2.device().index(), static_cast<int>(st), M, N, K, bias.defined(), residual2.defined(), align};
+  cublasLtMatmulAlgo_t algo;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = Chosen().find(key);
+    if (it == Chosen().end()) {
+      if (!FirstChoice(handle, p, align, &algo)) return {};
+      if (Chosen().size() >= kMaxCachedShapes) Chosen().clear();
+      it = Chosen().emplace(key, algo).first;
+    }
+    algo = it->second;
+  }
+  at::Tensor workspace = at::empty({static_cast<int64_t>(kWorkspaceBytes)}, x2.options().dtype(at::kByte));
+  const float alpha = 1.f, beta = residual2.defined() ? 1.f : 0.f;
+  const void* c = residual2.defined() ? residual2.data_ptr() : y.data_ptr();
+  const cublasStatus_t s = cublasLtMatmul(handle, &p.desc, &alpha, w.data_ptr(), &p.a, x2.data_ptr(), &p.b, &beta, c,
+                                          &p.cd, y.data_ptr(), &p.cd, &algo, workspace.data_ptr(), kWorkspaceBytes,
+                                          at::cuda::getCurrentCUDAStream(x2.device().index()).stream());
+  Check(s, "matmul");
+  g_lt_calls.fetch_add(1, std::memory_order_relaxed);
+  return y;
+}
+#endif
+
+}  // namespace
+
+at::Tensor Gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& residual,
+                GemmPath path) {
+#ifdef E3_HAS_CUDA
+  if (path == GemmPath::kCublasLt && x.dim() >= 1) {
+    const int64_t K = x.size(-1);
+    const at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, K});
+    const at::Tensor r2 = residual.defined() && residual.dim() != 2 ? residual.reshape({-1, residual.size(-1)})
+                                                                     : residual;
+    at::Tensor y = LtGemm(x2, w, bias, r2);
+    if (y.defined()) {
+      std::vector<int64_t> shape = x.sizes().vec();
+      shape.back() = w.size(0);
+      return x.dim() == 2 ? y : y.view(shape);
+    }
+  }
+#endif
+  (void)path;
+  return AtenGemm(x, w, bias, residual);
+}
+
+int64_t LtGemmCalls() { return g_lt_calls.load(std::memory_order_relaxed); }
+
+}  // namespace e3

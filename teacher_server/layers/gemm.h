@@ -1,0 +1,43 @@
+// The projections' GEMM: y = x W^T (+ bias) (+ residual), with W in
+// nn.Linear's [out, in] layout.
+//
+// The hf backend uses LibTorch's matmul (kAten). The sgl backend calls
+// cuBLASLt itself (kCublasLt) so that the residual add happens in the
+// GEMM's epilogue: D = X W^T + H with C != D, which saves the next norm a
+// read and a write of the hidden state (1B shape on an H200: +2 to +4% per
+// forward, bench/README.md section 8). The sum is then rounded once, from
+// fp32, instead of twice: closer to the exact sum than transformers'.
+// The algorithm is cuBLASLt's heuristic first choice for the exact shape,
+// so every run makes the same choice. (Timing the heuristic's candidates
+// per shape was tried and dropped: the isolated winners, up to 14% faster
+// alone, gave 0-3% in a forward's sequence of GEMMs, and a timed pick can
+// differ between runs.)
+// Anything cuBLASLt does not take (CPU, fp32, unaligned or strided
+// operands, a build without CUDA) runs at::linear plus the add, so the CPU
+// suite exercises the same control flow.
+#ifndef E3_TEACHER_SERVER_LAYERS_GEMM_H_
+#define E3_TEACHER_SERVER_LAYERS_GEMM_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+namespace e3 {
+
+enum class GemmPath {
+  kAten,      // at::linear (cuBLAS's default algorithm), then the residual add
+  kCublasLt,  // cuBLASLt with the residual in the epilogue, where it applies
+};
+
+// x: [..., in]; w: [out, in]; bias: [out] or undefined; residual: x's
+// shape with `out` features, or undefined. Returns a new tensor (the
+// residual is read, never written).
+at::Tensor Gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& residual,
+                GemmPath path);
+
+// For tests: the cuBLASLt GEMMs this process has run.
+int64_t LtGemmCalls();
+
+}  // namespace e3
+
+#endif  // E3_TEACHER_SERVER_LAYERS_GEMM_H_
