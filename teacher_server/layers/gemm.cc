@@ -1,5 +1,6 @@
 #include "teacher_server/layers/gemm.h"
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -52,9 +53,16 @@ struct ShapeKey {
   }
 };
 
+// The heuristic's answer for a shape: its first algorithm, or none (the
+// shape then always falls back, without asking again).
+struct Choice {
+  bool found = false;
+  cublasLtMatmulAlgo_t algo;
+};
+
 std::mutex g_mu;
-std::map<ShapeKey, cublasLtMatmulAlgo_t>& Chosen() {
-  static auto* chosen = new std::map<ShapeKey, cublasLtMatmulAlgo_t>();
+std::map<ShapeKey, Choice>& Chosen() {
+  static auto* chosen = new std::map<ShapeKey, Choice>();
   return *chosen;
 }
 
@@ -86,8 +94,8 @@ struct LtProblem {
   }
 };
 
-// The heuristic's first choice for this problem, or false when it has none.
-bool FirstChoice(cublasLtHandle_t handle, LtProblem& p, int64_t align, cublasLtMatmulAlgo_t* out) {
+// The heuristic's first choice for this problem.
+Choice FirstChoice(cublasLtHandle_t handle, LtProblem& p, int64_t align) {
   cublasLtMatmulPreference_t pref;
   Check(cublasLtMatmulPreferenceCreate(&pref), "preference");
   const size_t workspace = kWorkspaceBytes;
@@ -102,9 +110,11 @@ bool FirstChoice(cublasLtHandle_t handle, LtProblem& p, int64_t align, cublasLtM
   const cublasStatus_t s =
       cublasLtMatmulAlgoGetHeuristic(handle, &p.desc, &p.a, &p.b, &p.cd, &p.cd, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  if (s != CUBLAS_STATUS_SUCCESS || found < 1 || result.state != CUBLAS_STATUS_SUCCESS) return false;
-  *out = result.algo;
-  return true;
+  Choice c;
+  if (s != CUBLAS_STATUS_SUCCESS || found < 1 || result.state != CUBLAS_STATUS_SUCCESS) return c;
+  c.found = true;
+  c.algo = result.algo;
+  return c;
 }
 
 // y = x W^T (+ bias) (+ residual) through cuBLASLt, or an undefined tensor
@@ -115,7 +125,7 @@ at::Tensor LtGemm(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& b
   if (w.scalar_type() != st || w.dim() != 2 || !w.is_contiguous() || w.device() != x2.device()) return {};
   if (!x2.is_contiguous()) return {};
   const int64_t M = x2.size(0), K = x2.size(1), N = w.size(0);
-  if (M == 0 || w.size(1) != K || K % 8 != 0 || N % 8 != 0) return {};
+  if (M == 0 || N == 0 || K == 0 || w.size(1) != K || K % 8 != 0 || N % 8 != 0) return {};
   if (bias.defined() && (bias.scalar_type() != st || bias.dim() != 1 || bias.size(0) != N || !bias.is_contiguous() ||
                          bias.device() != x2.device())) {
     return {};
@@ -133,22 +143,24 @@ at::Tensor LtGemm(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& b
   LtProblem p(st == at::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F, M, N, K, bias.defined() ? bias.data_ptr() : nullptr);
   cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
   const ShapeKey key{x2.device().index(), static_cast<int>(st), M, N, K, bias.defined(), residual2.defined(), align};
-  cublasLtMatmulAlgo_t algo;
+  Choice choice;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     auto it = Chosen().find(key);
     if (it == Chosen().end()) {
-      if (!FirstChoice(handle, p, align, &algo)) return {};
       if (Chosen().size() >= kMaxCachedShapes) Chosen().clear();
-      it = Chosen().emplace(key, algo).first;
+      it = Chosen().emplace(key, FirstChoice(handle, p, align)).first;
     }
-    algo = it->second;
+    choice = it->second;
   }
+  if (!choice.found) return {};
+  // From LibTorch's caching allocator, so the per-call cost is a lookup.
   at::Tensor workspace = at::empty({static_cast<int64_t>(kWorkspaceBytes)}, x2.options().dtype(at::kByte));
   const float alpha = 1.f, beta = residual2.defined() ? 1.f : 0.f;
   const void* c = residual2.defined() ? residual2.data_ptr() : y.data_ptr();
   const cublasStatus_t s = cublasLtMatmul(handle, &p.desc, &alpha, w.data_ptr(), &p.a, x2.data_ptr(), &p.b, &beta, c,
-                                          &p.cd, y.data_ptr(), &p.cd, &algo, workspace.data_ptr(), kWorkspaceBytes,
+                                          &p.cd, y.data_ptr(), &p.cd, &choice.algo, workspace.data_ptr(),
+                                          kWorkspaceBytes,
                                           at::cuda::getCurrentCUDAStream(x2.device().index()).stream());
   Check(s, "matmul");
   g_lt_calls.fetch_add(1, std::memory_order_relaxed);
@@ -161,7 +173,7 @@ at::Tensor LtGemm(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& b
 at::Tensor Gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& residual,
                 GemmPath path) {
 #ifdef E3_HAS_CUDA
-  if (path == GemmPath::kCublasLt && x.dim() >= 1) {
+  if (path == GemmPath::kCublasLt && x.dim() >= 1 && x.is_contiguous()) {
     const int64_t K = x.size(-1);
     const at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, K});
     const at::Tensor r2 = residual.defined() && residual.dim() != 2 ? residual.reshape({-1, residual.size(-1)})

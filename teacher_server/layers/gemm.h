@@ -4,17 +4,18 @@
 // The hf backend uses LibTorch's matmul (kAten). The sgl backend calls
 // cuBLASLt itself (kCublasLt) so that the residual add happens in the
 // GEMM's epilogue: D = X W^T + H with C != D, which saves the next norm a
-// read and a write of the hidden state (1B shape on an H200: +2 to +4% per
-// forward, bench/README.md section 8). The sum is then rounded once, from
+// read and a write of the hidden state (1B shape on an H200: +1.7% per
+// dense forward, +2.8% on ragged chat batches, bench/README.md section 8). The sum is then rounded once, from
 // fp32, instead of twice: closer to the exact sum than transformers'.
 // The algorithm is cuBLASLt's heuristic first choice for the exact shape,
 // so every run makes the same choice. (Timing the heuristic's candidates
 // per shape was tried and dropped: the isolated winners, up to 14% faster
 // alone, gave 0-3% in a forward's sequence of GEMMs, and a timed pick can
 // differ between runs.)
-// Anything cuBLASLt does not take (CPU, fp32, unaligned or strided
-// operands, a build without CUDA) runs at::linear plus the add, so the CPU
-// suite exercises the same control flow.
+// Anything cuBLASLt does not take (CPU, fp32, unaligned or non-contiguous
+// operands, sizes not a multiple of 8, a build without CUDA) runs
+// at::linear plus the add: the same work as the norm doing the add, and
+// the CPU suite exercises the same control flow.
 #ifndef E3_TEACHER_SERVER_LAYERS_GEMM_H_
 #define E3_TEACHER_SERVER_LAYERS_GEMM_H_
 

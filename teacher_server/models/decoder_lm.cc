@@ -219,7 +219,10 @@ ForwardOutput DecoderLM::Run(const PackedBatch& batch, const ForwardOptions& opt
   const AttentionOptions attn{options_.attention, /*rope_in_place=*/fused, options_.gemm};
   const GemmPath gemm = options_.gemm;
   // Residual adds in the GEMMs: partial products of tensor-parallel ranks
-  // must be summed before h is added, so not under TP.
+  // must be summed before h is added, so not under TP. Where cuBLASLt does
+  // not take a GEMM (CPU, fp32, odd sizes) its fallback adds after the
+  // product, the same work the norm's add would do there (the fused norm
+  // kernel needs bf16/fp16 and widths that are multiples of 8 as well).
   const bool add_in_gemm = options_.residual_in_gemm && gemm == GemmPath::kCublasLt && !plan_.sharded();
 
   // The residual stream h and the output of the last sublayer, not yet

@@ -181,8 +181,9 @@ TEST_P(SglKernelsGpuTest, FusedPackedAttentionMatchesPerSampleSdpa) {
 
 TEST_P(SglKernelsGpuTest, RowArgmaxIsExact) {
   torch::manual_seed(9);
-  // The lm_head's shape class (a 128k vocab), a row width the vectorised
-  // path cannot take (scalar path), and rows that are a strided view.
+  // The lm_head's width (a 128k vocab), a row width the vectorised path
+  // cannot take (scalar path) and a narrow one; each also as rows of a
+  // wider tensor (a strided view).
   for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{37, 128256}, {5, 1001}, {300, 64}}) {
     at::Tensor logits = torch::randn({rows, cols}, opts());
     logits[0].fill_(0.25);  // all tied: index 0
@@ -198,7 +199,9 @@ TEST_P(SglKernelsGpuTest, RowArgmaxIsExact) {
     EXPECT_EQ(got[2].item<int>(), cols / 4);
     const at::Tensor wide = torch::randn({rows, cols + 8}, opts());
     const at::Tensor view = wide.narrow(1, 0, cols);
+    const int64_t before_view = FusedKernelLaunches();
     EXPECT_TRUE(RowArgmax(view, true).equal(view.argmax(-1).to(at::kInt))) << "strided rows";
+    EXPECT_EQ(FusedKernelLaunches(), before_view + 1) << "strided rows: the kernel must run";
   }
 }
 
@@ -218,22 +221,29 @@ TEST_P(SglKernelsGpuTest, LtGemmIsOneRoundingOfTheFp32Product) {
     const at::Tensor y = Gemm(x, w, at::Tensor(), at::Tensor(), GemmPath::kCublasLt);
     const at::Tensor yb = Gemm(x, w, b, at::Tensor(), GemmPath::kCublasLt);
     const at::Tensor yr = Gemm(x, w, b, r, GemmPath::kCublasLt);
-    EXPECT_EQ(LtGemmCalls(), calls + 3) << "cuBLASLt, not the fallback, must run";
+    // A 3-D input and a residual without bias (the o_proj / down_proj form).
+    const at::Tensor y3 = Gemm(x.view({1, rows, K}), w, at::Tensor(), r.view({1, rows, 1024}), GemmPath::kCublasLt);
+    EXPECT_EQ(LtGemmCalls(), calls + 4) << "cuBLASLt, not the fallback, must run";
+    EXPECT_EQ(y3.sizes(), (std::vector<int64_t>{1, rows, 1024}));
     auto excess = [&](const at::Tensor& got, const at::Tensor& want) {
       return (got.to(at::kFloat) - want).abs().sub(TwoUlps(want) / 2 + reorder).max().item<float>();
     };
     EXPECT_LE(excess(y, exact), 0.f) << rows;
     EXPECT_LE(excess(yb, exact + b.to(at::kFloat)), 0.f) << rows;
     EXPECT_LE(excess(yr, exact + b.to(at::kFloat) + r.to(at::kFloat)), 0.f) << rows;
+    EXPECT_LE(excess(y3.view({rows, 1024}), exact + r.to(at::kFloat)), 0.f) << rows;
     EXPECT_TRUE(r.equal(r_copy)) << "the residual is read, never written";
   }
-  // What cuBLASLt does not take falls back to at::linear: fp32, a strided x.
+  // What cuBLASLt does not take falls back to at::linear: fp32, a strided
+  // x, a pointer aligned to less than 16 bytes.
   const at::Tensor x32 = torch::randn({8, K}, opts().dtype(at::kFloat));
   const int64_t calls = LtGemmCalls();
   EXPECT_TRUE(Gemm(x32, w.to(at::kFloat), at::Tensor(), at::Tensor(), GemmPath::kCublasLt)
                   .equal(at::linear(x32, w.to(at::kFloat))));
   const at::Tensor strided = torch::randn({8, 2 * K}, opts()).narrow(1, 0, K);
   EXPECT_TRUE(Gemm(strided, w, at::Tensor(), at::Tensor(), GemmPath::kCublasLt).equal(at::linear(strided, w)));
+  const at::Tensor offset = torch::randn({8 * K + 1}, opts()).narrow(0, 1, 8 * K).view({8, K});  // 2-byte aligned
+  EXPECT_TRUE(Gemm(offset, w, at::Tensor(), at::Tensor(), GemmPath::kCublasLt).equal(at::linear(offset, w)));
   EXPECT_EQ(LtGemmCalls(), calls);
 }
 
