@@ -33,6 +33,16 @@ bool KernelDtype(const at::Tensor& t, kernels::Dtype* out) {
   return false;
 }
 
+// Whether the add+norm kernel takes these tensors: a contiguous [rows,
+// cols] stream, a delta of the same layout (or none), weights of the
+// stream's dtype (kernels::AddRmsNorm checks widths and alignment).
+bool NormKernelTakes(const at::Tensor& h, const at::Tensor& delta, const at::Tensor& weight) {
+  const bool delta_ok = !delta.defined() || (delta.is_contiguous() && delta.sizes() == h.sizes() &&
+                                             delta.scalar_type() == h.scalar_type());
+  return h.dim() == 2 && h.is_contiguous() && weight.scalar_type() == h.scalar_type() && weight.is_contiguous() &&
+         weight.numel() == h.size(1) && delta_ok;
+}
+
 void* CurrentStream(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
 void CheckLaunch(const char* what) {
@@ -69,9 +79,7 @@ bool FusedKernelsBuilt() {
 at::Tensor AddRmsNorm(at::Tensor* h, const at::Tensor& delta, const at::Tensor& weight, double eps, bool fused) {
 #ifdef E3_HAS_CUDA
   kernels::Dtype dt;
-  if (fused && KernelDtype(*h, &dt) && h->dim() == 2 && h->is_contiguous() && weight.scalar_type() == h->scalar_type() &&
-      weight.is_contiguous() && weight.numel() == h->size(1) && (!delta.defined() || (delta.is_contiguous() && delta.sizes() == h->sizes() &&
-                                                      delta.scalar_type() == h->scalar_type()))) {
+  if (fused && KernelDtype(*h, &dt) && NormKernelTakes(*h, delta, weight)) {
     const c10::cuda::CUDAGuard guard(h->device());
     at::Tensor sum = delta.defined() ? torch::empty_like(*h) : at::Tensor();
     at::Tensor out = torch::empty_like(*h);
