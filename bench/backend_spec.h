@@ -14,7 +14,8 @@ namespace e3::bench {
 
 // "hf", "sgl", "hf-eager", or "sgl-no-fusion" / "-no-kernels" / "-no-varlen"
 // / "-no-lt" (LibTorch's matmul, so no residual add in the GEMM either) /
-// "-no-residual-gemm" (one sgl technique off, for ablations).
+// "-no-residual-gemm" / "-no-argmax-gemm" (one sgl technique off, for
+// ablations).
 inline absl::Status ApplyBackendSpec(const std::string& spec, ModelOptions* o) {
   if (spec == "hf-eager") {
     E3_RETURN_IF_ERROR(SetBackend("hf", o));
@@ -33,9 +34,11 @@ inline absl::Status ApplyBackendSpec(const std::string& spec, ModelOptions* o) {
     o->gemm = GemmPath::kAten;
   } else if (off == "residual-gemm") {
     o->residual_in_gemm = false;
+  } else if (off == "argmax-gemm") {
+    o->argmax_in_gemm = false;
   } else if (!off.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "backend ", spec, ": expected sgl-no-fusion, -kernels, -varlen, -lt or -residual-gemm"));
+        "backend ", spec, ": expected sgl-no-fusion, -kernels, -varlen, -lt, -residual-gemm or -argmax-gemm"));
   }
   return absl::OkStatus();
 }

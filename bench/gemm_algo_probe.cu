@@ -4,79 +4,14 @@
 // (beta = 1, D = X W^T + H). It measures how much per-shape algorithm
 // selection could gain before any of it is built into the teacher.
 //
-//   nvcc -O2 -std=c++17 -arch=sm_90 bench/gemm_algo_probe.cu -lcublasLt -lcublas -o /tmp/gemm_probe
+//   nvcc -O2 -std=c++17 -arch=sm_90 -I. bench/gemm_algo_probe.cu -lcublasLt -lcublas -o /tmp/gemm_probe
 //   /tmp/gemm_probe
-#include <cublasLt.h>
 #include <cublas_v2.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <vector>
 
-#define CHECK_CUDA(x) do { cudaError_t e = (x); if (e != cudaSuccess) { std::printf("%s: %s\n", #x, cudaGetErrorString(e)); std::exit(1); } } while (0)
-#define CHECK_BLAS(x) do { int st_ = static_cast<int>(x); if (st_ != 0) { std::printf("%s: status %d\n", #x, st_); std::exit(1); } } while (0)
-
-struct Shape { const char* name; int m, n, k; };
-
-// Random-looking values in [-1, 1): constant inputs draw less power and let
-// the GPU hold higher clocks, which overstates what real activations get.
-__global__ void FillRandom(__nv_bfloat16* p, size_t n, unsigned seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    unsigned h = unsigned(i) * 2654435761u ^ seed;
-    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
-    p[i] = __float2bfloat16((h & 0xffff) / 32768.f - 1.f);
-  }
-}
-
-// One shape's cuBLASLt descriptors (row-major y = x W^T as column-major
-// D[n, m] = W^T(T) x) and the heuristic's candidates for it.
-struct LtPlan {
-  cublasLtMatmulDesc_t desc;
-  cublasLtMatrixLayout_t la, lb, lc;
-  cublasLtMatmulHeuristicResult_t results[16];
-  int count = 0;
-};
-
-static LtPlan MakePlan(cublasLtHandle_t lt, const Shape& s, size_t workspace_bytes) {
-  LtPlan p;
-  CHECK_BLAS(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  CHECK_BLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  CHECK_BLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  CHECK_BLAS(cublasLtMatrixLayoutCreate(&p.la, CUDA_R_16BF, s.k, s.n, s.k));
-  CHECK_BLAS(cublasLtMatrixLayoutCreate(&p.lb, CUDA_R_16BF, s.k, s.m, s.k));
-  CHECK_BLAS(cublasLtMatrixLayoutCreate(&p.lc, CUDA_R_16BF, s.n, s.m, s.n));
-  cublasLtMatmulPreference_t pref;
-  CHECK_BLAS(cublasLtMatmulPreferenceCreate(&pref));
-  CHECK_BLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-                                                  sizeof(workspace_bytes)));
-  CHECK_BLAS(cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.la, p.lb, p.lc, p.lc, pref, 16, p.results, &p.count));
-  cublasLtMatmulPreferenceDestroy(pref);
-  return p;
-}
-
-static void DestroyPlan(LtPlan& p) {
-  cublasLtMatrixLayoutDestroy(p.la);
-  cublasLtMatrixLayoutDestroy(p.lb);
-  cublasLtMatrixLayoutDestroy(p.lc);
-  cublasLtMatmulDescDestroy(p.desc);
-}
-
-template <typename F>
-static float TimeMs(F fn, int iters = 20) {
-  fn();
-  cudaEvent_t a, b;
-  cudaEventCreate(&a); cudaEventCreate(&b);
-  cudaEventRecord(a);
-  for (int i = 0; i < iters; ++i) fn();
-  cudaEventRecord(b);
-  CHECK_CUDA(cudaEventSynchronize(b));
-  float ms = 0; cudaEventElapsedTime(&ms, a, b);
-  return ms / iters;
-}
+#include "bench/cuda_probe_util.cuh"
 
 int main() {
   const int tokens = 8192;

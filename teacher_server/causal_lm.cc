@@ -15,6 +15,7 @@ absl::Status SetBackend(const std::string& backend, ModelOptions* options) {
   options->attention = sgl ? AttentionKernel::kFlashVarlen : AttentionKernel::kSdpa;
   options->gemm = sgl ? GemmPath::kCublasLt : GemmPath::kAten;
   options->residual_in_gemm = sgl;
+  options->argmax_in_gemm = sgl;
   return absl::OkStatus();
 }
 

@@ -40,6 +40,10 @@ struct ModelOptions {
   //   without tensor parallelism (there the partial products are
   //   all-reduced before the add); MoE layers add in the next norm.
   bool residual_in_gemm = false;
+  // - the lm_head's target argmax in the lm_head GEMM's epilogue (Hopper,
+  //   bf16, no TP, no logits requested): the logits never reach memory.
+  //   Elsewhere the logits are computed and RowArgmax reads them.
+  bool argmax_in_gemm = false;
   // Tensor (and expert) parallelism: this process is one rank of `tp` and
   // loads only its shard. Null: the whole model in this process.
   std::shared_ptr<TpGroup> tp;

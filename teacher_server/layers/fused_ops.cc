@@ -11,6 +11,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "teacher_server/kernels/fused_kernels.h"
+#include "teacher_server/kernels/hopper_gemm.h"
 #endif
 
 namespace e3 {
@@ -153,6 +154,27 @@ at::Tensor RowArgmax(const at::Tensor& logits, bool fused) {
 #endif
   (void)fused;
   return logits.argmax(-1).to(at::kInt);
+}
+
+at::Tensor LinearArgmax(const at::Tensor& x, const at::Tensor& w) {
+#ifdef E3_HAS_CUDA
+  const bool layout_ok = x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1) && x.size(0) > 0 &&
+                         x.stride(1) == 1 && w.stride(1) == 1 && x.scalar_type() == at::kBFloat16 &&
+                         w.scalar_type() == at::kBFloat16 && x.device() == w.device();
+  if (layout_ok && FusedKernelsRunOn(x.device()) && kernels::HopperGemmRuns(x.device().index())) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    at::Tensor keys = torch::empty({x.size(0)}, x.options().dtype(at::kLong));
+    at::Tensor out = torch::empty({x.size(0)}, x.options().dtype(at::kInt));
+    if (kernels::LinearArgmaxBf16(x.data_ptr(), x.stride(0), w.data_ptr(), w.stride(0), x.size(0), w.size(0),
+                                  x.size(1), keys.data_ptr(), out.data_ptr<int32_t>(), CurrentStream(x))) {
+      CheckLaunch("lm_head argmax GEMM");
+      return out;
+    }
+  }
+#endif
+  (void)x;
+  (void)w;
+  return at::Tensor();
 }
 
 }  // namespace e3

@@ -1,6 +1,6 @@
 // The `sgl` backend's fused element-wise steps: residual add + RMSNorm,
 // SiLU-and-multiply, rotary embedding in place, and the lm_head's row
-// argmax. With `fused` set and a CUDA bf16/fp16 tensor the step is one
+// argmax (from logits, or fused into the lm_head GEMM). With `fused` set and a CUDA bf16/fp16 tensor the step is one
 // custom kernel (teacher_server/kernels); everywhere else (CPU, fp32, a
 // build without CUDA, a shape the kernel does not take) it is the
 // reference op sequence of transformers, so the CPU suite runs the same
@@ -40,6 +40,15 @@ void RopeInPlace(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bo
 // argmax as int32 [rows], exactly at::argmax's (first NaN, else first
 // maximum); with `fused` on CUDA one bandwidth-bound kernel.
 at::Tensor RowArgmax(const at::Tensor& logits, bool fused);
+
+// The lm_head's target argmax without the logits: x [rows, H] and the head
+// w [V, H], bf16 on a Hopper GPU, in one GEMM whose epilogue keeps each
+// row's best column (kernels/hopper_gemm.h), so the [rows, V] logits never
+// reach memory. The answer is RowArgmax's on the bf16 logits x w^T (ties
+// and NaNs included). Returns an undefined tensor when the kernel does not
+// take the inputs (CPU, another dtype or GPU, a layout it cannot read);
+// the caller then computes the logits.
+at::Tensor LinearArgmax(const at::Tensor& x, const at::Tensor& w);
 
 }  // namespace e3
 

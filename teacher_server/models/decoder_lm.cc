@@ -265,7 +265,10 @@ ForwardOutput DecoderLM::Run(const PackedBatch& batch, const ForwardOptions& opt
   out.last_hidden = AddRmsNorm(&h, pending, norm_, eps, fused);
   capture(static_cast<int64_t>(layers_.size()) - 1);
   if (!captured.empty()) out.aux_hidden = torch::cat(captured, -1);
-  if (options.return_logits || options.return_argmax) {
+  if (options.return_argmax && !options.return_logits && !plan_.sharded() && options_.argmax_in_gemm) {
+    out.target_argmax = LinearArgmax(out.last_hidden, lm_head_);
+  }
+  if (options.return_logits || (options.return_argmax && !out.target_argmax.defined())) {
     const int64_t T = out.last_hidden.size(0);
     const int64_t chunk_rows = ArgmaxChunkRows(lm_head_.size(0), lm_head_.element_size());
     std::vector<at::Tensor> logits, argmax;

@@ -128,12 +128,14 @@ TEST(SglLayersTest, SetBackendKnowsHfAndSgl) {
   EXPECT_EQ(o.attention, AttentionKernel::kFlashVarlen);
   EXPECT_EQ(o.gemm, GemmPath::kCublasLt);
   EXPECT_TRUE(o.residual_in_gemm);
+  EXPECT_TRUE(o.argmax_in_gemm);
   ASSERT_TRUE(SetBackend("hf", &o).ok());
   EXPECT_FALSE(o.fuse_projections);
   EXPECT_FALSE(o.fused_kernels);
   EXPECT_EQ(o.attention, AttentionKernel::kSdpa);
   EXPECT_EQ(o.gemm, GemmPath::kAten);
   EXPECT_FALSE(o.residual_in_gemm);
+  EXPECT_FALSE(o.argmax_in_gemm);
   const absl::Status bad = SetBackend("vllm", &o);
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(bad.message()).find("expected hf or sgl"), std::string::npos) << bad;
@@ -175,6 +177,16 @@ TEST(SglLayersTest, RowArgmaxFallbackPinsTiesAndNans) {
   EXPECT_EQ(got[1].item<int>(), 0);
   EXPECT_EQ(got[2].item<int>(), 7);
   EXPECT_EQ(got[3].item<int>(), 11);
+}
+
+// The argmax fused into the lm_head GEMM is a Hopper kernel: on the CPU
+// (any dtype) it declines, and the model computes the logits and takes
+// RowArgmax (SglBackendTest runs that path with argmax_in_gemm on).
+TEST(SglLayersTest, LinearArgmaxDeclinesOffTheGpu) {
+  const at::Tensor x = torch::randn({4, 16});
+  const at::Tensor w = torch::randn({32, 16});
+  EXPECT_FALSE(LinearArgmax(x, w).defined());
+  EXPECT_FALSE(LinearArgmax(x.to(at::kBFloat16), w.to(at::kBFloat16)).defined());
 }
 
 class SglBackendTest : public ::testing::TestWithParam<std::string> {};

@@ -17,6 +17,11 @@
 //   flash output is no further from an fp32 reference than 1.5x the SDPA
 //   output's distance from it, plus 2^-9.
 // - The row argmax: exact (at::argmax's answer, ties and NaNs included).
+// - The argmax fused into the lm_head GEMM (Hopper, bf16): at::argmax of
+//   the bf16 logits its own fp32 sums round to. Against cuBLAS's logits a
+//   row can differ only where two columns' logits lie within one rounding
+//   plus the reordering bound below (a different K order); ties between
+//   exactly equal sums and NaNs follow at::argmax.
 // - cuBLASLt GEMMs: the fp32-accumulated product (plus bias, plus the
 //   residual when it is in the epilogue) rounded once to the dtype. Against
 //   an fp32 reference: one rounding (half an ulp of the result, at most one
@@ -44,6 +49,10 @@
 #include "teacher_server/layers/rms_norm.h"
 #include "teacher_server/layers/rotary.h"
 #include "tests/teacher_server/golden_fixture.h"
+
+#ifdef E3_HAS_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
 
 namespace e3 {
 namespace {
@@ -205,6 +214,63 @@ TEST_P(SglKernelsGpuTest, RowArgmaxIsExact) {
   }
 }
 
+TEST_P(SglKernelsGpuTest, LinearArgmaxIsTheArgmaxOfTheLogits) {
+  torch::manual_seed(11);
+#ifdef E3_HAS_CUDA
+  const bool hopper = at::cuda::getCurrentDeviceProperties()->major == 9;
+#else
+  const bool hopper = false;
+#endif
+  if (GetParam() != at::kBFloat16) {
+    EXPECT_FALSE(LinearArgmax(torch::randn({8, 64}, opts()), torch::randn({64, 64}, opts())).defined())
+        << "bf16 only";
+    return;
+  }
+  if (!hopper) GTEST_SKIP() << "the fused lm_head argmax is a Hopper (sm_90) kernel";
+  // A 128k vocab; a vocab and K that are not whole tiles; rows that leave
+  // the last cluster's second CTA without rows (777 = 6 tiles of 128 + 9).
+  for (const auto& [rows, vocab, K] : std::vector<std::array<int64_t, 3>>{{300, 128256, 512}, {777, 50000, 264}}) {
+    at::Tensor x = torch::randn({rows, K}, opts());
+    at::Tensor w = torch::randn({vocab, K}, opts()) * 0.1;
+    w[vocab - 3].copy_(w[5]);                // two equal columns ...
+    x[0].copy_(w[5] * 10);                   // ... that row 0 prefers: the first
+    x[1].zero_();                            // all logits 0: index 0
+    x[2][K / 2] = std::numeric_limits<float>::quiet_NaN();  // all NaN: index 0
+    const at::Tensor logits = at::linear(x, w);
+    const at::Tensor want = logits.argmax(-1).to(at::kInt);
+    const int64_t before = FusedKernelLaunches();
+    const at::Tensor got = LinearArgmax(x, w);
+    ASSERT_TRUE(got.defined()) << "the kernel must take a contiguous bf16 lm_head on Hopper";
+    EXPECT_EQ(FusedKernelLaunches(), before + 1);
+    EXPECT_EQ(got[0].item<int>(), 5);
+    EXPECT_EQ(got[1].item<int>(), 0);
+    EXPECT_EQ(got[2].item<int>(), 0);
+    // Rows that differ from cuBLAS's argmax: the two columns' exact logits
+    // are within one bf16 rounding plus the reordering bound.
+    const at::Tensor exact = at::linear(x.to(at::kFloat), w.to(at::kFloat));
+    const at::Tensor reorder =
+        at::linear(x.to(at::kFloat).abs(), w.to(at::kFloat).abs()) * (K * std::ldexp(1.0, -24));
+    const at::Tensor differ = got.ne(want).nonzero().flatten();
+    EXPECT_LE(differ.numel(), rows / 100) << "rows differing from at::argmax of cuBLAS's logits";
+    for (int64_t i = 0; i < differ.numel(); ++i) {
+      const int64_t r = differ[i].item<int64_t>();
+      const int64_t a = got[r].item<int>(), b = want[r].item<int>();
+      const double gap = std::fabs(exact[r][a].item<double>() - exact[r][b].item<double>());
+      const double allowed = TwoUlps(exact[r][a]).item<double>() + reorder[r][a].item<double>() +
+                             reorder[r][b].item<double>();
+      EXPECT_LE(gap, allowed) << "row " << r << ": columns " << a << " and " << b;
+    }
+  }
+  // What the kernel does not take: a strided x (row stride not a multiple
+  // of 8 elements), K not a multiple of 8, fp32.
+  const at::Tensor w = torch::randn({1024, 64}, opts());
+  const int64_t before = FusedKernelLaunches();
+  EXPECT_FALSE(LinearArgmax(torch::randn({8, 67}, opts()).narrow(1, 0, 64), w).defined());
+  EXPECT_FALSE(LinearArgmax(torch::randn({8, 60}, opts()), torch::randn({1024, 60}, opts())).defined());
+  EXPECT_FALSE(LinearArgmax(torch::randn({8, 64}, opts()).to(at::kFloat), w.to(at::kFloat)).defined());
+  EXPECT_EQ(FusedKernelLaunches(), before);
+}
+
 TEST_P(SglKernelsGpuTest, LtGemmIsOneRoundingOfTheFp32Product) {
   torch::manual_seed(10);
   const int64_t K = 512;
@@ -304,6 +370,13 @@ TEST_P(SglModelGpuTest, UniformAndRaggedBatchesMatchHf) {
       EXPECT_LE(d, 2 * g);
       EXPECT_LE(rms_sgl, (moe ? 1.5 : 1.1) * rms_hf);
     }
+    // sgl's target argmax (on Hopper fused into the lm_head GEMM) is the
+    // argmax of its own last hidden state's logits; rows may differ only
+    // at near-ties (another K order; LinearArgmaxIsTheArgmaxOfTheLogits).
+    const at::Tensor head = sgl->lm_head().to(s->last_hidden.device(), s->last_hidden.scalar_type());
+    const at::Tensor want = at::linear(s->last_hidden, head).argmax(-1).to(at::kInt);
+    const double agree = s->target_argmax.eq(want).to(at::kDouble).mean().item<double>();
+    EXPECT_GE(agree, 0.99) << "sgl target argmax against the argmax of its logits";
   }
 }
 

@@ -1,0 +1,379 @@
+// Measures the Hopper GEMM with fused epilogues (teacher_server/kernels/
+// hopper_gemm.cuh) against what the sgl teacher runs today on the same
+// shapes (GPU machine, sm_90):
+//   - kStore against cuBLASLt's heuristic first choice (plain, and with
+//     the residual as C), per shape and per tile-order group;
+//   - kSwiGlu against cuBLASLt gate_up + the SiLU-mul kernel;
+//   - kArgmax against cuBLASLt lm_head logits + the row-argmax kernel;
+//   - each model's layer GEMMs and lm_head in sequence, both ways.
+// Outputs are compared first: the share of elements that differ from the
+// baseline and by how much (the fp32 K-sums run in another order, so a
+// rounding may land on the neighbouring bf16), and for argmax the rows
+// that disagree and whether their two logits tie within that rounding.
+// Timings alternate the two sides for several rounds (a GPU's clock moves
+// with temperature) and print medians.
+//
+//   nvcc -O3 -std=c++17 -arch=sm_90a -I. bench/hopper_gemm_probe.cu \
+//        teacher_server/kernels/fused_kernels.cu -lcublasLt -o /tmp/hopper_gemm_probe
+//   /tmp/hopper_gemm_probe
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "bench/cuda_probe_util.cuh"
+#include "teacher_server/kernels/fused_kernels.h"
+#include "teacher_server/kernels/hopper_gemm_kernel.cuh"
+
+namespace hg = e3::kernels::hopper;
+using bf16 = __nv_bfloat16;
+
+namespace {
+
+// Gate rows [0, I) and up rows [I, 2I) of a gate_up weight, reordered into
+// 256-row blocks of 128 gate rows followed by the same features' up rows.
+__global__ void InterleaveGateUp(const bf16* w, bf16* out, int inter, int k) {
+  const int r = blockIdx.x;
+  const int block = r / 256, within = r % 256;
+  const int src = within < 128 ? block * 128 + within : inter + block * 128 + within - 128;
+  for (int c = threadIdx.x; c < k; c += blockDim.x) out[size_t(r) * k + c] = w[size_t(src) * k + c];
+}
+
+__global__ void KeysToIndex(const unsigned long long* keys, int32_t* idx, int m) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < m) idx[i] = hg::ArgmaxFromKey(keys[i]);
+}
+
+std::vector<float> ToHost(const bf16* p, size_t n) {
+  std::vector<bf16> h(n);
+  CHECK_CUDA(cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> f(n);
+  for (size_t i = 0; i < n; ++i) f[i] = __bfloat162float(h[i]);
+  return f;
+}
+
+void CompareBf16(const char* what, const bf16* test, const bf16* ref, size_t n) {
+  const std::vector<float> a = ToHost(test, n), b = ToHost(ref, n);
+  size_t differ = 0, beyond_ulp = 0;
+  double max_abs = 0, max_ref = 0;
+  for (size_t i = 0; i < n; ++i) {
+    max_ref = std::max(max_ref, double(std::fabs(b[i])));
+    if (a[i] != b[i] || std::isnan(a[i]) != std::isnan(b[i])) {
+      ++differ;
+      const double diff = std::fabs(double(a[i]) - b[i]);
+      max_abs = std::max(max_abs, diff);
+      // One bf16 ulp of the larger magnitude: 2^(exponent - 7).
+      const double mag = std::max(std::fabs(a[i]), std::fabs(b[i]));
+      if (!(diff <= std::ldexp(1.0, std::ilogb(mag) - 7) * 1.0001)) ++beyond_ulp;
+    }
+  }
+  std::printf("  check %-22s differ %.4f%% of %zu, beyond 1 ulp %zu, max |diff| %.4g (max |ref| %.4g)\n", what,
+              100.0 * differ / n, n, beyond_ulp, max_abs, max_ref);
+}
+
+struct Lt {
+  cublasLtHandle_t handle;
+  void* workspace;
+  size_t workspace_bytes = 32u << 20;
+  Lt() {
+    CHECK_BLAS(cublasLtCreate(&handle));
+    CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
+  }
+  // y = x W^T (+ c), the heuristic's first algorithm, as the teacher runs it.
+  void Run(const LtPlan& p, const bf16* x, const bf16* w, const bf16* c, bf16* y) const {
+    const float alpha = 1.f, beta = c ? 1.f : 0.f;
+    CHECK_BLAS(cublasLtMatmul(handle, p.desc, &alpha, w, p.la, x, p.lb, &beta, c ? c : y, p.lc, y, p.lc,
+                              &p.results[0].algo, workspace, workspace_bytes, 0));
+  }
+};
+
+float Median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Alternates baseline and candidate for `rounds` rounds; returns medians.
+std::pair<float, float> Interleaved(const std::function<void()>& base, const std::function<void()>& cand,
+                                    int rounds = 5, int iters = 10) {
+  std::vector<float> tb, tc;
+  for (int r = 0; r < rounds; ++r) {
+    tb.push_back(TimeMs(base, iters));
+    tc.push_back(TimeMs(cand, iters));
+  }
+  return {Median(tb), Median(tc)};
+}
+
+int g_sms = 132;
+
+template <hg::Epilogue kEp>
+void Hopper(const bf16* x, const bf16* w, int m, int n, int k, const hg::EpilogueArgs& ep, int group_m = 8) {
+  if (!hg::Launch<kEp>(x, k, w, k, m, n, k, ep, group_m, 0)) {
+    std::printf("hopper launch refused m=%d n=%d k=%d\n", m, n, k);
+    std::exit(1);
+  }
+}
+
+}  // namespace
+
+int main() {
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  g_sms = prop.multiProcessorCount;
+  std::printf("device %s, %d SMs, cluster %d, resident clusters %d\n", prop.name, g_sms, hg::kCluster,
+              hg::ResidentClusters<hg::Epilogue::kStore>(0));
+  const bool quick = std::getenv("PROBE_QUICK") != nullptr;
+  const int tokens = 8192;
+  const Shape shapes[] = {
+      {"1B qkv", tokens, 3072, 2048},   {"1B o", tokens, 2048, 2048},
+      {"1B gate_up", tokens, 16384, 2048}, {"1B down", tokens, 2048, 8192},
+      {"1B lm_head", tokens, 128256, 2048},
+      {"8B qkv", tokens, 6144, 4096},   {"8B o", tokens, 4096, 4096},
+      {"8B gate_up", tokens, 28672, 4096}, {"8B down", tokens, 4096, 14336},
+      {"8B lm_head", tokens, 128256, 4096},
+  };
+  Lt lt;
+  // Ragged shapes first: partial row and column tiles, an odd number of
+  // row tiles (the last cluster's second CTA has no rows), K not a
+  // multiple of 64.
+  {
+    const Shape ragged[] = {{"ragged store", 1000, 3000, 1000}, {"ragged swiglu", 333, 2 * 1280, 520},
+                            {"ragged argmax", 777, 50000, 264}};
+    for (int i = 0; i < 3; ++i) {
+      const Shape& s = ragged[i];
+      bf16 *x, *w, *y, *y2, *c;
+      CHECK_CUDA(cudaMalloc(&x, size_t(s.m) * s.k * 2));
+      CHECK_CUDA(cudaMalloc(&w, size_t(s.n) * s.k * 2));
+      CHECK_CUDA(cudaMalloc(&y, size_t(s.m) * s.n * 2));
+      CHECK_CUDA(cudaMalloc(&y2, size_t(s.m) * s.n * 2));
+      CHECK_CUDA(cudaMalloc(&c, size_t(s.m) * s.n * 2));
+      FillRandom<<<1024, 256>>>(x, size_t(s.m) * s.k, 31);
+      // Gate values up to about +-15 for the SwiGLU case: the epilogue's
+      // fast SiLU hands large |g| and near-midpoint values to the exact one.
+      FillRandom<<<1024, 256>>>(w, size_t(s.n) * s.k, 32, (i == 1 ? 15.f : 1.f) / std::sqrt(float(s.k)));
+      FillRandom<<<1024, 256>>>(c, size_t(s.m) * s.n, 33);
+      CHECK_CUDA(cudaMemset(y2, 0xff, size_t(s.m) * s.n * 2));  // NaN where nothing is written
+      const LtPlan plan = MakePlan(lt.handle, s, lt.workspace_bytes);
+      if (i == 0) {
+        hg::EpilogueArgs ep;
+        ep.out = y2; ep.out_stride = s.n; ep.residual = c; ep.residual_stride = s.n;
+        lt.Run(plan, x, w, c, y);
+        Hopper<hg::Epilogue::kStore>(x, w, s.m, s.n, s.k, ep);
+        CHECK_CUDA(cudaDeviceSynchronize());
+        CompareBf16(s.name, y2, y, size_t(s.m) * s.n);
+      } else if (i == 1) {
+        const int inter = s.n / 2;
+        bf16* w_il;
+        CHECK_CUDA(cudaMalloc(&w_il, size_t(s.n) * s.k * 2));
+        InterleaveGateUp<<<s.n, 256>>>(w, w_il, inter, s.k);
+        hg::EpilogueArgs ep;
+        ep.out = y2; ep.out_stride = inter;
+        lt.Run(plan, x, w, nullptr, y);
+        e3::kernels::SiluMul(e3::kernels::Dtype::kBFloat16, y, c, s.m, inter, nullptr);
+        Hopper<hg::Epilogue::kSwiGlu>(x, w_il, s.m, s.n, s.k, ep);
+        CHECK_CUDA(cudaDeviceSynchronize());
+        CompareBf16(s.name, y2, c, size_t(s.m) * inter);
+        cudaFree(w_il);
+      } else {
+        int32_t *idx, *idx2;
+        unsigned long long* keys;
+        CHECK_CUDA(cudaMalloc(&idx, s.m * 4));
+        CHECK_CUDA(cudaMalloc(&idx2, s.m * 4));
+        CHECK_CUDA(cudaMalloc(&keys, s.m * 8));
+        CHECK_CUDA(cudaMemset(keys, 0, s.m * 8));
+        hg::EpilogueArgs ep;
+        ep.argmax_keys = keys;
+        lt.Run(plan, x, w, nullptr, y);
+        e3::kernels::RowArgmax(e3::kernels::Dtype::kBFloat16, y, s.m, s.n, s.n, idx, nullptr);
+        Hopper<hg::Epilogue::kArgmax>(x, w, s.m, s.n, s.k, ep);
+        KeysToIndex<<<(s.m + 255) / 256, 256>>>(keys, idx2, s.m);
+        CHECK_CUDA(cudaDeviceSynchronize());
+        std::vector<int32_t> a(s.m), b(s.m);
+        CHECK_CUDA(cudaMemcpy(a.data(), idx2, s.m * 4, cudaMemcpyDeviceToHost));
+        CHECK_CUDA(cudaMemcpy(b.data(), idx, s.m * 4, cudaMemcpyDeviceToHost));
+        int differ = 0;
+        for (int r = 0; r < s.m; ++r) differ += a[r] != b[r];
+        std::printf("  check %-22s rows differ %d of %d\n", s.name, differ, s.m);
+        cudaFree(idx); cudaFree(idx2); cudaFree(keys);
+      }
+      DestroyPlan(const_cast<LtPlan&>(plan));
+      cudaFree(x); cudaFree(w); cudaFree(y); cudaFree(y2); cudaFree(c);
+    }
+  }
+  int best_group[10];
+  for (int si = 0; si < 10; ++si) {
+    const Shape& s = shapes[si];
+    best_group[si] = 4;
+    if (quick && si != 1 && si != 2 && si != 7 && si != 8) continue;
+    const bool residual = si % 5 == 1 || si % 5 == 3;
+    const bool gate_up = si % 5 == 2, lm_head = si % 5 == 4;
+    bf16 *x, *w, *y, *y2, *c;
+    CHECK_CUDA(cudaMalloc(&x, size_t(s.m) * s.k * 2));
+    CHECK_CUDA(cudaMalloc(&w, size_t(s.n) * s.k * 2));
+    CHECK_CUDA(cudaMalloc(&y, size_t(s.m) * s.n * 2));
+    CHECK_CUDA(cudaMalloc(&y2, size_t(s.m) * s.n * 2));
+    CHECK_CUDA(cudaMalloc(&c, size_t(s.m) * s.n * 2));
+    FillRandom<<<1024, 256>>>(x, size_t(s.m) * s.k, 1);
+    FillRandom<<<1024, 256>>>(w, size_t(s.n) * s.k, 2, 1.f / std::sqrt(float(s.k)));
+    FillRandom<<<1024, 256>>>(c, size_t(s.m) * s.n, 3);
+    const LtPlan plan = MakePlan(lt.handle, s, lt.workspace_bytes);
+    const double tflop = 2.0 * s.m * s.n * s.k / 1e12;
+    std::printf("%-11s m=%d n=%d k=%d\n", s.name, s.m, s.n, s.k);
+
+    // Plain store (with the residual where the teacher adds one).
+    hg::EpilogueArgs ep;
+    ep.out = y2;
+    ep.out_stride = s.n;
+    ep.residual = residual ? c : nullptr;
+    ep.residual_stride = s.n;
+    lt.Run(plan, x, w, residual ? c : nullptr, y);
+    Hopper<hg::Epilogue::kStore>(x, w, s.m, s.n, s.k, ep);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CompareBf16(residual ? "store+residual" : "store", y2, y, size_t(s.m) * s.n);
+    float best = 1e30f;
+    for (int group : {4, 8}) {
+      auto [tb, tc] = Interleaved([&] { lt.Run(plan, x, w, residual ? c : nullptr, y); },
+                                  [&] { Hopper<hg::Epilogue::kStore>(x, w, s.m, s.n, s.k, ep, group); });
+      std::printf("  store group_m=%-2d cuBLASLt %.3f ms (%.0f TF)  hopper %.3f ms (%.0f TF)  ratio %.3f\n", group,
+                  tb, tflop / tb * 1e3, tc, tflop / tc * 1e3, tb / tc);
+      if (tc < best) { best = tc; best_group[si] = group; }
+    }
+
+    if (gate_up) {
+      const int inter = s.n / 2;
+      bf16 *w_il, *act, *act2;
+      CHECK_CUDA(cudaMalloc(&w_il, size_t(s.n) * s.k * 2));
+      CHECK_CUDA(cudaMalloc(&act, size_t(s.m) * inter * 2));
+      CHECK_CUDA(cudaMalloc(&act2, size_t(s.m) * inter * 2));
+      InterleaveGateUp<<<s.n, 256>>>(w, w_il, inter, s.k);
+      hg::EpilogueArgs sw;
+      sw.out = act2;
+      sw.out_stride = inter;
+      auto base = [&] {
+        lt.Run(plan, x, w, nullptr, y);
+        e3::kernels::SiluMul(e3::kernels::Dtype::kBFloat16, y, act, s.m, inter, nullptr);
+      };
+      auto cand = [&] { Hopper<hg::Epilogue::kSwiGlu>(x, w_il, s.m, s.n, s.k, sw, best_group[si]); };
+      base();
+      cand();
+      CHECK_CUDA(cudaDeviceSynchronize());
+      CompareBf16("swiglu", act2, act, size_t(s.m) * inter);
+      auto [tb, tc] = Interleaved(base, cand);
+      std::printf("  swiglu: cuBLASLt + SiLU-mul %.3f ms  hopper fused %.3f ms  ratio %.3f\n", tb, tc, tb / tc);
+      cudaFree(w_il); cudaFree(act); cudaFree(act2);
+    }
+    if (lm_head) {
+      int32_t *idx, *idx2;
+      unsigned long long* keys;
+      CHECK_CUDA(cudaMalloc(&idx, s.m * 4));
+      CHECK_CUDA(cudaMalloc(&idx2, s.m * 4));
+      CHECK_CUDA(cudaMalloc(&keys, s.m * 8));
+      hg::EpilogueArgs am;
+      am.argmax_keys = keys;
+      auto base = [&] {
+        lt.Run(plan, x, w, nullptr, y);
+        e3::kernels::RowArgmax(e3::kernels::Dtype::kBFloat16, y, s.m, s.n, s.n, idx, nullptr);
+      };
+      auto cand = [&] {
+        CHECK_CUDA(cudaMemsetAsync(keys, 0, s.m * 8, 0));
+        Hopper<hg::Epilogue::kArgmax>(x, w, s.m, s.n, s.k, am, best_group[si]);
+        KeysToIndex<<<(s.m + 255) / 256, 256>>>(keys, idx2, s.m);
+      };
+      base();
+      cand();
+      CHECK_CUDA(cudaDeviceSynchronize());
+      std::vector<int32_t> a(s.m), b(s.m);
+      CHECK_CUDA(cudaMemcpy(a.data(), idx2, s.m * 4, cudaMemcpyDeviceToHost));
+      CHECK_CUDA(cudaMemcpy(b.data(), idx, s.m * 4, cudaMemcpyDeviceToHost));
+      // Disagreements: do the two columns' logits (from the hopper store
+      // of the same product) tie within one bf16 rounding?
+      Hopper<hg::Epilogue::kStore>(x, w, s.m, s.n, s.k, ep);
+      CHECK_CUDA(cudaDeviceSynchronize());
+      int differ = 0, not_tied = 0, out_of_range = 0;
+      for (int r = 0; r < s.m; ++r) {
+        if (a[r] < 0 || a[r] >= s.n) { ++out_of_range; continue; }
+        if (a[r] == b[r]) continue;
+        ++differ;
+        bf16 va, vb;
+        CHECK_CUDA(cudaMemcpy(&va, y + size_t(r) * s.n + a[r], 2, cudaMemcpyDeviceToHost));
+        CHECK_CUDA(cudaMemcpy(&vb, y + size_t(r) * s.n + b[r], 2, cudaMemcpyDeviceToHost));
+        const float fa = __bfloat162float(va), fb = __bfloat162float(vb);
+        const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::fabs(fa), std::fabs(fb))) - 7);
+        if (std::fabs(fa - fb) > ulp * 1.0001) ++not_tied;
+      }
+      std::printf("  check argmax                 rows differ %d of %d, not within one rounding %d, out of range %d\n",
+                  differ, s.m, not_tied, out_of_range);
+      auto [tb, tc] = Interleaved(base, cand);
+      std::printf("  argmax: cuBLASLt + row argmax %.3f ms  hopper fused %.3f ms  ratio %.3f\n", tb, tc, tb / tc);
+      cudaFree(idx); cudaFree(idx2); cudaFree(keys);
+    }
+    DestroyPlan(const_cast<LtPlan&>(plan));
+    cudaFree(x); cudaFree(w); cudaFree(y); cudaFree(y2); cudaFree(c);
+  }
+
+  // Each model's GEMM work in a forward's order: per layer qkv, o + residual,
+  // gate_up (+ SiLU-mul), down + residual; then the lm_head's argmax.
+  for (int model = 0; model < (quick ? 0 : 2); ++model) {
+    const Shape* sh = &shapes[model * 5];
+    const int* groups = &best_group[model * 5];
+    const int layers = model == 0 ? 16 : 32;
+    const int hidden = sh[1].n, inter = sh[2].n / 2;
+    bf16 *h, *qkv, *attn, *gu, *act, *w[5], *w_il, *logits;
+    int32_t* idx;
+    unsigned long long* keys;
+    CHECK_CUDA(cudaMalloc(&h, size_t(tokens) * hidden * 2));
+    CHECK_CUDA(cudaMalloc(&qkv, size_t(tokens) * sh[0].n * 2));
+    CHECK_CUDA(cudaMalloc(&attn, size_t(tokens) * hidden * 2));
+    CHECK_CUDA(cudaMalloc(&gu, size_t(tokens) * sh[2].n * 2));
+    CHECK_CUDA(cudaMalloc(&act, size_t(tokens) * inter * 2));
+    CHECK_CUDA(cudaMalloc(&logits, size_t(tokens) * sh[4].n * 2));
+    CHECK_CUDA(cudaMalloc(&idx, tokens * 4));
+    CHECK_CUDA(cudaMalloc(&keys, tokens * 8));
+    FillRandom<<<1024, 256>>>(h, size_t(tokens) * hidden, 11);
+    FillRandom<<<1024, 256>>>(attn, size_t(tokens) * hidden, 12);
+    FillRandom<<<1024, 256>>>(act, size_t(tokens) * inter, 13);
+    LtPlan plans[5];
+    for (int i = 0; i < 5; ++i) {
+      CHECK_CUDA(cudaMalloc(&w[i], size_t(sh[i].n) * sh[i].k * 2));
+      FillRandom<<<1024, 256>>>(w[i], size_t(sh[i].n) * sh[i].k, 20 + i, 1.f / std::sqrt(float(sh[i].k)));
+      plans[i] = MakePlan(lt.handle, sh[i], lt.workspace_bytes);
+    }
+    CHECK_CUDA(cudaMalloc(&w_il, size_t(sh[2].n) * sh[2].k * 2));
+    InterleaveGateUp<<<sh[2].n, 256>>>(w[2], w_il, inter, sh[2].k);
+    auto base = [&] {
+      for (int l = 0; l < layers; ++l) {
+        lt.Run(plans[0], h, w[0], nullptr, qkv);
+        lt.Run(plans[1], attn, w[1], h, h);
+        lt.Run(plans[2], h, w[2], nullptr, gu);
+        e3::kernels::SiluMul(e3::kernels::Dtype::kBFloat16, gu, act, tokens, inter, nullptr);
+        lt.Run(plans[3], act, w[3], h, h);
+      }
+      lt.Run(plans[4], h, w[4], nullptr, logits);
+      e3::kernels::RowArgmax(e3::kernels::Dtype::kBFloat16, logits, tokens, sh[4].n, sh[4].n, idx, nullptr);
+    };
+    auto cand = [&] {
+      hg::EpilogueArgs e_qkv, e_res, e_sw, e_am;
+      e_qkv.out = qkv; e_qkv.out_stride = sh[0].n;
+      e_res.out = h; e_res.out_stride = hidden; e_res.residual = h; e_res.residual_stride = hidden;
+      e_sw.out = act; e_sw.out_stride = inter;
+      e_am.argmax_keys = keys;
+      for (int l = 0; l < layers; ++l) {
+        Hopper<hg::Epilogue::kStore>(h, w[0], tokens, sh[0].n, sh[0].k, e_qkv, groups[0]);
+        Hopper<hg::Epilogue::kStore>(attn, w[1], tokens, sh[1].n, sh[1].k, e_res, groups[1]);
+        Hopper<hg::Epilogue::kSwiGlu>(h, w_il, tokens, sh[2].n, sh[2].k, e_sw, groups[2]);
+        Hopper<hg::Epilogue::kStore>(act, w[3], tokens, sh[3].n, sh[3].k, e_res, groups[3]);
+      }
+      CHECK_CUDA(cudaMemsetAsync(keys, 0, tokens * 8, 0));
+      Hopper<hg::Epilogue::kArgmax>(h, w[4], tokens, sh[4].n, sh[4].k, e_am, groups[4]);
+      KeysToIndex<<<(tokens + 255) / 256, 256>>>(keys, idx, tokens);
+    };
+    auto [tb, tc] = Interleaved(base, cand, 3, 3);
+    std::printf("%s forward's GEMM work in sequence (%d layers + lm_head): cuBLASLt + kernels %.2f ms, hopper fused %.2f ms, ratio %.3f\n",
+                model == 0 ? "1B" : "8B", layers, tb, tc, tb / tc);
+    for (int i = 0; i < 5; ++i) { DestroyPlan(plans[i]); cudaFree(w[i]); }
+    cudaFree(h); cudaFree(qkv); cudaFree(attn); cudaFree(gu); cudaFree(act); cudaFree(w_il); cudaFree(logits);
+    cudaFree(idx); cudaFree(keys);
+  }
+  CHECK_CUDA(cudaGetLastError());
+  return 0;
+}
