@@ -16,6 +16,18 @@
 
 struct Shape { const char* name; int m, n, k; };
 
+// The teacher's GEMMs for 8192 tokens, per model: qkv, o_proj, gate_up,
+// down_proj, lm_head (Llama-3.2-1B, then Llama-3.1-8B).
+constexpr int kProbeTokens = 8192;
+constexpr Shape kTeacherShapes[10] = {
+    {"1B qkv", kProbeTokens, 3072, 2048},     {"1B o", kProbeTokens, 2048, 2048},
+    {"1B gate_up", kProbeTokens, 16384, 2048}, {"1B down", kProbeTokens, 2048, 8192},
+    {"1B lm_head", kProbeTokens, 128256, 2048},
+    {"8B qkv", kProbeTokens, 6144, 4096},     {"8B o", kProbeTokens, 4096, 4096},
+    {"8B gate_up", kProbeTokens, 28672, 4096}, {"8B down", kProbeTokens, 4096, 14336},
+    {"8B lm_head", kProbeTokens, 128256, 4096},
+};
+
 // Random-looking values in [-1, 1) times `scale`: constant inputs draw less
 // power and let the GPU hold higher clocks, which overstates what real
 // activations get.

@@ -14,21 +14,13 @@
 #include "bench/cuda_probe_util.cuh"
 
 int main() {
-  const int tokens = 8192;
-  const Shape shapes[] = {
-      {"1B qkv", tokens, 3072, 2048},   {"1B o", tokens, 2048, 2048},
-      {"1B gate_up", tokens, 16384, 2048}, {"1B down", tokens, 2048, 8192},
-      {"1B lm_head", tokens, 128256, 2048},
-      {"8B qkv", tokens, 6144, 4096},   {"8B o", tokens, 4096, 4096},
-      {"8B gate_up", tokens, 28672, 4096}, {"8B down", tokens, 4096, 14336},
-      {"8B lm_head", tokens, 128256, 4096},
-  };
+  const Shape* shapes = kTeacherShapes;
   cublasHandle_t blas; CHECK_BLAS(cublasCreate(&blas));
   cublasLtHandle_t lt; CHECK_BLAS(cublasLtCreate(&lt));
   size_t workspace_bytes = 64u << 20;
   void* workspace; CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
   CHECK_BLAS(cublasSetWorkspace(blas, workspace, workspace_bytes));
-  for (const Shape& s : shapes) {
+  for (const Shape& s : kTeacherShapes) {
     // Row-major X[m,k], W[n,k], Y[m,n]; column-major Y^T = W * X^T.
     __nv_bfloat16 *x, *w, *y;
     CHECK_CUDA(cudaMalloc(&x, size_t(s.m) * s.k * 2));

@@ -151,6 +151,13 @@ __device__ __forceinline__ void BarrierArriveCluster(uint64_t* bar, uint32_t ran
       : "memory");
 }
 
+// One consumer is done reading a stage: tells the producers of both
+// cluster CTAs, which both write into it.
+__device__ __forceinline__ void ReleaseStage(uint64_t* empty_bar) {
+#pragma unroll
+  for (uint32_t r = 0; r < kCluster; ++r) BarrierArriveCluster(empty_bar, r);
+}
+
 // Returns once the barrier's phase of the given parity has completed.
 __device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
   const uint32_t addr = SmemAddr(bar);
@@ -292,6 +299,27 @@ __device__ __forceinline__ void UnitCoords(int u, int pairs_m, int tiles_n, int 
   *tn = in_group / rows_in_group;
 }
 
+// This CTA's tile of work unit u.
+__device__ __forceinline__ void TileOfUnit(int u, int pairs_m, int tiles_n, int group_m, uint32_t rank, int* tm,
+                                           int* tn) {
+  int pair_m;
+  UnitCoords(u, pairs_m, tiles_n, group_m, &pair_m, tn);
+  *tm = pair_m * kCluster + static_cast<int>(rank);
+}
+
+// A position in the stage ring: the stage, and the parity of the ring's
+// current pass (the phase its barriers are waited on with).
+struct RingCursor {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void Advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
 __device__ __forceinline__ float RoundBf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
 // bf16(silu(g)) as at::silu computes and stores it: fp32 g / (1 + expf(-g)),
@@ -427,23 +455,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     SetMaxRegisters(true);
     if (threadIdx.x == 0) {
-      int stage = 0;
-      uint32_t phase = 0;
+      RingCursor at;
       for (int u = cluster; u < units; u += clusters) {
-        int pair_m, tn;
-        UnitCoords(u, pairs_m, tiles_n, group_m, &pair_m, &tn);
-        const int tm = pair_m * kCluster + static_cast<int>(rank);
+        int tm, tn;
+        TileOfUnit(u, pairs_m, tiles_n, group_m, rank, &tm, &tn);
         for (int kb = 0; kb < k_blocks; ++kb) {
-          BarrierWait(&empty[stage], phase ^ 1);  // a fresh barrier counts as released
-          uint8_t* a = ring + stage * kStageBytes;
-          BarrierExpectBytes(&full[stage], kStageBytes);
-          TmaLoad(a, &map_x, &full[stage], kb * kBlockK, tm * kBlockM);
-          TmaLoadMulticast(a + kABytes + rank * kBHalfBytes, &map_w, &full[stage], kb * kBlockK,
+          BarrierWait(&empty[at.stage], at.phase ^ 1);  // a fresh barrier counts as released
+          uint8_t* a = ring + at.stage * kStageBytes;
+          BarrierExpectBytes(&full[at.stage], kStageBytes);
+          TmaLoad(a, &map_x, &full[at.stage], kb * kBlockK, tm * kBlockM);
+          TmaLoadMulticast(a + kABytes + rank * kBHalfBytes, &map_w, &full[at.stage], kb * kBlockK,
                            tn * kBlockN + static_cast<int>(rank) * (kBlockN / kCluster), (1u << kCluster) - 1);
-          if (++stage == kStages) {
-            stage = 0;
-            phase ^= 1;
-          }
+          at.Advance();
         }
       }
     }
@@ -456,17 +479,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     float d[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) d[i] = 0.f;
-    int stage = 0;
-    uint32_t phase = 0;
+    RingCursor at;
     for (int u = cluster; u < units; u += clusters) {
-      int pair_m, tn;
-      UnitCoords(u, pairs_m, tiles_n, group_m, &pair_m, &tn);
-      const int tm = pair_m * kCluster + static_cast<int>(rank);
+      int tm, tn;
+      TileOfUnit(u, pairs_m, tiles_n, group_m, rank, &tm, &tn);
       int previous = -1;
       for (int kb = 0; kb < k_blocks; ++kb) {
-        BarrierWait(&full[stage], phase);
-        const uint8_t* a = ring + stage * kStageBytes + consumer * (64 * 128);
-        const uint8_t* b = ring + stage * kStageBytes + kABytes;
+        BarrierWait(&full[at.stage], at.phase);
+        const uint8_t* a = ring + at.stage * kStageBytes + consumer * (64 * 128);
+        const uint8_t* b = ring + at.stage * kStageBytes + kABytes;
         FenceAccumulators(d);
         WgmmaFence();
 #pragma unroll
@@ -477,20 +498,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         FenceAccumulators(d);
         // Keep this stage's MMAs in flight; the previous stage's are done.
         WgmmaWait<1>();
-        if (previous >= 0 && releases) {
-          for (uint32_t r = 0; r < kCluster; ++r) BarrierArriveCluster(&empty[previous], r);
-        }
-        previous = stage;
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
+        if (previous >= 0 && releases) ReleaseStage(&empty[previous]);
+        previous = at.stage;
+        at.Advance();
       }
       WgmmaWait<0>();
       FenceAccumulators(d);
-      if (previous >= 0 && releases) {
-        for (uint32_t r = 0; r < kCluster; ++r) BarrierArriveCluster(&empty[previous], r);
-      }
+      if (previous >= 0 && releases) ReleaseStage(&empty[previous]);
       RunEpilogue<kEp>(d, tm, tn, consumer, M, N, ep, &map_out, my_staging, &chunk_counter);
     }
     if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
