@@ -5,7 +5,11 @@
 //     the residual as C), per shape and per tile-order group;
 //   - kSwiGlu against cuBLASLt gate_up + the SiLU-mul kernel;
 //   - kArgmax against cuBLASLt lm_head logits + the row-argmax kernel;
-//   - each model's layer GEMMs and lm_head in sequence, both ways.
+//   - each model's layer GEMMs and lm_head in sequence: all in the Hopper
+//     GEMM, the teacher as it runs now (argmax fused), and the candidate
+//     next step (gate_up + SiLU-mul in the ping-pong schedule).
+// Both schedules (cooperative, ping-pong) are checked on ragged shapes and
+// timed on the SwiGLU and plain-store epilogues.
 // Outputs are compared first: the share of elements that differ from the
 // baseline and by how much (the fp32 K-sums run in another order, so a
 // rounding may land on the neighbouring bf16), and for argmax the rows
@@ -16,6 +20,9 @@
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I. bench/hopper_gemm_probe.cu \
 //        teacher_server/kernels/fused_kernels.cu -lcublasLt -o /tmp/hopper_gemm_probe
 //   /tmp/hopper_gemm_probe
+// PROBE_QUICK=1: only the gate_up shapes, no sequences. PROBE_RAGGED_ONLY=1:
+// only the ragged checks (e.g. under compute-sanitizer). PROBE_NO_PINGPONG=1:
+// the cooperative schedule only.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -123,9 +130,16 @@ std::pair<float, float> Interleaved(const std::function<void()>& base, const std
 
 int g_sms = 132;
 
+// The schedule Hopper() launches (see hopper_gemm_kernel.cuh).
+hg::Schedule g_schedule = hg::Schedule::kCooperative;
+const char* ScheduleName() { return g_schedule == hg::Schedule::kCooperative ? "cooperative" : "ping-pong"; }
+
 template <hg::Epilogue kEp>
 void Hopper(const bf16* x, const bf16* w, int m, int n, int k, const hg::EpilogueArgs& ep, int group_m = 8) {
-  if (!hg::Launch<kEp>(x, k, w, k, m, n, k, ep, group_m, 0)) {
+  const bool launched = g_schedule == hg::Schedule::kCooperative
+                            ? hg::Launch<kEp, hg::Schedule::kCooperative>(x, k, w, k, m, n, k, ep, group_m, 0)
+                            : hg::Launch<kEp, hg::Schedule::kPingPong>(x, k, w, k, m, n, k, ep, group_m, 0);
+  if (!launched) {
     std::printf("hopper launch refused m=%d n=%d k=%d\n", m, n, k);
     std::exit(1);
   }
@@ -140,30 +154,40 @@ int main() {
   std::printf("device %s, %d SMs, cluster %d, resident clusters %d\n", prop.name, g_sms, hg::kCluster,
               hg::ResidentClusters<hg::Epilogue::kStore>(0));
   const bool quick = std::getenv("PROBE_QUICK") != nullptr;
+  const bool pingpong = std::getenv("PROBE_NO_PINGPONG") == nullptr;
+  const std::vector<hg::Schedule> schedules =
+      pingpong ? std::vector<hg::Schedule>{hg::Schedule::kCooperative, hg::Schedule::kPingPong}
+               : std::vector<hg::Schedule>{hg::Schedule::kCooperative};
   const int tokens = kProbeTokens;
   const Shape* shapes = kTeacherShapes;
   Lt lt;
   // Ragged shapes first: partial row and column tiles, an odd number of
   // row tiles (the last cluster's second CTA has no rows), K not a
   // multiple of 64.
-  {
+  for (hg::Schedule schedule : schedules) {
+    g_schedule = schedule;
+    std::printf("ragged shapes, %s\n", ScheduleName());
+    // The last two: K of 2 and 3 stages (one ring pass spans several
+    // tiles, of both ping-pong consumers) and 2-3 work units per cluster.
     const Shape ragged[] = {{"ragged store", 1000, 3000, 1000}, {"ragged swiglu", 333, 2 * 1280, 520},
-                            {"ragged argmax", 777, 50000, 264}};
-    for (int i = 0; i < 3; ++i) {
+                            {"ragged argmax", 777, 50000, 264}, {"small-K store", 2000, 3000, 128},
+                            {"small-K swiglu", 2000, 2 * 1280, 192}};
+    for (int i = 0; i < 5; ++i) {
       const Shape& s = ragged[i];
+      const int kind = i < 3 ? i : i - 3;  // 0 store, 1 swiglu, 2 argmax
       // Gate values up to about +-15 in the SwiGLU case: large |g| too.
-      Operands o(s, 31, i == 1 ? 15.f : 1.f);
+      Operands o(s, 31, kind == 1 ? 15.f : 1.f);
       bf16 *x = o.x, *w = o.w, *y = o.y, *y2 = o.y2, *c = o.c;
       CHECK_CUDA(cudaMemset(y2, 0xff, size_t(s.m) * s.n * 2));  // NaN where nothing is written
       const LtPlan plan = MakePlan(lt.handle, s, lt.workspace_bytes);
-      if (i == 0) {
+      if (kind == 0) {
         hg::EpilogueArgs ep;
         ep.out = y2; ep.out_stride = s.n; ep.residual = c; ep.residual_stride = s.n;
         lt.Run(plan, x, w, c, y);
         Hopper<hg::Epilogue::kStore>(x, w, s.m, s.n, s.k, ep);
         CHECK_CUDA(cudaDeviceSynchronize());
         CompareBf16(s.name, y2, y, size_t(s.m) * s.n);
-      } else if (i == 1) {
+      } else if (kind == 1) {
         const int inter = s.n / 2;
         bf16* w_il;
         CHECK_CUDA(cudaMalloc(&w_il, size_t(s.n) * s.k * 2));
@@ -201,11 +225,13 @@ int main() {
       DestroyPlan(const_cast<LtPlan&>(plan));
     }
   }
+  if (std::getenv("PROBE_RAGGED_ONLY") != nullptr) return 0;
   int best_group[10];
   for (int si = 0; si < 10; ++si) {
     const Shape& s = shapes[si];
     best_group[si] = 4;
-    if (quick && si != 2 && si != 4) continue;
+    g_schedule = hg::Schedule::kCooperative;
+    if (quick && si != 2 && si != 7) continue;
     const bool residual = si % 5 == 1 || si % 5 == 3;
     const bool gate_up = si % 5 == 2, lm_head = si % 5 == 4;
     Operands o(s, 1);
@@ -232,6 +258,18 @@ int main() {
                   tb, tflop / tb * 1e3, tc, tflop / tc * 1e3, tb / tc);
       if (tc < best) { best = tc; best_group[si] = group; }
     }
+    if (pingpong) {
+      g_schedule = hg::Schedule::kPingPong;
+      CHECK_CUDA(cudaMemset(y2, 0xff, size_t(s.m) * s.n * 2));  // NaN where nothing is written
+      Hopper<hg::Epilogue::kStore>(x, w, s.m, s.n, s.k, ep);
+      CHECK_CUDA(cudaDeviceSynchronize());
+      CompareBf16(residual ? "ping-pong store+res" : "ping-pong store", y2, y, size_t(s.m) * s.n);
+      auto [tb, tc] = Interleaved([&] { lt.Run(plan, x, w, residual ? c : nullptr, y); },
+                                  [&] { Hopper<hg::Epilogue::kStore>(x, w, s.m, s.n, s.k, ep, 4); });
+      std::printf("  store ping-pong   cuBLASLt %.3f ms (%.0f TF)  hopper %.3f ms (%.0f TF)  ratio %.3f\n", tb,
+                  tflop / tb * 1e3, tc, tflop / tc * 1e3, tb / tc);
+      g_schedule = hg::Schedule::kCooperative;
+    }
 
     if (gate_up) {
       const int inter = s.n / 2;
@@ -248,12 +286,19 @@ int main() {
         e3::kernels::SiluMul(e3::kernels::Dtype::kBFloat16, y, act, s.m, inter, nullptr);
       };
       auto cand = [&] { Hopper<hg::Epilogue::kSwiGlu>(x, w_il, s.m, s.n, s.k, sw, best_group[si]); };
-      base();
-      cand();
-      CHECK_CUDA(cudaDeviceSynchronize());
-      CompareBf16("swiglu", act2, act, size_t(s.m) * inter);
-      auto [tb, tc] = Interleaved(base, cand);
-      std::printf("  swiglu: cuBLASLt + SiLU-mul %.3f ms  hopper fused %.3f ms  ratio %.3f\n", tb, tc, tb / tc);
+      for (hg::Schedule schedule : schedules) {
+        g_schedule = schedule;
+        CHECK_CUDA(cudaMemset(act2, 0, size_t(s.m) * inter * 2));
+        base();
+        cand();
+        CHECK_CUDA(cudaDeviceSynchronize());
+        CompareBf16(schedule == hg::Schedule::kCooperative ? "swiglu" : "ping-pong swiglu", act2, act,
+                    size_t(s.m) * inter);
+        auto [tb, tc] = Interleaved(base, cand);
+        std::printf("  swiglu %-11s: cuBLASLt + SiLU-mul %.3f ms  hopper fused %.3f ms  ratio %.3f\n", ScheduleName(),
+                    tb, tc, tb / tc);
+      }
+      g_schedule = hg::Schedule::kCooperative;
       cudaFree(w_il); cudaFree(act); cudaFree(act2);
     }
     if (lm_head) {
@@ -289,8 +334,8 @@ int main() {
         if (a[r] == b[r]) continue;
         ++differ;
         bf16 va, vb;
-        CHECK_CUDA(cudaMemcpy(&va, y + size_t(r) * s.n + a[r], 2, cudaMemcpyDeviceToHost));
-        CHECK_CUDA(cudaMemcpy(&vb, y + size_t(r) * s.n + b[r], 2, cudaMemcpyDeviceToHost));
+        CHECK_CUDA(cudaMemcpy(&va, y2 + size_t(r) * s.n + a[r], 2, cudaMemcpyDeviceToHost));
+        CHECK_CUDA(cudaMemcpy(&vb, y2 + size_t(r) * s.n + b[r], 2, cudaMemcpyDeviceToHost));
         const float fa = __bfloat162float(va), fb = __bfloat162float(vb);
         const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::fabs(fa), std::fabs(fb))) - 7);
         if (std::fabs(fa - fb) > ulp * 1.0001) ++not_tied;
@@ -344,25 +389,61 @@ int main() {
       lt.Run(plans[4], h, w[4], nullptr, logits);
       e3::kernels::RowArgmax(e3::kernels::Dtype::kBFloat16, logits, tokens, sh[4].n, sh[4].n, idx, nullptr);
     };
-    auto cand = [&] {
-      hg::EpilogueArgs e_qkv, e_res, e_sw, e_am;
-      e_qkv.out = qkv; e_qkv.out_stride = sh[0].n;
-      e_res.out = h; e_res.out_stride = hidden; e_res.residual = h; e_res.residual_stride = hidden;
-      e_sw.out = act; e_sw.out_stride = inter;
-      e_am.argmax_keys = keys;
+    hg::EpilogueArgs e_qkv, e_res, e_sw, e_am;
+    e_qkv.out = qkv; e_qkv.out_stride = sh[0].n;
+    e_res.out = h; e_res.out_stride = hidden; e_res.residual = h; e_res.residual_stride = hidden;
+    e_sw.out = act; e_sw.out_stride = inter;
+    e_am.argmax_keys = keys;
+    auto lm_head_argmax = [&] {
+      g_schedule = hg::Schedule::kCooperative;
+      CHECK_CUDA(cudaMemsetAsync(keys, 0, tokens * 8, 0));
+      Hopper<hg::Epilogue::kArgmax>(h, w[4], tokens, sh[4].n, sh[4].k, e_am, groups[4]);
+      KeysToIndex<<<(tokens + 255) / 256, 256>>>(keys, idx, tokens);
+    };
+    // Every GEMM in the Hopper kernel (cooperative).
+    auto all_hopper = [&] {
+      g_schedule = hg::Schedule::kCooperative;
       for (int l = 0; l < layers; ++l) {
         Hopper<hg::Epilogue::kStore>(h, w[0], tokens, sh[0].n, sh[0].k, e_qkv, groups[0]);
         Hopper<hg::Epilogue::kStore>(attn, w[1], tokens, sh[1].n, sh[1].k, e_res, groups[1]);
         Hopper<hg::Epilogue::kSwiGlu>(h, w_il, tokens, sh[2].n, sh[2].k, e_sw, groups[2]);
         Hopper<hg::Epilogue::kStore>(act, w[3], tokens, sh[3].n, sh[3].k, e_res, groups[3]);
       }
-      CHECK_CUDA(cudaMemsetAsync(keys, 0, tokens * 8, 0));
-      Hopper<hg::Epilogue::kArgmax>(h, w[4], tokens, sh[4].n, sh[4].k, e_am, groups[4]);
-      KeysToIndex<<<(tokens + 255) / 256, 256>>>(keys, idx, tokens);
+      lm_head_argmax();
     };
-    auto [tb, tc] = Interleaved(base, cand, 3, 3);
-    std::printf("%s forward's GEMM work in sequence (%d layers + lm_head): cuBLASLt + kernels %.2f ms, hopper fused %.2f ms, ratio %.3f\n",
-                model == 0 ? "1B" : "8B", layers, tb, tc, tb / tc);
+    // What the sgl teacher runs since the sixth session: cuBLASLt and the
+    // SiLU-mul kernel, the lm_head argmax in the Hopper GEMM.
+    auto teacher_now = [&] {
+      for (int l = 0; l < layers; ++l) {
+        lt.Run(plans[0], h, w[0], nullptr, qkv);
+        lt.Run(plans[1], attn, w[1], h, h);
+        lt.Run(plans[2], h, w[2], nullptr, gu);
+        e3::kernels::SiluMul(e3::kernels::Dtype::kBFloat16, gu, act, tokens, inter, nullptr);
+        lt.Run(plans[3], act, w[3], h, h);
+      }
+      lm_head_argmax();
+    };
+    // The candidate next step: gate_up + SiLU-mul in the ping-pong Hopper
+    // GEMM, everything else as now.
+    auto teacher_next = [&] {
+      for (int l = 0; l < layers; ++l) {
+        lt.Run(plans[0], h, w[0], nullptr, qkv);
+        lt.Run(plans[1], attn, w[1], h, h);
+        g_schedule = hg::Schedule::kPingPong;
+        Hopper<hg::Epilogue::kSwiGlu>(h, w_il, tokens, sh[2].n, sh[2].k, e_sw, groups[2]);
+        lt.Run(plans[3], act, w[3], h, h);
+      }
+      lm_head_argmax();
+    };
+    const char* name = model == 0 ? "1B" : "8B";
+    std::printf("%s forward's GEMM work in sequence (%d layers + lm_head), against cuBLASLt + kernels:\n", name, layers);
+    std::vector<std::pair<const char*, std::function<void()>>> variants = {
+        {"all in the Hopper GEMM", all_hopper}, {"teacher now (argmax in the Hopper GEMM)", teacher_now}};
+    if (pingpong) variants.push_back({"+ ping-pong SwiGLU gate_up", teacher_next});
+    for (auto& [what, variant] : variants) {
+      auto [tb, tc] = Interleaved(base, variant, 3, 3);
+      std::printf("  %-40s %.2f ms against %.2f ms, ratio %.3f\n", what, tc, tb, tb / tc);
+    }
     for (int i = 0; i < 5; ++i) { DestroyPlan(plans[i]); cudaFree(w[i]); }
     cudaFree(h); cudaFree(qkv); cudaFree(attn); cudaFree(gu); cudaFree(act); cudaFree(w_il); cudaFree(logits);
     cudaFree(idx); cudaFree(keys);

@@ -29,7 +29,10 @@ bool LinearArgmaxBf16(const void* x, int64_t x_stride, const void* w, int64_t w_
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || !HopperGemmRuns(device)) return false;
   // Key 0 is below every real key: an untouched row cannot survive.
-  if (cudaMemsetAsync(keys, 0, static_cast<size_t>(rows) * sizeof(unsigned long long), s) != cudaSuccess) return false;
+  if (cudaMemsetAsync(keys, 0, static_cast<size_t>(rows) * sizeof(unsigned long long), s) != cudaSuccess) {
+    cudaGetLastError();  // the caller falls back; its own launch checks must not see this
+    return false;
+  }
   if (!hopper::Launch<hopper::Epilogue::kArgmax>(static_cast<const __nv_bfloat16*>(x), x_stride,
                                                  static_cast<const __nv_bfloat16*>(w), w_stride, static_cast<int>(rows),
                                                  static_cast<int>(vocab), static_cast<int>(k), ep, kGroupM, s)) {

@@ -10,22 +10,27 @@
 // bf16 exactly where transformers stores a tensor, so the fused forms give
 // the unfused forms' numbers up to the order of the fp32 K-sum.
 //
-// The kernel is persistent (one CTA per SM looping over 128x256 output
-// tiles, clusters of two CTAs sharing W's tile by TMA multicast) and
+// The kernel is persistent (one CTA per SM looping over output tiles,
+// clusters of two CTAs sharing W's 256-row tile by TMA multicast) and
 // warp-specialised: one thread of the first warpgroup issues the TMA loads
-// of a 4-stage shared-memory ring, the other two warpgroups each multiply
-// 64 rows of the tile with wgmma (m64n256k16, fp32 accumulators in
-// registers) and then run the epilogue from those registers while the
-// producer already loads the next tile. Pipeline hand-off uses mbarriers:
-// `full[s]` completes when stage s's bytes have landed, `empty[s]` when the
-// consumers of both cluster CTAs have finished reading it.
+// of a 4-stage shared-memory ring, the other two warpgroups multiply with
+// wgmma (m64n256k16, fp32 accumulators in registers) and run the epilogue
+// from those registers while the producer already loads the next tile.
+// Pipeline hand-off uses mbarriers: `full[s]` completes when stage s's
+// bytes have landed, `empty[s]` when its readers in both cluster CTAs are
+// done with it. Two schedules (Schedule below): cooperative (both
+// consumers on one 128-row tile) and ping-pong (alternate 64-row tiles,
+// one consumer's epilogue under the other's multiplications).
 //
 // What pays (bench/hopper_gemm_probe.cu, H200, bench/README section 8):
 // kArgmax beats cuBLASLt + the row-argmax kernel (the logits never reach
-// memory), so the sgl teacher uses it for the lm_head. kStore runs at
-// 0.97-1.0 of cuBLASLt without a residual and slower with one, and
-// kSwiGlu's epilogue math, which the tensor cores wait for, costs more than
-// the SiLU-mul pass it saves; both stay in the probe.
+// memory), so the sgl teacher uses it (cooperative) for the lm_head.
+// Cooperative kStore runs at 0.97-1.0 of cuBLASLt without a residual and
+// slower with one, and cooperative kSwiGlu's epilogue math, which the
+// tensor cores wait for, costs more than the SiLU-mul pass it saves; both
+// stay in the probe. The ping-pong schedule is for that SwiGLU case; its
+// first run faulted (fixed since with the order barrier between the
+// consumers) and it has not been measured yet.
 //
 // Header-only so that the probe and the teacher's kernel library
 // (hopper_gemm.cu) compile the same code. No LibTorch here.
@@ -37,7 +42,9 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <climits>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define E3_HOPPER_GEMM_DEVICE_CODE 1
@@ -55,14 +62,11 @@ struct EpilogueArgs {
   unsigned long long* argmax_keys = nullptr;  // kArgmax: [M], zeroed before the launch
 };
 
-constexpr int kBlockM = 128;
 constexpr int kBlockN = 256;
 constexpr int kBlockK = 64;  // 64 bf16 = one 128-byte swizzle row
 constexpr int kStages = 4;
 constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
-constexpr int kABytes = kBlockM * kBlockK * 2;
 constexpr int kBBytes = kBlockN * kBlockK * 2;
-constexpr int kStageBytes = kABytes + kBBytes;
 // Two CTAs of a cluster take vertically adjacent tiles, which need the same
 // 256 rows of W: each loads 128 of them and multicasts them to both, so
 // L2 serves a third less per stage than with one CTA per tile.
@@ -78,10 +82,28 @@ constexpr int kBHalfBytes = kBBytes / kCluster;
 // multiplications start.
 constexpr int kChunkBytes = 64 * 64 * 2;
 constexpr int kStagingBytes = 2 * 2 * kChunkBytes;
-// The ring, the staging buffers, the barriers, and slack to align the ring
-// to 1024 bytes (the 128-byte swizzle pattern repeats every 8 rows of 128
-// bytes): 230,464 bytes of the 232,448 an sm_90 block may have.
-constexpr int kSmemBytes = kStages * kStageBytes + kStagingBytes + 2 * kStages * 8 + 1024;
+
+// How the two consumer warpgroups share the work:
+// - kCooperative: both multiply one 128-row tile (64 rows each) and run
+//   its epilogue together, while the tensor cores wait;
+// - kPingPong: each takes every other 64-row tile, so that one's epilogue
+//   runs while the other multiplies (the schedule of CUTLASS's Pingpong
+//   kernels), at the price of 1.5x the L2 traffic per multiply.
+enum class Schedule { kCooperative, kPingPong };
+
+template <Schedule kS>
+struct Tiling {
+  static constexpr int kRows = kS == Schedule::kCooperative ? 128 : 64;  // rows of x per CTA tile
+  static constexpr int kABytes = kRows * kBlockK * 2;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  // The ring, the staging buffers, the barriers, and slack to align the
+  // ring to 1024 bytes (the 128-byte swizzle pattern repeats every 8 rows
+  // of 128 bytes): 230,464 bytes (cooperative) of the 232,448 an sm_90
+  // block may have.
+  static constexpr int kSmemBytes = kStages * kStageBytes + kStagingBytes + 2 * kStages * 8 + 1024;
+  // Consumer warpgroups that read each stage, in both cluster CTAs.
+  static constexpr uint32_t kStageReaders = (kS == Schedule::kCooperative ? 2 : 1) * kCluster;
+};
 // kSwiGlu: each 256-column tile holds 128 gate columns and the 128 up
 // columns of the same features (see InterleaveGateUp).
 constexpr int kSwiGluHalf = kBlockN / 2;
@@ -128,6 +150,11 @@ __device__ __forceinline__ void ClusterSync() {
 __device__ __forceinline__ void WarpgroupSync(int consumer) {
   asm volatile("bar.sync %0, 128;" ::"r"(consumer + 1) : "memory");
 }
+
+// Named barrier `id` (3 and 4 here) over 256 threads: 128 arrive without
+// waiting, 128 wait for them.
+__device__ __forceinline__ void NamedArrive(int id) { asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void NamedSync(int id) { asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory"); }
 
 __device__ __forceinline__ void BarrierInit(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(count));
@@ -318,6 +345,12 @@ struct RingCursor {
       phase ^= 1;
     }
   }
+  // Moves past n stages that another consumer reads.
+  __device__ __forceinline__ void Skip(int n) {
+    stage += n;
+    phase ^= static_cast<uint32_t>(stage / kStages) & 1u;
+    stage %= kStages;
+  }
 };
 
 __device__ __forceinline__ float RoundBf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
@@ -336,15 +369,15 @@ __device__ __forceinline__ void StagePair(uint8_t* chunk, int row, int col, floa
   *reinterpret_cast<__nv_bfloat162*>(chunk + row * 128 + unit * 16 + (col % 8) * 2) = __floats2bfloat162_rn(v0, v1);
 }
 
+// The epilogue of this consumer's 64 rows from row0 of column tile tn.
 template <Epilogue kEp>
-__device__ __forceinline__ void RunEpilogue(const float (&d)[128], int tm, int tn, int consumer, int M, int N,
+__device__ __forceinline__ void RunEpilogue(const float (&d)[128], int row0, int tn, int consumer, int M, int N,
                                             const EpilogueArgs& ep, const CUtensorMap* map_out, uint8_t* staging,
                                             int* chunk_counter) {
   const int t = threadIdx.x % 128;
   const int lane = t % 32;
   const int row_in_wg = (t / 32) * 16 + lane / 4;  // + 8 * half
   const int col_in_unit = 2 * (lane % 4);          // + 8 * j
-  const int row0 = tm * kBlockM + consumer * 64;
   if constexpr (kEp == Epilogue::kArgmax) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -422,21 +455,23 @@ __device__ __forceinline__ void RunEpilogue(const float (&d)[128], int tm, int t
 }  // namespace device
 #endif  // E3_HOPPER_GEMM_DEVICE_CODE
 
-template <Epilogue kEp>
+template <Epilogue kEp, Schedule kS>
 __global__ void __launch_bounds__(kThreads, 1)
     GemmKernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                const __grid_constant__ CUtensorMap map_out, int M, int N, int K, int group_m, EpilogueArgs ep) {
 #ifdef E3_HOPPER_GEMM_DEVICE_CODE
   using namespace device;
+  using T = Tiling<kS>;
+  constexpr bool kCooperative = kS == Schedule::kCooperative;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  uint8_t* staging = ring + kStages * kStageBytes;
+  uint8_t* staging = ring + kStages * T::kStageBytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(staging + kStagingBytes);
   uint64_t* empty = full + kStages;
   const int warpgroup = threadIdx.x / 128;
   const uint32_t rank = ClusterRank();
   const int cluster = blockIdx.x / kCluster, clusters = gridDim.x / kCluster;
-  const int tiles_m = (M + kBlockM - 1) / kBlockM;
+  const int tiles_m = (M + T::kRows - 1) / T::kRows;
   const int pairs_m = (tiles_m + kCluster - 1) / kCluster;
   const int tiles_n = (N + kBlockN - 1) / kBlockN;
   const int units = pairs_m * tiles_n;
@@ -444,9 +479,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       BarrierInit(&full[s], 1);
-      // Both consumers of both CTAs: each CTA's producer writes its half
-      // of W's rows into both CTAs' stage.
-      BarrierInit(&empty[s], 2 * kCluster);
+      // The readers in both CTAs: each CTA's producer writes its half of
+      // W's rows into both CTAs' stage.
+      BarrierInit(&empty[s], T::kStageReaders);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -461,10 +496,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         TileOfUnit(u, pairs_m, tiles_n, group_m, rank, &tm, &tn);
         for (int kb = 0; kb < k_blocks; ++kb) {
           BarrierWait(&empty[at.stage], at.phase ^ 1);  // a fresh barrier counts as released
-          uint8_t* a = ring + at.stage * kStageBytes;
-          BarrierExpectBytes(&full[at.stage], kStageBytes);
-          TmaLoad(a, &map_x, &full[at.stage], kb * kBlockK, tm * kBlockM);
-          TmaLoadMulticast(a + kABytes + rank * kBHalfBytes, &map_w, &full[at.stage], kb * kBlockK,
+          uint8_t* a = ring + at.stage * T::kStageBytes;
+          BarrierExpectBytes(&full[at.stage], T::kStageBytes);
+          TmaLoad(a, &map_x, &full[at.stage], kb * kBlockK, tm * T::kRows);
+          TmaLoadMulticast(a + T::kABytes + rank * kBHalfBytes, &map_w, &full[at.stage], kb * kBlockK,
                            tn * kBlockN + static_cast<int>(rank) * (kBlockN / kCluster), (1u << kCluster) - 1);
           at.Advance();
         }
@@ -480,14 +515,25 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < 128; ++i) d[i] = 0.f;
     RingCursor at;
-    for (int u = cluster; u < units; u += clusters) {
+    int index = 0;  // of the unit in this CTA's sequence
+    const int my_units = cluster < units ? (units - 1 - cluster) / clusters + 1 : 0;
+    for (int u = cluster; u < units; u += clusters, ++index) {
+      if (!kCooperative && index % 2 != consumer) {
+        at.Skip(k_blocks);  // the other consumer's tile
+        continue;
+      }
+      // Ping-pong: start waiting for this tile's stages only once the other
+      // consumer has waited for all of its previous tile's. The stage
+      // barriers are waited on by parity, which cannot tell a phase from
+      // the one a whole ring pass later.
+      if (!kCooperative && index > 0) NamedSync(3 + consumer);
       int tm, tn;
       TileOfUnit(u, pairs_m, tiles_n, group_m, rank, &tm, &tn);
       int previous = -1;
       for (int kb = 0; kb < k_blocks; ++kb) {
         BarrierWait(&full[at.stage], at.phase);
-        const uint8_t* a = ring + at.stage * kStageBytes + consumer * (64 * 128);
-        const uint8_t* b = ring + at.stage * kStageBytes + kABytes;
+        const uint8_t* a = ring + at.stage * T::kStageBytes + (kCooperative ? consumer * (64 * 128) : 0);
+        const uint8_t* b = ring + at.stage * T::kStageBytes + T::kABytes;
         FenceAccumulators(d);
         WgmmaFence();
 #pragma unroll
@@ -502,10 +548,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         previous = at.stage;
         at.Advance();
       }
+      if (!kCooperative && index + 1 < my_units) NamedArrive(3 + (1 - consumer));
       WgmmaWait<0>();
       FenceAccumulators(d);
       if (previous >= 0 && releases) ReleaseStage(&empty[previous]);
-      RunEpilogue<kEp>(d, tm, tn, consumer, M, N, ep, &map_out, my_staging, &chunk_counter);
+      const int row0 = tm * T::kRows + (kCooperative ? consumer * 64 : 0);
+      RunEpilogue<kEp>(d, row0, tn, consumer, M, N, ep, &map_out, my_staging, &chunk_counter);
     }
     if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }
@@ -529,6 +577,7 @@ inline bool EncodeTensorMap(CUtensorMap* map, const void* base, int64_t rows, in
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
             cudaSuccess ||
         found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
       return static_cast<EncodeFn>(nullptr);
     }
     return reinterpret_cast<EncodeFn>(fn);
@@ -549,6 +598,8 @@ inline bool Supports(Epilogue ep, int64_t M, int64_t N, int64_t K, const void* x
                      int64_t w_stride, const EpilogueArgs& args) {
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (M <= 0 || N <= 0 || K <= 0 || M > (1 << 30) || N > (1 << 30) || K > (1 << 30)) return false;
+  // Work units (pairs of 64-row tiles at most, 256-column tiles) count in int.
+  if (((M + 127) / 128) * ((N + kBlockN - 1) / kBlockN) > INT_MAX) return false;
   if (!aligned(x) || !aligned(w) || x_stride % 8 != 0 || w_stride % 8 != 0 || K % 8 != 0 || N % 8 != 0) return false;
   if (ep == Epilogue::kArgmax) return args.argmax_keys != nullptr;
   if (args.out == nullptr || !aligned(args.out) || args.out_stride % 8 != 0) return false;
@@ -557,33 +608,46 @@ inline bool Supports(Epilogue ep, int64_t M, int64_t N, int64_t K, const void* x
   return true;
 }
 
-// How many clusters of this kernel fit on the device at once (the
-// persistent grid's size); 0 when the device cannot run it. Asked once per
-// device (it also raises the kernel's shared-memory limit there).
-template <Epilogue kEp>
+// How many clusters of this kernel fit on CUDA device `device` at once
+// (the persistent grid's size); 0 when the device cannot run it. Asked
+// once per device, with that device made current for the query (the
+// shared-memory opt-in it sets is per device); a failed query counts as 0
+// for the rest of the process.
+template <Epilogue kEp, Schedule kS = Schedule::kCooperative>
 inline int ResidentClusters(int device) {
   static std::atomic<int> cached[64] = {};  // clusters + 1; 0: not asked yet
   if (device < 0 || device >= 64) return 0;
   const int known = cached[device].load(std::memory_order_acquire);
   if (known > 0) return known - 1;
   int clusters = 0;
+  int previous = -1;
   cudaDeviceProp prop;
-  if (cudaGetDeviceProperties(&prop, device) == cudaSuccess && prop.major == 9 &&
-      cudaFuncSetAttribute(GemmKernel<kEp>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) == cudaSuccess) {
-    cudaLaunchConfig_t config = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = kCluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    config.gridDim = dim3(kCluster * prop.multiProcessorCount);
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = kSmemBytes;
-    config.attrs = attr;
-    config.numAttrs = 1;
-    if (cudaOccupancyMaxActiveClusters(&clusters, GemmKernel<kEp>, &config) != cudaSuccess) clusters = 0;
+  bool failed = cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device) != cudaSuccess ||
+                cudaGetDeviceProperties(&prop, device) != cudaSuccess;
+  if (!failed && prop.major == 9) {
+    failed = cudaFuncSetAttribute(GemmKernel<kEp, kS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  Tiling<kS>::kSmemBytes) != cudaSuccess;
+    if (!failed) {
+      cudaLaunchConfig_t config = {};
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = kCluster;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      config.gridDim = dim3(kCluster * prop.multiProcessorCount);
+      config.blockDim = dim3(kThreads);
+      config.dynamicSmemBytes = Tiling<kS>::kSmemBytes;
+      config.attrs = attr;
+      config.numAttrs = 1;
+      if (cudaOccupancyMaxActiveClusters(&clusters, GemmKernel<kEp, kS>, &config) != cudaSuccess) {
+        failed = true;
+        clusters = 0;
+      }
+    }
   }
-  cudaGetLastError();  // a refused query leaves no error behind for the next launch check
+  if (previous >= 0 && previous != device && cudaSetDevice(previous) != cudaSuccess) failed = true;
+  // A refused query must not leave its error for the next launch check.
+  if (failed) cudaGetLastError();
   cached[device].store(clusters + 1, std::memory_order_release);
   return clusters;
 }
@@ -592,16 +656,17 @@ inline int ResidentClusters(int device) {
 // false when nothing was launched (not an sm_90 device, an unsupported
 // shape, a descriptor or launch failure); the caller then runs its
 // unfused path.
-template <Epilogue kEp>
+template <Epilogue kEp, Schedule kS = Schedule::kCooperative>
 inline bool Launch(const __nv_bfloat16* x, int64_t x_stride, const __nv_bfloat16* w, int64_t w_stride, int M, int N,
                    int K, const EpilogueArgs& ep, int group_m, cudaStream_t stream) {
   if (!Supports(kEp, M, N, K, x, x_stride, w, w_stride, ep)) return false;
+  if (group_m < 1) group_m = 1;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
-  const int resident = ResidentClusters<kEp>(device);
+  const int resident = ResidentClusters<kEp, kS>(device);
   if (resident <= 0) return false;
   CUtensorMap map_x, map_w, map_out = {};
-  if (!EncodeTensorMap(&map_x, x, M, K, x_stride, kBlockM) ||
+  if (!EncodeTensorMap(&map_x, x, M, K, x_stride, Tiling<kS>::kRows) ||
       !EncodeTensorMap(&map_w, w, N, K, w_stride, kBlockN / kCluster)) {
     return false;
   }
@@ -609,7 +674,7 @@ inline bool Launch(const __nv_bfloat16* x, int64_t x_stride, const __nv_bfloat16
     const int64_t out_cols = kEp == Epilogue::kSwiGlu ? N / 2 : N;
     if (!EncodeTensorMap(&map_out, ep.out, M, out_cols, ep.out_stride, 64)) return false;
   }
-  const int tiles_m = (M + kBlockM - 1) / kBlockM;
+  const int tiles_m = (M + Tiling<kS>::kRows - 1) / Tiling<kS>::kRows;
   const int units = ((tiles_m + kCluster - 1) / kCluster) * ((N + kBlockN - 1) / kBlockN);
   cudaLaunchConfig_t config = {};
   cudaLaunchAttribute attr[1];
@@ -619,11 +684,15 @@ inline bool Launch(const __nv_bfloat16* x, int64_t x_stride, const __nv_bfloat16
   attr[0].val.clusterDim.z = 1;
   config.gridDim = dim3(kCluster * (units < resident ? units : resident));
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmemBytes;
+  config.dynamicSmemBytes = Tiling<kS>::kSmemBytes;
   config.stream = stream;
   config.attrs = attr;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, GemmKernel<kEp>, map_x, map_w, map_out, M, N, K, group_m, ep) == cudaSuccess;
+  if (cudaLaunchKernelEx(&config, GemmKernel<kEp, kS>, map_x, map_w, map_out, M, N, K, group_m, ep) != cudaSuccess) {
+    cudaGetLastError();  // the caller falls back; its own launch checks must not see this
+    return false;
+  }
+  return true;
 }
 
 }  // namespace e3::kernels::hopper

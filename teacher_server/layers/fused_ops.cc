@@ -162,7 +162,7 @@ at::Tensor LinearArgmax(const at::Tensor& x, const at::Tensor& w) {
                          x.stride(1) == 1 && w.stride(1) == 1 && x.scalar_type() == at::kBFloat16 &&
                          w.scalar_type() == at::kBFloat16 && x.device() == w.device();
   if (layout_ok && FusedKernelsRunOn(x.device()) && kernels::HopperGemmRuns(x.device().index())) {
-    const c10::cuda::CUDAGuard guard(x.device());
+    const c10::cuda::CUDAGuard guard(x.device());  // the kernel runs on the current device
     at::Tensor keys = torch::empty({x.size(0)}, x.options().dtype(at::kLong));
     at::Tensor out = torch::empty({x.size(0)}, x.options().dtype(at::kInt));
     if (kernels::LinearArgmaxBf16(x.data_ptr(), x.stride(0), w.data_ptr(), w.stride(0), x.size(0), w.size(0),
