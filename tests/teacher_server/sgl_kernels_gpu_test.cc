@@ -261,6 +261,17 @@ TEST_P(SglKernelsGpuTest, LinearArgmaxIsTheArgmaxOfTheLogits) {
       EXPECT_LE(gap, allowed) << "row " << r << ": columns " << a << " and " << b;
     }
   }
+  // On a second GPU (the occupancy query and shared-memory opt-in are per
+  // device; a teacher on cuda:1 must not depend on cuda:0's).
+  if (torch::cuda::device_count() >= 2) {
+    const at::TensorOptions second = opts().device(at::Device(at::kCUDA, 1));
+    const at::Tensor x1 = torch::randn({300, 512}, second);
+    const at::Tensor w1 = torch::randn({4096, 512}, second) * 0.1;
+    const at::Tensor got1 = LinearArgmax(x1, w1);
+    ASSERT_TRUE(got1.defined()) << "the kernel must run on cuda:1 too";
+    EXPECT_EQ(got1.device(), x1.device());
+    EXPECT_GE(got1.eq(at::linear(x1, w1).argmax(-1).to(at::kInt)).to(at::kDouble).mean().item<double>(), 0.99);
+  }
   // What the kernel does not take: a strided x (row stride not a multiple
   // of 8 elements), K not a multiple of 8, fp32.
   const at::Tensor w = torch::randn({1024, 64}, opts());
