@@ -1,11 +1,12 @@
 // The `sgl` backend's fused element-wise steps: residual add + RMSNorm,
 // SiLU-and-multiply, rotary embedding in place, and the lm_head's row
-// argmax (from logits, or fused into the lm_head GEMM). With `fused` set and a CUDA bf16/fp16 tensor the step is one
-// custom kernel (teacher_server/kernels); everywhere else (CPU, fp32, a
-// build without CUDA, a shape the kernel does not take) it is the
-// reference op sequence of transformers, so the CPU suite runs the same
-// control flow. Both round at the same points (see kernels/fused_kernels.h
-// for the one difference: the norm's reduction order).
+// argmax (from logits, or fused into the lm_head GEMM). With `fused` set
+// and a CUDA bf16/fp16 tensor the step is one custom kernel
+// (teacher_server/kernels); everywhere else (CPU, fp32, a build without
+// CUDA, a shape the kernel does not take) it is the reference op sequence
+// of transformers, so the CPU suite runs the same control flow. Both
+// round at the same points (see kernels/fused_kernels.h for the one
+// difference: the norm's reduction order).
 #ifndef E3_TEACHER_SERVER_LAYERS_FUSED_OPS_H_
 #define E3_TEACHER_SERVER_LAYERS_FUSED_OPS_H_
 
