@@ -378,22 +378,32 @@ int main() {
     }
     CHECK_CUDA(cudaMalloc(&w_il, size_t(sh[2].n) * sh[2].k * 2));
     InterleaveGateUp<<<sh[2].n, 256>>>(w[2], w_il, inter, sh[2].k);
-    auto base = [&] {
-      for (int l = 0; l < layers; ++l) {
-        lt.Run(plans[0], h, w[0], nullptr, qkv);
-        lt.Run(plans[1], attn, w[1], h, h);
-        lt.Run(plans[2], h, w[2], nullptr, gu);
-        e3::kernels::SiluMul(e3::kernels::Dtype::kBFloat16, gu, act, tokens, inter, nullptr);
-        lt.Run(plans[3], act, w[3], h, h);
-      }
-      lt.Run(plans[4], h, w[4], nullptr, logits);
-      e3::kernels::RowArgmax(e3::kernels::Dtype::kBFloat16, logits, tokens, sh[4].n, sh[4].n, idx, nullptr);
-    };
     hg::EpilogueArgs e_qkv, e_res, e_sw, e_am;
     e_qkv.out = qkv; e_qkv.out_stride = sh[0].n;
     e_res.out = h; e_res.out_stride = hidden; e_res.residual = h; e_res.residual_stride = hidden;
     e_sw.out = act; e_sw.out_stride = inter;
     e_am.argmax_keys = keys;
+    // The layers through cuBLASLt, gate_up + SiLU-mul either as cuBLASLt
+    // and the SiLU-mul kernel or (swiglu_in_gemm) the ping-pong Hopper GEMM.
+    auto lt_layers = [&](bool swiglu_in_gemm) {
+      for (int l = 0; l < layers; ++l) {
+        lt.Run(plans[0], h, w[0], nullptr, qkv);
+        lt.Run(plans[1], attn, w[1], h, h);
+        if (swiglu_in_gemm) {
+          g_schedule = hg::Schedule::kPingPong;
+          Hopper<hg::Epilogue::kSwiGlu>(h, w_il, tokens, sh[2].n, sh[2].k, e_sw, groups[2]);
+        } else {
+          lt.Run(plans[2], h, w[2], nullptr, gu);
+          e3::kernels::SiluMul(e3::kernels::Dtype::kBFloat16, gu, act, tokens, inter, nullptr);
+        }
+        lt.Run(plans[3], act, w[3], h, h);
+      }
+    };
+    auto base = [&] {
+      lt_layers(false);
+      lt.Run(plans[4], h, w[4], nullptr, logits);
+      e3::kernels::RowArgmax(e3::kernels::Dtype::kBFloat16, logits, tokens, sh[4].n, sh[4].n, idx, nullptr);
+    };
     auto lm_head_argmax = [&] {
       g_schedule = hg::Schedule::kCooperative;
       CHECK_CUDA(cudaMemsetAsync(keys, 0, tokens * 8, 0));
@@ -414,25 +424,13 @@ int main() {
     // What the sgl teacher runs since the sixth session: cuBLASLt and the
     // SiLU-mul kernel, the lm_head argmax in the Hopper GEMM.
     auto teacher_now = [&] {
-      for (int l = 0; l < layers; ++l) {
-        lt.Run(plans[0], h, w[0], nullptr, qkv);
-        lt.Run(plans[1], attn, w[1], h, h);
-        lt.Run(plans[2], h, w[2], nullptr, gu);
-        e3::kernels::SiluMul(e3::kernels::Dtype::kBFloat16, gu, act, tokens, inter, nullptr);
-        lt.Run(plans[3], act, w[3], h, h);
-      }
+      lt_layers(false);
       lm_head_argmax();
     };
     // The candidate next step: gate_up + SiLU-mul in the ping-pong Hopper
     // GEMM, everything else as now.
     auto teacher_next = [&] {
-      for (int l = 0; l < layers; ++l) {
-        lt.Run(plans[0], h, w[0], nullptr, qkv);
-        lt.Run(plans[1], attn, w[1], h, h);
-        g_schedule = hg::Schedule::kPingPong;
-        Hopper<hg::Epilogue::kSwiGlu>(h, w_il, tokens, sh[2].n, sh[2].k, e_sw, groups[2]);
-        lt.Run(plans[3], act, w[3], h, h);
-      }
+      lt_layers(true);
       lm_head_argmax();
     };
     const char* name = model == 0 ? "1B" : "8B";

@@ -608,6 +608,28 @@ inline bool Supports(Epilogue ep, int64_t M, int64_t N, int64_t K, const void* x
   return true;
 }
 
+// The launch configuration of GemmKernel<kEp, kS>: `clusters` clusters of
+// kCluster CTAs. Not copyable: config.attrs points into the object.
+template <Schedule kS>
+struct ClusterLaunchConfig {
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute attr[1];
+  ClusterLaunchConfig(int clusters, cudaStream_t stream) {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kCluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    config.gridDim = dim3(kCluster * clusters);
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = Tiling<kS>::kSmemBytes;
+    config.stream = stream;
+    config.attrs = attr;
+    config.numAttrs = 1;
+  }
+  ClusterLaunchConfig(const ClusterLaunchConfig&) = delete;
+  ClusterLaunchConfig& operator=(const ClusterLaunchConfig&) = delete;
+};
+
 // How many clusters of this kernel fit on CUDA device `device` at once
 // (the persistent grid's size); 0 when the device cannot run it. Asked
 // once per device, with that device made current for the query (the
@@ -628,18 +650,8 @@ inline int ResidentClusters(int device) {
     failed = cudaFuncSetAttribute(GemmKernel<kEp, kS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   Tiling<kS>::kSmemBytes) != cudaSuccess;
     if (!failed) {
-      cudaLaunchConfig_t config = {};
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = kCluster;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      config.gridDim = dim3(kCluster * prop.multiProcessorCount);
-      config.blockDim = dim3(kThreads);
-      config.dynamicSmemBytes = Tiling<kS>::kSmemBytes;
-      config.attrs = attr;
-      config.numAttrs = 1;
-      if (cudaOccupancyMaxActiveClusters(&clusters, GemmKernel<kEp, kS>, &config) != cudaSuccess) {
+      const ClusterLaunchConfig<kS> launch(prop.multiProcessorCount, nullptr);
+      if (cudaOccupancyMaxActiveClusters(&clusters, GemmKernel<kEp, kS>, &launch.config) != cudaSuccess) {
         failed = true;
         clusters = 0;
       }
@@ -676,19 +688,8 @@ inline bool Launch(const __nv_bfloat16* x, int64_t x_stride, const __nv_bfloat16
   }
   const int tiles_m = (M + Tiling<kS>::kRows - 1) / Tiling<kS>::kRows;
   const int units = ((tiles_m + kCluster - 1) / kCluster) * ((N + kBlockN - 1) / kBlockN);
-  cudaLaunchConfig_t config = {};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kCluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  config.gridDim = dim3(kCluster * (units < resident ? units : resident));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = Tiling<kS>::kSmemBytes;
-  config.stream = stream;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  if (cudaLaunchKernelEx(&config, GemmKernel<kEp, kS>, map_x, map_w, map_out, M, N, K, group_m, ep) != cudaSuccess) {
+  const ClusterLaunchConfig<kS> launch(units < resident ? units : resident, stream);
+  if (cudaLaunchKernelEx(&launch.config, GemmKernel<kEp, kS>, map_x, map_w, map_out, M, N, K, group_m, ep) != cudaSuccess) {
     cudaGetLastError();  // the caller falls back; its own launch checks must not see this
     return false;
   }
