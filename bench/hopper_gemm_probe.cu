@@ -49,7 +49,7 @@ __global__ void InterleaveGateUp(const bf16* w, bf16* out, int inter, int k) {
 
 __global__ void KeysToIndex(const unsigned long long* keys, int32_t* idx, int m) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < m) idx[i] = hg::ArgmaxFromKey(keys[i]);
+  if (i < m) idx[i] = e3::kernels::ArgmaxFromKey(keys[i]);
 }
 
 std::vector<float> ToHost(const bf16* p, size_t n) {

@@ -12,7 +12,7 @@ constexpr int kGroupM = 4;
 
 __global__ void KeysToIndex(const unsigned long long* keys, int32_t* out, int64_t rows) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < rows) out[i] = hopper::ArgmaxFromKey(keys[i]);
+  if (i < rows) out[i] = ArgmaxFromKey(keys[i]);
 }
 
 }  // namespace

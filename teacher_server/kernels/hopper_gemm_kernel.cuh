@@ -46,6 +46,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "teacher_server/kernels/argmax_key.h"
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define E3_HOPPER_GEMM_DEVICE_CODE 1
 #endif
@@ -107,26 +109,6 @@ struct Tiling {
 // kSwiGlu: each 256-column tile holds 128 gate columns and the 128 up
 // columns of the same features (see InterleaveGateUp).
 constexpr int kSwiGluHalf = kBlockN / 2;
-
-// The order in which one row's candidates compare, as at::argmax: a NaN
-// beats everything, then the larger value, then the lower column. As one
-// unsigned key so that atomicMax merges tiles: value bits made monotonic
-// in the high word, the complemented column in the low word.
-__host__ __device__ inline unsigned long long ArgmaxKey(float v, uint32_t col) {
-  uint32_t ordered;
-  if (v != v) {
-    ordered = 0xffffffffu;
-  } else {
-    if (v == 0.f) v = 0.f;  // -0 ties with +0
-    uint32_t u;
-    memcpy(&u, &v, 4);
-    ordered = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  }
-  return (static_cast<unsigned long long>(ordered) << 32) | (0xffffffffu - col);
-}
-__host__ __device__ inline int32_t ArgmaxFromKey(unsigned long long key) {
-  return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(key & 0xffffffffu));
-}
 
 #ifdef E3_HOPPER_GEMM_DEVICE_CODE
 namespace device {

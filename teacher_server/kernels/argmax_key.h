@@ -1,0 +1,44 @@
+// The order in which one row's candidate logits compare for the target
+// argmax, as at::argmax picks: a NaN beats everything, then the larger
+// value (-0 ties with +0), then the lower column. Packed into one unsigned
+// 64-bit key so that a GPU kernel can merge candidates from many tiles
+// with atomicMax: the value's bits made monotonic in the high word, the
+// complemented column in the low word. Key 0 is below every real key.
+// Host and device code (hopper_gemm_kernel.cuh; tested on the CPU by
+// argmax_key_test).
+#ifndef E3_TEACHER_SERVER_KERNELS_ARGMAX_KEY_H_
+#define E3_TEACHER_SERVER_KERNELS_ARGMAX_KEY_H_
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define E3_HOST_DEVICE __host__ __device__
+#else
+#define E3_HOST_DEVICE
+#endif
+
+namespace e3::kernels {
+
+E3_HOST_DEVICE inline unsigned long long ArgmaxKey(float v, uint32_t col) {
+  uint32_t ordered;
+  if (v != v) {
+    ordered = 0xffffffffu;
+  } else {
+    if (v == 0.f) v = 0.f;  // -0 ties with +0
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    ordered = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  }
+  return (static_cast<unsigned long long>(ordered) << 32) | (0xffffffffu - col);
+}
+
+E3_HOST_DEVICE inline int32_t ArgmaxFromKey(unsigned long long key) {
+  return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(key & 0xffffffffu));
+}
+
+}  // namespace e3::kernels
+
+#undef E3_HOST_DEVICE
+
+#endif  // E3_TEACHER_SERVER_KERNELS_ARGMAX_KEY_H_
