@@ -107,7 +107,7 @@ struct Tiling {
   static constexpr uint32_t kStageReaders = (kS == Schedule::kCooperative ? 2 : 1) * kCluster;
 };
 // kSwiGlu: each 256-column tile holds 128 gate columns and the 128 up
-// columns of the same features (see InterleaveGateUp).
+// columns of the same features (InterleaveGateUp in bench/hopper_gemm_probe.cu).
 constexpr int kSwiGluHalf = kBlockN / 2;
 
 #ifdef E3_HOPPER_GEMM_DEVICE_CODE
