@@ -52,7 +52,8 @@ ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address /metrics binds");
 ABSL_FLAG(std::string, backend, "hf",
           "forward backend: hf (the reference: transformers' op order) or sgl (SGLang-style: fused QKV and gate-up "
           "weights, fused add+RMSNorm/SiLU-mul/rope/argmax CUDA kernels, varlen flash attention, cuBLASLt GEMMs with "
-          "the residual add in their epilogue; same outputs within bf16 rounding)");
+          "the residual add in their epilogue, on Hopper the target argmax in the lm_head GEMM; same outputs within "
+          "bf16 rounding)");
 ABSL_FLAG(std::string, dtype, "", "compute dtype; default float32 on CPU, bfloat16 on GPU");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda:N");
 ABSL_FLAG(int64_t, draft_vocab_size, 32000, "draft vocabulary size (capped at the model's vocab)");

@@ -10,9 +10,6 @@
 
 namespace e3::kernels {
 
-// Whether CUDA device `device` runs the Hopper GEMM (compute capability 9.0).
-bool HopperGemmRuns(int device);
-
 // The lm_head's target argmax without the logits: out[r] = the column c <
 // vocab whose bf16-rounded logit bf16(sum_k x[r, k] w[c, k]) (fp32 sum) is
 // largest, as at::argmax picks it from the stored logits (a NaN first,
@@ -20,7 +17,8 @@ bool HopperGemmRuns(int device);
 // [vocab, k] with row stride w_stride (elements), 16-byte aligned, k and
 // vocab multiples of 8. `keys`: rows * 8 bytes of device scratch. Runs on
 // the current device and `stream`; returns false (nothing launched) when
-// the device or shape is not one the kernel takes.
+// the device (compute capability 9.0 only) or shape is not one the kernel
+// takes.
 bool LinearArgmaxBf16(const void* x, int64_t x_stride, const void* w, int64_t w_stride, int64_t rows, int64_t vocab,
                       int64_t k, void* keys, int32_t* out, void* stream);
 

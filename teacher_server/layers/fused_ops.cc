@@ -161,10 +161,12 @@ at::Tensor LinearArgmax(const at::Tensor& x, const at::Tensor& w) {
   const bool layout_ok = x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1) && x.size(0) > 0 &&
                          x.stride(1) == 1 && w.stride(1) == 1 && x.scalar_type() == at::kBFloat16 &&
                          w.scalar_type() == at::kBFloat16 && x.device() == w.device();
-  if (layout_ok && FusedKernelsRunOn(x.device()) && kernels::HopperGemmRuns(x.device().index())) {
+  if (layout_ok && FusedKernelsRunOn(x.device())) {
     const c10::cuda::CUDAGuard guard(x.device());  // the kernel runs on the current device
     at::Tensor keys = torch::empty({x.size(0)}, x.options().dtype(at::kLong));
     at::Tensor out = torch::empty({x.size(0)}, x.options().dtype(at::kInt));
+    // It declines, launching nothing, off sm_90 devices and for a layout
+    // it cannot read; the caller then computes the logits.
     if (kernels::LinearArgmaxBf16(x.data_ptr(), x.stride(0), w.data_ptr(), w.stride(0), x.size(0), w.size(0),
                                   x.size(1), keys.data_ptr(), out.data_ptr<int32_t>(), CurrentStream(x))) {
       CheckLaunch("lm_head argmax GEMM");
