@@ -59,6 +59,15 @@ __device__ float BlockSum(float v) {
 // One block per row; each thread keeps up to kMaxPacks packs of the row
 // in registers between the statistics and the scaling.
 constexpr int kMaxPacks = 4;
+// Packs each thread takes where the row is wide enough: a thread issues
+// all of its loads before the block's reduction, so more packs per thread
+// keep more bytes in flight. The norm alone on 8192 x 2048 (H200,
+// bench/norm_kernel_probe.cu): 30.5 us with one pack per thread, 21.3 with
+// two, 19.9 with four (3.4 TB/s); 8192 x 4096: 61.7, 41.9, 36.8 us.
+#ifndef E3_NORM_PACKS_PER_THREAD
+#define E3_NORM_PACKS_PER_THREAD 4
+#endif
+constexpr int kNormPacksPerThread = E3_NORM_PACKS_PER_THREAD;
 
 template <typename T>
 __global__ void __launch_bounds__(1024) AddRmsNormKernel(const T* __restrict__ residual, const T* __restrict__ delta,
@@ -286,7 +295,7 @@ bool AddRmsNorm(Dtype dtype, const void* residual, const void* delta, const void
   if (rows <= 0 || rows > 0x7fffffff || cols % kVec != 0) return false;
   if (!Aligned(residual) || !Aligned(delta) || !Aligned(weight) || !Aligned(sum) || !Aligned(out)) return false;
   const int64_t packs = cols / kVec;
-  int64_t threads = ((packs + 31) / 32) * 32;
+  int64_t threads = ((packs + kNormPacksPerThread - 1) / kNormPacksPerThread + 31) / 32 * 32;
   if (threads > 1024) threads = 1024;
   if (packs > threads * kMaxPacks) return false;
   auto s = static_cast<cudaStream_t>(stream);

@@ -77,9 +77,10 @@ class SglKernelsGpuTest : public ::testing::TestWithParam<at::ScalarType> {
 
 TEST_P(SglKernelsGpuTest, AddRmsNormMatchesTheReference) {
   torch::manual_seed(3);
-  // One pack of 8 per thread up to H = 8192; 2 and 4 packs per thread at
-  // 16384 and 32768; 32776 (too wide) and 12 (not a multiple of 8) take
-  // the reference path.
+  // Up to 4 packs of 8 per thread in at least 32 threads: at most one
+  // pack per thread up to H = 256, 4 per thread from H = 1024 (32
+  // threads) to 32768 (1024 threads); 32776 (too wide) and 12 (not a
+  // multiple of 8) take the reference path.
   for (int64_t H : {64, 256, 2048, 4096, 8192, 16384, 32768, 32776, 12}) {
     const bool kernel = H % 8 == 0 && H <= 32768;
     const at::Tensor w = (torch::randn({H}, opts()) * 0.5 + 1.0).clamp(-1.9, 1.9);
