@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -31,9 +32,16 @@ void ProfileSteps(Step& step, int steps) {
   prof::prepareProfiler(config, activities);
   prof::enableProfiler(config, activities);
   for (int i = 0; i < steps; ++i) step(false);
+  // Kernels still queued when the profiler stops are never recorded.
+  torch::cuda::synchronize();
   auto result = prof::disableProfiler();
   std::map<std::string, std::pair<double, int64_t>> by_kernel;  // total us, count
   double total_us = 0;
+  struct Span {
+    uint64_t start, end;
+    std::string name;
+  };
+  std::vector<Span> spans;
   for (const auto& e : result->events()) {
     if (e.deviceType() != c10::DeviceType::CUDA) continue;
     const double us = static_cast<double>(e.durationNs()) / 1e3;
@@ -41,6 +49,32 @@ void ProfileSteps(Step& step, int steps) {
     slot.first += us;
     slot.second += 1;
     total_us += us;
+    spans.push_back({e.startNs(), e.endNs(), e.name().substr(0, 60)});
+  }
+  // The GPU's idle time: the time between the first kernel's start and the
+  // last one's end that no kernel covers, and the largest such gaps with
+  // what ran before and after them (launch gaps, host waits, syncs).
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.start < b.start; });
+  if (!spans.empty()) {
+    uint64_t covered_to = spans[0].start, idle = 0;
+    std::vector<std::pair<uint64_t, size_t>> gaps;  // ns, index of the span after the gap
+    for (size_t i = 0; i < spans.size(); ++i) {
+      if (spans[i].start > covered_to) {
+        idle += spans[i].start - covered_to;
+        gaps.push_back({spans[i].start - covered_to, i});
+      }
+      covered_to = std::max(covered_to, spans[i].end);
+    }
+    std::sort(gaps.rbegin(), gaps.rend());
+    std::printf("profile: %zu GPU events over %.1f ms (%.1f ms per call), GPU idle %.1f ms per call\n", spans.size(),
+                static_cast<double>(covered_to - spans[0].start) / 1e6,
+                static_cast<double>(covered_to - spans[0].start) / 1e6 / steps,
+                static_cast<double>(idle) / 1e6 / steps);
+    for (size_t g = 0; g < gaps.size() && g < 8; ++g) {
+      const size_t i = gaps[g].second;
+      std::printf("  gap %8.1f us  after %s\n                 before %s\n", static_cast<double>(gaps[g].first) / 1e3,
+                  spans[i - 1].name.c_str(), spans[i].name.c_str());
+    }
   }
   std::vector<std::pair<double, std::string>> order;
   for (const auto& [name, v] : by_kernel) order.push_back({v.first, name});
