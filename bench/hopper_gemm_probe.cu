@@ -24,9 +24,13 @@
 // only the ragged checks (e.g. under compute-sanitizer). PROBE_NO_PINGPONG=1:
 // the cooperative schedule only.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "bench/cuda_probe_util.cuh"
@@ -155,6 +159,8 @@ int main() {
               hg::ResidentClusters<hg::Epilogue::kStore>(0));
   const bool quick = std::getenv("PROBE_QUICK") != nullptr;
   const bool pingpong = std::getenv("PROBE_NO_PINGPONG") == nullptr;
+  // Only the forward-sequence section (no checks, no per-shape timings).
+  const bool sequence_only = std::getenv("PROBE_SEQUENCE_ONLY") != nullptr;
   const std::vector<hg::Schedule> schedules =
       pingpong ? std::vector<hg::Schedule>{hg::Schedule::kCooperative, hg::Schedule::kPingPong}
                : std::vector<hg::Schedule>{hg::Schedule::kCooperative};
@@ -165,6 +171,7 @@ int main() {
   // row tiles (the last cluster's second CTA has no rows), K not a
   // multiple of 64.
   for (hg::Schedule schedule : schedules) {
+    if (sequence_only) break;
     g_schedule = schedule;
     std::printf("ragged shapes, %s\n", ScheduleName());
     // The last two: K of 2 and 3 stages (one ring pass spans several
@@ -231,7 +238,7 @@ int main() {
     const Shape& s = shapes[si];
     best_group[si] = 4;
     g_schedule = hg::Schedule::kCooperative;
-    if (quick && si != 2 && si != 7) continue;
+    if ((quick && si != 2 && si != 7) || sequence_only) continue;
     const bool residual = si % 5 == 1 || si % 5 == 3;
     const bool gate_up = si % 5 == 2, lm_head = si % 5 == 4;
     Operands o(s, 1);
@@ -433,13 +440,56 @@ int main() {
       lt_layers(true);
       lm_head_argmax();
     };
+    // gate_up + SiLU-mul in the cooperative Hopper GEMM.
+    auto teacher_coop_swiglu = [&] {
+      for (int l = 0; l < layers; ++l) {
+        lt.Run(plans[0], h, w[0], nullptr, qkv);
+        lt.Run(plans[1], attn, w[1], h, h);
+        g_schedule = hg::Schedule::kCooperative;
+        Hopper<hg::Epilogue::kSwiGlu>(h, w_il, tokens, sh[2].n, sh[2].k, e_sw, groups[2]);
+        lt.Run(plans[3], act, w[3], h, h);
+      }
+      lm_head_argmax();
+    };
+    // The MLP in row chunks: gate_up, SiLU-mul and down_proj per chunk of
+    // `rows` tokens through one reused [rows, 2I] and [rows, I] buffer, so
+    // that the SiLU-mul's reads and the down_proj's A loads can hit L2
+    // rather than HBM (1B: 1024 rows are 33.5 MB of gate_up output).
+    auto chunked_mlp = [&](int rows) {
+      Shape cs[2] = {{"gate_up chunk", rows, sh[2].n, sh[2].k}, {"down chunk", rows, sh[3].n, sh[3].k}};
+      auto p = std::make_shared<std::array<LtPlan, 2>>();
+      (*p)[0] = MakePlan(lt.handle, cs[0], lt.workspace_bytes);
+      (*p)[1] = MakePlan(lt.handle, cs[1], lt.workspace_bytes);
+      return std::function<void()>([&, p, rows] {
+        for (int l = 0; l < layers; ++l) {
+          lt.Run(plans[0], h, w[0], nullptr, qkv);
+          lt.Run(plans[1], attn, w[1], h, h);
+          for (int r0 = 0; r0 < tokens; r0 += rows) {
+            bf16* hr = h + size_t(r0) * hidden;
+            lt.Run((*p)[0], hr, w[2], nullptr, gu);
+            e3::kernels::SiluMul(e3::kernels::Dtype::kBFloat16, gu, act, rows, inter, nullptr);
+            lt.Run((*p)[1], act, w[3], hr, hr);
+          }
+        }
+        lm_head_argmax();
+      });
+    };
     const char* name = model == 0 ? "1B" : "8B";
     std::printf("%s forward's GEMM work in sequence (%d layers + lm_head), against cuBLASLt + kernels:\n", name, layers);
     std::vector<std::pair<const char*, std::function<void()>>> variants = {
         {"all in the Hopper GEMM", all_hopper}, {"teacher now (argmax in the Hopper GEMM)", teacher_now}};
+    const int rounds = std::getenv("PROBE_ROUNDS") ? std::atoi(std::getenv("PROBE_ROUNDS")) : 3;
+    std::deque<std::string> labels;  // stable addresses for the names below
     if (pingpong) variants.push_back({"+ ping-pong SwiGLU gate_up", teacher_next});
+    variants.push_back({"+ cooperative SwiGLU gate_up", teacher_coop_swiglu});
+    // Chunks sized by their gate_up output, a multiple of 128 rows.
+    for (int mib : {32, 48, 64, 96, 128}) {
+      const int rows = std::max(128, int((size_t(mib) << 20) / (size_t(sh[2].n) * 2) / 128 * 128));
+      labels.push_back("MLP in chunks of " + std::to_string(rows) + " rows (" + std::to_string(mib) + " MiB)");
+      variants.push_back({labels.back().c_str(), chunked_mlp(rows)});
+    }
     for (auto& [what, variant] : variants) {
-      auto [tb, tc] = Interleaved(base, variant, 3, 3);
+      auto [tb, tc] = Interleaved(base, variant, rounds, 3);
       std::printf("  %-40s %.2f ms against %.2f ms, ratio %.3f\n", what, tc, tb, tb / tc);
     }
     for (int i = 0; i < 5; ++i) { DestroyPlan(plans[i]); cudaFree(w[i]); }
