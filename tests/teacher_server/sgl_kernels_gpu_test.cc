@@ -78,10 +78,10 @@ class SglKernelsGpuTest : public ::testing::TestWithParam<at::ScalarType> {
 TEST_P(SglKernelsGpuTest, AddRmsNormMatchesTheReference) {
   torch::manual_seed(3);
   // Up to 4 packs of 8 per thread in at least 32 threads: at most one
-  // pack per thread up to H = 256, 4 per thread from H = 1024 (32
-  // threads) to 32768 (1024 threads); 32776 (too wide) and 12 (not a
+  // pack per thread up to H = 256, 2 at 512, 4 per thread from H = 1024
+  // (32 threads) to 32768 (1024 threads); 32776 (too wide) and 12 (not a
   // multiple of 8) take the reference path.
-  for (int64_t H : {64, 256, 2048, 4096, 8192, 16384, 32768, 32776, 12}) {
+  for (int64_t H : {64, 256, 512, 2048, 4096, 8192, 16384, 32768, 32776, 12}) {
     const bool kernel = H % 8 == 0 && H <= 32768;
     const at::Tensor w = (torch::randn({H}, opts()) * 0.5 + 1.0).clamp(-1.9, 1.9);
     const at::Tensor h0 = torch::randn({37, H}, opts()) * 4;
