@@ -6,8 +6,9 @@
 //   - kSwiGlu against cuBLASLt gate_up + the SiLU-mul kernel;
 //   - kArgmax against cuBLASLt lm_head logits + the row-argmax kernel;
 //   - each model's layer GEMMs and lm_head in sequence: all in the Hopper
-//     GEMM, the teacher as it runs now (argmax fused), and the candidate
-//     next step (gate_up + SiLU-mul in the ping-pong schedule).
+//     GEMM, the teacher as it runs now (argmax fused), and candidate
+//     steps: gate_up + SiLU-mul in the Hopper GEMM (either schedule), or
+//     the MLP in L2-sized row chunks.
 // Both schedules (cooperative, ping-pong) are checked on ragged shapes and
 // timed on the SwiGLU and plain-store epilogues.
 // Outputs are compared first: the share of elements that differ from the
@@ -22,14 +23,13 @@
 //   /tmp/hopper_gemm_probe
 // PROBE_QUICK=1: only the gate_up shapes, no sequences. PROBE_RAGGED_ONLY=1:
 // only the ragged checks (e.g. under compute-sanitizer). PROBE_NO_PINGPONG=1:
-// the cooperative schedule only.
+// the cooperative schedule only. PROBE_SEQUENCE_ONLY=1: only the
+// sequences; PROBE_ROUNDS=N rounds per sequence variant (default 3).
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -49,11 +49,6 @@ __global__ void InterleaveGateUp(const bf16* w, bf16* out, int inter, int k) {
   const int block = r / 256, within = r % 256;
   const int src = within < 128 ? block * 128 + within : inter + block * 128 + within - 128;
   for (int c = threadIdx.x; c < k; c += blockDim.x) out[size_t(r) * k + c] = w[size_t(src) * k + c];
-}
-
-__global__ void KeysToIndex(const unsigned long long* keys, int32_t* idx, int m) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < m) idx[i] = e3::kernels::ArgmaxFromKey(keys[i]);
 }
 
 std::vector<float> ToHost(const bf16* p, size_t n) {
@@ -219,7 +214,7 @@ int main() {
         lt.Run(plan, x, w, nullptr, y);
         e3::kernels::RowArgmax(e3::kernels::Dtype::kBFloat16, y, s.m, s.n, s.n, idx, nullptr);
         Hopper<hg::Epilogue::kArgmax>(x, w, s.m, s.n, s.k, ep);
-        KeysToIndex<<<(s.m + 255) / 256, 256>>>(keys, idx2, s.m);
+        hg::KeysToIndex(keys, idx2, s.m, 0);
         CHECK_CUDA(cudaDeviceSynchronize());
         std::vector<int32_t> a(s.m), b(s.m);
         CHECK_CUDA(cudaMemcpy(a.data(), idx2, s.m * 4, cudaMemcpyDeviceToHost));
@@ -323,7 +318,7 @@ int main() {
       auto cand = [&] {
         CHECK_CUDA(cudaMemsetAsync(keys, 0, s.m * 8, 0));
         Hopper<hg::Epilogue::kArgmax>(x, w, s.m, s.n, s.k, am, best_group[si]);
-        KeysToIndex<<<(s.m + 255) / 256, 256>>>(keys, idx2, s.m);
+        hg::KeysToIndex(keys, idx2, s.m, 0);
       };
       base();
       cand();
@@ -392,22 +387,49 @@ int main() {
     e_am.argmax_keys = keys;
     // The layers through cuBLASLt, gate_up + SiLU-mul either as cuBLASLt
     // and the SiLU-mul kernel or (swiglu_in_gemm) the ping-pong Hopper GEMM.
-    auto lt_layers = [&](bool swiglu_in_gemm) {
+    // The layers through cuBLASLt, with the MLP step given.
+    auto layers_with = [&](const std::function<void()>& mlp) {
       for (int l = 0; l < layers; ++l) {
         lt.Run(plans[0], h, w[0], nullptr, qkv);
         lt.Run(plans[1], attn, w[1], h, h);
-        if (swiglu_in_gemm) {
-          g_schedule = hg::Schedule::kPingPong;
-          Hopper<hg::Epilogue::kSwiGlu>(h, w_il, tokens, sh[2].n, sh[2].k, e_sw, groups[2]);
-        } else {
-          lt.Run(plans[2], h, w[2], nullptr, gu);
-          e3::kernels::SiluMul(e3::kernels::Dtype::kBFloat16, gu, act, tokens, inter, nullptr);
-        }
-        lt.Run(plans[3], act, w[3], h, h);
+        mlp();
       }
     };
+    // gate_up through cuBLASLt, the SiLU-mul kernel, down_proj + residual.
+    auto lt_mlp = [&] {
+      lt.Run(plans[2], h, w[2], nullptr, gu);
+      e3::kernels::SiluMul(e3::kernels::Dtype::kBFloat16, gu, act, tokens, inter, nullptr);
+      lt.Run(plans[3], act, w[3], h, h);
+    };
+    // gate_up + SiLU-mul in the Hopper GEMM (`schedule`), down_proj as above.
+    auto swiglu_mlp = [&](hg::Schedule schedule) {
+      return [&, schedule] {
+        g_schedule = schedule;
+        Hopper<hg::Epilogue::kSwiGlu>(h, w_il, tokens, sh[2].n, sh[2].k, e_sw, groups[2]);
+        lt.Run(plans[3], act, w[3], h, h);
+      };
+    };
+    // The MLP in row chunks: gate_up, SiLU-mul and down_proj per chunk of
+    // `rows` tokens through one reused [rows, 2I] and [rows, I] buffer, so
+    // that the SiLU-mul's reads and the down_proj's A loads can hit L2
+    // rather than HBM (1B: 1024 rows are 33.5 MB of gate_up output).
+    std::deque<LtPlan> chunk_plans;  // stable addresses for the lambdas below
+    auto chunked_mlp = [&](int rows) {
+      const LtPlan* up = &chunk_plans.emplace_back(
+          MakePlan(lt.handle, {"gate_up chunk", rows, sh[2].n, sh[2].k}, lt.workspace_bytes));
+      const LtPlan* down = &chunk_plans.emplace_back(
+          MakePlan(lt.handle, {"down chunk", rows, sh[3].n, sh[3].k}, lt.workspace_bytes));
+      return [&, rows, up, down] {
+        for (int r0 = 0; r0 < tokens; r0 += rows) {
+          bf16* hr = h + size_t(r0) * hidden;
+          lt.Run(*up, hr, w[2], nullptr, gu);
+          e3::kernels::SiluMul(e3::kernels::Dtype::kBFloat16, gu, act, rows, inter, nullptr);
+          lt.Run(*down, act, w[3], hr, hr);
+        }
+      };
+    };
     auto base = [&] {
-      lt_layers(false);
+      layers_with(lt_mlp);
       lt.Run(plans[4], h, w[4], nullptr, logits);
       e3::kernels::RowArgmax(e3::kernels::Dtype::kBFloat16, logits, tokens, sh[4].n, sh[4].n, idx, nullptr);
     };
@@ -415,7 +437,16 @@ int main() {
       g_schedule = hg::Schedule::kCooperative;
       CHECK_CUDA(cudaMemsetAsync(keys, 0, tokens * 8, 0));
       Hopper<hg::Epilogue::kArgmax>(h, w[4], tokens, sh[4].n, sh[4].k, e_am, groups[4]);
-      KeysToIndex<<<(tokens + 255) / 256, 256>>>(keys, idx, tokens);
+      hg::KeysToIndex(keys, idx, tokens, 0);
+    };
+    // What the sgl teacher runs since the sixth session (cuBLASLt and the
+    // SiLU-mul kernel, the lm_head argmax in the Hopper GEMM), with the
+    // MLP step given.
+    auto teacher_with = [&](std::function<void()> mlp) {
+      return [&, mlp] {
+        layers_with(mlp);
+        lm_head_argmax();
+      };
     };
     // Every GEMM in the Hopper kernel (cooperative).
     auto all_hopper = [&] {
@@ -428,70 +459,25 @@ int main() {
       }
       lm_head_argmax();
     };
-    // What the sgl teacher runs since the sixth session: cuBLASLt and the
-    // SiLU-mul kernel, the lm_head argmax in the Hopper GEMM.
-    auto teacher_now = [&] {
-      lt_layers(false);
-      lm_head_argmax();
-    };
-    // The candidate next step: gate_up + SiLU-mul in the ping-pong Hopper
-    // GEMM, everything else as now.
-    auto teacher_next = [&] {
-      lt_layers(true);
-      lm_head_argmax();
-    };
-    // gate_up + SiLU-mul in the cooperative Hopper GEMM.
-    auto teacher_coop_swiglu = [&] {
-      for (int l = 0; l < layers; ++l) {
-        lt.Run(plans[0], h, w[0], nullptr, qkv);
-        lt.Run(plans[1], attn, w[1], h, h);
-        g_schedule = hg::Schedule::kCooperative;
-        Hopper<hg::Epilogue::kSwiGlu>(h, w_il, tokens, sh[2].n, sh[2].k, e_sw, groups[2]);
-        lt.Run(plans[3], act, w[3], h, h);
-      }
-      lm_head_argmax();
-    };
-    // The MLP in row chunks: gate_up, SiLU-mul and down_proj per chunk of
-    // `rows` tokens through one reused [rows, 2I] and [rows, I] buffer, so
-    // that the SiLU-mul's reads and the down_proj's A loads can hit L2
-    // rather than HBM (1B: 1024 rows are 33.5 MB of gate_up output).
-    auto chunked_mlp = [&](int rows) {
-      Shape cs[2] = {{"gate_up chunk", rows, sh[2].n, sh[2].k}, {"down chunk", rows, sh[3].n, sh[3].k}};
-      auto p = std::make_shared<std::array<LtPlan, 2>>();
-      (*p)[0] = MakePlan(lt.handle, cs[0], lt.workspace_bytes);
-      (*p)[1] = MakePlan(lt.handle, cs[1], lt.workspace_bytes);
-      return std::function<void()>([&, p, rows] {
-        for (int l = 0; l < layers; ++l) {
-          lt.Run(plans[0], h, w[0], nullptr, qkv);
-          lt.Run(plans[1], attn, w[1], h, h);
-          for (int r0 = 0; r0 < tokens; r0 += rows) {
-            bf16* hr = h + size_t(r0) * hidden;
-            lt.Run((*p)[0], hr, w[2], nullptr, gu);
-            e3::kernels::SiluMul(e3::kernels::Dtype::kBFloat16, gu, act, rows, inter, nullptr);
-            lt.Run((*p)[1], act, w[3], hr, hr);
-          }
-        }
-        lm_head_argmax();
-      });
-    };
     const char* name = model == 0 ? "1B" : "8B";
-    std::printf("%s forward's GEMM work in sequence (%d layers + lm_head), against cuBLASLt + kernels:\n", name, layers);
-    std::vector<std::pair<const char*, std::function<void()>>> variants = {
-        {"all in the Hopper GEMM", all_hopper}, {"teacher now (argmax in the Hopper GEMM)", teacher_now}};
-    const int rounds = std::getenv("PROBE_ROUNDS") ? std::atoi(std::getenv("PROBE_ROUNDS")) : 3;
-    std::deque<std::string> labels;  // stable addresses for the names below
-    if (pingpong) variants.push_back({"+ ping-pong SwiGLU gate_up", teacher_next});
-    variants.push_back({"+ cooperative SwiGLU gate_up", teacher_coop_swiglu});
+    std::printf("%s forward's GEMM work in sequence (%d layers + lm_head), against cuBLASLt + kernels:\n", name,
+                layers);
+    std::vector<std::pair<std::string, std::function<void()>>> variants = {
+        {"all in the Hopper GEMM", all_hopper}, {"teacher now (argmax in the Hopper GEMM)", teacher_with(lt_mlp)}};
+    if (pingpong) variants.push_back({"+ ping-pong SwiGLU gate_up", teacher_with(swiglu_mlp(hg::Schedule::kPingPong))});
+    variants.push_back({"+ cooperative SwiGLU gate_up", teacher_with(swiglu_mlp(hg::Schedule::kCooperative))});
     // Chunks sized by their gate_up output, a multiple of 128 rows.
     for (int mib : {32, 48, 64, 96, 128}) {
       const int rows = std::max(128, int((size_t(mib) << 20) / (size_t(sh[2].n) * 2) / 128 * 128));
-      labels.push_back("MLP in chunks of " + std::to_string(rows) + " rows (" + std::to_string(mib) + " MiB)");
-      variants.push_back({labels.back().c_str(), chunked_mlp(rows)});
+      variants.push_back({"MLP in chunks of " + std::to_string(rows) + " rows (" + std::to_string(mib) + " MiB)",
+                          teacher_with(chunked_mlp(rows))});
     }
+    const int rounds = std::getenv("PROBE_ROUNDS") ? std::atoi(std::getenv("PROBE_ROUNDS")) : 3;
     for (auto& [what, variant] : variants) {
       auto [tb, tc] = Interleaved(base, variant, rounds, 3);
-      std::printf("  %-40s %.2f ms against %.2f ms, ratio %.3f\n", what, tc, tb, tb / tc);
+      std::printf("  %-40s %.2f ms against %.2f ms, ratio %.3f\n", what.c_str(), tc, tb, tb / tc);
     }
+    for (LtPlan& p : chunk_plans) DestroyPlan(p);
     for (int i = 0; i < 5; ++i) { DestroyPlan(plans[i]); cudaFree(w[i]); }
     cudaFree(h); cudaFree(qkv); cudaFree(attn); cudaFree(gu); cudaFree(act); cudaFree(w_il); cudaFree(logits);
     cudaFree(idx); cudaFree(keys);

@@ -10,11 +10,6 @@ namespace {
 // order measured on the lm_head shapes (bench/hopper_gemm_probe.cu).
 constexpr int kGroupM = 4;
 
-__global__ void KeysToIndex(const unsigned long long* keys, int32_t* out, int64_t rows) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < rows) out[i] = ArgmaxFromKey(keys[i]);
-}
-
 // Whether CUDA device `device` runs the kernel (compute capability 9.0).
 bool HopperGemmRuns(int device) { return hopper::ResidentClusters<hopper::Epilogue::kArgmax>(device) > 0; }
 
@@ -38,8 +33,7 @@ bool LinearArgmaxBf16(const void* x, int64_t x_stride, const void* w, int64_t w_
                                                  static_cast<int>(vocab), static_cast<int>(k), ep, kGroupM, s)) {
     return false;
   }
-  const int threads = 256;
-  KeysToIndex<<<static_cast<unsigned>((rows + threads - 1) / threads), threads, 0, s>>>(ep.argmax_keys, out, rows);
+  hopper::KeysToIndex(ep.argmax_keys, out, rows, s);
   return true;
 }
 

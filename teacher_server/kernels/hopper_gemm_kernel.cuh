@@ -673,11 +673,28 @@ inline bool Launch(const __nv_bfloat16* x, int64_t x_stride, const __nv_bfloat16
   const int tiles_m = (M + Tiling<kS>::kRows - 1) / Tiling<kS>::kRows;
   const int units = ((tiles_m + kCluster - 1) / kCluster) * ((N + kBlockN - 1) / kBlockN);
   const ClusterLaunchConfig<kS> launch(units < resident ? units : resident, stream);
-  if (cudaLaunchKernelEx(&launch.config, GemmKernel<kEp, kS>, map_x, map_w, map_out, M, N, K, group_m, ep) != cudaSuccess) {
+  if (cudaLaunchKernelEx(&launch.config, GemmKernel<kEp, kS>, map_x, map_w, map_out, M, N, K, group_m, ep) !=
+      cudaSuccess) {
     cudaGetLastError();  // the caller falls back; its own launch checks must not see this
     return false;
   }
   return true;
+}
+
+// kArgmax's keys (zeroed before the GEMM) to column indices, one thread
+// per row. A template so that every file that includes this header may
+// define it.
+template <int kRowsPerBlock>
+__global__ void __launch_bounds__(kRowsPerBlock) KeysToIndexKernel(const unsigned long long* keys, int32_t* out,
+                                                                   int64_t rows) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x;
+  if (i < rows) out[i] = ArgmaxFromKey(keys[i]);
+}
+
+inline void KeysToIndex(const unsigned long long* keys, int32_t* out, int64_t rows, cudaStream_t stream) {
+  constexpr int kRowsPerBlock = 256;
+  const auto blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  KeysToIndexKernel<kRowsPerBlock><<<blocks, kRowsPerBlock, 0, stream>>>(keys, out, rows);
 }
 
 }  // namespace e3::kernels::hopper
