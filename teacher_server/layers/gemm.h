@@ -5,8 +5,9 @@
 // cuBLASLt itself (kCublasLt) so that the residual add happens in the
 // GEMM's epilogue: D = X W^T + H with C != D, which saves the next norm a
 // read and a write of the hidden state (1B shape on an H200: +1.7% per
-// dense forward, +2.8% on ragged chat batches, bench/README.md section 8). The sum is then rounded once, from
-// fp32, instead of twice: closer to the exact sum than transformers'.
+// dense forward, +2.8% on ragged chat batches, bench/README.md section
+// 8). The sum is then rounded once, from fp32, instead of twice: closer
+// to the exact sum than transformers'.
 // The algorithm is cuBLASLt's heuristic first choice for the exact shape,
 // so every run makes the same choice. (Timing the heuristic's candidates
 // per shape was tried and dropped: the isolated winners, up to 14% faster
