@@ -16,6 +16,7 @@ absl::Status SetBackend(const std::string& backend, ModelOptions* options) {
   options->gemm = sgl ? GemmPath::kCublasLt : GemmPath::kAten;
   options->residual_in_gemm = sgl;
   options->argmax_in_gemm = sgl;
+  options->argmax_fp8 = sgl;
   return absl::OkStatus();
 }
 

@@ -44,6 +44,11 @@ struct ModelOptions {
   //   bf16, no TP, no logits requested): the logits never reach memory.
   //   Elsewhere the logits are computed and RowArgmax reads them.
   bool argmax_in_gemm = false;
+  // - before that, the same argmax through an FP8 candidate search
+  //   (layers/fp8_head_argmax.h: FP8 scores nominate 8 columns per row,
+  //   rescored exactly; compute capability 8.9+, bf16, no TP, no logits
+  //   requested). Costs an e4m3 copy of the head (V x H bytes).
+  bool argmax_fp8 = false;
   // Tensor (and expert) parallelism: this process is one rank of `tp` and
   // loads only its shard. Null: the whole model in this process.
   std::shared_ptr<TpGroup> tp;

@@ -73,10 +73,12 @@ void Check(cublasStatus_t s, const char* what) {
 // One problem's descriptors, built on the stack (no allocation): row-major
 // y[M, N] = x[M, K] W[N, K]^T is, column-major, D[N, M] = W^T(T) * x, so A
 // is W seen as K x N with TRANSA, B is x seen as K x M, C and D are N x M.
+// `ab` is the operands' type, `cd` the output's.
 struct LtProblem {
   cublasLtMatmulDescOpaque_t desc;
   cublasLtMatrixLayoutOpaque_t a, b, cd;
-  LtProblem(cudaDataType_t type, int64_t M, int64_t N, int64_t K, const void* bias) {
+  LtProblem(cudaDataType_t ab, cudaDataType_t cd_type, int64_t M, int64_t N, int64_t K, const void* bias,
+            bool fast_accum = false) {
     Check(cublasLtMatmulDescInit(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
     const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
     Check(cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)), "transa");
@@ -88,9 +90,13 @@ struct LtProblem {
       Check(cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
             "bias pointer");
     }
-    Check(cublasLtMatrixLayoutInit(&a, type, K, N, K), "layout of W");
-    Check(cublasLtMatrixLayoutInit(&b, type, K, M, K), "layout of x");
-    Check(cublasLtMatrixLayoutInit(&cd, type, N, M, N), "layout of y");
+    if (fast_accum) {
+      const int8_t on = 1;
+      Check(cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &on, sizeof(on)), "fast accum");
+    }
+    Check(cublasLtMatrixLayoutInit(&a, ab, K, N, K), "layout of W");
+    Check(cublasLtMatrixLayoutInit(&b, ab, K, M, K), "layout of x");
+    Check(cublasLtMatrixLayoutInit(&cd, cd_type, N, M, N), "layout of y");
   }
 };
 
@@ -117,6 +123,32 @@ Choice FirstChoice(cublasLtHandle_t handle, LtProblem& p, int64_t align) {
   return c;
 }
 
+// D = A B (+ beta C) for problem p, with the heuristic's choice for `key`
+// (asked once per shape); false when cuBLASLt has no algorithm for it.
+bool RunLt(LtProblem& p, const ShapeKey& key, const void* a, const void* b, float beta, const void* c, at::Tensor& d) {
+  cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
+  Choice choice;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = Chosen().find(key);
+    if (it == Chosen().end()) {
+      if (Chosen().size() >= kMaxCachedShapes) Chosen().clear();
+      it = Chosen().emplace(key, FirstChoice(handle, p, key.align)).first;
+    }
+    choice = it->second;
+  }
+  if (!choice.found) return false;
+  // From LibTorch's caching allocator, so the per-call cost is a lookup.
+  at::Tensor workspace = at::empty({static_cast<int64_t>(kWorkspaceBytes)}, d.options().dtype(at::kByte));
+  const float alpha = 1.f;
+  const cublasStatus_t s = cublasLtMatmul(handle, &p.desc, &alpha, a, &p.a, b, &p.b, &beta, c, &p.cd, d.data_ptr(),
+                                          &p.cd, &choice.algo, workspace.data_ptr(), kWorkspaceBytes,
+                                          at::cuda::getCurrentCUDAStream(d.device().index()).stream());
+  Check(s, "matmul");
+  g_lt_calls.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
 // y = x W^T (+ bias) (+ residual) through cuBLASLt, or an undefined tensor
 // when the operands are outside what this path takes.
 at::Tensor LtGemm(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& residual2) {
@@ -140,30 +172,12 @@ at::Tensor LtGemm(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& b
   if (residual2.defined()) align = std::min(align, Alignment(residual2.data_ptr()));
   if (bias.defined()) align = std::min(align, Alignment(bias.data_ptr()));
   if (align < 16) return {};
-  LtProblem p(st == at::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F, M, N, K, bias.defined() ? bias.data_ptr() : nullptr);
-  cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
+  LtProblem p(st == at::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F, st == at::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F, M, N,
+              K, bias.defined() ? bias.data_ptr() : nullptr);
   const ShapeKey key{x2.device().index(), static_cast<int>(st), M, N, K, bias.defined(), residual2.defined(), align};
-  Choice choice;
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    auto it = Chosen().find(key);
-    if (it == Chosen().end()) {
-      if (Chosen().size() >= kMaxCachedShapes) Chosen().clear();
-      it = Chosen().emplace(key, FirstChoice(handle, p, align)).first;
-    }
-    choice = it->second;
-  }
-  if (!choice.found) return {};
-  // From LibTorch's caching allocator, so the per-call cost is a lookup.
-  at::Tensor workspace = at::empty({static_cast<int64_t>(kWorkspaceBytes)}, x2.options().dtype(at::kByte));
-  const float alpha = 1.f, beta = residual2.defined() ? 1.f : 0.f;
+  const float beta = residual2.defined() ? 1.f : 0.f;
   const void* c = residual2.defined() ? residual2.data_ptr() : y.data_ptr();
-  const cublasStatus_t s = cublasLtMatmul(handle, &p.desc, &alpha, w.data_ptr(), &p.a, x2.data_ptr(), &p.b, &beta, c,
-                                          &p.cd, y.data_ptr(), &p.cd, &choice.algo, workspace.data_ptr(),
-                                          kWorkspaceBytes,
-                                          at::cuda::getCurrentCUDAStream(x2.device().index()).stream());
-  Check(s, "matmul");
-  g_lt_calls.fetch_add(1, std::memory_order_relaxed);
+  if (!RunLt(p, key, w.data_ptr(), x2.data_ptr(), beta, c, y)) return {};
   return y;
 }
 #endif
@@ -188,6 +202,33 @@ at::Tensor Gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias
 #endif
   (void)path;
   return AtenGemm(x, w, bias, residual);
+}
+
+at::Tensor GemmE4m3(const at::Tensor& xq, const at::Tensor& wq) {
+#ifdef E3_HAS_CUDA
+  if (!xq.is_cuda() || xq.scalar_type() != at::kByte || wq.scalar_type() != at::kByte || xq.dim() != 2 ||
+      wq.dim() != 2 || !xq.is_contiguous() || !wq.is_contiguous() || xq.device() != wq.device()) {
+    return {};
+  }
+  const int64_t M = xq.size(0), K = xq.size(1), N = wq.size(0);
+  if (M == 0 || N == 0 || K == 0 || wq.size(1) != K || K % 16 != 0 || N % 16 != 0) return {};
+  const int index = xq.device().index();
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(index);
+  if (prop->major * 10 + prop->minor < 89) return {};  // FP8 tensor cores: Ada and Hopper on
+  const c10::cuda::CUDAGuard guard(xq.device());
+  at::Tensor y = at::empty({M, N}, xq.options().dtype(at::kBFloat16));
+  const int64_t align = std::min(Alignment(xq.data_ptr()), std::min(Alignment(wq.data_ptr()), Alignment(y.data_ptr())));
+  if (align < 16) return {};
+  LtProblem p(CUDA_R_8F_E4M3, CUDA_R_16BF, M, N, K, nullptr, /*fast_accum=*/true);
+  // dtype -1: no ScalarType's value, so FP8 problems never share a choice.
+  const ShapeKey key{index, -1, M, N, K, false, false, align};
+  if (!RunLt(p, key, wq.data_ptr(), xq.data_ptr(), 0.f, y.data_ptr(), y)) return {};
+  return y;
+#else
+  (void)xq;
+  (void)wq;
+  return at::Tensor();
+#endif
 }
 
 int64_t LtGemmCalls() { return g_lt_calls.load(std::memory_order_relaxed); }

@@ -37,6 +37,16 @@ enum class GemmPath {
 at::Tensor Gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& residual,
                 GemmPath path);
 
+// Approximate scores for the lm_head's FP8 candidate search
+// (fp8_head_argmax.h): y[M, N] = xq[M, K] wq[N, K]^T for e4m3 values stored
+// as bytes (kByte tensors, contiguous), unscaled, summed by cuBLASLt's FP8
+// kernels with fast accumulation (the tensor cores' own accumulator, not
+// promoted to fp32 every few steps: a small error next to e4m3's own, and
+// faster), stored as bf16. Returns an undefined tensor where cuBLASLt does
+// not take it: no CUDA, a device below compute capability 8.9, K or N not a
+// multiple of 16, pointers aligned to less than 16 bytes.
+at::Tensor GemmE4m3(const at::Tensor& xq, const at::Tensor& wq);
+
 // For tests: the cuBLASLt GEMMs this process has run.
 int64_t LtGemmCalls();
 

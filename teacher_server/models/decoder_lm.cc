@@ -93,6 +93,7 @@ absl::Status DecoderLM::LoadWeights(const ModelDir& dir) {
   } else {
     E3_ASSIGN_OR_RETURN(lm_head_, w.LoadSlice(head_name, {V, H}, 0, plan_.vocab.begin, plan_.vocab.size));
   }
+  if (options_.argmax_fp8 && !plan_.sharded()) fp8_head_ = Fp8HeadArgmax::Prepare(lm_head_);
   if (!plan_.sharded()) {
     full_embed_tokens_ = embed_tokens_;
     full_lm_head_ = lm_head_;
@@ -265,8 +266,11 @@ ForwardOutput DecoderLM::Run(const PackedBatch& batch, const ForwardOptions& opt
   out.last_hidden = AddRmsNorm(&h, pending, norm_, eps, fused);
   capture(static_cast<int64_t>(layers_.size()) - 1);
   if (!captured.empty()) out.aux_hidden = torch::cat(captured, -1);
-  if (options.return_argmax && !options.return_logits && !plan_.sharded() && options_.argmax_in_gemm) {
-    out.target_argmax = LinearArgmax(out.last_hidden, lm_head_);
+  if (options.return_argmax && !options.return_logits && !plan_.sharded()) {
+    if (fp8_head_) out.target_argmax = fp8_head_->Argmax(out.last_hidden);
+    if (!out.target_argmax.defined() && options_.argmax_in_gemm) {
+      out.target_argmax = LinearArgmax(out.last_hidden, lm_head_);
+    }
   }
   if (options.return_logits || (options.return_argmax && !out.target_argmax.defined())) {
     const int64_t T = out.last_hidden.size(0);

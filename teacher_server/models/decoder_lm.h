@@ -19,6 +19,7 @@
 
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/attention.h"
+#include "teacher_server/layers/fp8_head_argmax.h"
 #include "teacher_server/layers/mlp.h"
 #include "teacher_server/layers/moe.h"
 #include "teacher_server/layers/rotary.h"
@@ -66,6 +67,9 @@ class DecoderLM : public CausalLM {
   MoeRouting routing_;
   at::Tensor embed_tokens_;  // this rank's vocab rows
   at::Tensor lm_head_;       // this rank's vocab rows
+  // The FP8 candidate search over lm_head_ (options_.argmax_fp8, where it
+  // applies; else null).
+  std::unique_ptr<Fp8HeadArgmax> fp8_head_;
   at::Tensor norm_;
   // The whole tables, for GetWeights: the local ones when unsharded; on a
   // sharded rank 0 a host copy; undefined on other sharded ranks.

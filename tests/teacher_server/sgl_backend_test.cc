@@ -18,6 +18,7 @@
 #include "common/model_dir.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/attention.h"
+#include "teacher_server/layers/fp8_head_argmax.h"
 #include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/gemm.h"
 #include "teacher_server/layers/mlp.h"
@@ -129,6 +130,7 @@ TEST(SglLayersTest, SetBackendKnowsHfAndSgl) {
   EXPECT_EQ(o.gemm, GemmPath::kCublasLt);
   EXPECT_TRUE(o.residual_in_gemm);
   EXPECT_TRUE(o.argmax_in_gemm);
+  EXPECT_TRUE(o.argmax_fp8);
   ASSERT_TRUE(SetBackend("hf", &o).ok());
   EXPECT_FALSE(o.fuse_projections);
   EXPECT_FALSE(o.fused_kernels);
@@ -136,6 +138,7 @@ TEST(SglLayersTest, SetBackendKnowsHfAndSgl) {
   EXPECT_EQ(o.gemm, GemmPath::kAten);
   EXPECT_FALSE(o.residual_in_gemm);
   EXPECT_FALSE(o.argmax_in_gemm);
+  EXPECT_FALSE(o.argmax_fp8);
   const absl::Status bad = SetBackend("vllm", &o);
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(bad.message()).find("expected hf or sgl"), std::string::npos) << bad;
@@ -187,6 +190,13 @@ TEST(SglLayersTest, LinearArgmaxDeclinesOffTheGpu) {
   const at::Tensor w = torch::randn({32, 16});
   EXPECT_FALSE(LinearArgmax(x, w).defined());
   EXPECT_FALSE(LinearArgmax(x.to(at::kBFloat16), w.to(at::kBFloat16)).defined());
+}
+
+// The FP8 candidate search needs FP8 tensor cores: off the GPU (any dtype)
+// Prepare declines, and the model keeps the exact path.
+TEST(SglLayersTest, Fp8HeadArgmaxDeclinesOffTheGpu) {
+  EXPECT_EQ(Fp8HeadArgmax::Prepare(torch::randn({32, 16}).to(at::kBFloat16)), nullptr);
+  EXPECT_EQ(Fp8HeadArgmax::Prepare(torch::randn({32, 16})), nullptr);
 }
 
 class SglBackendTest : public ::testing::TestWithParam<std::string> {};

@@ -22,6 +22,9 @@
 //   row can differ only where two columns' logits lie within one rounding
 //   plus the reordering bound below (a different K order); ties between
 //   exactly equal sums and NaNs follow at::argmax.
+// - The argmax through the FP8 candidate search: the same bound (the exact
+//   argmax is among the 8 FP8-nominated columns, rescored in bf16 with an
+//   fp32 sum in another order than cuBLAS's).
 // - cuBLASLt GEMMs: the fp32-accumulated product (plus bias, plus the
 //   residual when it is in the epilogue) rounded once to the dtype. Against
 //   an fp32 reference: one rounding (half an ulp of the result, at most one
@@ -44,6 +47,7 @@
 #include "common/model_dir.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/attention.h"
+#include "teacher_server/layers/fp8_head_argmax.h"
 #include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/gemm.h"
 #include "teacher_server/layers/rms_norm.h"
@@ -72,6 +76,27 @@ class SglKernelsGpuTest : public ::testing::TestWithParam<at::ScalarType> {
     const bool bf16 = GetParam() == at::kBFloat16;
     at::Tensor mag = x.to(at::kFloat).abs().clamp_min(bf16 ? 1e-30 : 6.104e-5);
     return 2 * at::pow(2.0, at::floor(at::log2(mag)) - (bf16 ? 7 : 10));
+  }
+  // An lm_head argmax `got` against `want` (at::argmax of cuBLAS's logits
+  // x w^T): at most max_differ rows differ, and in each the two columns'
+  // exact logits lie within one bf16 rounding plus what summing in another
+  // fp32 order can move (K 2^-24 sum|x w|, for each column).
+  void ExpectArgmaxWithinRounding(const at::Tensor& got, const at::Tensor& x, const at::Tensor& w,
+                                  const at::Tensor& want, int64_t max_differ) const {
+    const int64_t K = x.size(1);
+    const at::Tensor exact = at::linear(x.to(at::kFloat), w.to(at::kFloat));
+    const at::Tensor reorder =
+        at::linear(x.to(at::kFloat).abs(), w.to(at::kFloat).abs()) * (K * std::ldexp(1.0, -24));
+    const at::Tensor differ = got.ne(want).nonzero().flatten();
+    EXPECT_LE(differ.numel(), max_differ) << "rows differing from at::argmax of cuBLAS's logits";
+    for (int64_t i = 0; i < differ.numel(); ++i) {
+      const int64_t r = differ[i].item<int64_t>();
+      const int64_t a = got[r].item<int>(), b = want[r].item<int>();
+      const double gap = std::fabs(exact[r][a].item<double>() - exact[r][b].item<double>());
+      const double allowed = TwoUlps(exact[r][a]).item<double>() + reorder[r][a].item<double>() +
+                             reorder[r][b].item<double>();
+      EXPECT_LE(gap, allowed) << "row " << r << ": columns " << a << " and " << b;
+    }
   }
 };
 
@@ -246,21 +271,7 @@ TEST_P(SglKernelsGpuTest, LinearArgmaxIsTheArgmaxOfTheLogits) {
     EXPECT_EQ(got[0].item<int>(), 5);
     EXPECT_EQ(got[1].item<int>(), 0);
     EXPECT_EQ(got[2].item<int>(), 0);
-    // Rows that differ from cuBLAS's argmax: the two columns' exact logits
-    // are within one bf16 rounding plus the reordering bound.
-    const at::Tensor exact = at::linear(x.to(at::kFloat), w.to(at::kFloat));
-    const at::Tensor reorder =
-        at::linear(x.to(at::kFloat).abs(), w.to(at::kFloat).abs()) * (K * std::ldexp(1.0, -24));
-    const at::Tensor differ = got.ne(want).nonzero().flatten();
-    EXPECT_LE(differ.numel(), rows / 100) << "rows differing from at::argmax of cuBLAS's logits";
-    for (int64_t i = 0; i < differ.numel(); ++i) {
-      const int64_t r = differ[i].item<int64_t>();
-      const int64_t a = got[r].item<int>(), b = want[r].item<int>();
-      const double gap = std::fabs(exact[r][a].item<double>() - exact[r][b].item<double>());
-      const double allowed = TwoUlps(exact[r][a]).item<double>() + reorder[r][a].item<double>() +
-                             reorder[r][b].item<double>();
-      EXPECT_LE(gap, allowed) << "row " << r << ": columns " << a << " and " << b;
-    }
+    ExpectArgmaxWithinRounding(got, x, w, want, rows / 100);
   }
   // On a second GPU (the occupancy query and shared-memory opt-in are per
   // device; a teacher on cuda:1 must not depend on cuda:0's).
@@ -281,6 +292,68 @@ TEST_P(SglKernelsGpuTest, LinearArgmaxIsTheArgmaxOfTheLogits) {
   EXPECT_FALSE(LinearArgmax(torch::randn({8, 60}, opts()), torch::randn({1024, 60}, opts())).defined());
   EXPECT_FALSE(LinearArgmax(torch::randn({8, 64}, opts()).to(at::kFloat), w.to(at::kFloat)).defined());
   EXPECT_EQ(FusedKernelLaunches(), before);
+}
+
+TEST_P(SglKernelsGpuTest, Fp8HeadArgmaxIsTheExactArgmaxOfItsCandidates) {
+  torch::manual_seed(12);
+#ifdef E3_HAS_CUDA
+  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+  const bool fp8 = prop->major * 10 + prop->minor >= 89;
+#else
+  const bool fp8 = false;
+#endif
+  if (GetParam() != at::kBFloat16) {
+    EXPECT_EQ(Fp8HeadArgmax::Prepare(torch::randn({64, 64}, opts())), nullptr) << "bf16 only";
+    return;
+  }
+  if (!fp8) GTEST_SKIP() << "FP8 tensor cores: compute capability 8.9 or newer";
+  // Heads as a model's: hidden rows ~ N(0, 1) (a normed hidden state) and
+  // weights ~ N(0, 0.02) (HF's init), random, so the logits are as flat as
+  // a head makes them. A 128k vocab over two score chunks (4096 rows
+  // each), and a smaller one.
+  for (const auto& [rows, vocab, K] : std::vector<std::array<int64_t, 3>>{{4200, 128256, 512}, {777, 50000, 256}}) {
+    at::Tensor x = torch::randn({rows, K}, opts());
+    at::Tensor w = torch::randn({vocab, K}, opts()) * 0.02;
+    w[vocab - 3].copy_(w[5]);                // two equal columns ...
+    x[0].copy_(w[5] * 200);                  // ... that row 0 prefers: the first
+    x[1].zero_();                            // all logits 0: index 0
+    x[2][K / 2] = std::numeric_limits<float>::quiet_NaN();  // all NaN: index 0
+    x[3][K / 3] = std::numeric_limits<float>::infinity();   // +inf where w[c][K/3] > 0: the first such c
+    x[rows - 1].copy_(w[vocab - 1] * 200);   // the last column
+    const auto head = Fp8HeadArgmax::Prepare(w);
+    ASSERT_NE(head, nullptr) << "a contiguous bf16 head with V, H multiples of 16 must be taken";
+    const at::Tensor want = at::linear(x, w).argmax(-1).to(at::kInt);
+    const int64_t calls = Fp8HeadArgmaxCalls();
+    const at::Tensor got = head->Argmax(x);
+    ASSERT_TRUE(got.defined());
+    EXPECT_EQ(Fp8HeadArgmaxCalls(), calls + 1);
+    EXPECT_EQ(got[0].item<int>(), 5);
+    EXPECT_EQ(got[1].item<int>(), 0);
+    EXPECT_EQ(got[2].item<int>(), 0);
+    EXPECT_EQ(got[3].item<int>(), want[3].item<int>()) << "the first column with an infinite logit";
+    EXPECT_EQ(got[rows - 1].item<int>(), vocab - 1);
+    // A row differs from cuBLAS's argmax only at a near-tie (another K
+    // order), never because the exact argmax was not nominated.
+    ExpectArgmaxWithinRounding(got, x, w, want, rows / 100);
+    // Rows from a strided view (the aux/last hidden of a wider tensor).
+    const at::Tensor wide = torch::randn({64, K + 8}, opts());
+    const at::Tensor view = wide.narrow(1, 0, K);
+    const at::Tensor got_view = head->Argmax(view);
+    ASSERT_TRUE(got_view.defined()) << "a row stride that is a multiple of 8 is taken";
+    ExpectArgmaxWithinRounding(got_view, view, w, at::linear(view, w).argmax(-1).to(at::kInt), 1);
+  }
+  // What it does not take: a head with NaN (the exact path keeps
+  // at::argmax's NaN order), V or H not a multiple of 16, fp16; rows with
+  // a stride that is not a multiple of 8.
+  at::Tensor nan_head = torch::randn({1024, 64}, opts());
+  nan_head[7][3] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(Fp8HeadArgmax::Prepare(nan_head), nullptr);
+  EXPECT_EQ(Fp8HeadArgmax::Prepare(torch::randn({1000, 64}, opts())), nullptr);
+  EXPECT_EQ(Fp8HeadArgmax::Prepare(torch::randn({1024, 72}, opts())), nullptr);
+  EXPECT_EQ(Fp8HeadArgmax::Prepare(torch::randn({1024, 64}, opts().dtype(at::kHalf))), nullptr);
+  const auto head = Fp8HeadArgmax::Prepare(torch::randn({1024, 64}, opts()));
+  ASSERT_NE(head, nullptr);
+  EXPECT_FALSE(head->Argmax(torch::randn({8, 67}, opts()).narrow(1, 0, 64)).defined());
 }
 
 TEST_P(SglKernelsGpuTest, LtGemmIsOneRoundingOfTheFp32Product) {
@@ -362,12 +435,19 @@ TEST_P(SglModelGpuTest, UniformAndRaggedBatchesMatchHf) {
     ASSERT_TRUE(batch.ok()) << batch.status();
     ForwardOptions fwd;
     fwd.aux_layer_ids = (*dir)->config().DefaultAuxLayerIds();
-    const int64_t launches = FusedKernelLaunches();
+    const int64_t launches = FusedKernelLaunches(), fp8_calls = Fp8HeadArgmaxCalls();
     auto r = ref->Forward(*batch, fwd);
     auto h = hf->Forward(*batch, fwd);
     auto s = sgl->Forward(*batch, fwd);
     ASSERT_TRUE(r.ok() && h.ok() && s.ok());
     EXPECT_GT(FusedKernelLaunches(), launches);
+#ifdef E3_HAS_CUDA
+    const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+    if (prop->major * 10 + prop->minor >= 89 && GetParam() == "tiny_code_llama") {
+      EXPECT_EQ(Fp8HeadArgmaxCalls(), fp8_calls + 1) << "sgl's argmax through the FP8 candidate search";
+    }
+#endif
+    (void)fp8_calls;
     const bool uniform = lengths.size() == 4;
     EXPECT_TRUE(CudnnAttentionUsable()) << "cuDNN's batched kernel failed on views of the fused QKV product";
     for (auto pick : {&ForwardOutput::aux_hidden, &ForwardOutput::last_hidden}) {
@@ -382,9 +462,10 @@ TEST_P(SglModelGpuTest, UniformAndRaggedBatchesMatchHf) {
       EXPECT_LE(d, 2 * g);
       EXPECT_LE(rms_sgl, (moe ? 1.5 : 1.1) * rms_hf);
     }
-    // sgl's target argmax (on Hopper fused into the lm_head GEMM) is the
-    // argmax of its own last hidden state's logits; rows may differ only
-    // at near-ties (another K order; LinearArgmaxIsTheArgmaxOfTheLogits).
+    // sgl's target argmax (FP8-nominated candidates rescored exactly, or
+    // on Hopper fused into the lm_head GEMM) is the argmax of its own last
+    // hidden state's logits; rows may differ only at near-ties (another K
+    // order; Fp8HeadArgmaxIsTheExactArgmaxOfItsCandidates).
     const at::Tensor head = sgl->lm_head().to(s->last_hidden.device(), s->last_hidden.scalar_type());
     const at::Tensor want = at::linear(s->last_hidden, head).argmax(-1).to(at::kInt);
     const double agree = s->target_argmax.eq(want).to(at::kDouble).mean().item<double>();

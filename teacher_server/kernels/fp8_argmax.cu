@@ -1,0 +1,293 @@
+// See fp8_argmax.h. All three kernels take one row per block of 256
+// threads and read it in 16-byte packs (8 bf16).
+#include "teacher_server/kernels/fp8_argmax.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include "teacher_server/kernels/argmax_key.h"
+
+namespace e3::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kVec = 8;
+constexpr int K = kFp8ArgmaxCandidates;
+constexpr float kE4m3Max = 448.f;
+static_assert(kThreads / 32 == K, "RescoreKernel gives each candidate one warp");
+
+struct alignas(16) Bf16x8 {
+  __nv_bfloat162 v[4];
+};
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+__device__ __forceinline__ unsigned long long WarpMax(unsigned long long v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const unsigned long long other = __shfl_xor_sync(0xffffffffu, v, o);
+    v = other > v ? other : v;
+  }
+  return v;
+}
+
+// The maximum over the block, returned to every thread. `smem` holds one
+// entry per warp; the leading barrier lets consecutive calls reuse it.
+__device__ unsigned long long BlockMax(unsigned long long v, unsigned long long* smem) {
+  v = WarpMax(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x >> 5) ? smem[lane] : 0ull;
+  return WarpMax(v);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    QuantizeRowsKernel(const __nv_bfloat16* __restrict__ x, int64_t x_stride, int64_t cols, uint8_t* __restrict__ q,
+                       float* __restrict__ scale, uint8_t* __restrict__ nonfinite) {
+  __shared__ unsigned long long smem[32];
+  const int64_t r = blockIdx.x;
+  const auto* row = reinterpret_cast<const Bf16x8*>(x + r * x_stride);
+  const int64_t packs = cols / kVec;
+  float amax = 0.f;
+  bool bad = false;
+  for (int64_t p = threadIdx.x; p < packs; p += kThreads) {
+    const Bf16x8 v = row[p];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __bfloat1622float2(v.v[j]);
+      bad |= !isfinite(f.x) || !isfinite(f.y);
+      amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+    }
+  }
+  const bool row_bad = __syncthreads_or(bad) != 0;
+  // Non-negative floats order as their bit patterns.
+  amax = __uint_as_float(static_cast<unsigned>(BlockMax(__float_as_uint(amax), smem)));
+  const bool usable = !row_bad && amax > 0.f;
+  // The clamp keeps a row of subnormals from an infinite factor.
+  const float factor = usable ? fminf(kE4m3Max / amax, 3.0e38f) : 0.f;
+  if (threadIdx.x == 0) {
+    if (scale != nullptr) scale[r] = usable ? amax / kE4m3Max : 1.f;
+    nonfinite[r] = row_bad ? 1 : 0;
+  }
+  auto* out = reinterpret_cast<uint2*>(q + r * cols);
+  for (int64_t p = threadIdx.x; p < packs; p += kThreads) {
+    uint32_t word[2] = {0u, 0u};
+    if (usable) {
+      const Bf16x8 v = row[p];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(v.v[j]);
+        const __nv_fp8x2_storage_t two =
+            __nv_cvt_float2_to_fp8x2(make_float2(f.x * factor, f.y * factor), __NV_SATFINITE, __NV_E4M3);
+        word[j / 2] |= static_cast<uint32_t>(two) << (16 * (j % 2));
+      }
+    }
+    out[p] = make_uint2(word[0], word[1]);
+  }
+}
+
+// The value a key was made from (ArgmaxKey's inverse on its high word).
+__device__ __forceinline__ float KeyValue(unsigned long long key) {
+  const auto ordered = static_cast<uint32_t>(key >> 32);
+  return __uint_as_float((ordered & 0x80000000u) ? (ordered & 0x7fffffffu) : ~ordered);
+}
+
+// One warp's K best keys so far, sorted: lane i < K holds the i-th best
+// (0: empty). `floor` is the K-th best's value (warp-uniform; -inf until
+// the list is full): a score below it cannot enter, which is what makes
+// the scan cheap. Only scores at or above it reach Insert, warp-uniformly.
+struct WarpTopK {
+  unsigned long long entry = 0;
+  float floor = -INFINITY;
+
+  __device__ __forceinline__ void Insert(unsigned long long key, int lane) {
+    const unsigned above = __ballot_sync(0xffffffffu, lane < K && entry > key);
+    const int pos = __popc(above);
+    if (pos >= K) return;  // warp-uniform
+    const unsigned long long up = __shfl_up_sync(0xffffffffu, entry, 1);
+    if (lane == pos) {
+      entry = key;
+    } else if (lane > pos && lane < K) {
+      entry = up;
+    }
+    const unsigned long long last = __shfl_sync(0xffffffffu, entry, K - 1);
+    floor = last == 0 ? -INFINITY : KeyValue(last);
+  }
+};
+
+// Offers one 8-column pack per lane (columns p * 8 ...) to the warp's list.
+// Every lane of the warp calls it together (ballots); a lane that is not
+// `live` (past the row's end) offers nothing.
+__device__ __forceinline__ void OfferPack(const Bf16x8& v, const float* __restrict__ col_scale, int64_t p, int lane,
+                                          bool live, WarpTopK& top) {
+  float s[kVec];
+  if (live && col_scale != nullptr) {
+    const float4 a = reinterpret_cast<const float4*>(col_scale)[2 * p];
+    const float4 b = reinterpret_cast<const float4*>(col_scale)[2 * p + 1];
+    s[0] = a.x, s[1] = a.y, s[2] = a.z, s[3] = a.w, s[4] = b.x, s[5] = b.y, s[6] = b.z, s[7] = b.w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) s[j] = 1.f;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __bfloat1622float2(v.v[j]);
+    s[2 * j] *= f.x;
+    s[2 * j + 1] *= f.y;
+  }
+  uint32_t pending = 0;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) pending |= (live && s[j] >= top.floor ? 1u : 0u) << j;
+  // Ties with the floor go through too: the keys' column order decides.
+  while (true) {
+    const unsigned lanes = __ballot_sync(0xffffffffu, pending != 0);
+    if (lanes == 0) return;
+    const int src = __ffs(lanes) - 1;
+    unsigned long long mine = 0;
+    if (pending != 0) {
+      const int j = __ffs(pending) - 1;
+      float value = s[0];
+#pragma unroll
+      for (int jj = 1; jj < kVec; ++jj) value = j == jj ? s[jj] : value;
+      mine = ArgmaxKey(value, static_cast<uint32_t>(p * kVec + j));
+    }
+    const unsigned long long key = __shfl_sync(0xffffffffu, mine, src);
+    if (lane == src) pending &= pending - 1;
+    top.Insert(key, lane);
+    // The floor may have risen: drop what can no longer enter.
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      if (!(s[j] >= top.floor)) pending &= ~(1u << j);
+    }
+  }
+}
+
+// Each warp scans 32 packs at a time (512 contiguous bytes) and keeps its
+// own K best; once a warp's list is full, almost every pack falls below
+// its floor, so the scan runs at the memory's bandwidth. Warp 0 then
+// merges the 8 lists: the union holds the row's K best exactly.
+__global__ void __launch_bounds__(kThreads)
+    TopCandidatesKernel(const __nv_bfloat16* __restrict__ scores, int64_t stride, int64_t cols,
+                        const float* __restrict__ col_scale, int32_t* __restrict__ cand) {
+  constexpr int kWarps = kThreads / 32;
+  __shared__ unsigned long long lists[kWarps * K];
+  const int64_t r = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const auto* row = reinterpret_cast<const Bf16x8*>(scores + r * stride);
+  const int64_t packs = cols / kVec;
+  WarpTopK top;
+  // Four loads in flight per lane before the comparisons. Loop bounds are
+  // warp-uniform (the warp's first pack, p - lane): ballots need the whole
+  // warp.
+  constexpr int kUnroll = 4;
+  int64_t p = static_cast<int64_t>(warp) * 32 + lane;
+  for (; p - lane + 31 + (kUnroll - 1) * kThreads < packs; p += kUnroll * kThreads) {
+    Bf16x8 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = row[p + u * kThreads];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) OfferPack(v[u], col_scale, p + u * kThreads, lane, true, top);
+  }
+  for (; p - lane < packs; p += kThreads) {
+    const bool live = p < packs;
+    Bf16x8 v = {};
+    if (live) v = row[p];
+    OfferPack(v, col_scale, p, lane, live, top);
+  }
+  if (lane < K) lists[warp * K + lane] = top.entry;
+  __syncthreads();
+  if (warp != 0) return;
+  static_assert(kWarps * K == 64, "warp 0 holds two entries per lane");
+  unsigned long long a = lists[lane], b = lists[lane + 32];
+  for (int i = 0; i < K; ++i) {
+    const unsigned long long best = WarpMax(a > b ? a : b);
+    if (best != 0 && a == best) {
+      a = 0;
+    } else if (best != 0 && b == best) {
+      b = 0;
+    }
+    if (lane == 0) cand[r * K + i] = best == 0 ? -1 : ArgmaxFromKey(best);
+  }
+}
+
+// The key of column c's exact logit for this row, in every lane of the warp.
+__device__ __forceinline__ unsigned long long ExactKey(const Bf16x8* __restrict__ xr,
+                                                       const __nv_bfloat16* __restrict__ w, int64_t w_stride,
+                                                       int64_t packs, int64_t c, int lane) {
+  const auto* wr = reinterpret_cast<const Bf16x8*>(w + c * w_stride);
+  float acc = 0.f;
+  for (int64_t p = lane; p < packs; p += 32) {
+    const Bf16x8 a = xr[p], b = wr[p];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 fa = __bfloat1622float2(a.v[j]), fb = __bfloat1622float2(b.v[j]);
+      acc = fmaf(fa.x, fb.x, acc);
+      acc = fmaf(fa.y, fb.y, acc);
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  // The logit as a bf16 tensor would hold it.
+  return ArgmaxKey(__bfloat162float(__float2bfloat16_rn(acc)), static_cast<uint32_t>(c));
+}
+
+__global__ void __launch_bounds__(kThreads)
+    RescoreKernel(const __nv_bfloat16* __restrict__ x, int64_t x_stride, const __nv_bfloat16* __restrict__ w,
+                  int64_t w_stride, int64_t vocab, int64_t k, const int32_t* __restrict__ cand,
+                  const uint8_t* __restrict__ nonfinite, int32_t* __restrict__ out) {
+  __shared__ unsigned long long smem[32];
+  const int64_t r = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = kThreads / 32;
+  const auto* xr = reinterpret_cast<const Bf16x8*>(x + r * x_stride);
+  const int64_t packs = k / kVec;
+  unsigned long long best = 0;
+  if (nonfinite[r] != 0) {
+    for (int64_t c = warp; c < vocab; c += warps) {
+      const unsigned long long key = ExactKey(xr, w, w_stride, packs, c, lane);
+      best = key > best ? key : best;
+    }
+  } else {
+    const int32_t c = cand[r * K + warp];
+    if (c >= 0) best = ExactKey(xr, w, w_stride, packs, c, lane);
+  }
+  best = BlockMax(best, smem);
+  if (threadIdx.x == 0) out[r] = best == 0 ? 0 : ArgmaxFromKey(best);
+}
+
+}  // namespace
+
+bool QuantizeRowsE4m3(const void* x, int64_t x_stride, int64_t rows, int64_t cols, void* q, float* scale,
+                      uint8_t* nonfinite, void* stream) {
+  if (rows <= 0 || cols <= 0 || cols % kVec != 0 || x_stride % kVec != 0 || !Aligned16(x) || !Aligned16(q)) {
+    return false;
+  }
+  QuantizeRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const __nv_bfloat16*>(x), x_stride, cols, static_cast<uint8_t*>(q), scale, nonfinite);
+  return true;
+}
+
+bool TopScoreCandidates(const void* scores, int64_t rows, int64_t cols, int64_t stride, const float* col_scale,
+                        int32_t* cand, void* stream) {
+  if (rows <= 0 || cols <= 0 || cols % kVec != 0 || stride % kVec != 0 || !Aligned16(scores) ||
+      (col_scale != nullptr && !Aligned16(col_scale))) {
+    return false;
+  }
+  TopCandidatesKernel<<<static_cast<unsigned>(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const __nv_bfloat16*>(scores), stride, cols, col_scale, cand);
+  return true;
+}
+
+bool RescoreCandidates(const void* x, int64_t x_stride, const void* w, int64_t w_stride, int64_t rows, int64_t vocab,
+                       int64_t k, const int32_t* cand, const uint8_t* nonfinite, int32_t* out, void* stream) {
+  if (rows <= 0 || vocab <= 0 || k <= 0 || k % kVec != 0 || x_stride % kVec != 0 || w_stride % kVec != 0 ||
+      !Aligned16(x) || !Aligned16(w)) {
+    return false;
+  }
+  RescoreKernel<<<static_cast<unsigned>(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const __nv_bfloat16*>(x), x_stride, static_cast<const __nv_bfloat16*>(w), w_stride, vocab, k, cand,
+      nonfinite, out);
+  return true;
+}
+
+}  // namespace e3::kernels

@@ -1,0 +1,110 @@
+#include "teacher_server/layers/fp8_head_argmax.h"
+
+#include <algorithm>
+#include <atomic>
+
+#include "teacher_server/layers/gemm.h"
+
+#ifdef E3_HAS_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "teacher_server/kernels/fp8_argmax.h"
+#include "teacher_server/kernels/fused_kernels.h"
+#endif
+
+namespace e3 {
+namespace {
+
+std::atomic<int64_t> g_calls{0};
+
+#ifdef E3_HAS_CUDA
+void* Stream(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+
+void CheckLaunch(bool launched, const char* what) {
+  TORCH_CHECK(launched, what, ": the kernel refused its arguments");
+  const char* err = kernels::TakeLaunchError();
+  TORCH_CHECK(err == nullptr, what, " kernel launch failed: ", err);
+}
+
+// Rows of scores per FP8 GEMM: about 1 GiB of bf16 scores, a multiple of
+// 256 rows (whole tiles for cuBLASLt).
+int64_t ScoreChunkRows(int64_t vocab) {
+  constexpr int64_t kChunkBytes = int64_t{1} << 30;
+  const int64_t rows = kChunkBytes / (2 * std::max<int64_t>(1, vocab));
+  return std::max<int64_t>(256, rows / 256 * 256);
+}
+#endif
+
+}  // namespace
+
+std::unique_ptr<Fp8HeadArgmax> Fp8HeadArgmax::Prepare(const at::Tensor& w) {
+#ifdef E3_HAS_CUDA
+  if (!w.is_cuda() || w.scalar_type() != at::kBFloat16 || w.dim() != 2 || !w.is_contiguous()) return nullptr;
+  const int64_t V = w.size(0), H = w.size(1);
+  if (V == 0 || H == 0 || V % 16 != 0 || H % 16 != 0) return nullptr;
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(w.device().index());
+  if (prop->major * 10 + prop->minor < 89) return nullptr;
+  const c10::cuda::CUDAGuard guard(w.device());
+  std::unique_ptr<Fp8HeadArgmax> head(new Fp8HeadArgmax());
+  head->w_ = w;
+  head->wq_ = at::empty({V, H}, w.options().dtype(at::kByte));
+  head->w_scale_ = at::empty({V}, w.options().dtype(at::kFloat));
+  at::Tensor nonfinite = at::empty({V}, w.options().dtype(at::kByte));
+  CheckLaunch(kernels::QuantizeRowsE4m3(w.data_ptr(), H, V, H, head->wq_.data_ptr(), head->w_scale_.data_ptr<float>(),
+                                        nonfinite.data_ptr<uint8_t>(), Stream(w)),
+              "e4m3 head");
+  if (nonfinite.any().item<bool>()) return nullptr;
+  // A probe product: cuBLASLt may still have no FP8 algorithm here.
+  if (!GemmE4m3(head->wq_.narrow(0, 0, 16), head->wq_.narrow(0, 0, 16)).defined()) return nullptr;
+  return head;
+#else
+  (void)w;
+  return nullptr;
+#endif
+}
+
+at::Tensor Fp8HeadArgmax::Argmax(const at::Tensor& x) const {
+#ifdef E3_HAS_CUDA
+  const int64_t H = w_.size(1), V = w_.size(0);
+  if (x.dim() != 2 || x.size(1) != H || x.size(0) == 0 || x.scalar_type() != at::kBFloat16 ||
+      x.device() != w_.device() || x.stride(1) != 1 || x.stride(0) % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) {
+    return {};
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t rows = x.size(0);
+  at::Tensor xq = at::empty({rows, H}, x.options().dtype(at::kByte));
+  at::Tensor nonfinite = at::empty({rows}, x.options().dtype(at::kByte));
+  // No row scales: a positive factor per row leaves its argmax unchanged.
+  CheckLaunch(kernels::QuantizeRowsE4m3(x.data_ptr(), x.stride(0), rows, H, xq.data_ptr(), nullptr,
+                                        nonfinite.data_ptr<uint8_t>(), Stream(x)),
+              "e4m3 hidden rows");
+  at::Tensor cand = at::empty({rows, kernels::kFp8ArgmaxCandidates}, x.options().dtype(at::kInt));
+  const int64_t chunk = ScoreChunkRows(V);
+  for (int64_t start = 0; start < rows; start += chunk) {
+    const int64_t n = std::min(chunk, rows - start);
+    const at::Tensor scores = GemmE4m3(xq.narrow(0, start, n), wq_);
+    if (!scores.defined()) return {};
+    CheckLaunch(kernels::TopScoreCandidates(scores.data_ptr(), n, V, V, w_scale_.data_ptr<float>(),
+                                            cand.data_ptr<int32_t>() + start * kernels::kFp8ArgmaxCandidates,
+                                            Stream(x)),
+                "FP8 score candidates");
+  }
+  at::Tensor out = at::empty({rows}, x.options().dtype(at::kInt));
+  CheckLaunch(kernels::RescoreCandidates(x.data_ptr(), x.stride(0), w_.data_ptr(), H, rows, V, H,
+                                         cand.data_ptr<int32_t>(), nonfinite.data_ptr<uint8_t>(),
+                                         out.data_ptr<int32_t>(), Stream(x)),
+              "exact rescoring");
+  g_calls.fetch_add(1, std::memory_order_relaxed);
+  return out;
+#else
+  (void)x;
+  return at::Tensor();
+#endif
+}
+
+int64_t Fp8HeadArgmaxCalls() { return g_calls.load(std::memory_order_relaxed); }
+
+}  // namespace e3

@@ -1,0 +1,57 @@
+// The lm_head's target argmax through an FP8 candidate search (the sgl
+// backend on GPUs with FP8 tensor cores: compute capability 8.9 and up).
+//
+// The exact answer needs every logit x w^T: on the bench's shapes the
+// lm_head GEMM is 18% (Llama-1B) and 7% (8B) of a teacher forward. FP8
+// tensor cores run it about 1.7x faster (bench/fp8_lm_head_probe.py, H200:
+// 3.42 against 5.82 ms on the 1B head, 6.64 against 12.26 on the 8B one),
+// but e4m3 keeps 3 mantissa bits, so its argmax alone would be wrong for
+// ~10% of rows. So FP8 only nominates: each row's 8 best scoring columns
+// are rescored exactly (bf16 operands, fp32 sum, the logit rounded to
+// bf16, as the exact path and at::argmax see it), and the answer is the
+// exact best of them. It equals the exact argmax whenever that column is
+// among the 8 nominated; on random heads, where logits are flattest, the
+// exact argmax was outside the FP8 top 4 in 3-4 of 8192 rows and never
+// outside the top 8. Rows whose hidden state holds a NaN or an infinity
+// scan every column exactly (at::argmax's answer for them).
+//
+// Costs: an e4m3 copy of the head (V x H bytes: 262 MB for Llama-1B's,
+// 525 MB for 8B's) and its per-row scales; per call, the [rows, V] bf16
+// scores in chunks of about 1 GiB.
+#ifndef E3_TEACHER_SERVER_LAYERS_FP8_HEAD_ARGMAX_H_
+#define E3_TEACHER_SERVER_LAYERS_FP8_HEAD_ARGMAX_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+
+namespace e3 {
+
+class Fp8HeadArgmax {
+ public:
+  // Prepares head w [V, H] (bf16, contiguous, on a CUDA device of compute
+  // capability 8.9 or newer; H and V multiples of 16). Returns null where
+  // the search does not apply (any other device, dtype or shape, a build
+  // without CUDA) or the head holds a NaN or an infinity (the exact path
+  // then keeps at::argmax's semantics for them).
+  static std::unique_ptr<Fp8HeadArgmax> Prepare(const at::Tensor& w);
+
+  // x: [rows, H] bf16 on the head's device, unit stride along H. Returns
+  // the target argmax as int32 [rows], or an undefined tensor when x is
+  // outside what the kernels take (the caller then runs the exact path).
+  at::Tensor Argmax(const at::Tensor& x) const;
+
+ private:
+  Fp8HeadArgmax() = default;
+  at::Tensor w_;        // the bf16 head, for the exact rescoring
+  at::Tensor wq_;       // e4m3 [V, H] as bytes
+  at::Tensor w_scale_;  // float [V]: row v of the head ~ wq_[v] * w_scale_[v]
+};
+
+// For tests: how many Argmax calls have run the search to the end.
+int64_t Fp8HeadArgmaxCalls();
+
+}  // namespace e3
+
+#endif  // E3_TEACHER_SERVER_LAYERS_FP8_HEAD_ARGMAX_H_
