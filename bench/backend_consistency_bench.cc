@@ -47,7 +47,7 @@ ABSL_FLAG(std::string, device, "cpu", "cpu or cuda[:N]");
 ABSL_FLAG(std::string, dtype, "bfloat16", "compute dtype of both backends");
 ABSL_FLAG(std::string, sgl, "sgl",
           "the fast backend compared with hf: sgl, or sgl-no-fusion / -kernels / -varlen / -lt / "
-          "-residual-gemm / -argmax-gemm for an ablation");
+          "-residual-gemm / -argmax-gemm / -fp8-argmax for an ablation");
 ABSL_FLAG(int, batches, 3, "packed batches of chat-like lengths (37..700 tokens per sample)");
 
 namespace e3 {

@@ -38,8 +38,8 @@ teacher() {
     # The served forward: aux states, last hidden and the lm_head argmax.
     # 1B also times each sgl technique switched off (the speed ablation).
     local backends=sgl,hf
-    [ $shape = llama-8b ] && backends=sgl,hf,sgl-no-lt,sgl-no-argmax-gemm
-    [ $shape = llama-1b ] && backends=sgl,hf,sgl-no-kernels,sgl-no-varlen,sgl-no-fusion,sgl-no-lt,sgl-no-residual-gemm,sgl-no-argmax-gemm
+    [ $shape = llama-8b ] && backends=sgl,hf,sgl-no-lt,sgl-no-fp8-argmax,sgl-no-argmax-gemm
+    [ $shape = llama-1b ] && backends=sgl,hf,sgl-no-kernels,sgl-no-varlen,sgl-no-fusion,sgl-no-lt,sgl-no-residual-gemm,sgl-no-fp8-argmax,sgl-no-argmax-gemm
     ours=$("$BUILD/bench/teacher_forward_bench" --model_dir="$MODELS/$shape" --device=cuda:0 --dtype=bfloat16 \
       --shapes=8x1024,$CHAT_MIX --repeats=5 --logits --backends=$backends | tee /dev/stderr | json)
     student=$("$BUILD/bench/student_step_bench" --shape=$shape --device=cuda:0 | json)
