@@ -77,6 +77,21 @@ class SglKernelsGpuTest : public ::testing::TestWithParam<at::ScalarType> {
     at::Tensor mag = x.to(at::kFloat).abs().clamp_min(bf16 ? 1e-30 : 6.104e-5);
     return 2 * at::pow(2.0, at::floor(at::log2(mag)) - (bf16 ? 7 : 10));
   }
+  // The rows every lm_head argmax test plants: w's column vocab - 3 equals
+  // column 5 and row 0 prefers that pair (the first, 5, must win); row 1
+  // is zero (all logits 0: index 0); row 2 holds a NaN (all NaN: index 0).
+  // `pull` scales row 0 so that the pair clearly leads.
+  static void PlantTiesAndNans(at::Tensor& x, at::Tensor& w, double pull) {
+    w[w.size(0) - 3].copy_(w[5]);
+    x[0].copy_(w[5] * pull);
+    x[1].zero_();
+    x[2][x.size(1) / 2] = std::numeric_limits<float>::quiet_NaN();
+  }
+  static void ExpectPlantedRows(const at::Tensor& got) {
+    EXPECT_EQ(got[0].item<int>(), 5) << "tied columns: the first";
+    EXPECT_EQ(got[1].item<int>(), 0) << "all logits 0: index 0";
+    EXPECT_EQ(got[2].item<int>(), 0) << "all logits NaN: index 0";
+  }
   // An lm_head argmax `got` against `want` (at::argmax of cuBLAS's logits
   // x w^T): at most max_differ rows differ, and in each the two columns'
   // exact logits lie within one bf16 rounding plus what summing in another
@@ -258,19 +273,14 @@ TEST_P(SglKernelsGpuTest, LinearArgmaxIsTheArgmaxOfTheLogits) {
   for (const auto& [rows, vocab, K] : std::vector<std::array<int64_t, 3>>{{300, 128256, 512}, {777, 50000, 264}}) {
     at::Tensor x = torch::randn({rows, K}, opts());
     at::Tensor w = torch::randn({vocab, K}, opts()) * 0.1;
-    w[vocab - 3].copy_(w[5]);                // two equal columns ...
-    x[0].copy_(w[5] * 10);                   // ... that row 0 prefers: the first
-    x[1].zero_();                            // all logits 0: index 0
-    x[2][K / 2] = std::numeric_limits<float>::quiet_NaN();  // all NaN: index 0
+    PlantTiesAndNans(x, w, 10);
     const at::Tensor logits = at::linear(x, w);
     const at::Tensor want = logits.argmax(-1).to(at::kInt);
     const int64_t before = FusedKernelLaunches();
     const at::Tensor got = LinearArgmax(x, w);
     ASSERT_TRUE(got.defined()) << "the kernel must take a contiguous bf16 lm_head on Hopper";
     EXPECT_EQ(FusedKernelLaunches(), before + 1);
-    EXPECT_EQ(got[0].item<int>(), 5);
-    EXPECT_EQ(got[1].item<int>(), 0);
-    EXPECT_EQ(got[2].item<int>(), 0);
+    ExpectPlantedRows(got);
     ExpectArgmaxWithinRounding(got, x, w, want, rows / 100);
   }
   // On a second GPU (the occupancy query and shared-memory opt-in are per
@@ -314,10 +324,7 @@ TEST_P(SglKernelsGpuTest, Fp8HeadArgmaxIsTheExactArgmaxOfItsCandidates) {
   for (const auto& [rows, vocab, K] : std::vector<std::array<int64_t, 3>>{{4200, 128256, 512}, {777, 50000, 256}}) {
     at::Tensor x = torch::randn({rows, K}, opts());
     at::Tensor w = torch::randn({vocab, K}, opts()) * 0.02;
-    w[vocab - 3].copy_(w[5]);                // two equal columns ...
-    x[0].copy_(w[5] * 200);                  // ... that row 0 prefers: the first
-    x[1].zero_();                            // all logits 0: index 0
-    x[2][K / 2] = std::numeric_limits<float>::quiet_NaN();  // all NaN: index 0
+    PlantTiesAndNans(x, w, 200);
     x[3][K / 3] = std::numeric_limits<float>::infinity();   // +inf where w[c][K/3] > 0: the first such c
     x[rows - 1].copy_(w[vocab - 1] * 200);   // the last column
     const auto head = Fp8HeadArgmax::Prepare(w);
@@ -327,9 +334,7 @@ TEST_P(SglKernelsGpuTest, Fp8HeadArgmaxIsTheExactArgmaxOfItsCandidates) {
     const at::Tensor got = head->Argmax(x);
     ASSERT_TRUE(got.defined());
     EXPECT_EQ(Fp8HeadArgmaxCalls(), calls + 1);
-    EXPECT_EQ(got[0].item<int>(), 5);
-    EXPECT_EQ(got[1].item<int>(), 0);
-    EXPECT_EQ(got[2].item<int>(), 0);
+    ExpectPlantedRows(got);
     EXPECT_EQ(got[3].item<int>(), want[3].item<int>()) << "the first column with an infinite logit";
     EXPECT_EQ(got[rows - 1].item<int>(), vocab - 1);
     // A row differs from cuBLAS's argmax only at a near-tie (another K
