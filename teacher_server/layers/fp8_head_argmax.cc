@@ -27,14 +27,6 @@ void CheckLaunch(bool launched, const char* what) {
   const char* err = kernels::TakeLaunchError();
   TORCH_CHECK(err == nullptr, what, " kernel launch failed: ", err);
 }
-
-// Rows of scores per FP8 GEMM: about 1 GiB of bf16 scores, a multiple of
-// 256 rows (whole tiles for cuBLASLt).
-int64_t ScoreChunkRows(int64_t vocab) {
-  constexpr int64_t kChunkBytes = int64_t{1} << 30;
-  const int64_t rows = kChunkBytes / (2 * std::max<int64_t>(1, vocab));
-  return std::max<int64_t>(256, rows / 256 * 256);
-}
 #endif
 
 }  // namespace
@@ -82,7 +74,8 @@ at::Tensor Fp8HeadArgmax::Argmax(const at::Tensor& x) const {
                                         nonfinite.data_ptr<uint8_t>(), Stream(x)),
               "e4m3 hidden rows");
   at::Tensor cand = at::empty({rows, kernels::kFp8ArgmaxCandidates}, x.options().dtype(at::kInt));
-  const int64_t chunk = ScoreChunkRows(V);
+  // bf16 scores, whole 256-row tiles for cuBLASLt (4096 rows at a 128k vocab).
+  const int64_t chunk = LmHeadChunkRows(2 * V, 256);
   for (int64_t start = 0; start < rows; start += chunk) {
     const int64_t n = std::min(chunk, rows - start);
     const at::Tensor scores = GemmE4m3(xq.narrow(0, start, n), wq_);

@@ -172,8 +172,8 @@ at::Tensor LtGemm(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& b
   if (residual2.defined()) align = std::min(align, Alignment(residual2.data_ptr()));
   if (bias.defined()) align = std::min(align, Alignment(bias.data_ptr()));
   if (align < 16) return {};
-  LtProblem p(st == at::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F, st == at::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F, M, N,
-              K, bias.defined() ? bias.data_ptr() : nullptr);
+  const cudaDataType_t type = st == at::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F;
+  LtProblem p(type, type, M, N, K, bias.defined() ? bias.data_ptr() : nullptr);
   const ShapeKey key{x2.device().index(), static_cast<int>(st), M, N, K, bias.defined(), residual2.defined(), align};
   const float beta = residual2.defined() ? 1.f : 0.f;
   const void* c = residual2.defined() ? residual2.data_ptr() : y.data_ptr();
@@ -229,6 +229,12 @@ at::Tensor GemmE4m3(const at::Tensor& xq, const at::Tensor& wq) {
   (void)wq;
   return at::Tensor();
 #endif
+}
+
+int64_t LmHeadChunkRows(int64_t row_bytes, int64_t multiple) {
+  constexpr int64_t kChunkBytes = int64_t{1} << 30;
+  const int64_t rows = kChunkBytes / std::max<int64_t>(1, row_bytes);
+  return std::max<int64_t>(256, rows / multiple * multiple);
 }
 
 int64_t LtGemmCalls() { return g_lt_calls.load(std::memory_order_relaxed); }

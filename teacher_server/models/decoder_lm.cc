@@ -5,20 +5,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "teacher_server/layers/fused_ops.h"
+#include "teacher_server/layers/gemm.h"
 #include "teacher_server/weight_loader.h"
 
 namespace e3 {
 namespace {
-
-// Rows of the lm_head product computed at once for the argmax: about
-// 1 GiB of logits at a time, so the [T, V] logits never need to exist in
-// full for long batches, while the GEMMs stay large (about 4200 rows for
-// a 128k vocab in bf16). Under TP, with logits requested, the gathered
-// chunk is tp times that.
-int64_t ArgmaxChunkRows(int64_t vocab_rows, int64_t element_size) {
-  constexpr int64_t kChunkBytes = int64_t{1} << 30;
-  return std::max<int64_t>(256, kChunkBytes / std::max<int64_t>(1, vocab_rows * element_size));
-}
 
 // The names of one expert's three projections and of the router.
 struct ExpertNames {
@@ -274,7 +265,9 @@ ForwardOutput DecoderLM::Run(const PackedBatch& batch, const ForwardOptions& opt
   }
   if (options.return_logits || (options.return_argmax && !out.target_argmax.defined())) {
     const int64_t T = out.last_hidden.size(0);
-    const int64_t chunk_rows = ArgmaxChunkRows(lm_head_.size(0), lm_head_.element_size());
+    // About 4200 rows for a 128k vocab in bf16. Under TP, with logits
+    // requested, the gathered chunk is tp times that.
+    const int64_t chunk_rows = LmHeadChunkRows(lm_head_.size(0) * lm_head_.element_size());
     std::vector<at::Tensor> logits, argmax;
     for (int64_t start = 0; start < T; start += chunk_rows) {
       const int64_t n = std::min(chunk_rows, T - start);
