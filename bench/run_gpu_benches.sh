@@ -41,7 +41,7 @@ teacher() {
     # variant would time sgl itself.)
     local backends=sgl,hf
     [ $shape = llama-8b ] && backends=sgl,hf,sgl-no-lt,sgl-no-fp8-argmax
-    [ $shape = llama-1b ] && backends=sgl,hf,sgl-no-kernels,sgl-no-varlen,sgl-no-fusion,sgl-no-lt,sgl-no-residual-gemm,sgl-no-fp8-argmax
+    [ $shape = llama-1b ] && backends=sgl,hf,sgl-no-kernels,sgl-no-varlen,sgl-no-fusion,sgl-no-lt,sgl-no-residual-gemm,sgl-no-fp8-argmax,sgl-no-graphs
     ours=$("$BUILD/bench/teacher_forward_bench" --model_dir="$MODELS/$shape" --device=cuda:0 --dtype=bfloat16 \
       --shapes=8x1024,$CHAT_MIX --repeats=5 --logits --backends=$backends | tee /dev/stderr | json)
     student=$("$BUILD/bench/student_step_bench" --shape=$shape --device=cuda:0 | json)

@@ -9,7 +9,10 @@
 // Each row also prints the host's share of the wall time (the time until
 // Forward returns, before the device is synchronised, over the total):
 // when it is well below 1 the GPU always has queued work, so launch
-// overhead is hidden and CUDA graphs could not make the forward faster.
+// overhead is hidden. The sgl backend makes the same measurement at a
+// budget's second forward to decide whether a CUDA graph pays
+// (models/forward_graphs.h); `sgl-no-graphs` is the ablation, and
+// --rounds interleaves the backends to compare them under one clock state.
 //
 // With --tp_size=N the model is sharded over N processes (tensor
 // parallelism, as teacher_server --tp_size runs it): start one process per
@@ -34,6 +37,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/backend_spec.h"
 #include "bench/kineto_profile.h"
@@ -54,6 +58,9 @@ ABSL_FLAG(std::string, shapes, "1x128,4x256,8x512,ragged",
           "batches: BxS (B samples of S tokens), 'ragged' (chat-like lengths 37..700) or explicit sample "
           "lengths L1/L2/... (e.g. 200/2048/512)");
 ABSL_FLAG(int, repeats, 3, "timed repetitions per shape (median reported)");
+ABSL_FLAG(int, rounds, 1,
+          "measure the backends in turn this many times per shape (interleaved, so that the GPU's clock drift "
+          "falls on all of them); each backend's median over every round's repetitions is reported");
 ABSL_FLAG(bool, logits, false, "also compute the argmax over the lm_head (as the teacher serves)");
 ABSL_FLAG(int, profile, 0,
           "CUDA builds: also profile this many forwards of the first backend on the first shape and print the "
@@ -109,7 +116,10 @@ struct Timing {
   double issue_share = 0;  // host time until Forward returned, over the wall time (same repetition)
 };
 
-Timing Measure(CausalLM& model, const PackedBatch& batch, const ForwardOptions& fwd, int repeats) {
+// (wall seconds, host share) of `repeats` synchronised forwards, after
+// three warm-up calls.
+std::vector<std::pair<double, double>> Measure(CausalLM& model, const PackedBatch& batch, const ForwardOptions& fwd,
+                                               int repeats) {
   const bool cuda = model.options().device.is_cuda();
   auto run = [&] {
     auto t0 = std::chrono::steady_clock::now();
@@ -124,9 +134,15 @@ Timing Measure(CausalLM& model, const PackedBatch& batch, const ForwardOptions& 
     const double wall = std::chrono::duration<double>(t2 - t0).count();
     return std::make_pair(wall, std::chrono::duration<double>(t1 - t0).count() / wall);
   };
-  run();  // warm-up
+  // Three warm-up calls: the sgl backend decides at a budget's second
+  // forward whether a CUDA graph pays, and captures it at the third.
+  for (int i = 0; i < 3; ++i) run();
   std::vector<std::pair<double, double>> times;
   for (int i = 0; i < repeats; ++i) times.push_back(run());
+  return times;
+}
+
+Timing Median(std::vector<std::pair<double, double>> times) {
   std::sort(times.begin(), times.end());
   const auto& median = times[times.size() / 2];
   return {median.first, median.second};
@@ -198,8 +214,19 @@ int Main() {
     const double tok = static_cast<double>(batch->num_tokens());
     // MFU of a sharded forward is per rank: the whole model's FLOPs over tp devices.
     const double flops = ForwardFlops(cfg, lengths, fwd.return_argmax) / tp_size;
+    std::vector<std::vector<std::pair<double, double>>> runs(models.size());
+    std::vector<double> round_ratios;  // the second backend's median time over the first's, per round
+    for (int round = 0; round < std::max(1, absl::GetFlag(FLAGS_rounds)); ++round) {
+      std::vector<double> medians;
+      for (size_t k = 0; k < models.size(); ++k) {
+        auto times = Measure(*models[k], *batch, fwd, absl::GetFlag(FLAGS_repeats));
+        runs[k].insert(runs[k].end(), times.begin(), times.end());
+        medians.push_back(Median(times).seconds);
+      }
+      if (medians.size() > 1) round_ratios.push_back(medians[1] / medians[0]);
+    }
     std::vector<Timing> t;
-    for (auto& m : models) t.push_back(Measure(*m, *batch, fwd, absl::GetFlag(FLAGS_repeats)));
+    for (auto& r : runs) t.push_back(Median(r));
     if (&shape == &shapes.front()) {
       // Synchronised per call as Measure times it, so the profile's gaps
       // include each call's start (host work before its first kernel).
@@ -219,6 +246,11 @@ int Main() {
           absl::StrAppend(&ratios, b > 1 ? ", " : "", absl::StrFormat("%.2fx %s", t[b].seconds / t[0].seconds,
                                                                       backends[b]));
         }
+      }
+      if (k == 0 && round_ratios.size() > 1) {
+        absl::StrAppend(&ratios, " (rounds: ", absl::StrJoin(round_ratios, " ", [](std::string* out, double r) {
+                          absl::StrAppend(out, absl::StrFormat("%.3f", r));
+                        }), ")");
       }
       std::printf("%-14s %7.0f  %-10s %12.0f %6.1f%% %6.0f%% %s\n", k == 0 ? label.c_str() : "", tok,
                   backends[k].c_str(), rate, 100 * mfu, 100 * t[k].issue_share, ratios.c_str());

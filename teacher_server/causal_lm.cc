@@ -17,6 +17,7 @@ absl::Status SetBackend(const std::string& backend, ModelOptions* options) {
   options->residual_in_gemm = sgl;
   options->argmax_in_gemm = sgl;
   options->argmax_fp8 = sgl;
+  options->cuda_graphs = sgl;
   return absl::OkStatus();
 }
 

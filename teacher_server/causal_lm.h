@@ -49,6 +49,16 @@ struct ModelOptions {
   //   rescored exactly; compute capability 8.9+, bf16, no TP, no logits
   //   requested). Costs an e4m3 copy of the head (V x H bytes).
   bool argmax_fp8 = false;
+  // - the whole forward as a CUDA graph per token budget
+  //   (models/forward_graphs.h; CUDA, no TP, no MoE, fused varlen
+  //   attention), where it pays: a budget whose timed eager forward (its
+  //   second) spent at least graph_min_host_share of its time issuing
+  //   kernels is captured at its third; at most max_cuda_graphs budgets.
+  //   Ragged batches are padded to a multiple of graph_token_step tokens.
+  bool cuda_graphs = false;
+  int max_cuda_graphs = 8;
+  int64_t graph_token_step = 128;
+  double graph_min_host_share = 0.2;
   // Tensor (and expert) parallelism: this process is one rank of `tp` and
   // loads only its shard. Null: the whole model in this process.
   std::shared_ptr<TpGroup> tp;

@@ -52,8 +52,16 @@ ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address /metrics binds");
 ABSL_FLAG(std::string, backend, "hf",
           "forward backend: hf (the reference: transformers' op order) or sgl (SGLang-style: fused QKV and gate-up "
           "weights, fused add+RMSNorm/SiLU-mul/rope/argmax CUDA kernels, varlen flash attention, cuBLASLt GEMMs with "
-          "the residual add in their epilogue, on Hopper the target argmax in the lm_head GEMM; same outputs within "
-          "bf16 rounding)");
+          "the residual add in their epilogue, the target argmax through an FP8 candidate search, the forward as a CUDA "
+          "graph per token budget; same outputs within bf16 rounding)");
+ABSL_FLAG(int, max_cuda_graphs, 8,
+          "sgl on a GPU: most token budgets whose whole forward is kept as a CUDA graph (captured the third time a "
+          "budget is seen, where its timed second forward spent --graph_min_host_share of its time issuing "
+          "kernels); 0 runs every forward eagerly");
+ABSL_FLAG(double, graph_min_host_share, 0.2,
+          "sgl with CUDA graphs: capture a budget only if the host's issuing took at least this share of its timed "
+          "eager forward (0: capture every budget)");
+ABSL_FLAG(int64_t, graph_token_step, 128, "sgl with CUDA graphs: ragged batches are padded to a multiple of this");
 ABSL_FLAG(std::string, dtype, "", "compute dtype; default float32 on CPU, bfloat16 on GPU");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda:N");
 ABSL_FLAG(int64_t, draft_vocab_size, 32000, "draft vocabulary size (capped at the model's vocab)");
@@ -162,6 +170,12 @@ ModelOptions ModelOptionsFromFlags() {
   auto dtype = ParseComputeScalarType(dtype_name);
   if (!dtype.ok()) Fail(dtype.status());
   mopts.dtype = *dtype;
+  mopts.max_cuda_graphs = absl::GetFlag(FLAGS_max_cuda_graphs);
+  mopts.graph_token_step = absl::GetFlag(FLAGS_graph_token_step);
+  mopts.graph_min_host_share = absl::GetFlag(FLAGS_graph_min_host_share);
+  if (mopts.graph_token_step < 1) {
+    Fail(absl::InvalidArgumentError(absl::StrCat("--graph_token_step=", mopts.graph_token_step, ": expected >= 1")));
+  }
   mopts.on_progress = [](int64_t done, int64_t total) {
     if (done == total || done % 16 == 0) {
       std::printf("\rteacher: loading weights %ld/%ld", static_cast<long>(done), static_cast<long>(total));

@@ -40,15 +40,25 @@ void DisableCudnnAttention(const std::string& why) {
 // Whether the varlen flash kernel takes these tensors; otherwise the
 // per-sample SDPA loop runs.
 bool FlashVarlenApplies(const at::Tensor& q, const PackedLayout& layout) {
-  const at::ScalarType t = q.scalar_type();
-  return compat::kHasFlashVarlen && FusedKernelsRunOn(q.device()) &&
-         layout.cu_seqlens_device.defined() &&
-         (t == at::kBFloat16 || t == at::kHalf) && q.size(-1) % 8 == 0 && q.size(-1) <= 256;
+  return layout.cu_seqlens_device.defined() && FlashVarlenAppliesTo(q.scalar_type(), q.size(-1), q.device());
 }
 
 }  // namespace
 
+bool FlashVarlenAppliesTo(at::ScalarType dtype, int64_t head_dim, const at::Device& device) {
+  return compat::kHasFlashVarlen && FusedKernelsRunOn(device) && (dtype == at::kBFloat16 || dtype == at::kHalf) &&
+         head_dim % 8 == 0 && head_dim <= 256;
+}
+
 bool CudnnAttentionUsable() { return g_cudnn_attention.load(std::memory_order_relaxed); }
+
+at::Tensor PinnedCuSeqlens(const std::vector<int64_t>& cu_seqlens) {
+  const int64_t n = static_cast<int64_t>(cu_seqlens.size());
+  at::Tensor host = at::empty({n}, at::TensorOptions().dtype(at::kInt).pinned_memory(true));
+  int32_t* p = host.data_ptr<int32_t>();
+  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>(cu_seqlens[i]);
+  return host;
+}
 
 PackedLayout MakePackedLayout(const std::vector<int64_t>& cu_seqlens, const at::Device& device,
                               AttentionKernel kernel) {
@@ -60,9 +70,7 @@ PackedLayout MakePackedLayout(const std::vector<int64_t>& cu_seqlens, const at::
   const int64_t samples = static_cast<int64_t>(cu_seqlens.size()) - 1;
   layout.uniform = samples > 0 && cu_seqlens.back() == samples * layout.max_seqlen;
   if (kernel == AttentionKernel::kFlashVarlen && device.is_cuda()) {
-    std::vector<int32_t> cu(cu_seqlens.begin(), cu_seqlens.end());
-    layout.cu_seqlens_device =
-        torch::from_blob(cu.data(), {static_cast<int64_t>(cu.size())}, at::kInt).to(device);
+    layout.cu_seqlens_device = PinnedCuSeqlens(cu_seqlens).to(device, /*non_blocking=*/true);
   }
   return layout;
 }

@@ -31,9 +31,19 @@ struct PackedLayout {
   at::Tensor cu_seqlens_device;  // int32 on the model's device; set only for kFlashVarlen
 };
 
+// Whether kFlashVarlen runs its fused kernels for these tensors (CUDA with
+// LibTorch 2.5+, bf16/fp16, head_dim a multiple of 8 up to 256); else it
+// falls back to kSdpa per sample.
+bool FlashVarlenAppliesTo(at::ScalarType dtype, int64_t head_dim, const at::Device& device);
+
 // False once cuDNN's batched kernel has failed in this process (uniform
 // batches then use the varlen flash kernel too); for tests and logs.
 bool CudnnAttentionUsable();
+
+// The offsets as int32 in pinned host memory (CUDA builds only): a copy
+// from there to the GPU is queued behind the work already on the stream
+// instead of waiting for it, as a copy from pageable memory does.
+at::Tensor PinnedCuSeqlens(const std::vector<int64_t>& cu_seqlens);
 
 PackedLayout MakePackedLayout(const std::vector<int64_t>& cu_seqlens, const at::Device& device,
                               AttentionKernel kernel);

@@ -85,6 +85,10 @@ absl::Status DecoderLM::LoadWeights(const ModelDir& dir) {
     E3_ASSIGN_OR_RETURN(lm_head_, w.LoadSlice(head_name, {V, H}, 0, plan_.vocab.begin, plan_.vocab.size));
   }
   if (options_.argmax_fp8 && !plan_.sharded()) fp8_head_ = Fp8HeadArgmax::Prepare(lm_head_);
+  if (options_.cuda_graphs && GraphsApply()) {
+    graphs_ = std::make_unique<ForwardGraphs>(options_.device, options_.graph_token_step, options_.max_cuda_graphs,
+                                              options_.graph_min_host_share);
+  }
   if (!plan_.sharded()) {
     full_embed_tokens_ = embed_tokens_;
     full_lm_head_ = lm_head_;
@@ -181,6 +185,17 @@ absl::Status DecoderLM::CheckForward(const PackedBatch& batch, const ForwardOpti
   return absl::OkStatus();
 }
 
+bool DecoderLM::GraphsApply() const {
+  if (!options_.device.is_cuda() || plan_.sharded() || options_.attention != AttentionKernel::kFlashVarlen ||
+      !FlashVarlenAppliesTo(options_.dtype, config_.head_dim, options_.device)) {
+    return false;
+  }
+  for (const Layer& layer : layers_) {
+    if (layer.is_moe) return false;
+  }
+  return true;
+}
+
 absl::StatusOr<ForwardOutput> DecoderLM::Forward(const PackedBatch& batch, const ForwardOptions& options) {
   E3_RETURN_IF_ERROR(CheckForward(batch, options));
   try {
@@ -189,7 +204,12 @@ absl::StatusOr<ForwardOutput> DecoderLM::Forward(const PackedBatch& batch, const
     // forward uses plain no-grad mode instead.
     c10::InferenceMode inference(!plan_.sharded());
     torch::NoGradGuard no_grad;
-    return Run(batch, options);
+    if (graphs_) {
+      auto run = [this](const PackedBatch& b, const PackedLayout& l, const ForwardOptions& o) { return Run(b, l, o); };
+      std::optional<ForwardOutput> out = graphs_->Run(batch, options, run);
+      if (out) return std::move(*out);
+    }
+    return Run(batch, MakePackedLayout(batch.cu_seqlens, options_.device, options_.attention), options);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat(config_.architecture_name, " forward failed: ",
                                             e.what_without_backtrace()));
@@ -200,14 +220,13 @@ void DecoderLM::ReduceIfSharded(at::Tensor& partial) {
   if (plan_.sharded()) options_.tp->AllReduceSum(partial);
 }
 
-ForwardOutput DecoderLM::Run(const PackedBatch& batch, const ForwardOptions& options) {
+ForwardOutput DecoderLM::Run(const PackedBatch& batch, const PackedLayout& layout, const ForwardOptions& options) {
   const double eps = config_.rms_norm_eps;
   const bool fused = options_.fused_kernels;
   at::Tensor h = plan_.sharded()
                      ? options_.tp->VocabParallelEmbedding(batch.input_ids, embed_tokens_, plan_.vocab.begin)
                      : at::embedding(embed_tokens_, batch.input_ids);
   auto [cos, sin] = rotary_.CosSin(batch.position_ids, h.scalar_type());
-  const PackedLayout layout = MakePackedLayout(batch.cu_seqlens, options_.device, options_.attention);
   const AttentionOptions attn{options_.attention, /*rope_in_place=*/fused, options_.gemm};
   const GemmPath gemm = options_.gemm;
   // Residual adds in the GEMMs: partial products of tensor-parallel ranks

@@ -23,6 +23,7 @@
 #include "teacher_server/layers/mlp.h"
 #include "teacher_server/layers/moe.h"
 #include "teacher_server/layers/rotary.h"
+#include "teacher_server/models/forward_graphs.h"
 #include "teacher_server/parallel/shard_plan.h"
 
 namespace e3 {
@@ -56,7 +57,12 @@ class DecoderLM : public CausalLM {
         rotary_(config_.rope, config_.rotary_dim(), options_.device) {}
   absl::Status LoadWeights(const ModelDir& dir);
   absl::Status LoadLayer(WeightLoader& w, int64_t i, Layer* layer) const;
-  ForwardOutput Run(const PackedBatch& batch, const ForwardOptions& options);
+  ForwardOutput Run(const PackedBatch& batch, const PackedLayout& layout, const ForwardOptions& options);
+  // Whether this model's forward can be captured in a CUDA graph: CUDA,
+  // one process (no collectives), no MoE layer (its routing counts go to
+  // the host), and the fused varlen attention (the per-sample loop reads
+  // the host's offsets).
+  bool GraphsApply() const;
   void ReduceIfSharded(at::Tensor& partial);
 
   ModelConfig config_;
@@ -70,6 +76,9 @@ class DecoderLM : public CausalLM {
   // The FP8 candidate search over lm_head_ (options_.argmax_fp8, where it
   // applies; else null).
   std::unique_ptr<Fp8HeadArgmax> fp8_head_;
+  // Captured forwards per token budget (options_.cuda_graphs, where
+  // GraphsApply; else null).
+  std::unique_ptr<ForwardGraphs> graphs_;
   at::Tensor norm_;
   // The whole tables, for GetWeights: the local ones when unsharded; on a
   // sharded rank 0 a host copy; undefined on other sharded ranks.

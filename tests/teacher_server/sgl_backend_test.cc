@@ -24,6 +24,7 @@
 #include "teacher_server/layers/mlp.h"
 #include "teacher_server/layers/rms_norm.h"
 #include "teacher_server/layers/rotary.h"
+#include "teacher_server/models/forward_graphs.h"
 #include "tests/teacher_server/golden_fixture.h"
 
 namespace e3 {
@@ -197,6 +198,67 @@ TEST(SglLayersTest, LinearArgmaxDeclinesOffTheGpu) {
 TEST(SglLayersTest, Fp8HeadArgmaxDeclinesOffTheGpu) {
   EXPECT_EQ(Fp8HeadArgmax::Prepare(torch::randn({32, 16}).to(at::kBFloat16)), nullptr);
   EXPECT_EQ(Fp8HeadArgmax::Prepare(torch::randn({32, 16})), nullptr);
+}
+
+// How batches map onto CUDA graphs' fixed shapes: uniform batches exactly,
+// ragged ones padded to the token step with the padding as one extra
+// sample, slots in eights and the longest-sample bound in 128s, so that
+// near batches share one graph and no real token attends to padding.
+TEST(SglLayersTest, GraphBatchPlanPadsRaggedBatchesIntoSharedBudgets) {
+  const GraphBatchPlan uniform = PlanGraphBatch({0, 256, 512, 768, 1024}, 128);
+  EXPECT_TRUE(uniform.uniform);
+  EXPECT_EQ(uniform.tokens, 1024);
+  EXPECT_EQ(uniform.max_seqlen, 256);
+  EXPECT_EQ(uniform.cu_seqlens, (std::vector<int64_t>{0, 256, 512, 768, 1024}));
+  EXPECT_EQ(uniform.key, "uniform 4x256");
+  EXPECT_NE(PlanGraphBatch({0, 512, 1024}, 128).key, uniform.key);
+
+  const GraphBatchPlan ragged = PlanGraphBatch({0, 100, 612, 700}, 128);
+  EXPECT_FALSE(ragged.uniform);
+  EXPECT_EQ(ragged.tokens, 768);
+  EXPECT_EQ(ragged.max_seqlen, 512);
+  EXPECT_EQ(ragged.cu_seqlens, (std::vector<int64_t>{0, 100, 612, 700, 768, 768, 768, 768, 768}));
+  // Same budget: 700 tokens, longest 412 (bound 512), 3 samples.
+  EXPECT_EQ(PlanGraphBatch({0, 200, 612, 700}, 128).key, ragged.key);
+  // Another bound (300 -> 384), another token budget, more slots.
+  EXPECT_NE(PlanGraphBatch({0, 300, 600, 700}, 128).key, ragged.key);
+  EXPECT_NE(PlanGraphBatch({0, 100, 612, 800}, 128).key, ragged.key);
+  std::vector<int64_t> nine_samples{0};
+  for (int i = 0; i < 8; ++i) nine_samples.push_back(nine_samples.back() + 70 + i);
+  nine_samples.push_back(700);
+  const GraphBatchPlan many = PlanGraphBatch(nine_samples, 128);
+  EXPECT_EQ(many.cu_seqlens.size(), 17u);  // 9 samples + padding: 16 slots
+  EXPECT_EQ(many.cu_seqlens[9], 700);
+  EXPECT_EQ(many.cu_seqlens[10], 768);
+
+  // A batch already on the step keeps an empty padding sample.
+  const GraphBatchPlan exact = PlanGraphBatch({0, 100, 256}, 128);
+  EXPECT_EQ(exact.tokens, 256);
+  EXPECT_EQ(exact.cu_seqlens, (std::vector<int64_t>{0, 100, 256, 256, 256, 256, 256, 256, 256}));
+  // The padding sample can be the longest; the bound never passes the budget.
+  const GraphBatchPlan small = PlanGraphBatch({0, 10, 30}, 128);
+  EXPECT_EQ(small.tokens, 128);
+  EXPECT_EQ(small.max_seqlen, 128);
+  EXPECT_EQ(PlanGraphBatch({0, 10, 30}, 1).tokens, 30);
+}
+
+// Off the GPU no forward is captured: the graphs decline every batch, and
+// an sgl model on the CPU (cuda_graphs on by SetBackend) runs eagerly.
+TEST(SglLayersTest, ForwardGraphsDeclineOffTheGpu) {
+  ModelOptions options;
+  ASSERT_TRUE(SetBackend("sgl", &options).ok());
+  EXPECT_TRUE(options.cuda_graphs);
+  ForwardGraphs graphs(at::kCPU, 128, 8, /*min_host_share=*/0);
+  auto batch = MakePackedBatch(torch::arange(6), {0, 2, 6}, 16, at::kCPU);
+  ASSERT_TRUE(batch.ok());
+  int runs = 0;
+  auto run = [&](const PackedBatch&, const PackedLayout&, const ForwardOptions&) {
+    ++runs;
+    return ForwardOutput();
+  };
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(graphs.Run(*batch, ForwardOptions(), run).has_value());
+  EXPECT_EQ(runs, 0);
+  EXPECT_EQ(CudaGraphCaptures(), 0);
 }
 
 class SglBackendTest : public ::testing::TestWithParam<std::string> {};

@@ -43,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/torch/torch_compat.h"
 #include "common/model_dir.h"
 #include "teacher_server/causal_lm.h"
@@ -52,6 +53,7 @@
 #include "teacher_server/layers/gemm.h"
 #include "teacher_server/layers/rms_norm.h"
 #include "teacher_server/layers/rotary.h"
+#include "teacher_server/models/forward_graphs.h"
 #include "tests/teacher_server/golden_fixture.h"
 
 #ifdef E3_HAS_CUDA
@@ -476,6 +478,85 @@ TEST_P(SglModelGpuTest, UniformAndRaggedBatchesMatchHf) {
     const double agree = s->target_argmax.eq(want).to(at::kDouble).mean().item<double>();
     EXPECT_GE(agree, 0.99) << "sgl target argmax against the argmax of its logits";
   }
+}
+
+// The forward replayed from a CUDA graph is the eager forward, bit for bit:
+// on a uniform batch (cuDNN attention) the very same computation; on a
+// ragged one the eager forward of the padded batch the graph runs, cut to
+// the batch's tokens (padding is a sample of its own and GEMM rows are
+// independent). A budget runs eagerly at its first two sightings (the
+// second timed: with graph_min_host_share 0 every budget passes), is
+// captured at its third and replayed with new token ids after that; the
+// lengths of the last ragged batch differ but share the budget. A model
+// whose bar no forward can pass (share > 1) never captures; MoE models are
+// never captured (routing counts go to the host), nor are forwards that
+// ask for logits.
+TEST_P(SglModelGpuTest, CudaGraphReplaysAreTheEagerForward) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs CUDA";
+  auto dir = ModelDir::Open(testing::LoadGoldenCase(GetParam()).model_dir);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  std::unique_ptr<CausalLM> models[3];  // graphs always, graphs never (bar > 1), eager
+  for (int i = 0; i < 3; ++i) {
+    ModelOptions o;
+    o.device = at::Device("cuda:0");
+    o.dtype = at::kBFloat16;
+    ASSERT_TRUE(SetBackend("sgl", &o).ok());
+    o.graph_min_host_share = i == 0 ? 0.0 : 1.01;
+    o.cuda_graphs = i < 2;
+    auto m = LoadCausalLM(**dir, o);
+    ASSERT_TRUE(m.ok()) << m.status();
+    models[i] = std::move(m).value();
+  }
+  CausalLM* graphed = models[0].get();
+  CausalLM* never = models[1].get();
+  CausalLM* eager = models[2].get();
+  const bool moe = GetParam().find("moe") != std::string::npos;
+  const int64_t vocab = (*dir)->config().vocab_size;
+  const int64_t step = graphed->options().graph_token_step;
+  ForwardOptions fwd;
+  fwd.aux_layer_ids = (*dir)->config().DefaultAuxLayerIds();
+  const at::Device cuda("cuda:0");
+  torch::manual_seed(11);
+  const int64_t captures = CudaGraphCaptures(), replays = CudaGraphReplays();
+  const std::vector<int64_t> uniform{256, 256, 256, 256}, ragged{100, 512, 88};
+  const std::vector<std::vector<int64_t>> rounds[2] = {{uniform, uniform, uniform, uniform},
+                                                       {ragged, ragged, ragged, {200, 412, 88}}};
+  for (int round = 0; round < 4; ++round) {
+    for (const auto& per_kind : rounds) {
+      const std::vector<int64_t>& lengths = per_kind[round];
+      std::vector<int64_t> cu{0};
+      for (int64_t n : lengths) cu.push_back(cu.back() + n);
+      const int64_t T = cu.back();
+      auto batch = MakePackedBatch(torch::randint(vocab, {T}, at::kLong), cu, vocab, cuda);
+      ASSERT_TRUE(batch.ok()) << batch.status();
+      // The padded batch as the graph runs it (empty samples and all).
+      const GraphBatchPlan plan = PlanGraphBatch(cu, step);
+      PackedBatch padded;
+      padded.cu_seqlens = plan.cu_seqlens;
+      padded.input_ids = at::zeros({plan.tokens}, batch->input_ids.options());
+      padded.input_ids.narrow(0, 0, T).copy_(batch->input_ids);
+      padded.position_ids = at::zeros({plan.tokens}, batch->position_ids.options());
+      padded.position_ids.narrow(0, 0, T).copy_(batch->position_ids);
+      auto g = graphed->Forward(*batch, fwd);
+      ASSERT_TRUE(never->Forward(*batch, fwd).ok());
+      // Until the capture the graphed model runs the batch eagerly, unpadded.
+      auto e = eager->Forward(round < 2 ? *batch : padded, fwd);
+      ASSERT_TRUE(g.ok() && e.ok()) << g.status() << " " << e.status();
+      const std::string what = absl::StrCat(plan.key, ", round ", round);
+      EXPECT_TRUE(g->aux_hidden.equal(e->aux_hidden.narrow(0, 0, T))) << what;
+      EXPECT_TRUE(g->last_hidden.equal(e->last_hidden.narrow(0, 0, T))) << what;
+      EXPECT_TRUE(g->target_argmax.equal(e->target_argmax.narrow(0, 0, T))) << what;
+    }
+  }
+  // Captured in round 2, replayed in rounds 2 and 3; none for MoE.
+  EXPECT_EQ(CudaGraphCaptures() - captures, moe ? 0 : 2);
+  EXPECT_EQ(CudaGraphReplays() - replays, moe ? 0 : 4);
+  ForwardOptions with_logits = fwd;
+  with_logits.return_logits = true;
+  auto batch = MakePackedBatch(torch::randint(vocab, {1024}, at::kLong), {0, 256, 512, 768, 1024}, vocab, cuda);
+  ASSERT_TRUE(batch.ok());
+  ASSERT_TRUE(graphed->Forward(*batch, with_logits).ok());
+  EXPECT_EQ(CudaGraphReplays() - replays, moe ? 0 : 4) << "a forward with logits runs eagerly";
 }
 
 // Llama (the bundled model), Qwen3 (q/k norm: contiguous q, strided k/v),
