@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/torch/tensor_convert.h"
+#include "teacher_server/models/forward_graphs.h"
 
 namespace e3 {
 namespace {
@@ -244,6 +245,8 @@ void Engine::Drain() {
 EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   EngineStats s = stats_;
+  s.cuda_graphs = CudaGraphCaptures();
+  s.graph_forwards = CudaGraphReplays();
   for (const auto& [r, st] : ranks_) {
     for (const auto& b : st.ready) {
       ++s.buffered_batches;

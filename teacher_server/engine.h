@@ -81,6 +81,10 @@ struct EngineStats {
   int64_t buffered_batches = 0;  // computed and not yet acked, all ranks
   int64_t buffered_bytes = 0;
   int64_t reclaimed_batches = 0;  // dropped with dead subscribers
+  // The sgl backend's CUDA graphs (models/forward_graphs.h), process-wide:
+  // token budgets captured, and forwards replayed from one.
+  int64_t cuda_graphs = 0;
+  int64_t graph_forwards = 0;
 };
 
 class Engine {

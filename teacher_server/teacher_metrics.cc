@@ -24,6 +24,12 @@ TeacherMetrics::TeacherMetrics() : registry_(std::make_shared<prometheus::Regist
                          .Register(*registry_).Add({});
   subscribers_ = &BuildGauge().Name("e3_teacher_subscribers").Help("Open Subscribe streams.")
                       .Register(*registry_).Add({});
+  cuda_graphs_ = &BuildGauge().Name("e3_teacher_cuda_graphs")
+                      .Help("Token budgets whose forward is kept as a CUDA graph (sgl on a GPU).")
+                      .Register(*registry_).Add({});
+  graph_forwards_ = &BuildCounter().Name("e3_teacher_graph_forwards_total")
+                         .Help("Forwards replayed from a CUDA graph (the rest ran eagerly).")
+                         .Register(*registry_).Add({});
 }
 
 void TeacherMetrics::AddBytesSent(TransportKind transport, double bytes) {
@@ -37,6 +43,8 @@ void TeacherMetrics::Update(const EngineStats& s) {
   reclaimed_->Increment(static_cast<double>(s.reclaimed_batches - last_.reclaimed_batches));
   queue_depth_->Set(static_cast<double>(s.buffered_batches));
   buffered_bytes_->Set(static_cast<double>(s.buffered_bytes));
+  cuda_graphs_->Set(static_cast<double>(s.cuda_graphs));
+  graph_forwards_->Increment(static_cast<double>(s.graph_forwards - last_.graph_forwards));
   last_ = s;
 }
 

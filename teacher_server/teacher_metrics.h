@@ -35,6 +35,8 @@ class TeacherMetrics {
   prometheus::Gauge* queue_depth_;
   prometheus::Gauge* buffered_bytes_;
   prometheus::Gauge* subscribers_;
+  prometheus::Gauge* cuda_graphs_;
+  prometheus::Counter* graph_forwards_;
   EngineStats last_;
 };
 

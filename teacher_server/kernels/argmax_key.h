@@ -4,8 +4,8 @@
 // 64-bit key so that a GPU kernel can merge candidates from many tiles
 // with atomicMax: the value's bits made monotonic in the high word, the
 // complemented column in the low word. Key 0 is below every real key.
-// Host and device code (hopper_gemm_kernel.cuh; tested on the CPU by
-// argmax_key_test).
+// Host and device code (hopper_gemm_kernel.cuh, fused_kernels.cu,
+// fp8_argmax.cu; tested on the CPU by argmax_key_test).
 #ifndef E3_TEACHER_SERVER_KERNELS_ARGMAX_KEY_H_
 #define E3_TEACHER_SERVER_KERNELS_ARGMAX_KEY_H_
 
@@ -35,6 +35,16 @@ E3_HOST_DEVICE inline unsigned long long ArgmaxKey(float v, uint32_t col) {
 
 E3_HOST_DEVICE inline int32_t ArgmaxFromKey(unsigned long long key) {
   return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(key & 0xffffffffu));
+}
+
+// The same order on (value, column) pairs, for reductions that keep the two
+// apart (the row argmax kernel): whether (a, ia) beats (b, ib). Equal to
+// ArgmaxKey(a, ia) > ArgmaxKey(b, ib) for distinct columns (argmax_key_test);
+// a total order, so any reduction tree finds at::argmax's answer.
+E3_HOST_DEVICE inline bool ArgmaxPrefers(float a, int32_t ia, float b, int32_t ib) {
+  const bool a_nan = a != a, b_nan = b != b;
+  if (a_nan || b_nan) return a_nan && (!b_nan || ia < ib);
+  return a > b || (a == b && ia < ib);
 }
 
 }  // namespace e3::kernels

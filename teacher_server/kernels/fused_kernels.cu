@@ -7,6 +7,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "teacher_server/kernels/argmax_key.h"
+
 namespace e3::kernels {
 namespace {
 
@@ -173,21 +175,14 @@ __global__ void RopeKernel(T* __restrict__ x, int64_t tokens, int64_t heads, int
   }
 }
 
-// at::argmax's order on (value, index): a NaN beats every number and the
-// first NaN wins; otherwise the larger value, and on a tie the lower
-// index. A total order, so any reduction tree gives at::argmax's answer.
-__device__ __forceinline__ bool ArgBetter(float a, int32_t ia, float b, int32_t ib) {
-  const bool a_nan = isnan(a), b_nan = isnan(b);
-  if (a_nan || b_nan) return a_nan && (!b_nan || ia < ib);
-  return a > b || (a == b && ia < ib);
-}
-
-// The warp's best (value, index) pair, left in every lane.
+// The warp's best (value, index) pair in at::argmax's order (ArgmaxPrefers,
+// argmax_key.h: a total order, so any reduction tree gives at::argmax's
+// answer), left in every lane.
 __device__ __forceinline__ void WarpArgBest(float& best, int32_t& best_i) {
   for (int o = 16; o > 0; o >>= 1) {
     const float v = __shfl_xor_sync(0xffffffffu, best, o);
     const int32_t i = __shfl_xor_sync(0xffffffffu, best_i, o);
-    if (ArgBetter(v, i, best, best_i)) {
+    if (ArgmaxPrefers(v, i, best, best_i)) {
       best = v;
       best_i = i;
     }
@@ -205,7 +200,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   float best = -INFINITY;
   int32_t best_i = 0x7fffffff;
   auto consider = [&](float v, int64_t i) {
-    if (ArgBetter(v, static_cast<int32_t>(i), best, best_i)) {
+    if (ArgmaxPrefers(v, static_cast<int32_t>(i), best, best_i)) {
       best = v;
       best_i = static_cast<int32_t>(i);
     }

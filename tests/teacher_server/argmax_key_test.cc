@@ -65,5 +65,24 @@ TEST(ArgmaxKeyTest, TheMaxKeyOfARowIsTheReferenceArgmax) {
   }
 }
 
+// The pair comparison the row argmax kernel reduces with is the key order,
+// on every pair of special and ordinary values at distinct columns.
+TEST(ArgmaxKeyTest, ThePairComparisonIsTheKeyOrder) {
+  const std::vector<float> values = {kNaN, -kNaN, -kInf, -3.0e38f, -1.f, -1e-30f, -0.f, 0.f, 1e-30f, 1.f, 3.0e38f, kInf};
+  const std::vector<int32_t> cols = {0, 1, 7, 128255, 0x7fffffff};
+  for (float a : values) {
+    for (float b : values) {
+      for (int32_t ia : cols) {
+        for (int32_t ib : cols) {
+          if (ia == ib) continue;
+          EXPECT_EQ(ArgmaxPrefers(a, ia, b, ib),
+                    ArgmaxKey(a, static_cast<uint32_t>(ia)) > ArgmaxKey(b, static_cast<uint32_t>(ib)))
+              << a << "@" << ia << " vs " << b << "@" << ib;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace e3::kernels

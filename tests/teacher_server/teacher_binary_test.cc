@@ -215,6 +215,9 @@ TEST_F(TeacherBinaryTest, ServesMetricsAndInfoThenDrainsOnSigterm) {
   EXPECT_NE(res->body.find("# TYPE e3_teacher_queue_depth gauge"), std::string::npos) << res->body;
   EXPECT_EQ(MetricValue(res->body, "e3_teacher_tokens_total"), 0) << res->body;  // nobody subscribed yet
   EXPECT_EQ(MetricValue(res->body, "e3_teacher_queue_depth"), 0) << res->body;
+  // CUDA graphs are exported everywhere; on the CPU none is ever captured.
+  EXPECT_NE(res->body.find("# TYPE e3_teacher_graph_forwards_total counter"), std::string::npos) << res->body;
+  EXPECT_EQ(MetricValue(res->body, "e3_teacher_cuda_graphs"), 0) << res->body;
 
   // (b) GetInfo over gRPC.
   auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
