@@ -52,7 +52,7 @@ ABSL_FLAG(std::string, model_dir, "examples/tiny-code-llama", "Hugging Face mode
 ABSL_FLAG(std::string, dtype, "float32", "compute dtype");
 ABSL_FLAG(std::string, backends, "sgl,hf,hf-eager",
           "backends timed in this run; the first is measured against the others: hf, sgl, hf-eager (hf with "
-          "eager attention), or sgl-no-<technique> (fusion, kernels, varlen, lt, residual-gemm, argmax-gemm, fp8-argmax) for ablations");
+          "eager attention), or sgl-no-<technique> (fusion, kernels, varlen, lt, residual-gemm, argmax-gemm, fp8-argmax, graphs) for ablations");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda[:N]");
 ABSL_FLAG(std::string, shapes, "1x128,4x256,8x512,ragged",
           "batches: BxS (B samples of S tokens), 'ragged' (chat-like lengths 37..700) or explicit sample "
