@@ -145,6 +145,14 @@ std::optional<ForwardOutput> ForwardGraphs::Run(const PackedBatch& batch, const 
     copy_in(g.get());
     try {
       Capture(g.get(), plan, options, run);
+    } catch (const c10::OutOfMemoryError& e) {
+      // No room for this budget's graph now (its buffers, or the warm-up):
+      // it stays eager, other budgets keep their graphs.
+      if (eager_.size() >= kMaxSightings) eager_.clear();
+      eager_.insert(key);
+      sightings_.erase(key);
+      std::fprintf(stderr, "cuda graphs: out of memory capturing the forward of %s; it runs eagerly\n", key.c_str());
+      return std::nullopt;
     } catch (const c10::Error& e) {
       // A forward that cannot be captured is a bug to report, not a reason
       // to fail batches: every later batch runs eagerly.

@@ -68,8 +68,8 @@ class ForwardGraphs {
   // The forward through the graph of the batch's budget, capturing it when
   // due, or the timed eager forward that decides whether it is; nullopt
   // when the caller is to run the batch eagerly (a budget seen once or
-  // found not to pay, the cap reached, logits asked for, or graphs off
-  // after a failed capture).
+  // found not to pay or without memory for its graph, the cap reached,
+  // logits asked for, or graphs off after a failed capture).
   std::optional<ForwardOutput> Run(const PackedBatch& batch, const ForwardOptions& options, const RunFn& run);
 
  private:
