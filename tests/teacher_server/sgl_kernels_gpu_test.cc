@@ -65,6 +65,18 @@ namespace {
 
 using testing::RelInf;
 
+// The current CUDA device's compute capability as major * 10 + minor (90
+// for Hopper); 0 in a build without CUDA. Callers have checked that CUDA
+// is available.
+int CurrentComputeCapability() {
+#ifdef E3_HAS_CUDA
+  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+  return prop->major * 10 + prop->minor;
+#else
+  return 0;
+#endif
+}
+
 class SglKernelsGpuTest : public ::testing::TestWithParam<at::ScalarType> {
  protected:
   void SetUp() override {
@@ -259,11 +271,7 @@ TEST_P(SglKernelsGpuTest, RowArgmaxIsExact) {
 
 TEST_P(SglKernelsGpuTest, LinearArgmaxIsTheArgmaxOfTheLogits) {
   torch::manual_seed(11);
-#ifdef E3_HAS_CUDA
-  const bool hopper = at::cuda::getCurrentDeviceProperties()->major == 9;
-#else
-  const bool hopper = false;
-#endif
+  const bool hopper = CurrentComputeCapability() / 10 == 9;
   if (GetParam() != at::kBFloat16) {
     EXPECT_FALSE(LinearArgmax(torch::randn({8, 64}, opts()), torch::randn({64, 64}, opts())).defined())
         << "bf16 only";
@@ -308,12 +316,7 @@ TEST_P(SglKernelsGpuTest, LinearArgmaxIsTheArgmaxOfTheLogits) {
 
 TEST_P(SglKernelsGpuTest, Fp8HeadArgmaxIsTheExactArgmaxOfItsCandidates) {
   torch::manual_seed(12);
-#ifdef E3_HAS_CUDA
-  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
-  const bool fp8 = prop->major * 10 + prop->minor >= 89;
-#else
-  const bool fp8 = false;
-#endif
+  const bool fp8 = CurrentComputeCapability() >= 89;
   if (GetParam() != at::kBFloat16) {
     EXPECT_EQ(Fp8HeadArgmax::Prepare(torch::randn({64, 64}, opts())), nullptr) << "bf16 only";
     return;
@@ -448,13 +451,9 @@ TEST_P(SglModelGpuTest, UniformAndRaggedBatchesMatchHf) {
     auto s = sgl->Forward(*batch, fwd);
     ASSERT_TRUE(r.ok() && h.ok() && s.ok());
     EXPECT_GT(FusedKernelLaunches(), launches);
-#ifdef E3_HAS_CUDA
-    const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
-    if (prop->major * 10 + prop->minor >= 89 && GetParam() == "tiny_code_llama") {
+    if (CurrentComputeCapability() >= 89 && GetParam() == "tiny_code_llama") {
       EXPECT_EQ(Fp8HeadArgmaxCalls(), fp8_calls + 1) << "sgl's argmax through the FP8 candidate search";
     }
-#endif
-    (void)fp8_calls;
     const bool uniform = lengths.size() == 4;
     EXPECT_TRUE(CudnnAttentionUsable()) << "cuDNN's batched kernel failed on views of the fused QKV product";
     for (auto pick : {&ForwardOutput::aux_hidden, &ForwardOutput::last_hidden}) {
