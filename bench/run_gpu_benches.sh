@@ -128,15 +128,18 @@ PY
 tp() {
   local dir="$MODELS/llama-8b"
   [ -f "$dir/config.json" ] || python3 "$SRC/bench/hf_teacher_baseline.py" --shape=llama-8b --save_dir="$dir" | json >/dev/null
-  # One backend per process group (a sharded run times only the first).
-  local args=(--model_dir="$dir" --device=cuda --dtype=bfloat16 --shapes=8x1024,ragged --repeats=5
-              --backends=${TP_BACKEND:-sgl})
-  for logits in false true; do
-    one=$("$BUILD/bench/teacher_forward_bench" "${args[@]}" --logits=$logits | json)
-    "$BUILD/bench/teacher_forward_bench" "${args[@]}" --logits=$logits --tp_size=2 --tp_rank=1 > /tmp/tp_rank1.log 2>&1 &
-    two=$("$BUILD/bench/teacher_forward_bench" "${args[@]}" --logits=$logits --tp_size=2 --tp_rank=0 | json)
-    wait $! || { echo "rank 1 failed:"; tail -5 /tmp/tp_rank1.log; }
-    python3 - "$one" "$two" <<'PY' | json_or_print
+  # One backend per process group (a sharded run times only the first):
+  # TP_BACKENDS lists them (e.g. "sgl sgl-no-fp8-argmax hf"), TP_LOGITS
+  # whether the lm_head argmax is computed ("false true" by default).
+  for backend in ${TP_BACKENDS:-sgl}; do
+    local args=(--model_dir="$dir" --device=cuda --dtype=bfloat16 --shapes=8x1024,ragged --repeats=5
+                --backends=$backend)
+    for logits in ${TP_LOGITS:-false true}; do
+      one=$("$BUILD/bench/teacher_forward_bench" "${args[@]}" --logits=$logits | json)
+      "$BUILD/bench/teacher_forward_bench" "${args[@]}" --logits=$logits --tp_size=2 --tp_rank=1 > /tmp/tp_rank1.log 2>&1 &
+      two=$("$BUILD/bench/teacher_forward_bench" "${args[@]}" --logits=$logits --tp_size=2 --tp_rank=0 | json)
+      wait $! || { echo "rank 1 failed:"; tail -5 /tmp/tp_rank1.log; }
+      python3 - "$one" "$two" <<'PY' | json_or_print
 import json, sys
 one = {r["shape"]: r for r in map(json.loads, sys.argv[1].splitlines())}
 two = [json.loads(l) for l in sys.argv[2].splitlines()]
@@ -145,10 +148,11 @@ for b in two:
     r = b["tok_per_s"] / a["tok_per_s"]
     print(f"teacher 8B {a['backend']} {a['shape']} lm_head={a['lm_head']}: TP=2 {b['tok_per_s']:.0f} tok/s vs TP=1 {a['tok_per_s']:.0f}:"
           f" ratio {r:.2f} (scaling efficiency {r/2:.2f})")
-    print(json.dumps({"bench": "teacher_tp", "shape": a["shape"], "lm_head": a["lm_head"], "tp_size": 2,
+    print(json.dumps({"bench": "teacher_tp", "backend": a["backend"], "shape": a["shape"], "lm_head": a["lm_head"], "tp_size": 2,
                       "tok_per_s": b["tok_per_s"], "baseline": "tp1_same_model", "baseline_tok_per_s": a["tok_per_s"],
                       "ratio": r}))
 PY
+    done
   done
 }
 

@@ -20,6 +20,16 @@ int CudaDeviceCount() {
 
 bool CudaRuntimeAvailable() { return CudaDeviceCount() > 0; }
 
+int CudaComputeCapability(int device) {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return major * 10 + minor;
+}
+
 absl::Status CudaCopy(void* dst, const void* src, size_t bytes, int device) {
   if (bytes == 0) return absl::OkStatus();
   E3_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "cudaSetDevice");
@@ -50,6 +60,7 @@ bool CudaPeerAccess(int from_device, int to_device) {
 #else  // !E3_WITH_CUDA_RUNTIME
 
 int CudaDeviceCount() { return 0; }
+int CudaComputeCapability(int) { return 0; }
 bool CudaRuntimeAvailable() { return false; }
 absl::Status CudaCopy(void*, const void*, size_t, int) {
   return absl::UnimplementedError("this build has no CUDA runtime (CUDA toolkit not found at configure time)");

@@ -15,6 +15,9 @@ namespace e3 {
 // True when this build has the CUDA runtime and a GPU is visible.
 bool CudaRuntimeAvailable();
 int CudaDeviceCount();
+// Device `device`'s compute capability as major * 10 + minor (90 for
+// Hopper); 0 when it cannot be read (no such device, no CUDA runtime).
+int CudaComputeCapability(int device);
 
 // Copies `bytes` between any two addresses the CUDA runtime knows (host,
 // this device, a peer, a mapped IPC allocation) and waits for the copy.

@@ -37,6 +37,24 @@ E3_HOST_DEVICE inline int32_t ArgmaxFromKey(unsigned long long key) {
   return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(key & 0xffffffffu));
 }
 
+// The value a key was made from (a NaN for a NaN, +0 for -0; -inf for key
+// 0, which no value makes): what a vocab-parallel rank sends its peers, so
+// that they compare its best logit with theirs.
+E3_HOST_DEVICE inline float ArgmaxValueFromKey(unsigned long long key) {
+  const uint32_t ordered = static_cast<uint32_t>(key >> 32);
+  uint32_t u;
+  if (key == 0) {
+    u = 0xff800000u;  // -inf
+  } else if (ordered == 0xffffffffu) {
+    u = 0x7fc00000u;  // a quiet NaN
+  } else {
+    u = (ordered & 0x80000000u) ? (ordered & 0x7fffffffu) : ~ordered;
+  }
+  float v;
+  memcpy(&v, &u, 4);
+  return v;
+}
+
 // The same order on (value, column) pairs, for reductions that keep the two
 // apart (the row argmax kernel): whether (a, ia) beats (b, ib). Equal to
 // ArgmaxKey(a, ia) > ArgmaxKey(b, ib) for distinct columns (argmax_key_test);

@@ -229,7 +229,7 @@ __device__ __forceinline__ unsigned long long ExactKey(const Bf16x8* __restrict_
 __global__ void __launch_bounds__(kThreads)
     RescoreKernel(const __nv_bfloat16* __restrict__ x, int64_t x_stride, const __nv_bfloat16* __restrict__ w,
                   int64_t w_stride, int64_t vocab, int64_t k, const int32_t* __restrict__ cand,
-                  const uint8_t* __restrict__ nonfinite, int32_t* __restrict__ out) {
+                  const uint8_t* __restrict__ nonfinite, int32_t* __restrict__ out, float* __restrict__ best_logit) {
   __shared__ unsigned long long smem[32];
   const int64_t r = blockIdx.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = kThreads / 32;
@@ -246,7 +246,10 @@ __global__ void __launch_bounds__(kThreads)
     if (c >= 0) best = ExactKey(xr, w, w_stride, packs, c, lane);
   }
   best = BlockMax(best, smem);
-  if (threadIdx.x == 0) out[r] = best == 0 ? 0 : ArgmaxFromKey(best);
+  if (threadIdx.x == 0) {
+    out[r] = best == 0 ? 0 : ArgmaxFromKey(best);
+    if (best_logit != nullptr) best_logit[r] = ArgmaxValueFromKey(best);
+  }
 }
 
 }  // namespace
@@ -275,14 +278,15 @@ bool TopScoreCandidates(const void* scores, int64_t rows, int64_t cols, int64_t 
 }
 
 bool RescoreCandidates(const void* x, int64_t x_stride, const void* w, int64_t w_stride, int64_t rows, int64_t vocab,
-                       int64_t k, const int32_t* cand, const uint8_t* nonfinite, int32_t* out, void* stream) {
+                       int64_t k, const int32_t* cand, const uint8_t* nonfinite, int32_t* out, float* best_logit,
+                       void* stream) {
   if (rows <= 0 || vocab <= 0 || k <= 0 || k % kVec != 0 || x_stride % kVec != 0 || w_stride % kVec != 0 ||
       !Aligned16(x) || !Aligned16(w)) {
     return false;
   }
   RescoreKernel<<<static_cast<unsigned>(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       static_cast<const __nv_bfloat16*>(x), x_stride, static_cast<const __nv_bfloat16*>(w), w_stride, vocab, k, cand,
-      nonfinite, out);
+      nonfinite, out, best_logit);
   return true;
 }
 

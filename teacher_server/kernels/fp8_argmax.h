@@ -44,9 +44,12 @@ bool TopScoreCandidates(const void* scores, int64_t rows, int64_t cols, int64_t 
 // nonfinite[r] set scans every one of the `vocab` columns instead (slow,
 // but at::argmax's answer for the NaN or infinite logits such a row
 // makes). bf16 x: [rows, k], w: [vocab, k], row strides in elements,
-// multiples of 8, 16-byte aligned; k % 8 == 0.
+// multiples of 8, 16-byte aligned; k % 8 == 0. With `best_logit` (may be
+// null) the winner's logit as well, as a float: what a vocab-parallel rank
+// compares with its peers' (a row with no candidate gets column 0, -inf).
 bool RescoreCandidates(const void* x, int64_t x_stride, const void* w, int64_t w_stride, int64_t rows, int64_t vocab,
-                       int64_t k, const int32_t* cand, const uint8_t* nonfinite, int32_t* out, void* stream);
+                       int64_t k, const int32_t* cand, const uint8_t* nonfinite, int32_t* out, float* best_logit,
+                       void* stream);
 
 }  // namespace e3::kernels
 

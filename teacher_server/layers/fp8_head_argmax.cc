@@ -8,26 +8,15 @@
 #ifdef E3_HAS_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include "teacher_server/kernels/fp8_argmax.h"
-#include "teacher_server/kernels/fused_kernels.h"
+#include "teacher_server/layers/kernel_launch.h"
 #endif
 
 namespace e3 {
 namespace {
 
 std::atomic<int64_t> g_calls{0};
-
-#ifdef E3_HAS_CUDA
-void* Stream(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
-
-void CheckLaunch(bool launched, const char* what) {
-  TORCH_CHECK(launched, what, ": the kernel refused its arguments");
-  const char* err = kernels::TakeLaunchError();
-  TORCH_CHECK(err == nullptr, what, " kernel launch failed: ", err);
-}
-#endif
 
 }  // namespace
 
@@ -44,9 +33,10 @@ std::unique_ptr<Fp8HeadArgmax> Fp8HeadArgmax::Prepare(const at::Tensor& w) {
   head->wq_ = at::empty({V, H}, w.options().dtype(at::kByte));
   head->w_scale_ = at::empty({V}, w.options().dtype(at::kFloat));
   at::Tensor nonfinite = at::empty({V}, w.options().dtype(at::kByte));
-  CheckLaunch(kernels::QuantizeRowsE4m3(w.data_ptr(), H, V, H, head->wq_.data_ptr(), head->w_scale_.data_ptr<float>(),
-                                        nonfinite.data_ptr<uint8_t>(), Stream(w)),
-              "e4m3 head");
+  CheckKernelLaunch(kernels::QuantizeRowsE4m3(w.data_ptr(), H, V, H, head->wq_.data_ptr(),
+                                              head->w_scale_.data_ptr<float>(), nonfinite.data_ptr<uint8_t>(),
+                                              CurrentStream(w)),
+                    "e4m3 head");
   if (nonfinite.any().item<bool>()) return nullptr;
   // A probe product: cuBLASLt may still have no FP8 algorithm here.
   if (!GemmE4m3(head->wq_.narrow(0, 0, 16), head->wq_.narrow(0, 0, 16)).defined()) return nullptr;
@@ -57,7 +47,7 @@ std::unique_ptr<Fp8HeadArgmax> Fp8HeadArgmax::Prepare(const at::Tensor& w) {
 #endif
 }
 
-at::Tensor Fp8HeadArgmax::Argmax(const at::Tensor& x) const {
+at::Tensor Fp8HeadArgmax::Argmax(const at::Tensor& x, at::Tensor* best_logit) const {
 #ifdef E3_HAS_CUDA
   const int64_t H = w_.size(1), V = w_.size(0);
   if (x.dim() != 2 || x.size(1) != H || x.size(0) == 0 || x.scalar_type() != at::kBFloat16 ||
@@ -70,9 +60,9 @@ at::Tensor Fp8HeadArgmax::Argmax(const at::Tensor& x) const {
   at::Tensor xq = at::empty({rows, H}, x.options().dtype(at::kByte));
   at::Tensor nonfinite = at::empty({rows}, x.options().dtype(at::kByte));
   // No row scales: a positive factor per row leaves its argmax unchanged.
-  CheckLaunch(kernels::QuantizeRowsE4m3(x.data_ptr(), x.stride(0), rows, H, xq.data_ptr(), nullptr,
-                                        nonfinite.data_ptr<uint8_t>(), Stream(x)),
-              "e4m3 hidden rows");
+  CheckKernelLaunch(kernels::QuantizeRowsE4m3(x.data_ptr(), x.stride(0), rows, H, xq.data_ptr(), nullptr,
+                                              nonfinite.data_ptr<uint8_t>(), CurrentStream(x)),
+                    "e4m3 hidden rows");
   at::Tensor cand = at::empty({rows, kernels::kFp8ArgmaxCandidates}, x.options().dtype(at::kInt));
   // bf16 scores, whole 256-row tiles for cuBLASLt (4096 rows at a 128k vocab).
   const int64_t chunk = LmHeadChunkRows(2 * V, 256);
@@ -80,20 +70,25 @@ at::Tensor Fp8HeadArgmax::Argmax(const at::Tensor& x) const {
     const int64_t n = std::min(chunk, rows - start);
     const at::Tensor scores = GemmE4m3(xq.narrow(0, start, n), wq_);
     if (!scores.defined()) return {};
-    CheckLaunch(kernels::TopScoreCandidates(scores.data_ptr(), n, V, V, w_scale_.data_ptr<float>(),
-                                            cand.data_ptr<int32_t>() + start * kernels::kFp8ArgmaxCandidates,
-                                            Stream(x)),
-                "FP8 score candidates");
+    CheckKernelLaunch(kernels::TopScoreCandidates(scores.data_ptr(), n, V, V, w_scale_.data_ptr<float>(),
+                                                  cand.data_ptr<int32_t>() + start * kernels::kFp8ArgmaxCandidates,
+                                                  CurrentStream(x)),
+                      "FP8 score candidates");
   }
   at::Tensor out = at::empty({rows}, x.options().dtype(at::kInt));
-  CheckLaunch(kernels::RescoreCandidates(x.data_ptr(), x.stride(0), w_.data_ptr(), H, rows, V, H,
-                                         cand.data_ptr<int32_t>(), nonfinite.data_ptr<uint8_t>(),
-                                         out.data_ptr<int32_t>(), Stream(x)),
-              "exact rescoring");
+  at::Tensor best;
+  if (best_logit != nullptr) best = at::empty({rows}, x.options().dtype(at::kFloat));
+  CheckKernelLaunch(kernels::RescoreCandidates(x.data_ptr(), x.stride(0), w_.data_ptr(), H, rows, V, H,
+                                               cand.data_ptr<int32_t>(), nonfinite.data_ptr<uint8_t>(),
+                                               out.data_ptr<int32_t>(),
+                                               best.defined() ? best.data_ptr<float>() : nullptr, CurrentStream(x)),
+                    "exact rescoring");
+  if (best_logit != nullptr) *best_logit = best;
   g_calls.fetch_add(1, std::memory_order_relaxed);
   return out;
 #else
   (void)x;
+  (void)best_logit;
   return at::Tensor();
 #endif
 }

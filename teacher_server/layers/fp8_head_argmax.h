@@ -40,7 +40,10 @@ class Fp8HeadArgmax {
   // x: [rows, H] bf16 on the head's device, unit stride along H. Returns
   // the target argmax as int32 [rows], or an undefined tensor when x is
   // outside what the kernels take (the caller then runs the exact path).
-  at::Tensor Argmax(const at::Tensor& x) const;
+  // With `best_logit`, also the winning column's exact logit per row, as
+  // float [rows]: the bf16 value the logits would hold there (a
+  // vocab-parallel head's ranks compare theirs to find the global argmax).
+  at::Tensor Argmax(const at::Tensor& x, at::Tensor* best_logit = nullptr) const;
 
  private:
   Fp8HeadArgmax() = default;

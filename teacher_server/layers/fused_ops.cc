@@ -12,6 +12,7 @@
 
 #include "teacher_server/kernels/fused_kernels.h"
 #include "teacher_server/kernels/hopper_gemm.h"
+#include "teacher_server/layers/kernel_launch.h"
 #endif
 
 namespace e3 {
@@ -44,11 +45,9 @@ bool NormKernelTakes(const at::Tensor& h, const at::Tensor& delta, const at::Ten
          weight.numel() == h.size(1) && delta_ok;
 }
 
-void* CurrentStream(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
-
+// After a launcher accepted its arguments: checks the launch and counts it.
 void CheckLaunch(const char* what) {
-  const char* err = kernels::TakeLaunchError();
-  TORCH_CHECK(err == nullptr, what, " kernel launch failed: ", err);
+  CheckKernelLaunch(/*launched=*/true, what);
   g_launches.fetch_add(1, std::memory_order_relaxed);
 }
 #endif

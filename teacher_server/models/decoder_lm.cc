@@ -84,7 +84,9 @@ absl::Status DecoderLM::LoadWeights(const ModelDir& dir) {
   } else {
     E3_ASSIGN_OR_RETURN(lm_head_, w.LoadSlice(head_name, {V, H}, 0, plan_.vocab.begin, plan_.vocab.size));
   }
-  if (options_.argmax_fp8 && !plan_.sharded()) fp8_head_ = Fp8HeadArgmax::Prepare(lm_head_);
+  // Under TP over this rank's vocab rows (a shard the kernels do not take
+  // finds its answer from logits instead: HeadArgmax).
+  if (options_.argmax_fp8) fp8_head_ = Fp8HeadArgmax::Prepare(lm_head_);
   if (options_.cuda_graphs && GraphsApply()) {
     graphs_ = std::make_unique<ForwardGraphs>(options_.device, options_.graph_token_step, options_.max_cuda_graphs,
                                               options_.graph_min_host_share);
@@ -276,12 +278,7 @@ ForwardOutput DecoderLM::Run(const PackedBatch& batch, const PackedLayout& layou
   out.last_hidden = AddRmsNorm(&h, pending, norm_, eps, fused);
   capture(static_cast<int64_t>(layers_.size()) - 1);
   if (!captured.empty()) out.aux_hidden = torch::cat(captured, -1);
-  if (options.return_argmax && !options.return_logits && !plan_.sharded()) {
-    if (fp8_head_) out.target_argmax = fp8_head_->Argmax(out.last_hidden);
-    if (!out.target_argmax.defined() && options_.argmax_in_gemm) {
-      out.target_argmax = LinearArgmax(out.last_hidden, lm_head_);
-    }
-  }
+  if (options.return_argmax && !options.return_logits) out.target_argmax = HeadArgmax(out.last_hidden);
   if (options.return_logits || (options.return_argmax && !out.target_argmax.defined())) {
     const int64_t T = out.last_hidden.size(0);
     // About 4200 rows for a 128k vocab in bf16. Under TP, with logits
@@ -291,24 +288,45 @@ ForwardOutput DecoderLM::Run(const PackedBatch& batch, const PackedLayout& layou
     for (int64_t start = 0; start < T; start += chunk_rows) {
       const int64_t n = std::min(chunk_rows, T - start);
       at::Tensor chunk = Gemm(out.last_hidden.narrow(0, start, n), lm_head_, at::Tensor(), at::Tensor(), gemm);
-      if (options.return_argmax) {
-        argmax.push_back(plan_.sharded() ? options_.tp->VocabParallelArgmax(chunk, plan_.vocab.begin)
-                                         : RowArgmax(chunk, fused));
-      }
-      if (options.return_logits) {
+      if (plan_.sharded()) {
+        // Logits were asked for (HeadArgmax answers the argmax alone).
         // Vocab shards are ceil(V / tp) rows except the last: gather padded.
-        if (plan_.sharded()) {
-          const int64_t rows = (config_.vocab_size + plan_.tp_size - 1) / plan_.tp_size;
-          at::Tensor padded = at::constant_pad_nd(chunk, {0, rows - chunk.size(1)});
-          chunk = torch::cat(options_.tp->AllGather(padded), -1).narrow(-1, 0, config_.vocab_size);
-        }
-        logits.push_back(chunk);
+        const int64_t rows = (config_.vocab_size + plan_.tp_size - 1) / plan_.tp_size;
+        at::Tensor padded = at::constant_pad_nd(chunk, {0, rows - chunk.size(1)});
+        chunk = torch::cat(options_.tp->AllGather(padded), -1).narrow(-1, 0, config_.vocab_size);
       }
+      if (options.return_argmax) argmax.push_back(RowArgmax(chunk, fused));
+      if (options.return_logits) logits.push_back(chunk);
     }
     if (options.return_argmax) out.target_argmax = torch::cat(argmax);
     if (options.return_logits) out.logits = torch::cat(logits);
   }
   return out;
+}
+
+at::Tensor DecoderLM::HeadArgmax(const at::Tensor& x) {
+  if (!plan_.sharded()) {
+    at::Tensor argmax;
+    if (fp8_head_) argmax = fp8_head_->Argmax(x);
+    if (!argmax.defined() && options_.argmax_in_gemm) argmax = LinearArgmax(x, lm_head_);
+    return argmax;
+  }
+  at::Tensor local, best;
+  if (fp8_head_) local = fp8_head_->Argmax(x, &best);
+  if (!local.defined()) {
+    const int64_t T = x.size(0);
+    const int64_t chunk_rows = LmHeadChunkRows(lm_head_.size(0) * lm_head_.element_size());
+    std::vector<at::Tensor> locals, bests;
+    for (int64_t start = 0; start < T; start += chunk_rows) {
+      const at::Tensor rows = x.narrow(0, start, std::min(chunk_rows, T - start));
+      const at::Tensor logits = Gemm(rows, lm_head_, at::Tensor(), at::Tensor(), options_.gemm);
+      locals.push_back(RowArgmax(logits, options_.fused_kernels));
+      bests.push_back(logits.gather(-1, locals.back().to(at::kLong).unsqueeze(-1)).squeeze(-1));
+    }
+    local = torch::cat(locals);
+    best = torch::cat(bests);
+  }
+  return options_.tp->VocabParallelArgmax(local, best, plan_.vocab.begin);
 }
 
 }  // namespace e3

@@ -63,6 +63,13 @@ class DecoderLM : public CausalLM {
   // the host), and the fused varlen attention (the per-sample loop reads
   // the host's offsets).
   bool GraphsApply() const;
+  // The target argmax of x [T, H] (after the final norm) without the
+  // logits. One process: the FP8 candidate search, else the argmax GEMM,
+  // else undefined (the caller then computes logits). Under TP: each rank's
+  // best column among its vocab rows (the FP8 search, else chunked logits),
+  // combined by TpGroup::VocabParallelArgmax, so that every rank issues the
+  // same collectives however it found its answer.
+  at::Tensor HeadArgmax(const at::Tensor& x);
   void ReduceIfSharded(at::Tensor& partial);
 
   ModelConfig config_;

@@ -34,13 +34,12 @@ at::Tensor TpGroup::VocabParallelEmbedding(const at::Tensor& ids, const at::Tens
   return h;
 }
 
-at::Tensor TpGroup::VocabParallelArgmax(const at::Tensor& local_logits, int64_t begin) {
-  at::Tensor where = local_logits.argmax(-1);  // argmax, unlike max(dim), promises the first maximum
-  at::Tensor best = local_logits.gather(-1, where.unsqueeze(-1)).squeeze(-1);
-  std::vector<at::Tensor> values = AllGather(best.to(at::kFloat));
-  std::vector<at::Tensor> ids = AllGather(where + begin);
+at::Tensor TpGroup::VocabParallelArgmax(const at::Tensor& local_argmax, const at::Tensor& local_best, int64_t begin) {
+  std::vector<at::Tensor> values = AllGather(local_best.to(at::kFloat));
+  std::vector<at::Tensor> ids = AllGather(local_argmax.to(at::kLong) + begin);
   // [ranks, n]: ranks hold ascending vocab ranges, so the first rank with
-  // the maximum holds its lowest id.
+  // the maximum (or the first NaN: argmax ranks a NaN above everything)
+  // holds its lowest id.
   at::Tensor rank_of_best = torch::stack(values).argmax(0, /*keepdim=*/true);
   return torch::stack(ids).gather(0, rank_of_best).squeeze(0).to(at::kInt);
 }

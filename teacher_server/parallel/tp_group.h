@@ -30,10 +30,13 @@ class TpGroup {
   // Sum of per-rank embeddings of a vocab-parallel table: rows outside
   // [begin, begin + rows) are zero on this rank.
   at::Tensor VocabParallelEmbedding(const at::Tensor& ids, const at::Tensor& table, int64_t begin);
-  // The global argmax over a vocab-parallel product: `local_logits` [n, v]
-  // hold this rank's columns, starting at vocab id `begin`. Ties resolve to
-  // the lowest id, as torch's argmax does.
-  at::Tensor VocabParallelArgmax(const at::Tensor& local_logits, int64_t begin);
+  // The global argmax over a vocab-parallel product from each rank's own
+  // answer over its columns, which start at vocab id `begin`:
+  // `local_argmax` [n] (a column of this rank's, from 0) and `local_best`
+  // [n] (the logit there). Ties resolve to the lowest id and a NaN wins, as
+  // torch's argmax does over the whole row. Two all-gathers of n values,
+  // however each rank found its answer.
+  at::Tensor VocabParallelArgmax(const at::Tensor& local_argmax, const at::Tensor& local_best, int64_t begin);
 
  private:
   std::unique_ptr<ProcessGroup> group_;

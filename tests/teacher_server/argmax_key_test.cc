@@ -44,6 +44,19 @@ TEST(ArgmaxKeyTest, TheColumnRoundTrips) {
   }
 }
 
+// What a vocab-parallel rank sends its peers: the key's value, exactly.
+TEST(ArgmaxKeyTest, TheValueRoundTrips) {
+  for (float v : {-kInf, -3.0e38f, -1.f, -1e-30f, 0.f, 1e-30f, 0.25f, 3.0e38f, kInf}) {
+    EXPECT_EQ(ArgmaxValueFromKey(ArgmaxKey(v, 17)), v);
+  }
+  const float from_negative_zero = ArgmaxValueFromKey(ArgmaxKey(-0.f, 3));
+  EXPECT_EQ(from_negative_zero, 0.f);
+  EXPECT_FALSE(std::signbit(from_negative_zero)) << "-0 ties with +0, so its key holds +0";
+  EXPECT_TRUE(std::isnan(ArgmaxValueFromKey(ArgmaxKey(kNaN, 9))));
+  EXPECT_TRUE(std::isnan(ArgmaxValueFromKey(ArgmaxKey(-kNaN, 9))));
+  EXPECT_EQ(ArgmaxValueFromKey(0), -kInf) << "key 0 (no candidate) reads as -inf";
+}
+
 // The max key over a row picks what at::argmax picks (first NaN, else the
 // first maximum) on rows that mix all the cases.
 TEST(ArgmaxKeyTest, TheMaxKeyOfARowIsTheReferenceArgmax) {

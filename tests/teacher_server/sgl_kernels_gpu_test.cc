@@ -345,6 +345,18 @@ TEST_P(SglKernelsGpuTest, Fp8HeadArgmaxIsTheExactArgmaxOfItsCandidates) {
     // A row differs from cuBLAS's argmax only at a near-tie (another K
     // order), never because the exact argmax was not nominated.
     ExpectArgmaxWithinRounding(got, x, w, want, rows / 100);
+    // The winner's logit, as a vocab-parallel rank sends it to its peers:
+    // cuBLAS's logit at that column up to its other summation order (one
+    // bf16 rounding step), the same infinities and NaNs.
+    at::Tensor best;
+    EXPECT_TRUE(head->Argmax(x, &best).equal(got)) << "asking for the logit changes no answer";
+    ASSERT_TRUE(best.defined());
+    ASSERT_EQ(best.scalar_type(), at::kFloat);
+    const at::Tensor there = at::linear(x, w).gather(-1, got.to(at::kLong).unsqueeze(-1)).squeeze(-1).to(at::kFloat);
+    const at::Tensor finite = best.isfinite().logical_and(there.isfinite());
+    EXPECT_TRUE(at::allclose(best.masked_select(finite), there.masked_select(finite), 1.0 / 128, 1e-6));
+    EXPECT_TRUE(best.isnan().equal(there.isnan()));
+    EXPECT_TRUE(best.masked_select(best.isinf()).equal(there.masked_select(best.isinf())));
     // Rows from a strided view (the aux/last hidden of a wider tensor).
     const at::Tensor wide = torch::randn({64, K + 8}, opts());
     const at::Tensor view = wide.narrow(1, 0, K);

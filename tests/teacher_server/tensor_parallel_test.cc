@@ -56,6 +56,10 @@ TEST_P(TensorParallelCpuTest, MatchesTheUnshardedModel) {
   EXPECT_LT(r["logits_vs_tp1"].get<double>(), kFp32Tol);
   EXPECT_EQ(r["argmax_agreement_tp1"].get<double>(), 1.0);
   EXPECT_TRUE(r["argmax_equals_own_logits"].get<bool>());
+  // Each rank's argmax from its own logits, combined: the argmax of the
+  // gathered logits, ties included.
+  EXPECT_EQ(r["argmax_alone_agreement"].get<double>(), 1.0);
+  EXPECT_EQ(r["fp8_argmax_calls"].get<int64_t>(), 0) << "no FP8 search on the CPU";
   EXPECT_LT(r["aux_vs_hf"].get<double>(), 1e-4);  // the golden tests' bound
   EXPECT_TRUE(r["repeat_bitwise_equal"].get<bool>());
 }

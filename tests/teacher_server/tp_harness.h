@@ -23,6 +23,7 @@
 #include "common/model_dir.h"
 #include "nlohmann/json.hpp"
 #include "teacher_server/causal_lm.h"
+#include "teacher_server/layers/fp8_head_argmax.h"
 #include "teacher_server/parallel/tp_control.h"
 #include "tests/e2e/subprocess.h"
 #include "tests/free_port.h"
@@ -101,6 +102,18 @@ inline void RunTpChild(const std::string& spec) {
       auto again = leader.Forward(*batch, fwd);
       ASSERT_TRUE(again.ok()) << again.status();
       report["repeat_bitwise_equal"] = again->aux_hidden.equal(first->aux_hidden);
+      // The argmax alone, as the server asks for it: each rank finds its
+      // best column without logits (the FP8 candidate search where sgl runs
+      // on an FP8 GPU) and the ranks combine their answers.
+      ForwardOptions argmax_only = fwd;
+      argmax_only.return_logits = false;
+      const int64_t fp8_calls = Fp8HeadArgmaxCalls();
+      auto alone = leader.Forward(*batch, argmax_only);
+      ASSERT_TRUE(alone.ok()) << alone.status();
+      report["fp8_argmax_calls"] = Fp8HeadArgmaxCalls() - fp8_calls;
+      const at::Tensor own = first->logits.argmax(-1).to(at::kInt);
+      report["argmax_alone_agreement"] =
+          1.0 - static_cast<double>(alone->target_argmax.ne(own).sum().item<int64_t>()) / own.numel();
 
       ModelOptions whole = opts;
       whole.tp = nullptr;
