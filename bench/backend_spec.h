@@ -15,7 +15,7 @@ namespace e3::bench {
 // "hf", "sgl", "hf-eager", or "sgl-no-fusion" / "-no-kernels" / "-no-varlen"
 // / "-no-lt" (LibTorch's matmul, so no residual add in the GEMM either) /
 // "-no-residual-gemm" / "-no-argmax-gemm" / "-no-fp8-argmax" / "-no-graphs"
-// (one sgl technique off, for ablations).
+// / "-no-tp-overlap" (one sgl technique off, for ablations).
 inline absl::Status ApplyBackendSpec(const std::string& spec, ModelOptions* o) {
   if (spec == "hf-eager") {
     E3_RETURN_IF_ERROR(SetBackend("hf", o));
@@ -40,10 +40,13 @@ inline absl::Status ApplyBackendSpec(const std::string& spec, ModelOptions* o) {
     o->argmax_fp8 = false;
   } else if (off == "graphs") {
     o->cuda_graphs = false;
+  } else if (off == "tp-overlap") {
+    o->tp_overlap = false;
   } else if (!off.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("backend ", spec,
                                                    ": expected sgl-no-fusion, -kernels, -varlen, -lt, "
-                                                   "-residual-gemm, -argmax-gemm, -fp8-argmax or -graphs"));
+                                                   "-residual-gemm, -argmax-gemm, -fp8-argmax, -graphs or "
+                                                   "-tp-overlap"));
   }
   return absl::OkStatus();
 }

@@ -132,7 +132,7 @@ tp() {
   # TP_BACKENDS lists them (e.g. "sgl sgl-no-fp8-argmax hf"), TP_LOGITS
   # whether the lm_head argmax is computed ("false true" by default).
   for backend in ${TP_BACKENDS:-sgl}; do
-    local args=(--model_dir="$dir" --device=cuda --dtype=bfloat16 --shapes=8x1024,ragged --repeats=5
+    local args=(--model_dir="$dir" --device=cuda --dtype=bfloat16 --shapes=8x1024,ragged,$CHAT_MIX --repeats=5
                 --backends=$backend)
     for logits in ${TP_LOGITS:-false true}; do
       one=$("$BUILD/bench/teacher_forward_bench" "${args[@]}" --logits=$logits | json)

@@ -52,7 +52,8 @@ ABSL_FLAG(std::string, model_dir, "examples/tiny-code-llama", "Hugging Face mode
 ABSL_FLAG(std::string, dtype, "float32", "compute dtype");
 ABSL_FLAG(std::string, backends, "sgl,hf,hf-eager",
           "backends timed in this run; the first is measured against the others: hf, sgl, hf-eager (hf with "
-          "eager attention), or sgl-no-<technique> (fusion, kernels, varlen, lt, residual-gemm, argmax-gemm, fp8-argmax, graphs) for ablations");
+          "eager attention), or sgl-no-<technique> (fusion, kernels, varlen, lt, residual-gemm, argmax-gemm, "
+          "fp8-argmax, graphs, tp-overlap) for ablations");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda[:N]");
 ABSL_FLAG(std::string, shapes, "1x128,4x256,8x512,ragged",
           "batches: BxS (B samples of S tokens), 'ragged' (chat-like lengths 37..700) or explicit sample "
@@ -72,6 +73,8 @@ ABSL_FLAG(int, tp_size, 1, "tensor-parallel ranks (one process each)");
 ABSL_FLAG(int, ep_size, 1, "expert-parallel groups (MoE models)");
 ABSL_FLAG(int, tp_rank, 0, "this process's rank (uses cuda:<rank> when --tp_size > 1)");
 ABSL_FLAG(int, master_port, 29720, "c10d store port of rank 0");
+ABSL_FLAG(int64_t, tp_overlap_min_tokens, e3::ModelOptions().tp_overlap_min_tokens,
+          "sgl under TP: smallest micro-batch half worth splitting a batch for (teacher_server's flag)");
 
 namespace e3 {
 namespace {
@@ -161,6 +164,7 @@ int Main() {
   ModelOptions options;
   options.dtype = *dtype;
   options.device = at::Device(absl::GetFlag(FLAGS_device));
+  options.tp_overlap_min_tokens = absl::GetFlag(FLAGS_tp_overlap_min_tokens);
   const int tp_size = absl::GetFlag(FLAGS_tp_size), tp_rank = absl::GetFlag(FLAGS_tp_rank);
   std::vector<std::string> backends = absl::StrSplit(absl::GetFlag(FLAGS_backends), ',');
   if (tp_size > 1) {

@@ -18,6 +18,7 @@ absl::Status SetBackend(const std::string& backend, ModelOptions* options) {
   options->argmax_in_gemm = sgl;
   options->argmax_fp8 = sgl;
   options->cuda_graphs = sgl;
+  options->tp_overlap = sgl;
   return absl::OkStatus();
 }
 

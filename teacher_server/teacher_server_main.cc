@@ -62,6 +62,9 @@ ABSL_FLAG(double, graph_min_host_share, 0.2,
           "sgl with CUDA graphs: capture a budget only if the host's issuing took at least this share of its timed "
           "eager forward (0: capture every budget)");
 ABSL_FLAG(int64_t, graph_token_step, 128, "sgl with CUDA graphs: ragged batches are padded to a multiple of this");
+ABSL_FLAG(int64_t, tp_overlap_min_tokens, 4096,
+          "sgl under --tp_size > 1: split a batch at a sample boundary into two micro-batches whose all-reduces run "
+          "while the other computes, where each half holds at least this many tokens (0: never split)");
 ABSL_FLAG(std::string, dtype, "", "compute dtype; default float32 on CPU, bfloat16 on GPU");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda:N");
 ABSL_FLAG(int64_t, draft_vocab_size, 32000, "draft vocabulary size (capped at the model's vocab)");
@@ -173,6 +176,11 @@ ModelOptions ModelOptionsFromFlags() {
   mopts.max_cuda_graphs = absl::GetFlag(FLAGS_max_cuda_graphs);
   mopts.graph_token_step = absl::GetFlag(FLAGS_graph_token_step);
   mopts.graph_min_host_share = absl::GetFlag(FLAGS_graph_min_host_share);
+  mopts.tp_overlap_min_tokens = absl::GetFlag(FLAGS_tp_overlap_min_tokens);
+  if (mopts.tp_overlap_min_tokens < 0) {
+    Fail(absl::InvalidArgumentError(
+        absl::StrCat("--tp_overlap_min_tokens=", mopts.tp_overlap_min_tokens, ": expected >= 0")));
+  }
   if (mopts.graph_token_step < 1) {
     Fail(absl::InvalidArgumentError(absl::StrCat("--graph_token_step=", mopts.graph_token_step, ": expected >= 1")));
   }

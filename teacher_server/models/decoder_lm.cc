@@ -6,6 +6,7 @@
 #include "common/status_macros.h"
 #include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/gemm.h"
+#include "teacher_server/parallel/micro_batches.h"
 #include "teacher_server/weight_loader.h"
 
 namespace e3 {
@@ -218,25 +219,41 @@ absl::StatusOr<ForwardOutput> DecoderLM::Forward(const PackedBatch& batch, const
   }
 }
 
-void DecoderLM::ReduceIfSharded(at::Tensor& partial) {
-  if (plan_.sharded()) options_.tp->AllReduceSum(partial);
-}
+namespace {
+
+// The aux layers' outputs, collected as the forward passes them: capture(i)
+// keeps h when layer i is an aux layer (HF's hidden_states[i + 1]).
+class AuxCapture {
+ public:
+  explicit AuxCapture(const std::vector<int32_t>& ids) : ids_(ids), states_(ids.size()) {}
+  void Capture(int64_t layer, const at::Tensor& h) {
+    for (size_t k = 0; k < ids_.size(); ++k) {
+      if (ids_[k] == layer) states_[k] = h;
+    }
+  }
+  // [T, k * H] in id order, or undefined when no aux layer was asked for.
+  at::Tensor Concatenated() const { return states_.empty() ? at::Tensor() : torch::cat(states_, -1); }
+
+ private:
+  const std::vector<int32_t>& ids_;
+  std::vector<at::Tensor> states_;
+};
+
+}  // namespace
 
 ForwardOutput DecoderLM::Run(const PackedBatch& batch, const PackedLayout& layout, const ForwardOptions& options) {
+  if (plan_.sharded()) return RunSharded(batch, layout, options);
   const double eps = config_.rms_norm_eps;
   const bool fused = options_.fused_kernels;
-  at::Tensor h = plan_.sharded()
-                     ? options_.tp->VocabParallelEmbedding(batch.input_ids, embed_tokens_, plan_.vocab.begin)
-                     : at::embedding(embed_tokens_, batch.input_ids);
+  at::Tensor h = at::embedding(embed_tokens_, batch.input_ids);
   auto [cos, sin] = rotary_.CosSin(batch.position_ids, h.scalar_type());
   const AttentionOptions attn{options_.attention, /*rope_in_place=*/fused, options_.gemm};
   const GemmPath gemm = options_.gemm;
-  // Residual adds in the GEMMs: partial products of tensor-parallel ranks
-  // must be summed before h is added, so not under TP. Where cuBLASLt does
-  // not take a GEMM (CPU, fp32, odd sizes) its fallback adds after the
-  // product, the same work the norm's add would do there (the fused norm
-  // kernel needs bf16/fp16 and widths that are multiples of 8 as well).
-  const bool add_in_gemm = options_.residual_in_gemm && gemm == GemmPath::kCublasLt && !plan_.sharded();
+  // Residual adds in the GEMMs. Where cuBLASLt does not take a GEMM (CPU,
+  // fp32, odd sizes) its fallback adds after the product, the same work the
+  // norm's add would do there (the fused norm kernel needs bf16/fp16 and
+  // widths that are multiples of 8 as well).
+  const bool add_in_gemm = options_.residual_in_gemm && gemm == GemmPath::kCublasLt;
 
   // The residual stream h and the output of the last sublayer, not yet
   // added to it (`pending`): each residual add is done by the next norm
@@ -244,64 +261,129 @@ ForwardOutput DecoderLM::Run(const PackedBatch& batch, const PackedLayout& layou
   // GEMM (pending then stays undefined). Either way layer i's output, h
   // after its MLP is added, exists once layer i + 1's input norm (or the
   // final norm) has run; h is always replaced, never written in place.
-  std::vector<at::Tensor> captured(options.aux_layer_ids.size());
-  auto capture = [&](int64_t layer) {
-    for (size_t k = 0; k < options.aux_layer_ids.size(); ++k) {
-      if (options.aux_layer_ids[k] == layer) captured[k] = h;
-    }
-  };
+  AuxCapture aux(options.aux_layer_ids);
   at::Tensor pending;
   for (int64_t i = 0; i < static_cast<int64_t>(layers_.size()); ++i) {
     const Layer& layer = layers_[i];
     at::Tensor x = AddRmsNorm(&h, pending, layer.input_layernorm, eps, fused);
-    if (i > 0) capture(i - 1);
+    if (i > 0) aux.Capture(i - 1, h);
     if (add_in_gemm) {
       h = SelfAttention(x, layer.attn, attn_shape_, cos, sin, layout, attn, /*residual=*/h);
       x = AddRmsNorm(&h, at::Tensor(), layer.post_attention_layernorm, eps, fused);
     } else {
       x = SelfAttention(x, layer.attn, attn_shape_, cos, sin, layout, attn);
-      ReduceIfSharded(x);
       x = AddRmsNorm(&h, x, layer.post_attention_layernorm, eps, fused);
     }
     if (layer.is_moe) {
       pending = SparseMoe(x, layer.moe, routing_, fused);
-      ReduceIfSharded(pending);
     } else if (add_in_gemm) {
       h = SwiGluMlp(x, layer.mlp, fused, gemm, /*residual=*/h);
       pending = at::Tensor();
     } else {
       pending = SwiGluMlp(x, layer.mlp, fused, gemm);
-      ReduceIfSharded(pending);
     }
   }
   ForwardOutput out;
   out.last_hidden = AddRmsNorm(&h, pending, norm_, eps, fused);
-  capture(static_cast<int64_t>(layers_.size()) - 1);
-  if (!captured.empty()) out.aux_hidden = torch::cat(captured, -1);
-  if (options.return_argmax && !options.return_logits) out.target_argmax = HeadArgmax(out.last_hidden);
-  if (options.return_logits || (options.return_argmax && !out.target_argmax.defined())) {
-    const int64_t T = out.last_hidden.size(0);
-    // About 4200 rows for a 128k vocab in bf16. Under TP, with logits
-    // requested, the gathered chunk is tp times that.
-    const int64_t chunk_rows = LmHeadChunkRows(lm_head_.size(0) * lm_head_.element_size());
-    std::vector<at::Tensor> logits, argmax;
-    for (int64_t start = 0; start < T; start += chunk_rows) {
-      const int64_t n = std::min(chunk_rows, T - start);
-      at::Tensor chunk = Gemm(out.last_hidden.narrow(0, start, n), lm_head_, at::Tensor(), at::Tensor(), gemm);
-      if (plan_.sharded()) {
-        // Logits were asked for (HeadArgmax answers the argmax alone).
-        // Vocab shards are ceil(V / tp) rows except the last: gather padded.
-        const int64_t rows = (config_.vocab_size + plan_.tp_size - 1) / plan_.tp_size;
-        at::Tensor padded = at::constant_pad_nd(chunk, {0, rows - chunk.size(1)});
-        chunk = torch::cat(options_.tp->AllGather(padded), -1).narrow(-1, 0, config_.vocab_size);
-      }
-      if (options.return_argmax) argmax.push_back(RowArgmax(chunk, fused));
-      if (options.return_logits) logits.push_back(chunk);
-    }
-    if (options.return_argmax) out.target_argmax = torch::cat(argmax);
-    if (options.return_logits) out.logits = torch::cat(logits);
-  }
+  aux.Capture(static_cast<int64_t>(layers_.size()) - 1, h);
+  out.aux_hidden = aux.Concatenated();
+  Head(options, &out);
   return out;
+}
+
+ForwardOutput DecoderLM::RunSharded(const PackedBatch& batch, const PackedLayout& layout,
+                                    const ForwardOptions& options) {
+  const double eps = config_.rms_norm_eps;
+  const bool fused = options_.fused_kernels;
+  TpGroup& tp = *options_.tp;
+  const at::Tensor h = tp.VocabParallelEmbedding(batch.input_ids, embed_tokens_, plan_.vocab.begin);
+  auto [cos, sin] = rotary_.CosSin(batch.position_ids, h.scalar_type());
+  const AttentionOptions attn{options_.attention, /*rope_in_place=*/fused, options_.gemm};
+
+  // One micro-batch, or two whose reductions overlap the other's compute
+  // (parallel/micro_batches.h). Each holds its residual stream h, the
+  // partial sublayer output `pending` and that output's all-reduce in
+  // flight; the residual add is the next norm's (partial products must be
+  // summed before h is added, so no add in the GEMMs here).
+  struct MicroBatch {
+    PackedLayout layout;
+    at::Tensor cos, sin, h, pending;
+    std::unique_ptr<PendingCollective> reduction;
+    AuxCapture aux;
+  };
+  std::vector<MicroBatch> parts;
+  parts.reserve(2);
+  const int64_t split = options_.tp_overlap ? OverlapSplitPoint(batch.cu_seqlens, options_.tp_overlap_min_tokens) : 0;
+  const int64_t samples = batch.num_samples();
+  if (split > 0) CountOverlappedForward();
+  for (const auto& [s0, s1] : split > 0 ? std::vector<std::pair<int64_t, int64_t>>{{0, split}, {split, samples}}
+                                        : std::vector<std::pair<int64_t, int64_t>>{{0, samples}}) {
+    const int64_t begin = batch.cu_seqlens[s0], tokens = batch.cu_seqlens[s1] - begin;
+    PackedLayout part_layout = split > 0 ? MakePackedLayout(SampleRangeOffsets(batch.cu_seqlens, s0, s1),
+                                                            options_.device, options_.attention)
+                                         : layout;
+    parts.push_back(MicroBatch{std::move(part_layout), cos.narrow(0, begin, tokens),
+                               sin.narrow(0, begin, tokens), h.narrow(0, begin, tokens), at::Tensor(), nullptr,
+                               AuxCapture(options.aux_layer_ids)});
+  }
+  // Before a part reads its pending output: its sum has arrived.
+  auto summed = [&tp](MicroBatch& m) {
+    if (m.reduction) tp.Finish(std::move(m.reduction));
+  };
+  for (int64_t i = 0; i < static_cast<int64_t>(layers_.size()); ++i) {
+    const Layer& layer = layers_[i];
+    for (MicroBatch& m : parts) {
+      summed(m);
+      const at::Tensor x = AddRmsNorm(&m.h, m.pending, layer.input_layernorm, eps, fused);
+      if (i > 0) m.aux.Capture(i - 1, m.h);
+      m.pending = SelfAttention(x, layer.attn, attn_shape_, m.cos, m.sin, m.layout, attn);
+      m.reduction = tp.StartAllReduceSum(m.pending);
+    }
+    for (MicroBatch& m : parts) {
+      summed(m);
+      const at::Tensor x = AddRmsNorm(&m.h, m.pending, layer.post_attention_layernorm, eps, fused);
+      m.pending = layer.is_moe ? SparseMoe(x, layer.moe, routing_, fused)
+                               : SwiGluMlp(x, layer.mlp, fused, options_.gemm);
+      m.reduction = tp.StartAllReduceSum(m.pending);
+    }
+  }
+  std::vector<at::Tensor> last, aux;
+  for (MicroBatch& m : parts) {
+    summed(m);
+    last.push_back(AddRmsNorm(&m.h, m.pending, norm_, eps, fused));
+    m.aux.Capture(static_cast<int64_t>(layers_.size()) - 1, m.h);
+    aux.push_back(m.aux.Concatenated());
+  }
+  ForwardOutput out;
+  out.last_hidden = parts.size() == 1 ? last[0] : torch::cat(last);
+  if (!options.aux_layer_ids.empty()) out.aux_hidden = parts.size() == 1 ? aux[0] : torch::cat(aux);
+  Head(options, &out);
+  return out;
+}
+
+void DecoderLM::Head(const ForwardOptions& options, ForwardOutput* out) {
+  if (options.return_argmax && !options.return_logits) out->target_argmax = HeadArgmax(out->last_hidden);
+  if (!options.return_logits && (!options.return_argmax || out->target_argmax.defined())) return;
+  const int64_t T = out->last_hidden.size(0);
+  // About 4200 rows for a 128k vocab in bf16. Under TP, with logits
+  // requested, the gathered chunk is tp times that.
+  const int64_t chunk_rows = LmHeadChunkRows(lm_head_.size(0) * lm_head_.element_size());
+  std::vector<at::Tensor> logits, argmax;
+  for (int64_t start = 0; start < T; start += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, T - start);
+    at::Tensor chunk = Gemm(out->last_hidden.narrow(0, start, n), lm_head_, at::Tensor(), at::Tensor(), options_.gemm);
+    if (plan_.sharded()) {
+      // Logits were asked for (HeadArgmax answers the argmax alone).
+      // Vocab shards are ceil(V / tp) rows except the last: gather padded.
+      const int64_t rows = (config_.vocab_size + plan_.tp_size - 1) / plan_.tp_size;
+      at::Tensor padded = at::constant_pad_nd(chunk, {0, rows - chunk.size(1)});
+      chunk = torch::cat(options_.tp->AllGather(padded), -1).narrow(-1, 0, config_.vocab_size);
+    }
+    if (options.return_argmax) argmax.push_back(RowArgmax(chunk, options_.fused_kernels));
+    if (options.return_logits) logits.push_back(chunk);
+  }
+  if (options.return_argmax) out->target_argmax = torch::cat(argmax);
+  if (options.return_logits) out->logits = torch::cat(logits);
 }
 
 at::Tensor DecoderLM::HeadArgmax(const at::Tensor& x) {

@@ -58,6 +58,13 @@ class DecoderLM : public CausalLM {
   absl::Status LoadWeights(const ModelDir& dir);
   absl::Status LoadLayer(WeightLoader& w, int64_t i, Layer* layer) const;
   ForwardOutput Run(const PackedBatch& batch, const PackedLayout& layout, const ForwardOptions& options);
+  // Run's tensor-parallel form: every partial product all-reduced, the
+  // batch in two micro-batches whose reductions overlap each other's
+  // compute where options_.tp_overlap splits it (parallel/micro_batches.h).
+  ForwardOutput RunSharded(const PackedBatch& batch, const PackedLayout& layout, const ForwardOptions& options);
+  // The lm_head's outputs for out->last_hidden: the target argmax and/or
+  // the logits, as `options` asks.
+  void Head(const ForwardOptions& options, ForwardOutput* out);
   // Whether this model's forward can be captured in a CUDA graph: CUDA,
   // one process (no collectives), no MoE layer (its routing counts go to
   // the host), and the fused varlen attention (the per-sample loop reads
@@ -70,7 +77,6 @@ class DecoderLM : public CausalLM {
   // combined by TpGroup::VocabParallelArgmax, so that every rank issues the
   // same collectives however it found its answer.
   at::Tensor HeadArgmax(const at::Tensor& x);
-  void ReduceIfSharded(at::Tensor& partial);
 
   ModelConfig config_;
   ModelOptions options_;

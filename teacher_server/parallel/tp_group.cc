@@ -11,11 +11,15 @@ void ThrowIfError(const absl::Status& st) {
 
 }  // namespace
 
-void TpGroup::AllReduceSum(at::Tensor& t) {
+void TpGroup::AllReduceSum(at::Tensor& t) { Finish(StartAllReduceSum(t)); }
+
+std::unique_ptr<PendingCollective> TpGroup::StartAllReduceSum(at::Tensor& t) {
   auto pending = group_->AllReduceSum(t);
   ThrowIfError(pending.status());
-  ThrowIfError((*pending)->Wait());
+  return std::move(pending).value();
 }
+
+void TpGroup::Finish(std::unique_ptr<PendingCollective> pending) { ThrowIfError(pending->Wait()); }
 
 std::vector<at::Tensor> TpGroup::AllGather(const at::Tensor& t) {
   at::Tensor in = t.contiguous();

@@ -25,6 +25,12 @@ class TpGroup {
 
   // Sum over ranks, in place. `t` must be contiguous.
   void AllReduceSum(at::Tensor& t);
+  // The same sum, started and not waited for: `t` may not be read or
+  // written until Finish(returned handle) has run. On NCCL the sum runs on
+  // the group's own stream while this thread queues more work; Finish makes
+  // the current stream wait for it (the host does not block).
+  std::unique_ptr<PendingCollective> StartAllReduceSum(at::Tensor& t);
+  void Finish(std::unique_ptr<PendingCollective> pending);
   // Every rank's `t` (same shape on all), in rank order.
   std::vector<at::Tensor> AllGather(const at::Tensor& t);
   // Sum of per-rank embeddings of a vocab-parallel table: rows outside

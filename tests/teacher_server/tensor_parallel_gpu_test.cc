@@ -67,6 +67,7 @@ TEST_P(TensorParallelNcclTest, MatchesTheUnshardedModel) {
   const bool fp8 = run.sgl && bf16 && CudaComputeCapability(/*rank 0's device=*/0) >= 89;
   EXPECT_EQ(r["fp8_argmax_calls"].get<int64_t>() > 0, fp8);
   EXPECT_GE(r["argmax_alone_agreement"].get<double>(), fp8 ? 0.99 : 1.0);
+  EXPECT_EQ(r["overlapped_forwards"].get<int64_t>(), run.sgl ? 1 : 0) << "sgl splits these batches, hf does not";
   // bf16 rounding can flip near-ties of the top two logits (and, for MoE,
   // of the router); transformers' own bf16 agrees with its fp32 on 95.4%
   // of rand_qwen3_moe's argmaxes.
@@ -77,6 +78,7 @@ TEST_P(TensorParallelNcclTest, MatchesTheUnshardedModel) {
 TpRun Gpu(const char* name, int tp, int ep, const char* dtype, bool sgl = false) {
   TpRun r{name, tp, ep, true, dtype};
   r.sgl = sgl;
+  if (sgl) r.overlap_min_tokens = 1;  // two overlapped micro-batches (96 | 104 tokens on tiny-code-llama)
   return r;
 }
 

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "teacher_server/models/decoder_lm.h"
+#include "teacher_server/parallel/micro_batches.h"
 #include "tests/teacher_server/tp_harness.h"
 
 namespace e3 {
@@ -25,8 +26,10 @@ TEST(TensorParallelTest, ChildRole) {
   testing::RunTpChild(spec);
 }
 
+// sgl, with its batches split into two overlapped micro-batches.
 TpRun Sgl(TpRun r) {
   r.sgl = true;
+  r.overlap_min_tokens = 1;
   return r;
 }
 
@@ -60,6 +63,7 @@ TEST_P(TensorParallelCpuTest, MatchesTheUnshardedModel) {
   // gathered logits, ties included.
   EXPECT_EQ(r["argmax_alone_agreement"].get<double>(), 1.0);
   EXPECT_EQ(r["fp8_argmax_calls"].get<int64_t>(), 0) << "no FP8 search on the CPU";
+  EXPECT_EQ(r["overlapped_forwards"].get<int64_t>(), run.sgl ? 1 : 0) << "sgl splits these batches, hf does not";
   EXPECT_LT(r["aux_vs_hf"].get<double>(), 1e-4);  // the golden tests' bound
   EXPECT_TRUE(r["repeat_bitwise_equal"].get<bool>());
 }
@@ -75,8 +79,9 @@ INSTANTIATE_TEST_SUITE_P(
                       TpRun{"rand_qwen3_moe", 2, 2},         // EP=2: whole experts per rank
                       TpRun{"rand_qwen3_moe", 4, 2},         // 2 groups of 2: experts and their slices
                       TpRun{"rand_qwen3_moe_unnorm", 4, 4},  // 1 expert per rank, kv replicated
-                      Sgl(TpRun{"rand_qwen2", 2, 1}),         // sgl: fused qkv (with biases) per shard
-                      Sgl(TpRun{"rand_qwen3_moe", 2, 2})),    // sgl: fused gate-up per local expert
+                      // sgl: fused qkv (with biases) and fused gate-up per local
+                      // expert per shard; micro-batches of 200 and 103 tokens.
+                      Sgl(TpRun{"rand_qwen2", 2, 1}), Sgl(TpRun{"rand_qwen3_moe", 2, 2})),
     [](const ::testing::TestParamInfo<TpRun>& info) {
       return absl::StrCat(info.param.golden_case, "_tp", info.param.tp_size, "_ep", info.param.ep_size,
                           info.param.sgl ? "_sgl" : "");
@@ -150,6 +155,27 @@ TEST(ShardPlanTest, SplitsHeadsVocabAndExperts) {
   EXPECT_TRUE(ShardPlan::Make(c, 5, 8, 2).ok());
   c.moe.mlp_only_layers = {0};  // one dense layer: now it must
   EXPECT_FALSE(ShardPlan::Make(c, 5, 8, 2).ok());
+}
+
+TEST(MicroBatchesTest, SplitsAtTheSampleBoundaryNearestHalf) {
+  EXPECT_EQ(OverlapSplitPoint({0, 200, 213, 303}, 1), 1);  // 200 | 103 beats 213 | 90
+  EXPECT_EQ(OverlapSplitPoint({0, 100, 200, 300, 400}, 1), 2);
+  EXPECT_EQ(OverlapSplitPoint({0, 100, 300, 400}, 1), 1) << "a tie goes to the lower boundary";
+  EXPECT_EQ(OverlapSplitPoint({0, 1024, 2048, 3072, 4096, 5120, 6144, 7168, 8192}, 512), 4);
+  EXPECT_EQ(OverlapSplitPoint({0, 200, 2248, 2760, 4160, 4480, 5380, 7130, 7770}, 512), 4);  // the chat mix
+}
+
+TEST(MicroBatchesTest, LeavesSmallOrSingleSampleBatchesWhole) {
+  EXPECT_EQ(OverlapSplitPoint({0, 8192}, 1), 0) << "one sample cannot be split";
+  EXPECT_EQ(OverlapSplitPoint({0}, 1), 0);
+  EXPECT_EQ(OverlapSplitPoint({0, 600, 1000}, 512), 0) << "a 400-token half is below the minimum";
+  EXPECT_EQ(OverlapSplitPoint({0, 600, 1200}, 512), 1);
+  EXPECT_EQ(OverlapSplitPoint({0, 600, 1200}, 0), 0) << "0 turns the split off";
+}
+
+TEST(MicroBatchesTest, RebasesASampleRange) {
+  EXPECT_EQ(SampleRangeOffsets({0, 200, 213, 303}, 1, 3), (std::vector<int64_t>{0, 13, 103}));
+  EXPECT_EQ(SampleRangeOffsets({0, 200, 213, 303}, 0, 1), (std::vector<int64_t>{0, 200}));
 }
 
 TEST(ShardPlanTest, NamesTheFieldThatDoesNotDivide) {

@@ -24,6 +24,7 @@
 #include "nlohmann/json.hpp"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/fp8_head_argmax.h"
+#include "teacher_server/parallel/micro_batches.h"
 #include "teacher_server/parallel/tp_control.h"
 #include "tests/e2e/subprocess.h"
 #include "tests/free_port.h"
@@ -39,22 +40,25 @@ struct TpRun {
   std::string dtype = "float32";
   std::string follower_fault;  // "exit_after_load": rank 1 dies before any forward
   bool sgl = false;             // the sgl backend (SetBackend("sgl")) on every rank
+  // ModelOptions::tp_overlap_min_tokens on every rank (-1: the default).
+  // The fixtures' batches are a few hundred tokens: 1 makes sgl split them.
+  int64_t overlap_min_tokens = -1;
 };
 
 inline void PrintTo(const TpRun& r, std::ostream* os) {
   *os << r.golden_case << " tp=" << r.tp_size << " ep=" << r.ep_size << (r.cuda ? " cuda " : " cpu ") << r.dtype
-      << (r.sgl ? " sgl" : " hf");
+      << (r.sgl ? " sgl" : " hf") << (r.overlap_min_tokens >= 0 ? " overlap" : "");
 }
 
 inline std::string EncodeRun(const TpRun& r, int rank, int port, const std::string& out) {
   return absl::StrCat(r.golden_case, "|", rank, "|", r.tp_size, "|", r.ep_size, "|", port, "|", r.cuda ? 1 : 0, "|",
-                      r.dtype, "|", r.follower_fault, "|", r.sgl ? 1 : 0, "|", out);
+                      r.dtype, "|", r.follower_fault, "|", r.sgl ? 1 : 0, "|", out, "|", r.overlap_min_tokens);
 }
 
 // The body of one rank (called from the child-role test).
 inline void RunTpChild(const std::string& spec) {
   std::vector<std::string> f = absl::StrSplit(spec, '|');
-  ASSERT_EQ(f.size(), 10u) << spec;
+  ASSERT_EQ(f.size(), 11u) << spec;
   const GoldenCase c = LoadGoldenCase(f[0]);
   const int rank = std::stoi(f[1]), size = std::stoi(f[2]), ep = std::stoi(f[3]), port = std::stoi(f[4]);
   const bool cuda = f[5] == "1";
@@ -74,6 +78,7 @@ inline void RunTpChild(const std::string& spec) {
   opts.dtype = dtype;
   opts.device = cuda ? at::Device(at::kCUDA, rank) : at::Device(at::kCPU);
   ASSERT_TRUE(SetBackend(f[8] == "1" ? "sgl" : "hf", &opts).ok());
+  if (f[10] != "-1") opts.tp_overlap_min_tokens = std::stoll(f[10]);
   opts.tp = std::make_shared<TpGroup>(std::move(group).value(), ep);
   auto shard = LoadCausalLM(**dir, opts);
   ASSERT_TRUE(shard.ok()) << shard.status();
@@ -107,10 +112,11 @@ inline void RunTpChild(const std::string& spec) {
       // on an FP8 GPU) and the ranks combine their answers.
       ForwardOptions argmax_only = fwd;
       argmax_only.return_logits = false;
-      const int64_t fp8_calls = Fp8HeadArgmaxCalls();
+      const int64_t fp8_calls = Fp8HeadArgmaxCalls(), overlapped = OverlappedForwards();
       auto alone = leader.Forward(*batch, argmax_only);
       ASSERT_TRUE(alone.ok()) << alone.status();
       report["fp8_argmax_calls"] = Fp8HeadArgmaxCalls() - fp8_calls;
+      report["overlapped_forwards"] = OverlappedForwards() - overlapped;
       const at::Tensor own = first->logits.argmax(-1).to(at::kInt);
       report["argmax_alone_agreement"] =
           1.0 - static_cast<double>(alone->target_argmax.ne(own).sum().item<int64_t>()) / own.numel();
