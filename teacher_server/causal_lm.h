@@ -64,7 +64,7 @@ struct ModelOptions {
   //   micro_batches.h), where each half holds at least
   //   tp_overlap_min_tokens tokens (0: never split). 4096: on two H200s
   //   (8B, TP=2) halves of 4096 tokens gained 1-4%, halves of 1536-3610
-  //   tokens -1.5 to +1%, halves of ~1000 tokens lost 6-8%.
+  //   tokens -1.7 to +1.7%, halves of 1378 and 903 tokens lost 5-8%.
   bool tp_overlap = false;
   int64_t tp_overlap_min_tokens = 4096;
   // Tensor (and expert) parallelism: this process is one rank of `tp` and

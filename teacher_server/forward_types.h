@@ -31,10 +31,18 @@ absl::StatusOr<PackedBatch> MakePackedBatch(at::Tensor input_ids, std::vector<in
                                             int64_t vocab_size, const at::Device& device);
 
 struct ForwardOptions {
-  // Decoder layers whose outputs are captured (HF hidden_states[i + 1]).
+  // Decoder layers whose outputs are captured: layer i's output, HF's
+  // hidden_states[i + 1] (for the last layer, before the final norm; HF's
+  // hidden_states[L] is after it, and last_hidden holds that).
   std::vector<int32_t> aux_layer_ids;
   bool return_logits = false;  // full [T, V] logits; costly for big vocabs
   bool return_argmax = true;   // target_argmax [T], computed chunk-wise
+  // Under TP: the sample index at which the batch splits into two
+  // overlapped micro-batches (0: not split; parallel/micro_batches.h). The
+  // TP leader decides it from its own options and sends it to every rank,
+  // so that all ranks issue the same collectives whatever flags each was
+  // started with. -1: the model decides from its own options.
+  int64_t micro_batch_split = -1;
 };
 
 struct ForwardOutput {

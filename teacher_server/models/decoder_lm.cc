@@ -175,6 +175,11 @@ absl::Status DecoderLM::CheckForward(const PackedBatch& batch, const ForwardOpti
     }
   }
   if (batch.num_tokens() == 0) return absl::InvalidArgumentError("empty batch");
+  if (options.micro_batch_split >= batch.num_samples()) {
+    return absl::InvalidArgumentError(absl::StrCat("micro_batch_split ", options.micro_batch_split,
+                                                   " is not a sample boundary inside a batch of ",
+                                                   batch.num_samples(), " samples"));
+  }
   if (config_.sliding_window > 0) {
     for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s) {
       const int64_t n = batch.cu_seqlens[s + 1] - batch.cu_seqlens[s];
@@ -221,8 +226,8 @@ absl::StatusOr<ForwardOutput> DecoderLM::Forward(const PackedBatch& batch, const
 
 namespace {
 
-// The aux layers' outputs, collected as the forward passes them: capture(i)
-// keeps h when layer i is an aux layer (HF's hidden_states[i + 1]).
+// The aux layers' outputs, collected as the forward passes them: Capture(i,
+// h) keeps layer i's output h when i is an aux layer (ForwardOptions).
 class AuxCapture {
  public:
   explicit AuxCapture(const std::vector<int32_t>& ids) : ids_(ids), states_(ids.size()) {}
@@ -313,7 +318,9 @@ ForwardOutput DecoderLM::RunSharded(const PackedBatch& batch, const PackedLayout
   };
   std::vector<MicroBatch> parts;
   parts.reserve(2);
-  const int64_t split = options_.tp_overlap ? OverlapSplitPoint(batch.cu_seqlens, options_.tp_overlap_min_tokens) : 0;
+  const int64_t split = options.micro_batch_split >= 0 ? options.micro_batch_split
+                       : options_.tp_overlap         ? OverlapSplitPoint(batch.cu_seqlens, options_.tp_overlap_min_tokens)
+                                                     : 0;
   const int64_t samples = batch.num_samples();
   if (split > 0) CountOverlappedForward();
   for (const auto& [s0, s1] : split > 0 ? std::vector<std::pair<int64_t, int64_t>>{{0, split}, {split, samples}}

@@ -134,16 +134,16 @@ std::optional<ForwardOutput> ForwardGraphs::Run(const PackedBatch& batch, const 
     }
     auto g = std::make_unique<Graph>();
     g->plan = plan;
-    const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong).device(device_);
-    // Zeros: the padding tokens' ids and positions must be valid before
-    // any batch has written them.
-    g->ids = at::zeros({plan.tokens}, longs);
-    g->positions = at::zeros({plan.tokens}, longs);
-    const int64_t n = static_cast<int64_t>(plan.cu_seqlens.size());
-    g->cu_seqlens = at::empty({n}, longs.dtype(at::kInt));
-    if (plan.uniform) g->cu_seqlens.copy_(PinnedCuSeqlens(plan.cu_seqlens));  // fixed: once
-    copy_in(g.get());
     try {
+      const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong).device(device_);
+      // Zeros: the padding tokens' ids and positions must be valid before
+      // any batch has written them.
+      g->ids = at::zeros({plan.tokens}, longs);
+      g->positions = at::zeros({plan.tokens}, longs);
+      const int64_t n = static_cast<int64_t>(plan.cu_seqlens.size());
+      g->cu_seqlens = at::empty({n}, longs.dtype(at::kInt));
+      if (plan.uniform) g->cu_seqlens.copy_(PinnedCuSeqlens(plan.cu_seqlens));  // fixed: once
+      copy_in(g.get());
       Capture(g.get(), plan, options, run);
     } catch (const c10::OutOfMemoryError& e) {
       // No room for this budget's graph now (its buffers, or the warm-up):
@@ -203,7 +203,15 @@ void ForwardGraphs::Capture(Graph* g, const GraphBatchPlan& plan, const ForwardO
   at::cuda::CUDAEvent queued;
   queued.record(current);
   queued.block(side);
-  {
+  // Later work on the current stream waits for the side stream's, also when
+  // the capture fails: the graph's input buffers, which the side stream
+  // reads, are then freed into the current stream's pool for reuse.
+  auto join_side = [&] {
+    at::cuda::CUDAEvent done;
+    done.record(side);
+    done.block(current);
+  };
+  try {
     const c10::cuda::CUDAStreamGuard stream_guard(side);
     // One eager run first: cuBLASLt's heuristics, cuDNN's plans and lazily
     // loaded kernels are set up outside the capture.
@@ -221,11 +229,15 @@ void ForwardGraphs::Capture(Graph* g, const GraphBatchPlan& plan, const ForwardO
       throw;
     }
     g->graph.capture_end();
+  } catch (...) {
+    try {
+      join_side();
+    } catch (...) {
+    }
+    throw;
   }
   if (pool_.first == 0 && pool_.second == 0) pool_ = g->graph.pool();
-  at::cuda::CUDAEvent captured;
-  captured.record(side);
-  captured.block(current);
+  join_side();
   g_captures.fetch_add(1, std::memory_order_relaxed);
 #else
   (void)g;

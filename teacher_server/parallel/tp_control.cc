@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "teacher_server/parallel/micro_batches.h"
 
 namespace e3 {
 namespace {
@@ -12,7 +13,7 @@ namespace {
 // The control header, broadcast first, one int64 tensor of fixed length
 // (a broadcast needs the same shape on every rank).
 enum Kind : int64_t { kHeartbeat = 0, kForward = 1, kShutdown = 2 };
-enum Slot : int64_t { kKind = 0, kTokens, kOffsets, kLogits, kArgmax, kNumAux, kFirstAux };
+enum Slot : int64_t { kKind = 0, kTokens, kOffsets, kLogits, kArgmax, kSplit, kNumAux, kFirstAux };
 constexpr int64_t kMaxAux = 26;
 constexpr int64_t kHeaderLen = kFirstAux + kMaxAux;
 
@@ -75,6 +76,12 @@ absl::StatusOr<ForwardOutput> TpLeader::Forward(const PackedBatch& batch, const 
   }
   TpGroup& tp = *shard_->options().tp;
   const at::Device device = shard_->options().device;
+  // The leader's flags decide the micro-batch split for every rank.
+  ForwardOptions sent = options;
+  if (sent.micro_batch_split < 0) {
+    const ModelOptions& mo = shard_->options();
+    sent.micro_batch_split = mo.tp_overlap ? OverlapSplitPoint(batch.cu_seqlens, mo.tp_overlap_min_tokens) : 0;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (shut_down_) return absl::FailedPreconditionError("tensor-parallel group already shut down");
   try {
@@ -84,6 +91,7 @@ absl::StatusOr<ForwardOutput> TpLeader::Forward(const PackedBatch& batch, const 
     h[kOffsets] = static_cast<int64_t>(batch.cu_seqlens.size());
     h[kLogits] = options.return_logits;
     h[kArgmax] = options.return_argmax;
+    h[kSplit] = sent.micro_batch_split;
     h[kNumAux] = num_aux;
     for (int64_t k = 0; k < num_aux; ++k) h[kFirstAux + k] = options.aux_layer_ids[k];
     E3_RETURN_IF_ERROR(tp.group().Broadcast(torch::tensor(h, at::kLong).to(device), 0));
@@ -95,7 +103,7 @@ absl::StatusOr<ForwardOutput> TpLeader::Forward(const PackedBatch& batch, const 
     return absl::InternalError(absl::StrCat("tensor-parallel batch broadcast: ", e.what_without_backtrace()));
   }
   last_message_ = absl::Now();
-  auto out = shard_->Forward(batch, options);
+  auto out = shard_->Forward(batch, sent);
   if (!out.ok()) {
     // The followers are inside the same forward, at whichever collective
     // this rank failed before. No later broadcast can line up with theirs,
@@ -128,7 +136,8 @@ absl::Status RunTpFollower(CausalLM& shard) {
         std::printf("teacher rank %d: leader shut down after %ld forwards\n", tp.rank(), static_cast<long>(forwards));
         return absl::OkStatus();
       }
-      if (h[kKind] != kForward || h[kTokens] <= 0 || h[kOffsets] < 2 || h[kNumAux] < 0 || h[kNumAux] > kMaxAux) {
+      if (h[kKind] != kForward || h[kTokens] <= 0 || h[kOffsets] < 2 || h[kNumAux] < 0 || h[kNumAux] > kMaxAux ||
+          h[kSplit] < 0 || h[kSplit] >= h[kOffsets] - 1) {
         return absl::DataLossError(absl::StrCat("tensor-parallel header from the leader is malformed (kind ",
                                                 h[kKind], ", tokens ", h[kTokens], ")"));
       }
@@ -141,6 +150,7 @@ absl::Status RunTpFollower(CausalLM& shard) {
       batch.cu_seqlens.assign(offsets.data_ptr<int64_t>(), offsets.data_ptr<int64_t>() + n_off);
       options.return_logits = h[kLogits] != 0;
       options.return_argmax = h[kArgmax] != 0;
+      options.micro_batch_split = h[kSplit];
       for (int64_t k = 0; k < h[kNumAux]; ++k) options.aux_layer_ids.push_back(static_cast<int32_t>(h[kFirstAux + k]));
     } catch (const c10::Error& e) {
       return absl::InternalError(absl::StrCat("tensor-parallel follower: ", e.what_without_backtrace()));

@@ -39,12 +39,14 @@ at::Tensor TpGroup::VocabParallelEmbedding(const at::Tensor& ids, const at::Tens
 }
 
 at::Tensor TpGroup::VocabParallelArgmax(const at::Tensor& local_argmax, const at::Tensor& local_best, int64_t begin) {
-  std::vector<at::Tensor> values = AllGather(local_best.to(at::kFloat));
-  std::vector<at::Tensor> ids = AllGather(local_argmax.to(at::kLong) + begin);
+  return PickVocabParallelArgmax(AllGather(local_best.to(at::kFloat)), AllGather(local_argmax.to(at::kLong) + begin));
+}
+
+at::Tensor PickVocabParallelArgmax(const std::vector<at::Tensor>& best, const std::vector<at::Tensor>& ids) {
   // [ranks, n]: ranks hold ascending vocab ranges, so the first rank with
   // the maximum (or the first NaN: argmax ranks a NaN above everything)
   // holds its lowest id.
-  at::Tensor rank_of_best = torch::stack(values).argmax(0, /*keepdim=*/true);
+  at::Tensor rank_of_best = torch::stack(best).argmax(0, /*keepdim=*/true);
   return torch::stack(ids).gather(0, rank_of_best).squeeze(0).to(at::kInt);
 }
 

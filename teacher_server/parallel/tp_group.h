@@ -49,6 +49,11 @@ class TpGroup {
   int ep_size_;
 };
 
+// VocabParallelArgmax's choice once every rank's answer is here: best[r]
+// and ids[r] ([n] each) are rank r's logits and global ids, ranks in vocab
+// order. Returns int32 [n].
+at::Tensor PickVocabParallelArgmax(const std::vector<at::Tensor>& best, const std::vector<at::Tensor>& ids);
+
 }  // namespace e3
 
 #endif  // E3_TEACHER_SERVER_PARALLEL_TP_GROUP_H_

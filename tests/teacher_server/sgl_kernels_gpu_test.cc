@@ -356,6 +356,7 @@ TEST_P(SglKernelsGpuTest, Fp8HeadArgmaxIsTheExactArgmaxOfItsCandidates) {
     const at::Tensor finite = best.isfinite().logical_and(there.isfinite());
     EXPECT_TRUE(at::allclose(best.masked_select(finite), there.masked_select(finite), 1.0 / 128, 1e-6));
     EXPECT_TRUE(best.isnan().equal(there.isnan()));
+    EXPECT_TRUE(best.isinf().equal(there.isinf()));
     EXPECT_TRUE(best.masked_select(best.isinf()).equal(there.masked_select(best.isinf())));
     // Rows from a strided view (the aux/last hidden of a wider tensor).
     const at::Tensor wide = torch::randn({64, K + 8}, opts());

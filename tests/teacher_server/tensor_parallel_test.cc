@@ -8,8 +8,12 @@
 // few ulps per layer, ~1e-6 relative after 6 layers (measured below).
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <vector>
+
 #include "teacher_server/models/decoder_lm.h"
 #include "teacher_server/parallel/micro_batches.h"
+#include "teacher_server/parallel/tp_group.h"
 #include "tests/teacher_server/tp_harness.h"
 
 namespace e3 {
@@ -155,6 +159,30 @@ TEST(ShardPlanTest, SplitsHeadsVocabAndExperts) {
   EXPECT_TRUE(ShardPlan::Make(c, 5, 8, 2).ok());
   c.moe.mlp_only_layers = {0};  // one dense layer: now it must
   EXPECT_FALSE(ShardPlan::Make(c, 5, 8, 2).ok());
+}
+
+// The combine of a vocab-parallel argmax against at::argmax over the whole
+// row: ties across ranks go to the lower id, a NaN wins, -0 ties with +0.
+TEST(VocabParallelArgmaxTest, PicksWhatArgmaxPicksOverTheWholeRow) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  // Rows of the whole [n, 6] logits; rank 0 holds ids 0-2, rank 1 ids 3-5.
+  const at::Tensor logits = torch::tensor({1.f, 5.f, 2.f, 5.f, 0.f, 1.f,       // tie across ranks: 1
+                                           1.f, 2.f, 3.f, 4.f, 9.f, 4.f,       // rank 1 wins: 4
+                                           1.f, 2.f, 3.f, nan, 9.f, 4.f,       // NaN on rank 1: 3
+                                           nan, 2.f, 3.f, nan, 9.f, 4.f,       // first NaN: 0
+                                           -0.f, -1.f, -2.f, 0.f, -3.f, -4.f,  // signed zeros tie: 0
+                                           -inf, -inf, -inf, -inf, -inf, -inf})
+                               .view({6, 6});
+  std::vector<at::Tensor> best, ids;
+  for (int64_t r = 0; r < 2; ++r) {
+    const at::Tensor local = logits.narrow(1, 3 * r, 3);
+    const at::Tensor where = local.argmax(-1);
+    best.push_back(local.gather(-1, where.unsqueeze(-1)).squeeze(-1));
+    ids.push_back(where + 3 * r);
+  }
+  const at::Tensor got = PickVocabParallelArgmax(best, ids);
+  EXPECT_TRUE(got.equal(logits.argmax(-1).to(at::kInt))) << got;
+  EXPECT_TRUE(got.equal(torch::tensor({1, 4, 3, 0, 0, 0}, at::kInt))) << got;
 }
 
 TEST(MicroBatchesTest, SplitsAtTheSampleBoundaryNearestHalf) {

@@ -40,8 +40,11 @@ struct TpRun {
   std::string dtype = "float32";
   std::string follower_fault;  // "exit_after_load": rank 1 dies before any forward
   bool sgl = false;             // the sgl backend (SetBackend("sgl")) on every rank
-  // ModelOptions::tp_overlap_min_tokens on every rank (-1: the default).
-  // The fixtures' batches are a few hundred tokens: 1 makes sgl split them.
+  // ModelOptions::tp_overlap_min_tokens on rank 0 (-1: the default). The
+  // fixtures' batches are a few hundred tokens: 1 makes sgl split them.
+  // The other ranks then start with the split off (0): the leader's choice
+  // must reach them (ForwardOptions::micro_batch_split), or their
+  // collectives would not line up with rank 0's.
   int64_t overlap_min_tokens = -1;
 };
 
@@ -78,7 +81,7 @@ inline void RunTpChild(const std::string& spec) {
   opts.dtype = dtype;
   opts.device = cuda ? at::Device(at::kCUDA, rank) : at::Device(at::kCPU);
   ASSERT_TRUE(SetBackend(f[8] == "1" ? "sgl" : "hf", &opts).ok());
-  if (f[10] != "-1") opts.tp_overlap_min_tokens = std::stoll(f[10]);
+  if (f[10] != "-1") opts.tp_overlap_min_tokens = rank == 0 ? std::stoll(f[10]) : 0;
   opts.tp = std::make_shared<TpGroup>(std::move(group).value(), ep);
   auto shard = LoadCausalLM(**dir, opts);
   ASSERT_TRUE(shard.ok()) << shard.status();
