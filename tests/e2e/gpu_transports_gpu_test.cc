@@ -51,6 +51,8 @@ TEST_P(GpuTransportsTest, TeacherOnOneGpuTrainsAStudentOnAnother) {
   auto tst = teacher.Wait(60s);
   ASSERT_TRUE(tst.has_value()) << "teacher did not exit when done\n" << teacher.Log();
   EXPECT_TRUE(WIFEXITED(*tst) && WEXITSTATUS(*tst) == 0) << teacher.Log();
+  EXPECT_NE(teacher.Log().find("teacher: backend sgl on cuda:0"), std::string::npos)
+      << "--backend=auto must pick sgl on a GPU\n" << teacher.Log();
 
   auto summary = nlohmann::json::parse(ReadFile(dir + "/summary.json"));
   std::printf("gpu e2e [%s]: %ld steps, %.0f tok/s, wait %.1f%%, loss %.3f -> %.3f, acc_0 %.3f -> %.3f\n",

@@ -194,6 +194,7 @@ TEST_F(TeacherBinaryTest, ServesMetricsAndInfoThenDrainsOnSigterm) {
   ASSERT_GT(port, 0);
 
   const std::string out = child->out();
+  EXPECT_NE(out.find("teacher: backend hf on cpu"), std::string::npos) << "--backend=auto on the CPU: " << out;
   std::smatch m;
   const std::regex serving(R"(teacher: serving on ([0-9.]+):(\d+) \(metrics on :(\d+)\))");
   ASSERT_TRUE(std::regex_search(out, m, serving)) << out;
@@ -240,7 +241,7 @@ TEST_F(TeacherBinaryTest, ServesMetricsAndInfoThenDrainsOnSigterm) {
     EXPECT_EQ(resp.model().compute_dtype(), v1::DTYPE_F32);  // the CPU default
     EXPECT_EQ(resp.dataset_samples(), 20);
     EXPECT_GT(resp.dataset_tokens(), 0);
-    EXPECT_EQ(resp.backend(), "hf");
+    EXPECT_EQ(resp.backend(), "hf") << "--backend=auto resolves to hf on the CPU";
   }
 
   // One batch through a real subscription moves the counters.
