@@ -132,6 +132,8 @@ TEST(SglLayersTest, SetBackendKnowsHfAndSgl) {
   EXPECT_TRUE(o.residual_in_gemm);
   EXPECT_TRUE(o.argmax_in_gemm);
   EXPECT_TRUE(o.argmax_fp8);
+  EXPECT_TRUE(o.cuda_graphs);
+  EXPECT_TRUE(o.tp_overlap);
   ASSERT_TRUE(SetBackend("hf", &o).ok());
   EXPECT_FALSE(o.fuse_projections);
   EXPECT_FALSE(o.fused_kernels);
@@ -140,6 +142,8 @@ TEST(SglLayersTest, SetBackendKnowsHfAndSgl) {
   EXPECT_FALSE(o.residual_in_gemm);
   EXPECT_FALSE(o.argmax_in_gemm);
   EXPECT_FALSE(o.argmax_fp8);
+  EXPECT_FALSE(o.cuda_graphs);
+  EXPECT_FALSE(o.tp_overlap);
   const absl::Status bad = SetBackend("vllm", &o);
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(bad.message()).find("expected hf or sgl"), std::string::npos) << bad;
@@ -262,6 +266,32 @@ TEST(SglLayersTest, ForwardGraphsDeclineOffTheGpu) {
 }
 
 class SglBackendTest : public ::testing::TestWithParam<std::string> {};
+
+// A micro-batch split is a sample boundary inside the batch (the TP leader
+// sends it to every rank); one process ignores a valid one.
+TEST(SglLayersTest, AMicroBatchSplitOutsideTheBatchIsRefused) {
+  const auto c = LoadGoldenCase("rand_qwen2");  // 3 samples: 200, 13 and 90 tokens
+  auto dir = ModelDir::Open(c.model_dir);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  ModelOptions options;
+  ASSERT_TRUE(SetBackend("sgl", &options).ok());
+  auto model = LoadCausalLM(**dir, options);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto batch = MakePackedBatch(c.tensors.at("input_ids").to(at::kLong), c.cu_seqlens, (*dir)->config().vocab_size,
+                               options.device);
+  ASSERT_TRUE(batch.ok());
+  ForwardOptions fwd;
+  fwd.micro_batch_split = 3;
+  const auto refused = (*model)->Forward(*batch, fwd);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(refused.status().message()).find("micro_batch_split 3"), std::string::npos)
+      << refused.status();
+  fwd.micro_batch_split = 1;
+  const auto whole = (*model)->Forward(*batch, fwd);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->last_hidden.size(0), batch->num_tokens());
+}
 
 TEST_P(SglBackendTest, MatchesTheReference) {
   const auto c = LoadGoldenCase(GetParam());
