@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "teacher_server/models/decoder_lm.h"
+#include "teacher_server/parallel/micro_batches.h"
 
 namespace e3 {
 
@@ -20,6 +21,10 @@ absl::Status SetBackend(const std::string& backend, ModelOptions* options) {
   options->cuda_graphs = sgl;
   options->tp_overlap = sgl;
   return absl::OkStatus();
+}
+
+int64_t MicroBatchSplit(const ModelOptions& options, const std::vector<int64_t>& cu_seqlens) {
+  return options.tp_overlap ? OverlapSplitPoint(cu_seqlens, options.tp_overlap_min_tokens) : 0;
 }
 
 absl::StatusOr<std::unique_ptr<CausalLM>> LoadCausalLM(const ModelDir& dir, const ModelOptions& options) {

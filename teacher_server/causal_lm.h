@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
@@ -96,6 +97,12 @@ class CausalLM {
 // order, SDPA per sample, nothing fused) and "sgl" (every technique above).
 // Sets those fields of *options; an unknown name is an error naming both.
 absl::Status SetBackend(const std::string& backend, ModelOptions* options);
+
+// Where a tensor-parallel forward with these options splits a batch with
+// offsets `cu_seqlens` into two overlapped micro-batches (tp_overlap,
+// tp_overlap_min_tokens; parallel/micro_batches.h): a sample index, 0 for
+// no split.
+int64_t MicroBatchSplit(const ModelOptions& options, const std::vector<int64_t>& cu_seqlens);
 
 // Builds the architecture named in the model's config.json.
 absl::StatusOr<std::unique_ptr<CausalLM>> LoadCausalLM(const ModelDir& dir, const ModelOptions& options);

@@ -55,15 +55,16 @@ ABSL_FLAG(std::string, backend, "auto",
           "weights, fused add+RMSNorm/SiLU-mul/rope/argmax CUDA kernels, varlen flash attention, cuBLASLt GEMMs with "
           "the residual add in their epilogue, the target argmax through an FP8 candidate search, the forward as a CUDA "
           "graph per token budget; same outputs within bf16 rounding)");
-ABSL_FLAG(int, max_cuda_graphs, 8,
+ABSL_FLAG(int, max_cuda_graphs, e3::ModelOptions().max_cuda_graphs,
           "sgl on a GPU: most token budgets whose whole forward is kept as a CUDA graph (captured the third time a "
           "budget is seen, where its timed second forward spent --graph_min_host_share of its time issuing "
           "kernels); 0 runs every forward eagerly");
-ABSL_FLAG(double, graph_min_host_share, 0.2,
+ABSL_FLAG(double, graph_min_host_share, e3::ModelOptions().graph_min_host_share,
           "sgl with CUDA graphs: capture a budget only if the host's issuing took at least this share of its timed "
           "eager forward (0: capture every budget)");
-ABSL_FLAG(int64_t, graph_token_step, 128, "sgl with CUDA graphs: ragged batches are padded to a multiple of this");
-ABSL_FLAG(int64_t, tp_overlap_min_tokens, 4096,
+ABSL_FLAG(int64_t, graph_token_step, e3::ModelOptions().graph_token_step,
+          "sgl with CUDA graphs: ragged batches are padded to a multiple of this");
+ABSL_FLAG(int64_t, tp_overlap_min_tokens, e3::ModelOptions().tp_overlap_min_tokens,
           "sgl under --tp_size > 1: split a batch at a sample boundary into two micro-batches whose all-reduces run "
           "while the other computes, where each half holds at least this many tokens (0: never split)");
 ABSL_FLAG(std::string, dtype, "", "compute dtype; default float32 on CPU, bfloat16 on GPU");

@@ -6,9 +6,9 @@
 #include "teacher_server/layers/gemm.h"
 
 #ifdef E3_HAS_CUDA
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include "common/gpu/cuda_runtime.h"
 #include "teacher_server/kernels/fp8_argmax.h"
 #include "teacher_server/layers/kernel_launch.h"
 #endif
@@ -25,8 +25,8 @@ std::unique_ptr<Fp8HeadArgmax> Fp8HeadArgmax::Prepare(const at::Tensor& w) {
   if (!w.is_cuda() || w.scalar_type() != at::kBFloat16 || w.dim() != 2 || !w.is_contiguous()) return nullptr;
   const int64_t V = w.size(0), H = w.size(1);
   if (V == 0 || H == 0 || V % 16 != 0 || H % 16 != 0) return nullptr;
-  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(w.device().index());
-  if (prop->major * 10 + prop->minor < 89) return nullptr;
+  // GemmE4m3 would refuse: checked before the head is quantised.
+  if (CudaComputeCapability(w.device().index()) < 89) return nullptr;
   const c10::cuda::CUDAGuard guard(w.device());
   std::unique_ptr<Fp8HeadArgmax> head(new Fp8HeadArgmax());
   head->w_ = w;

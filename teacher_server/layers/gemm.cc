@@ -11,6 +11,8 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cublasLt.h>
+
+#include "common/gpu/cuda_runtime.h"
 #endif
 
 namespace e3 {
@@ -213,8 +215,7 @@ at::Tensor GemmE4m3(const at::Tensor& xq, const at::Tensor& wq) {
   const int64_t M = xq.size(0), K = xq.size(1), N = wq.size(0);
   if (M == 0 || N == 0 || K == 0 || wq.size(1) != K || K % 16 != 0 || N % 16 != 0) return {};
   const int index = xq.device().index();
-  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(index);
-  if (prop->major * 10 + prop->minor < 89) return {};  // FP8 tensor cores: Ada and Hopper on
+  if (CudaComputeCapability(index) < 89) return {};  // FP8 tensor cores: Ada and Hopper on
   const c10::cuda::CUDAGuard guard(xq.device());
   at::Tensor y = at::empty({M, N}, xq.options().dtype(at::kBFloat16));
   const int64_t align = std::min(Alignment(xq.data_ptr()), std::min(Alignment(wq.data_ptr()), Alignment(y.data_ptr())));

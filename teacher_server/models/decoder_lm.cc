@@ -318,9 +318,8 @@ ForwardOutput DecoderLM::RunSharded(const PackedBatch& batch, const PackedLayout
   };
   std::vector<MicroBatch> parts;
   parts.reserve(2);
-  const int64_t split = options.micro_batch_split >= 0 ? options.micro_batch_split
-                       : options_.tp_overlap         ? OverlapSplitPoint(batch.cu_seqlens, options_.tp_overlap_min_tokens)
-                                                     : 0;
+  const int64_t split =
+      options.micro_batch_split >= 0 ? options.micro_batch_split : MicroBatchSplit(options_, batch.cu_seqlens);
   const int64_t samples = batch.num_samples();
   if (split > 0) CountOverlappedForward();
   for (const auto& [s0, s1] : split > 0 ? std::vector<std::pair<int64_t, int64_t>>{{0, split}, {split, samples}}
@@ -368,27 +367,32 @@ ForwardOutput DecoderLM::RunSharded(const PackedBatch& batch, const PackedLayout
   return out;
 }
 
+void DecoderLM::ForEachLogitsChunk(const at::Tensor& x,
+                                   const std::function<void(const at::Tensor& logits)>& fn) const {
+  const int64_t T = x.size(0);
+  // About 4200 rows for a 128k vocab in bf16.
+  const int64_t chunk_rows = LmHeadChunkRows(lm_head_.size(0) * lm_head_.element_size());
+  for (int64_t start = 0; start < T; start += chunk_rows) {
+    fn(Gemm(x.narrow(0, start, std::min(chunk_rows, T - start)), lm_head_, at::Tensor(), at::Tensor(), options_.gemm));
+  }
+}
+
 void DecoderLM::Head(const ForwardOptions& options, ForwardOutput* out) {
   if (options.return_argmax && !options.return_logits) out->target_argmax = HeadArgmax(out->last_hidden);
   if (!options.return_logits && (!options.return_argmax || out->target_argmax.defined())) return;
-  const int64_t T = out->last_hidden.size(0);
-  // About 4200 rows for a 128k vocab in bf16. Under TP, with logits
-  // requested, the gathered chunk is tp times that.
-  const int64_t chunk_rows = LmHeadChunkRows(lm_head_.size(0) * lm_head_.element_size());
   std::vector<at::Tensor> logits, argmax;
-  for (int64_t start = 0; start < T; start += chunk_rows) {
-    const int64_t n = std::min(chunk_rows, T - start);
-    at::Tensor chunk = Gemm(out->last_hidden.narrow(0, start, n), lm_head_, at::Tensor(), at::Tensor(), options_.gemm);
+  ForEachLogitsChunk(out->last_hidden, [&](at::Tensor chunk) {
     if (plan_.sharded()) {
       // Logits were asked for (HeadArgmax answers the argmax alone).
-      // Vocab shards are ceil(V / tp) rows except the last: gather padded.
+      // Vocab shards are ceil(V / tp) rows except the last: gather padded
+      // (the gathered chunk is tp times this rank's).
       const int64_t rows = (config_.vocab_size + plan_.tp_size - 1) / plan_.tp_size;
       at::Tensor padded = at::constant_pad_nd(chunk, {0, rows - chunk.size(1)});
       chunk = torch::cat(options_.tp->AllGather(padded), -1).narrow(-1, 0, config_.vocab_size);
     }
     if (options.return_argmax) argmax.push_back(RowArgmax(chunk, options_.fused_kernels));
     if (options.return_logits) logits.push_back(chunk);
-  }
+  });
   if (options.return_argmax) out->target_argmax = torch::cat(argmax);
   if (options.return_logits) out->logits = torch::cat(logits);
 }
@@ -403,15 +407,11 @@ at::Tensor DecoderLM::HeadArgmax(const at::Tensor& x) {
   at::Tensor local, best;
   if (fp8_head_) local = fp8_head_->Argmax(x, &best);
   if (!local.defined()) {
-    const int64_t T = x.size(0);
-    const int64_t chunk_rows = LmHeadChunkRows(lm_head_.size(0) * lm_head_.element_size());
     std::vector<at::Tensor> locals, bests;
-    for (int64_t start = 0; start < T; start += chunk_rows) {
-      const at::Tensor rows = x.narrow(0, start, std::min(chunk_rows, T - start));
-      const at::Tensor logits = Gemm(rows, lm_head_, at::Tensor(), at::Tensor(), options_.gemm);
+    ForEachLogitsChunk(x, [&](const at::Tensor& logits) {
       locals.push_back(RowArgmax(logits, options_.fused_kernels));
       bests.push_back(logits.gather(-1, locals.back().to(at::kLong).unsqueeze(-1)).squeeze(-1));
-    }
+    });
     local = torch::cat(locals);
     best = torch::cat(bests);
   }

@@ -14,6 +14,7 @@
 #ifndef E3_TEACHER_SERVER_MODELS_DECODER_LM_H_
 #define E3_TEACHER_SERVER_MODELS_DECODER_LM_H_
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -65,6 +66,9 @@ class DecoderLM : public CausalLM {
   // The lm_head's outputs for out->last_hidden: the target argmax and/or
   // the logits, as `options` asks.
   void Head(const ForwardOptions& options, ForwardOutput* out);
+  // Calls fn with this rank's logits x lm_head_^T for x's rows, in chunks
+  // of about 1 GiB, so that the full logits never exist at once.
+  void ForEachLogitsChunk(const at::Tensor& x, const std::function<void(const at::Tensor& logits)>& fn) const;
   // Whether this model's forward can be captured in a CUDA graph: CUDA,
   // one process (no collectives), no MoE layer (its routing counts go to
   // the host), and the fused varlen attention (the per-sample loop reads

@@ -39,9 +39,11 @@ GraphBatchPlan PlanGraphBatch(const std::vector<int64_t>& cu_seqlens, int64_t to
   GraphBatchPlan plan;
   const int64_t samples = static_cast<int64_t>(cu_seqlens.size()) - 1;
   const int64_t T = cu_seqlens.back();
-  int64_t longest = 0;
-  for (int64_t s = 0; s < samples; ++s) longest = std::max(longest, cu_seqlens[s + 1] - cu_seqlens[s]);
-  plan.uniform = samples > 0 && T == samples * longest;
+  // The longest sample and uniformity as the attention layout sees them
+  // (on the CPU no device offsets are made).
+  const PackedLayout layout = MakePackedLayout(cu_seqlens, at::kCPU, AttentionKernel::kSdpa);
+  const int64_t longest = layout.max_seqlen;
+  plan.uniform = layout.uniform;
   if (plan.uniform) {
     plan.tokens = T;
     plan.max_seqlen = longest;

@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "teacher_server/parallel/micro_batches.h"
 
 namespace e3 {
 namespace {
@@ -78,10 +77,7 @@ absl::StatusOr<ForwardOutput> TpLeader::Forward(const PackedBatch& batch, const 
   const at::Device device = shard_->options().device;
   // The leader's flags decide the micro-batch split for every rank.
   ForwardOptions sent = options;
-  if (sent.micro_batch_split < 0) {
-    const ModelOptions& mo = shard_->options();
-    sent.micro_batch_split = mo.tp_overlap ? OverlapSplitPoint(batch.cu_seqlens, mo.tp_overlap_min_tokens) : 0;
-  }
+  if (sent.micro_batch_split < 0) sent.micro_batch_split = MicroBatchSplit(shard_->options(), batch.cu_seqlens);
   std::lock_guard<std::mutex> lock(mu_);
   if (shut_down_) return absl::FailedPreconditionError("tensor-parallel group already shut down");
   try {

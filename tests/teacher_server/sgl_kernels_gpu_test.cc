@@ -45,6 +45,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/torch/torch_compat.h"
+#include "common/gpu/cuda_runtime.h"
 #include "common/model_dir.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/attention.h"
@@ -56,26 +57,13 @@
 #include "teacher_server/models/forward_graphs.h"
 #include "tests/teacher_server/golden_fixture.h"
 
-#ifdef E3_HAS_CUDA
-#include <ATen/cuda/CUDAContext.h>
-#endif
-
 namespace e3 {
 namespace {
 
 using testing::RelInf;
 
-// The current CUDA device's compute capability as major * 10 + minor (90
-// for Hopper); 0 in a build without CUDA. Callers have checked that CUDA
-// is available.
-int CurrentComputeCapability() {
-#ifdef E3_HAS_CUDA
-  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
-  return prop->major * 10 + prop->minor;
-#else
-  return 0;
-#endif
-}
+// The compute capability of cuda:0, where these tests run (90 for Hopper).
+int TestDeviceCapability() { return CudaComputeCapability(0); }
 
 class SglKernelsGpuTest : public ::testing::TestWithParam<at::ScalarType> {
  protected:
@@ -271,7 +259,7 @@ TEST_P(SglKernelsGpuTest, RowArgmaxIsExact) {
 
 TEST_P(SglKernelsGpuTest, LinearArgmaxIsTheArgmaxOfTheLogits) {
   torch::manual_seed(11);
-  const bool hopper = CurrentComputeCapability() / 10 == 9;
+  const bool hopper = TestDeviceCapability() / 10 == 9;
   if (GetParam() != at::kBFloat16) {
     EXPECT_FALSE(LinearArgmax(torch::randn({8, 64}, opts()), torch::randn({64, 64}, opts())).defined())
         << "bf16 only";
@@ -316,7 +304,7 @@ TEST_P(SglKernelsGpuTest, LinearArgmaxIsTheArgmaxOfTheLogits) {
 
 TEST_P(SglKernelsGpuTest, Fp8HeadArgmaxIsTheExactArgmaxOfItsCandidates) {
   torch::manual_seed(12);
-  const bool fp8 = CurrentComputeCapability() >= 89;
+  const bool fp8 = TestDeviceCapability() >= 89;
   if (GetParam() != at::kBFloat16) {
     EXPECT_EQ(Fp8HeadArgmax::Prepare(torch::randn({64, 64}, opts())), nullptr) << "bf16 only";
     return;
@@ -334,7 +322,8 @@ TEST_P(SglKernelsGpuTest, Fp8HeadArgmaxIsTheExactArgmaxOfItsCandidates) {
     x[rows - 1].copy_(w[vocab - 1] * 200);   // the last column
     const auto head = Fp8HeadArgmax::Prepare(w);
     ASSERT_NE(head, nullptr) << "a contiguous bf16 head with V, H multiples of 16 must be taken";
-    const at::Tensor want = at::linear(x, w).argmax(-1).to(at::kInt);
+    const at::Tensor logits = at::linear(x, w);
+    const at::Tensor want = logits.argmax(-1).to(at::kInt);
     const int64_t calls = Fp8HeadArgmaxCalls();
     const at::Tensor got = head->Argmax(x);
     ASSERT_TRUE(got.defined());
@@ -352,7 +341,7 @@ TEST_P(SglKernelsGpuTest, Fp8HeadArgmaxIsTheExactArgmaxOfItsCandidates) {
     EXPECT_TRUE(head->Argmax(x, &best).equal(got)) << "asking for the logit changes no answer";
     ASSERT_TRUE(best.defined());
     ASSERT_EQ(best.scalar_type(), at::kFloat);
-    const at::Tensor there = at::linear(x, w).gather(-1, got.to(at::kLong).unsqueeze(-1)).squeeze(-1).to(at::kFloat);
+    const at::Tensor there = logits.gather(-1, got.to(at::kLong).unsqueeze(-1)).squeeze(-1).to(at::kFloat);
     const at::Tensor finite = best.isfinite().logical_and(there.isfinite());
     EXPECT_TRUE(at::allclose(best.masked_select(finite), there.masked_select(finite), 1.0 / 128, 1e-6));
     EXPECT_TRUE(best.isnan().equal(there.isnan()));
@@ -464,7 +453,7 @@ TEST_P(SglModelGpuTest, UniformAndRaggedBatchesMatchHf) {
     auto s = sgl->Forward(*batch, fwd);
     ASSERT_TRUE(r.ok() && h.ok() && s.ok());
     EXPECT_GT(FusedKernelLaunches(), launches);
-    if (CurrentComputeCapability() >= 89 && GetParam() == "tiny_code_llama") {
+    if (TestDeviceCapability() >= 89 && GetParam() == "tiny_code_llama") {
       EXPECT_EQ(Fp8HeadArgmaxCalls(), fp8_calls + 1) << "sgl's argmax through the FP8 candidate search";
     }
     const bool uniform = lengths.size() == 4;

@@ -136,8 +136,7 @@ inline void RunTpChild(const std::string& spec) {
       // Counted exactly: a float mean of a 0/1 tensor is not exactly 1.
       const int64_t differ = first->target_argmax.ne(ref->target_argmax).sum().item<int64_t>();
       report["argmax_agreement_tp1"] = 1.0 - static_cast<double>(differ) / first->target_argmax.numel();
-      report["argmax_equals_own_logits"] =
-          first->target_argmax.equal(first->logits.argmax(-1).to(at::kInt));
+      report["argmax_equals_own_logits"] = first->target_argmax.equal(own);
       report["aux_vs_hf"] = RelInf(first->aux_hidden.cpu(), c.tensors.at("aux_hidden"));
       report["last_vs_hf"] = RelInf(first->last_hidden.cpu(), c.tensors.at("last_hidden"));
       report["shapes_match"] = first->aux_hidden.sizes() == ref->aux_hidden.sizes() &&
