@@ -8,12 +8,13 @@
 #include <cuda_runtime.h>
 
 #include "teacher_server/kernels/argmax_key.h"
+#include "teacher_server/kernels/packs16.cuh"
 
 namespace e3::kernels {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kVec = 8;
+constexpr int kVec = kPack16Elems;
 constexpr int K = kFp8ArgmaxCandidates;
 constexpr float kE4m3Max = 448.f;
 static_assert(kThreads / 32 == K, "RescoreKernel gives each candidate one warp");
@@ -21,8 +22,6 @@ static_assert(kThreads / 32 == K, "RescoreKernel gives each candidate one warp")
 struct alignas(16) Bf16x8 {
   __nv_bfloat162 v[4];
 };
-
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 __device__ __forceinline__ unsigned long long WarpMax(unsigned long long v) {
   for (int o = 16; o > 0; o >>= 1) {
@@ -256,7 +255,8 @@ __global__ void __launch_bounds__(kThreads)
 
 bool QuantizeRowsE4m3(const void* x, int64_t x_stride, int64_t rows, int64_t cols, void* q, float* scale,
                       uint8_t* nonfinite, void* stream) {
-  if (rows <= 0 || cols <= 0 || cols % kVec != 0 || x_stride % kVec != 0 || !Aligned16(x) || !Aligned16(q)) {
+  if (rows <= 0 || cols <= 0 || cols % kVec != 0 || x_stride % kVec != 0 || !Is16ByteAligned(x) ||
+      !Is16ByteAligned(q)) {
     return false;
   }
   QuantizeRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
@@ -266,8 +266,8 @@ bool QuantizeRowsE4m3(const void* x, int64_t x_stride, int64_t rows, int64_t col
 
 bool TopScoreCandidates(const void* scores, int64_t rows, int64_t cols, int64_t stride, const float* col_scale,
                         int32_t* cand, void* stream) {
-  if (rows <= 0 || cols <= 0 || cols % kVec != 0 || stride % kVec != 0 || !Aligned16(scores) ||
-      (col_scale != nullptr && !Aligned16(col_scale))) {
+  if (rows <= 0 || cols <= 0 || cols % kVec != 0 || stride % kVec != 0 || !Is16ByteAligned(scores) ||
+      (col_scale != nullptr && !Is16ByteAligned(col_scale))) {
     return false;
   }
   constexpr int64_t kRowsPerBlock = kThreads / 32;
@@ -281,7 +281,7 @@ bool RescoreCandidates(const void* x, int64_t x_stride, const void* w, int64_t w
                        int64_t k, const int32_t* cand, const uint8_t* nonfinite, int32_t* out, float* best_logit,
                        void* stream) {
   if (rows <= 0 || vocab <= 0 || k <= 0 || k % kVec != 0 || x_stride % kVec != 0 || w_stride % kVec != 0 ||
-      !Aligned16(x) || !Aligned16(w)) {
+      !Is16ByteAligned(x) || !Is16ByteAligned(w)) {
     return false;
   }
   RescoreKernel<<<static_cast<unsigned>(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(

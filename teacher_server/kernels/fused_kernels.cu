@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "teacher_server/kernels/argmax_key.h"
+#include "teacher_server/kernels/packs16.cuh"
 
 namespace e3::kernels {
 namespace {
@@ -36,10 +37,11 @@ struct alignas(sizeof(T) * N) Pack {
   T v[N];
 };
 
-constexpr int kVec = 8;  // 16 bytes of bf16/fp16
+constexpr int kVec = kPack16Elems;
 constexpr int kThreads = 256;
 
-bool Aligned(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+// Optional operands (nullptr) do not stop the vectorised path.
+bool Aligned(const void* p) { return p == nullptr || Is16ByteAligned(p); }
 
 int64_t Blocks(int64_t work) {
   const int64_t b = (work + kThreads - 1) / kThreads;

@@ -560,6 +560,59 @@ TEST_P(SglModelGpuTest, CudaGraphReplaysAreTheEagerForward) {
   EXPECT_EQ(CudaGraphReplays() - replays, moe ? 0 : 4) << "a forward with logits runs eagerly";
 }
 
+// A budget whose graph finds no memory stays eager; the others keep
+// their graphs. The forward here is a small stand-in computation on the
+// GPU, and the out-of-memory error is the caching allocator's own: the
+// forward of the "big" budget asks it for 4 TiB once graphs are being made.
+TEST(ForwardGraphsGpuTest, AnOutOfMemoryCaptureLeavesThatBudgetEager) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs CUDA";
+  const at::Device cuda("cuda:0");
+  ForwardGraphs graphs(cuda, /*token_step=*/128, /*max_graphs=*/8, /*min_host_share=*/0.0);
+  int calls = 0;
+  bool hog = false;  // set once both budgets are past their deciding run
+  const int64_t big_tokens = 256;
+  const ForwardGraphs::RunFn run = [&](const PackedBatch& b, const PackedLayout&, const ForwardOptions&) {
+    ++calls;
+    if (hog && b.num_tokens() == big_tokens) {
+      (void)at::empty({int64_t{1} << 42}, at::TensorOptions().dtype(at::kByte).device(cuda));
+    }
+    ForwardOutput out;
+    out.last_hidden = (b.input_ids.to(at::kFloat) * 2 + b.position_ids.to(at::kFloat)).unsqueeze(1);
+    out.target_argmax = (b.input_ids + 1).to(at::kInt);
+    return out;
+  };
+  auto make = [&](int64_t n) {
+    auto b = MakePackedBatch(torch::randint(1000, {n}, at::kLong), {0, n / 2, n}, 1000, cuda);
+    EXPECT_TRUE(b.ok()) << b.status();
+    return *b;
+  };
+  const PackedBatch big = make(big_tokens), small = make(128);
+  const ForwardOptions fwd;
+  const int64_t captures = CudaGraphCaptures(), replays = CudaGraphReplays();
+  for (const PackedBatch* b : {&big, &small}) {
+    EXPECT_FALSE(graphs.Run(*b, fwd, run).has_value()) << "first sighting: the caller runs it";
+    EXPECT_TRUE(graphs.Run(*b, fwd, run).has_value()) << "second sighting: the timed eager run";
+  }
+  hog = true;
+  calls = 0;
+  EXPECT_FALSE(graphs.Run(big, fwd, run).has_value()) << "no memory for the graph: the caller runs it eagerly";
+  EXPECT_EQ(calls, 1) << "the capture's warm-up ran and failed";
+  calls = 0;
+  EXPECT_FALSE(graphs.Run(big, fwd, run).has_value());
+  EXPECT_EQ(calls, 0) << "the budget stays eager without another try";
+  // The other budget still gets its graph, and the replay is the forward.
+  hog = false;
+  auto g = graphs.Run(small, fwd, run);
+  ASSERT_TRUE(g.has_value());
+  EXPECT_EQ(CudaGraphCaptures() - captures, 1);
+  EXPECT_EQ(CudaGraphReplays() - replays, 1);
+  const ForwardOutput want = run(small, PackedLayout(), fwd);
+  EXPECT_TRUE(g->last_hidden.equal(want.last_hidden));
+  EXPECT_TRUE(g->target_argmax.equal(want.target_argmax));
+  // The stream the capture ran beside is usable afterwards.
+  EXPECT_EQ(at::ones({4}, at::TensorOptions().device(cuda)).sum().item<float>(), 4.f);
+}
+
 // Llama (the bundled model), Qwen3 (q/k norm: contiguous q, strided k/v),
 // Qwen3-MoE (fused SiLU-mul per expert).
 INSTANTIATE_TEST_SUITE_P(Models, SglModelGpuTest, ::testing::Values("tiny_code_llama", "rand_qwen3", "rand_qwen3_moe"));

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -33,6 +34,11 @@
 namespace e3::testing {
 
 struct TpRun {
+  TpRun() = default;
+  // The fields that name a layout; the rest keep their defaults.
+  TpRun(std::string golden_case, int tp_size, int ep_size, bool cuda = false, std::string dtype = "float32")
+      : golden_case(std::move(golden_case)), tp_size(tp_size), ep_size(ep_size), cuda(cuda), dtype(std::move(dtype)) {}
+
   std::string golden_case;
   int tp_size = 2;
   int ep_size = 1;
