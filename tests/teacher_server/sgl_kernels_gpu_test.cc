@@ -56,6 +56,7 @@
 #include "teacher_server/layers/rotary.h"
 #include "teacher_server/models/forward_graphs.h"
 #include "tests/teacher_server/golden_fixture.h"
+#include "tests/teacher_server/trimmed_vocab_model.h"
 
 namespace e3 {
 namespace {
@@ -558,6 +559,66 @@ TEST_P(SglModelGpuTest, CudaGraphReplaysAreTheEagerForward) {
   ASSERT_TRUE(batch.ok());
   ASSERT_TRUE(graphed->Forward(*batch, with_logits).ok());
   EXPECT_EQ(CudaGraphReplays() - replays, moe ? 0 : 4) << "a forward with logits runs eagerly";
+}
+
+// A vocabulary that is not a multiple of 16 (tiny-code-llama cut to 8191
+// rows, as models with an added pad token have 32001): the FP8 candidate
+// search does not take the lm_head, and the argmax comes from the next path
+// (the Hopper GEMM's epilogue, or the logits in chunks). It is still the
+// argmax of sgl's own logits, over every column, and agrees with hf fp32's
+// as often as hf bf16's does, within a point.
+TEST(SglOddVocabGpuTest, ArgmaxWithoutTheFp8SearchIsTheArgmaxOfItsLogits) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs CUDA";
+  const std::string model_dir = testing::TrimmedVocabModel(
+      testing::LoadGoldenCase("tiny_code_llama").model_dir, 1, testing::ScratchDir("odd_vocab"));
+  auto dir = ModelDir::Open(model_dir);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  const int64_t vocab = (*dir)->config().vocab_size;
+  ASSERT_EQ(vocab % 16, 15);
+  std::unique_ptr<CausalLM> models[3];  // sgl bf16, hf bf16, hf fp32 (the truth)
+  for (int i = 0; i < 3; ++i) {
+    ModelOptions o;
+    o.device = at::Device("cuda:0");
+    o.dtype = i < 2 ? at::kBFloat16 : at::kFloat;
+    ASSERT_TRUE(SetBackend(i == 0 ? "sgl" : "hf", &o).ok());
+    auto m = LoadCausalLM(**dir, o);
+    ASSERT_TRUE(m.ok()) << m.status();
+    models[i] = std::move(m).value();
+  }
+  torch::manual_seed(5);
+  // The last id is the last column's: the embedding's trimmed edge is read.
+  at::Tensor ids = torch::randint(vocab, {600}, at::kLong);
+  ids[0] = vocab - 1;
+  auto batch = MakePackedBatch(ids, {0, 100, 450, 600}, vocab, at::Device("cuda:0"));
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ForwardOptions fwd;
+  fwd.aux_layer_ids = (*dir)->config().DefaultAuxLayerIds();
+  const int64_t fp8_calls = Fp8HeadArgmaxCalls();
+  auto s = models[0]->Forward(*batch, fwd);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(Fp8HeadArgmaxCalls(), fp8_calls) << "an lm_head of 8191 rows is not the FP8 search's";
+  ForwardOptions with_logits = fwd;
+  with_logits.return_logits = true;
+  auto l = models[0]->Forward(*batch, with_logits);
+  auto h = models[1]->Forward(*batch, with_logits);
+  auto t = models[2]->Forward(*batch, fwd);
+  ASSERT_TRUE(l.ok() && h.ok() && t.ok()) << l.status() << " " << h.status() << " " << t.status();
+  ASSERT_EQ(l->logits.size(1), vocab);
+  EXPECT_TRUE(l->target_argmax.equal(l->logits.argmax(-1).to(at::kInt))) << "with logits: their argmax";
+  EXPECT_TRUE(s->last_hidden.equal(l->last_hidden));
+  auto agreement = [](const at::Tensor& a, const at::Tensor& b) {
+    return a.eq(b).to(at::kDouble).mean().item<double>();
+  };
+  const double own = agreement(s->target_argmax, l->target_argmax);
+  const double sgl_truth = agreement(s->target_argmax, t->target_argmax);
+  const double hf_truth = agreement(h->target_argmax, t->target_argmax);
+  std::printf("odd vocab: argmax alone vs its logits' %.4f; vs hf fp32: sgl %.4f, hf bf16 %.4f\n", own, sgl_truth,
+              hf_truth);
+  // The argmax alone may take another K order than the logits' GEMM (the
+  // Hopper epilogue): near-ties may flip, as in UniformAndRaggedBatchesMatchHf.
+  EXPECT_GE(own, 0.99);
+  EXPECT_GE(sgl_truth, hf_truth - 0.01);
+  EXPECT_LT(s->target_argmax.max().item<int>(), vocab);
 }
 
 // A budget whose graph finds no memory stays eager; the others keep

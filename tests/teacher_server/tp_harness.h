@@ -14,7 +14,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
-#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -23,7 +22,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/model_dir.h"
-#include "common/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/fp8_head_argmax.h"
@@ -32,6 +30,7 @@
 #include "tests/e2e/subprocess.h"
 #include "tests/free_port.h"
 #include "tests/teacher_server/golden_fixture.h"
+#include "tests/teacher_server/trimmed_vocab_model.h"
 
 namespace e3::testing {
 
@@ -61,49 +60,6 @@ struct TpRun {
   // taken modulo the trimmed vocab, so HF's golden outputs no longer apply.
   int64_t vocab_trim = 0;
 };
-
-// A copy of `model_dir` under `out_dir` with `trim` rows cut from the end
-// of its vocabulary: config.json's vocab_size, the embedding's and the
-// lm_head's rows (tied heads have only the embedding), in every weight file
-// (a sharded model keeps its index: the names and files stay). Returns its
-// path.
-inline std::string TrimmedVocabModel(const std::string& model_dir, int64_t trim, const std::string& out_dir) {
-  const std::string dir = JoinPath(out_dir, "trimmed_model");
-  EXPECT_TRUE(MakeDirs(dir).ok());
-  nlohmann::json config = nlohmann::json::parse(ReadFile(JoinPath(model_dir, "config.json")));
-  const int64_t vocab = config.at("vocab_size").get<int64_t>() - trim;
-  config["vocab_size"] = vocab;
-  std::ofstream(JoinPath(dir, "config.json")) << config.dump(2) << "\n";
-  std::set<std::string> files{"model.safetensors"};
-  const std::string index = JoinPath(model_dir, "model.safetensors.index.json");
-  if (PathExists(index)) {
-    files.clear();
-    const nlohmann::json weight_map = nlohmann::json::parse(ReadFile(index)).at("weight_map");
-    for (const auto& entry : weight_map.items()) files.insert(entry.value().get<std::string>());
-    std::ofstream(JoinPath(dir, "model.safetensors.index.json")) << ReadFile(index);
-  }
-  for (const std::string& f : files) {
-    auto file = SafetensorsFile::Open(JoinPath(model_dir, f));
-    EXPECT_TRUE(file.ok()) << file.status();
-    if (!file.ok()) continue;
-    std::vector<TensorToWrite> tensors;
-    for (const std::string& name : (*file)->Names()) {
-      auto view = (*file)->Get(name);
-      EXPECT_TRUE(view.ok()) << view.status();
-      TensorToWrite t{name, view->dtype, view->shape, {}};
-      size_t bytes = view->nbytes;
-      if (name == "model.embed_tokens.weight" || name == "lm_head.weight") {
-        bytes = bytes / static_cast<size_t>(t.shape[0]) * static_cast<size_t>(vocab);
-        t.shape[0] = vocab;
-      }
-      t.data.assign(view->data, view->data + bytes);
-      tensors.push_back(std::move(t));
-    }
-    const absl::Status st = WriteSafetensors(JoinPath(dir, f), tensors, {{"format", "pt"}});
-    EXPECT_TRUE(st.ok()) << st;
-  }
-  return dir;
-}
 
 inline void PrintTo(const TpRun& r, std::ostream* os) {
   *os << r.golden_case << " tp=" << r.tp_size << " ep=" << r.ep_size << (r.cuda ? " cuda " : " cpu ") << r.dtype
