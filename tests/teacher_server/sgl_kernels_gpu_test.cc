@@ -438,7 +438,8 @@ TEST_P(SglModelGpuTest, UniformAndRaggedBatchesMatchHf) {
   const bool moe = GetParam().find("moe") != std::string::npos;
   const int64_t vocab = (*dir)->config().vocab_size;
   torch::manual_seed(7);
-  for (const std::vector<int64_t>& lengths : {std::vector<int64_t>{256, 256, 256, 256}, std::vector<int64_t>{100, 512, 88}}) {
+  for (const std::vector<int64_t>& lengths :
+       {std::vector<int64_t>{256, 256, 256, 256}, std::vector<int64_t>{100, 512, 88}}) {
     std::vector<std::vector<int32_t>> samples;
     for (int64_t n : lengths) {
       at::Tensor ids = torch::randint(vocab, {n}, at::kInt);

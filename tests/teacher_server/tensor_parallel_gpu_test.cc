@@ -43,7 +43,8 @@ TEST_P(TensorParallelNcclTest, MatchesTheUnshardedModel) {
   const TpRun run = GetParam();
   const bool bf16 = run.dtype == "bfloat16";
   const nlohmann::json meta = testing::LoadGoldenCase(run.golden_case).meta;
-  const bool moe = run.golden_case.find("moe") != std::string::npos || run.golden_case.find("mixtral") != std::string::npos;
+  const bool moe =
+      run.golden_case.find("moe") != std::string::npos || run.golden_case.find("mixtral") != std::string::npos;
   const double tol = !bf16 ? 1e-5 : moe ? meta["hf_bf16_vs_fp32_rel_inf"]["aux_hidden"].get<double>() : 3e-2;
   const nlohmann::json r = RunTpProcesses(run, "TensorParallelGpuTest.ChildRole",
                                           testing::ScratchDir("tp_gpu_" + run.golden_case + run.dtype));

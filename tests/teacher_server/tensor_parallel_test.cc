@@ -61,8 +61,8 @@ TEST_P(TensorParallelCpuTest, MatchesTheUnshardedModel) {
   ASSERT_FALSE(r.contains("forward_error")) << r.dump();
   std::printf("[%s tp=%d ep=%d%s, vocab trimmed by %d] vs TP=1: aux %.3g, last %.3g, logits %.3g, argmax agreement "
               "%.4f; vs HF: aux %.3g\n",
-              run.golden_case.c_str(), run.tp_size, run.ep_size, run.sgl ? " sgl" : "", static_cast<int>(run.vocab_trim),
-              r["aux_vs_tp1"].get<double>(), r["last_vs_tp1"].get<double>(), r["logits_vs_tp1"].get<double>(),
+              run.golden_case.c_str(), run.tp_size, run.ep_size, run.sgl ? " sgl" : "",
+              static_cast<int>(run.vocab_trim), r["aux_vs_tp1"].get<double>(), r["last_vs_tp1"].get<double>(), r["logits_vs_tp1"].get<double>(),
               r["argmax_agreement_tp1"].get<double>(), r.value("aux_vs_hf", -1.0));
   EXPECT_TRUE(r["shapes_match"].get<bool>());
   EXPECT_EQ(r["vocab_size"].get<int64_t>() % run.tp_size != 0, run.vocab_trim > 0) << "uneven vocab shards";
