@@ -25,6 +25,13 @@ SHAPES = {
                      num_key_value_heads=8, head_dim=64, tie_word_embeddings=True),
     "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                      num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
+    # Qwen3-30B-A3B's dimensions (128 experts, 8 per token) with 12 of its
+    # 48 layers: 8.1B parameters, 16 GB in bf16.
+    "qwen3-moe-a3b-12l": dict(arch="qwen3_moe", hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                              num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, num_hidden_layers=12,
+                              num_attention_heads=32, num_key_value_heads=4, head_dim=128, vocab_size=151936,
+                              tie_word_embeddings=False, rope_theta=1000000.0, bos_token_id=151643,
+                              eos_token_id=151645),
 }
 
 
@@ -51,12 +58,19 @@ def main():
     ap.add_argument("--save_dir", default="")
     args = ap.parse_args()
 
-    cfg = transformers.LlamaConfig(vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5,
-                                   rope_theta=500000.0, bos_token_id=128000, eos_token_id=128001,
-                                   attn_implementation="sdpa", torch_dtype="bfloat16", **SHAPES[args.shape])
+    shape = dict(SHAPES[args.shape])
+    if shape.pop("arch", "llama") == "qwen3_moe":
+        cfg = transformers.Qwen3MoeConfig(max_position_embeddings=40960, rms_norm_eps=1e-6,
+                                          attn_implementation="sdpa", torch_dtype="bfloat16", **shape)
+        model_class = transformers.Qwen3MoeForCausalLM
+    else:
+        cfg = transformers.LlamaConfig(vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                                       rope_theta=500000.0, bos_token_id=128000, eos_token_id=128001,
+                                       attn_implementation="sdpa", torch_dtype="bfloat16", **shape)
+        model_class = transformers.LlamaForCausalLM
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+        model = model_class(cfg).to(torch.bfloat16).eval()
     lengths = [int(n) for n in args.lengths.split("/")] if args.lengths else [args.seq] * args.batch
     longest = max(lengths)
     ids = torch.randint(0, cfg.vocab_size, (len(lengths), longest), device="cuda")
@@ -75,6 +89,7 @@ def main():
                       "padded_tokens": len(lengths) * longest,
                       "tok_per_s_logits": tokens / with_logits, "tok_per_s_no_logits": tokens / no_logits,
                       "transformers": transformers.__version__, "torch": torch.__version__,
+                      "experts_implementation": getattr(model.config, "_experts_implementation", None),
                       "gpu": torch.cuda.get_device_name()}), flush=True)
     if args.save_dir:
         model.save_pretrained(args.save_dir, safe_serialization=True)

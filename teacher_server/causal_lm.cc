@@ -20,6 +20,7 @@ absl::Status SetBackend(const std::string& backend, ModelOptions* options) {
   options->argmax_fp8 = sgl;
   options->cuda_graphs = sgl;
   options->tp_overlap = sgl;
+  options->grouped_experts = sgl;
   return absl::OkStatus();
 }
 

@@ -68,6 +68,10 @@ struct ModelOptions {
   //   tokens -1.7 to +1.7%, halves of 1378 and 903 tokens lost 5-8%.
   bool tp_overlap = false;
   int64_t tp_overlap_min_tokens = 4096;
+  // - MoE layers through grouped GEMMs (layers/moe.h GroupedMoe; experts
+  //   stacked at load): two grouped GEMMs per layer instead of a loop of
+  //   ~5 kernels per expert whose counts go to the host.
+  bool grouped_experts = false;
   // Tensor (and expert) parallelism: this process is one rank of `tp` and
   // loads only its shard. Null: the whole model in this process.
   std::shared_ptr<TpGroup> tp;

@@ -62,6 +62,23 @@ inline at::Tensor CudnnBatchedAttention(const at::Tensor&, const at::Tensor&, co
 }
 #endif
 
+// Grouped GEMM over row groups: rows [offs[g-1], offs[g]) of a [M, K]
+// times w[g]^T for w [G, N, K] (offs int32 [G] on the device, cumulative;
+// rows past offs[G-1] are left unwritten). LibTorch 2.8+ with CUDA has the
+// op (bf16 on Hopper and later); callers check kHasGroupedMm and loop over
+// the groups otherwise.
+#if (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)) && defined(E3_HAS_CUDA)
+constexpr bool kHasGroupedMm = true;
+inline at::Tensor GroupedMm(const at::Tensor& a, const at::Tensor& w, const at::Tensor& offs) {
+  return at::_grouped_mm(a, w.transpose(-2, -1), offs);
+}
+#else
+constexpr bool kHasGroupedMm = false;
+inline at::Tensor GroupedMm(const at::Tensor&, const at::Tensor&, const at::Tensor&) {
+  TORCH_CHECK(false, "grouped GEMMs need LibTorch 2.8+ with CUDA");
+}
+#endif
+
 // Lets fp32 matmuls on CUDA use TF32 tensor cores while in scope, then
 // restores the process-wide setting (which is off by default in C++).
 class ScopedTf32Matmul {

@@ -1,6 +1,33 @@
 #include "teacher_server/layers/moe.h"
 
+#include <tuple>
+
+#include "common/torch/torch_compat.h"
+#include "teacher_server/layers/fused_ops.h"
+
 namespace e3 {
+namespace {
+
+// Rows [offs[g-1], offs[g]) of a times w[g]^T, for w [G, N, K]. Without the
+// grouped GEMM, one GEMM per group as SparseMoe's loop runs them (the
+// offsets then go to the host); rows past the last group are zeros there.
+at::Tensor GroupedLinear(const at::Tensor& a, const at::Tensor& w, const at::Tensor& offs) {
+  if (compat::kHasGroupedMm && a.is_cuda() && a.scalar_type() == at::kBFloat16 && a.size(1) % 8 == 0 &&
+      w.size(1) % 8 == 0) {
+    return compat::GroupedMm(a, w, offs);
+  }
+  at::Tensor out = at::zeros({a.size(0), w.size(1)}, a.options());
+  const at::Tensor ends = offs.to(at::kCPU, at::kLong);
+  int64_t begin = 0;
+  for (int64_t g = 0; g < w.size(0); ++g) {
+    const int64_t end = ends[g].item<int64_t>();
+    if (end > begin) out.narrow(0, begin, end - begin).copy_(at::linear(a.narrow(0, begin, end - begin), w[g]));
+    begin = end;
+  }
+  return out;
+}
+
+}  // namespace
 
 at::Tensor SparseMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing, bool fused_activation) {
   at::Tensor probs = at::softmax(at::linear(x, w.router), -1, at::kFloat);
@@ -34,6 +61,72 @@ at::Tensor SparseMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting&
     begin += n[e];
   }
   return out;
+}
+
+bool ExpertsStackable(const MoeWeights& w) {
+  if (w.experts.empty()) return false;
+  for (const MlpWeights& e : w.experts) {
+    if (!e.gate_up_proj.defined() || e.gate_up_bias.defined() || e.down_bias.defined()) return false;
+  }
+  return true;
+}
+
+void StackExperts(MoeWeights* w) {
+  std::vector<at::Tensor> gate_up, down;
+  for (const MlpWeights& e : w->experts) {
+    gate_up.push_back(e.gate_up_proj);
+    down.push_back(e.down_proj);
+  }
+  w->stacked_gate_up = torch::stack(gate_up);
+  w->stacked_down = torch::stack(down);
+  gate_up.clear();
+  down.clear();
+  for (size_t e = 0; e < w->experts.size(); ++e) {
+    w->experts[e].gate_up_proj = w->stacked_gate_up[static_cast<int64_t>(e)];
+    w->experts[e].down_proj = w->stacked_down[static_cast<int64_t>(e)];
+  }
+}
+
+at::Tensor GroupedMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing, bool fused_activation) {
+  TORCH_CHECK(w.stacked_gate_up.defined(), "GroupedMoe needs StackExperts");
+  const int64_t T = x.size(0), k = routing.top_k, E = static_cast<int64_t>(w.experts.size());
+  at::Tensor probs = at::softmax(at::linear(x, w.router), -1, at::kFloat);
+  auto [weights, chosen] = probs.topk(k, -1);
+  if (routing.normalize) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  weights = weights.to(x.scalar_type());
+  // Each token's choices in expert-id order: the order SparseMoe adds them.
+  at::Tensor ids, by_id;
+  std::tie(ids, by_id) = chosen.sort(-1);
+  weights = weights.gather(-1, by_id);
+  const at::Tensor local = ids - w.first_expert;
+  const at::Tensor valid = (local >= 0).logical_and(local < E);
+  const bool all_local = E == w.router.size(0);
+  // The T k pairs grouped by local expert (stable: tokens ascending within
+  // one, as SparseMoe gathers them); other ranks' experts sort last.
+  const at::Tensor key = at::where(valid, local, at::full({}, E, local.options())).flatten();
+  const at::Tensor order = std::get<1>(key.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
+  const at::Tensor counts = at::zeros({E + 1}, key.options()).index_add_(0, key, at::ones_like(key));
+  const at::Tensor offs = counts.narrow(0, 0, E).cumsum(0).to(at::kInt);
+  const at::Tensor rows = x.index_select(0, order.div(k, "floor"));
+  const at::Tensor act = SiluMul(GroupedLinear(rows, w.stacked_gate_up, offs), fused_activation);
+  const at::Tensor y =
+      GroupedLinear(act, w.stacked_down, offs) * weights.flatten().index_select(0, order).unsqueeze(-1);
+  // Where each pair's output row landed in y.
+  const at::Tensor row_of_pair =
+      at::empty_like(order).index_copy_(0, order, at::arange(order.numel(), order.options())).view({T, k});
+  at::Tensor out = torch::zeros_like(x);
+  for (int64_t r = 0; r < k; ++r) {
+    at::Tensor part = y.index_select(0, row_of_pair.select(1, r));
+    // Other ranks' experts add nothing (their rows of y were not computed).
+    if (!all_local) part = at::where(valid.select(1, r).unsqueeze(-1), part, at::zeros({}, part.options()));
+    out.add_(part);
+  }
+  return out;
+}
+
+at::Tensor RoutedExperts(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing, bool fused_activation) {
+  return w.stacked_gate_up.defined() ? GroupedMoe(x, w, routing, fused_activation)
+                                     : SparseMoe(x, w, routing, fused_activation);
 }
 
 }  // namespace e3

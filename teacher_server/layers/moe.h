@@ -19,6 +19,9 @@ struct MoeWeights {
   at::Tensor router;                // [num_experts, H]: every expert, so every rank routes alike
   int64_t first_expert = 0;         // global id of experts[0]
   std::vector<MlpWeights> experts;  // this rank's experts, in id order
+  // Set by StackExperts: every local expert's fused gate_up [E, 2I, H] and
+  // down [E, H, I] in one tensor each (experts[e] then view into them).
+  at::Tensor stacked_gate_up, stacked_down;
 };
 
 struct MoeRouting {
@@ -32,6 +35,28 @@ struct MoeRouting {
 // `fused_activation` as in SwiGluMlp.
 at::Tensor SparseMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing,
                      bool fused_activation = false);
+
+// Whether StackExperts takes these experts: fused gate_up (FuseGateUp), no
+// biases, at least one expert.
+bool ExpertsStackable(const MoeWeights& w);
+// Stacks the experts for GroupedMoe without keeping a second copy.
+void StackExperts(MoeWeights* w);
+
+// SparseMoe through grouped GEMMs (SGLang's fused MoE): the (token,
+// expert) pairs sorted by expert, and each projection of every local
+// expert one grouped GEMM, with no host synchronisation (the per-expert
+// loop reads the counts on the host and issues ~5 kernels per expert).
+// Needs StackExperts. The same numerics as SparseMoe: each pair's output
+// and its weighting rounded to x's dtype, and a token's contributions
+// added in expert-id order, rounded after each add as index_add does. The
+// grouped GEMM (LibTorch 2.8+, CUDA, bf16) sums in its own order; elsewhere
+// the groups are looped (the counts then go to the host).
+at::Tensor GroupedMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing,
+                      bool fused_activation = false);
+
+// GroupedMoe where the experts are stacked, else SparseMoe.
+at::Tensor RoutedExperts(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing,
+                         bool fused_activation = false);
 
 }  // namespace e3
 

@@ -149,6 +149,7 @@ absl::Status DecoderLM::LoadLayer(WeightLoader& w, int64_t i, Layer* layer) cons
       if (options_.fuse_projections) FuseGateUp(&m);
       layer->moe.experts.push_back(std::move(m));
     }
+    if (options_.grouped_experts && ExpertsStackable(layer->moe)) StackExperts(&layer->moe);
     return absl::OkStatus();
   }
   const int64_t I = c.intermediate_size;
@@ -280,7 +281,7 @@ ForwardOutput DecoderLM::Run(const PackedBatch& batch, const PackedLayout& layou
       x = AddRmsNorm(&h, x, layer.post_attention_layernorm, eps, fused);
     }
     if (layer.is_moe) {
-      pending = SparseMoe(x, layer.moe, routing_, fused);
+      pending = RoutedExperts(x, layer.moe, routing_, fused);
     } else if (add_in_gemm) {
       h = SwiGluMlp(x, layer.mlp, fused, gemm, /*residual=*/h);
       pending = at::Tensor();
@@ -348,7 +349,7 @@ ForwardOutput DecoderLM::RunSharded(const PackedBatch& batch, const PackedLayout
     for (MicroBatch& m : parts) {
       summed(m);
       const at::Tensor x = AddRmsNorm(&m.h, m.pending, layer.post_attention_layernorm, eps, fused);
-      m.pending = layer.is_moe ? SparseMoe(x, layer.moe, routing_, fused)
+      m.pending = layer.is_moe ? RoutedExperts(x, layer.moe, routing_, fused)
                                : SwiGluMlp(x, layer.mlp, fused, options_.gemm);
       m.reduction = tp.StartAllReduceSum(m.pending);
     }

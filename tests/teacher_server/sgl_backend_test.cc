@@ -22,6 +22,7 @@
 #include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/gemm.h"
 #include "teacher_server/layers/mlp.h"
+#include "teacher_server/layers/moe.h"
 #include "teacher_server/layers/rms_norm.h"
 #include "teacher_server/layers/rotary.h"
 #include "teacher_server/models/forward_graphs.h"
@@ -134,6 +135,7 @@ TEST(SglLayersTest, SetBackendKnowsHfAndSgl) {
   EXPECT_TRUE(o.argmax_fp8);
   EXPECT_TRUE(o.cuda_graphs);
   EXPECT_TRUE(o.tp_overlap);
+  EXPECT_TRUE(o.grouped_experts);
   ASSERT_TRUE(SetBackend("hf", &o).ok());
   EXPECT_FALSE(o.fuse_projections);
   EXPECT_FALSE(o.fused_kernels);
@@ -144,9 +146,62 @@ TEST(SglLayersTest, SetBackendKnowsHfAndSgl) {
   EXPECT_FALSE(o.argmax_fp8);
   EXPECT_FALSE(o.cuda_graphs);
   EXPECT_FALSE(o.tp_overlap);
+  EXPECT_FALSE(o.grouped_experts);
   const absl::Status bad = SetBackend("vllm", &o);
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(bad.message()).find("expected hf or sgl"), std::string::npos) << bad;
+}
+
+// Experts with random weights, their gate and up fused, as the sgl loader
+// makes them: `count` of `total`, starting at `first`.
+MoeWeights RandomExperts(int64_t total, int64_t first, int64_t count, int64_t H, int64_t I, at::ScalarType dtype) {
+  MoeWeights w;
+  w.router = torch::randn({total, H}).to(dtype);
+  w.first_expert = first;
+  for (int64_t e = 0; e < count; ++e) {
+    MlpWeights m;
+    m.gate_proj = (torch::randn({I, H}) / 8).to(dtype);
+    m.up_proj = (torch::randn({I, H}) / 8).to(dtype);
+    m.down_proj = (torch::randn({H, I}) / 8).to(dtype);
+    FuseGateUp(&m);
+    w.experts.push_back(std::move(m));
+  }
+  return w;
+}
+
+// The grouped MoE is the per-expert loop's sum: the same pairs, the same
+// per-expert products (on the CPU the groups run as one GEMM each), the
+// same roundings and order of the adds, so equal bit for bit in bf16 and
+// fp32; also under EP, where a rank holds experts [first, first + count)
+// and tokens routed elsewhere add nothing.
+TEST(SglLayersTest, GroupedMoeIsThePerExpertLoopsSum) {
+  torch::manual_seed(3);
+  const int64_t H = 32, I = 24, T = 37;
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (const auto& [first, count] : {std::pair<int64_t, int64_t>{0, 8}, {2, 3}, {5, 3}}) {
+      MoeWeights w = RandomExperts(8, first, count, H, I, dtype);
+      const at::Tensor x = torch::randn({T, H}).to(dtype);
+      for (const MoeRouting routing : {MoeRouting{2, true}, MoeRouting{3, false}}) {
+        const at::Tensor want = SparseMoe(x, w, routing);
+        MoeWeights stacked = w;
+        ASSERT_TRUE(ExpertsStackable(stacked));
+        StackExperts(&stacked);
+        EXPECT_EQ(stacked.stacked_gate_up.sizes(), (std::vector<int64_t>{count, 2 * I, H}));
+        EXPECT_EQ(stacked.stacked_down.sizes(), (std::vector<int64_t>{count, H, I}));
+        EXPECT_TRUE(stacked.experts[1].gate_up_proj.equal(w.experts[1].gate_up_proj)) << "views of the stack";
+        const at::Tensor got = GroupedMoe(x, stacked, routing);
+        EXPECT_TRUE(got.equal(want)) << c10::toString(dtype) << " experts [" << first << ", " << first + count
+                                     << "), top " << routing.top_k << ": max diff "
+                                     << (got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<float>();
+        EXPECT_TRUE(RoutedExperts(x, stacked, routing).equal(got)) << "stacked experts take the grouped path";
+        EXPECT_TRUE(RoutedExperts(x, w, routing).equal(want));
+      }
+    }
+  }
+  MoeWeights unfused = RandomExperts(4, 0, 4, H, I, at::kFloat);
+  unfused.experts[0].down_bias = torch::zeros({H});
+  EXPECT_FALSE(ExpertsStackable(unfused)) << "biases are not stacked";
+  EXPECT_FALSE(ExpertsStackable(MoeWeights())) << "no experts on this rank";
 }
 
 TEST(SglLayersTest, GemmOnCpuIsLinearPlusTheResidualOnBothPaths) {
