@@ -145,6 +145,36 @@ __global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out
   }
 }
 
+// One pack of 8 features of one token per thread: the token's k weighted
+// expert outputs added in slot order, rounded after every product and add.
+template <typename T>
+__global__ void MoeCombineKernel(const T* __restrict__ y, const int64_t* __restrict__ rows,
+                                 const T* __restrict__ weights, const uint8_t* __restrict__ valid, T* __restrict__ out,
+                                 int64_t tokens, int64_t k, int64_t cols) {
+  using P = Pack<T, kVec>;
+  const int64_t packs = cols / kVec;
+  const int64_t total = tokens * packs;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = idx / packs, p = idx % packs;
+    float acc[kVec];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) acc[i] = 0.f;
+    for (int64_t r = 0; r < k; ++r) {
+      const int64_t slot = t * k + r;
+      if (valid != nullptr && valid[slot] == 0) continue;
+      const P v = reinterpret_cast<const P*>(y + rows[slot] * cols)[p];
+      const float w = Num<T>::ToF(weights[slot]);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) acc[i] = Round<T>(acc[i] + Round<T>(Num<T>::ToF(v.v[i]) * w));
+    }
+    P o;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) o.v[i] = Num<T>::FromF(acc[i]);
+    reinterpret_cast<P*>(out + t * cols)[p] = o;
+  }
+}
+
 // Thread work: N consecutive features i of the first half and the N
 // features i + half they rotate with.
 template <typename T, int N>
@@ -342,6 +372,23 @@ bool RowArgmax(Dtype dtype, const void* x, int64_t rows, int64_t cols, int64_t r
     LaunchRowArgmax<__nv_bfloat16>(x, rows, cols, row_stride, out, vectorised, s);
   } else {
     LaunchRowArgmax<__half>(x, rows, cols, row_stride, out, vectorised, s);
+  }
+  return true;
+}
+
+bool MoeCombine(Dtype dtype, const void* y, const int64_t* rows, const void* weights, const uint8_t* valid,
+                void* out, int64_t tokens, int64_t k, int64_t cols, void* stream) {
+  if (tokens <= 0 || k <= 0 || cols % kVec != 0 || !Aligned(y) || !Aligned(out)) return false;
+  auto s = static_cast<cudaStream_t>(stream);
+  const int64_t blocks = Blocks(tokens * cols / kVec);
+  if (dtype == Dtype::kBFloat16) {
+    MoeCombineKernel<__nv_bfloat16><<<blocks, kThreads, 0, s>>>(
+        static_cast<const __nv_bfloat16*>(y), rows, static_cast<const __nv_bfloat16*>(weights), valid,
+        static_cast<__nv_bfloat16*>(out), tokens, k, cols);
+  } else {
+    MoeCombineKernel<__half><<<blocks, kThreads, 0, s>>>(static_cast<const __half*>(y), rows,
+                                                         static_cast<const __half*>(weights), valid,
+                                                         static_cast<__half*>(out), tokens, k, cols);
   }
   return true;
 }

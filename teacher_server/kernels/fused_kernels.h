@@ -50,6 +50,15 @@ bool RopeInPlace(Dtype dtype, void* x, int64_t tokens, int64_t heads, int64_t ro
 bool RowArgmax(Dtype dtype, const void* x, int64_t rows, int64_t cols, int64_t row_stride, int32_t* out,
                void* stream);
 
+// The routed-experts sum of a MoE layer: out[t] = sum over r < k, in r
+// order starting from 0, of dtype(y[rows[t * k + r]] * weights[t * k + r]),
+// the sum rounded to the dtype after each add (SparseMoe's per-expert
+// index_add). Slots whose `valid` byte is 0 add nothing (valid may be null:
+// every slot counts). y: [*, cols] contiguous; rows int64 and weights
+// (dtype) [tokens * k]; out [tokens, cols]. Requires cols % 8 == 0.
+bool MoeCombine(Dtype dtype, const void* y, const int64_t* rows, const void* weights, const uint8_t* valid,
+                void* out, int64_t tokens, int64_t k, int64_t cols, void* stream);
+
 // The error of the last launch on this thread (cudaGetLastError), or null.
 const char* TakeLaunchError();
 

@@ -117,6 +117,35 @@ at::Tensor SiluMul(const at::Tensor& gate_up, bool fused) {
   return at::silu(gate_up.narrow(-1, 0, I)) * gate_up.narrow(-1, I, I);
 }
 
+at::Tensor MoeCombine(const at::Tensor& y, const at::Tensor& rows, const at::Tensor& weights, const at::Tensor& valid,
+                      bool fused) {
+  const int64_t T = rows.size(0), k = rows.size(1), H = y.size(1);
+#ifdef E3_HAS_CUDA
+  kernels::Dtype dt;
+  if (fused && KernelDtype(y, &dt) && y.is_contiguous() && rows.scalar_type() == at::kLong && rows.is_contiguous() &&
+      weights.scalar_type() == y.scalar_type() && weights.is_contiguous() &&
+      (!valid.defined() || (valid.scalar_type() == at::kBool && valid.is_contiguous()))) {
+    const c10::cuda::CUDAGuard guard(y.device());
+    at::Tensor out = torch::empty({T, H}, y.options());
+    if (kernels::MoeCombine(dt, y.data_ptr(), rows.data_ptr<int64_t>(), weights.data_ptr(),
+                            valid.defined() ? static_cast<const uint8_t*>(valid.data_ptr()) : nullptr,
+                            out.data_ptr(), T, k, H, CurrentStream(y))) {
+      CheckLaunch("MoE combine");
+      return out;
+    }
+  }
+#endif
+  (void)fused;
+  at::Tensor out = torch::zeros({T, H}, y.options());
+  for (int64_t r = 0; r < k; ++r) {
+    at::Tensor part = y.index_select(0, rows.select(1, r)) * weights.select(1, r).unsqueeze(-1);
+    // A choice that does not count adds nothing (its row of y may hold no value).
+    if (valid.defined()) part = at::where(valid.select(1, r).unsqueeze(-1), part, at::zeros({}, part.options()));
+    out.add_(part);
+  }
+  return out;
+}
+
 void RopeInPlace(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool fused) {
   const int64_t rotary_dim = cos.size(-1);
 #ifdef E3_HAS_CUDA

@@ -32,6 +32,16 @@ at::Tensor AddRmsNorm(at::Tensor* h, const at::Tensor& delta, const at::Tensor& 
 // gate_up: [..., 2I] (gate, then up). Returns silu(gate) * up: [..., I].
 at::Tensor SiluMul(const at::Tensor& gate_up, bool fused);
 
+// A MoE layer's sum over each token's k experts: y [P, H] holds the
+// experts' outputs, rows [T, k] (int64) the row of y of each token's r-th
+// choice, weights [T, k] their router weights (y's dtype), valid [T, k]
+// (bool, or undefined: all) whether the choice counts. Returns [T, H]:
+// for r in order, out += dtype(y[rows[t, r]] * weights[t, r]), each add
+// rounded to the dtype. With `fused` on CUDA one kernel, else that op
+// sequence.
+at::Tensor MoeCombine(const at::Tensor& y, const at::Tensor& rows, const at::Tensor& weights,
+                      const at::Tensor& valid, bool fused);
+
 // x: [T, heads, head_dim], possibly a strided view (of a fused qkv
 // product); rotates its first cos.size(-1) features in place.
 // cos/sin: [T, rotary_dim] in x's dtype.

@@ -109,19 +109,13 @@ at::Tensor GroupedMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting
   const at::Tensor offs = counts.narrow(0, 0, E).cumsum(0).to(at::kInt);
   const at::Tensor rows = x.index_select(0, order.div(k, "floor"));
   const at::Tensor act = SiluMul(GroupedLinear(rows, w.stacked_gate_up, offs), fused_activation);
-  const at::Tensor y =
-      GroupedLinear(act, w.stacked_down, offs) * weights.flatten().index_select(0, order).unsqueeze(-1);
+  const at::Tensor y = GroupedLinear(act, w.stacked_down, offs);
   // Where each pair's output row landed in y.
   const at::Tensor row_of_pair =
       at::empty_like(order).index_copy_(0, order, at::arange(order.numel(), order.options())).view({T, k});
-  at::Tensor out = torch::zeros_like(x);
-  for (int64_t r = 0; r < k; ++r) {
-    at::Tensor part = y.index_select(0, row_of_pair.select(1, r));
-    // Other ranks' experts add nothing (their rows of y were not computed).
-    if (!all_local) part = at::where(valid.select(1, r).unsqueeze(-1), part, at::zeros({}, part.options()));
-    out.add_(part);
-  }
-  return out;
+  // Other ranks' experts add nothing (their rows of y were not computed).
+  return MoeCombine(y, row_of_pair, weights.contiguous(), all_local ? at::Tensor() : valid.contiguous(),
+                    fused_activation);
 }
 
 at::Tensor RoutedExperts(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing, bool fused_activation) {

@@ -171,6 +171,30 @@ TEST_P(SglKernelsGpuTest, SiluMulIsExact) {
   EXPECT_TRUE(SiluMul(odd, true).equal(at::silu(odd.narrow(1, 0, 12)) * odd.narrow(1, 12, 12)));
 }
 
+// The MoE combine kernel against its op sequence: exact, with and without
+// the valid mask, a row of y holding NaNs that only masked slots point at.
+TEST_P(SglKernelsGpuTest, MoeCombineIsExact) {
+  torch::manual_seed(4);
+  const int64_t T = 301, k = 8, H = 2048;
+  at::Tensor y = torch::randn({T * k + 5, H}, opts());
+  const at::Tensor rows = torch::randperm(T * k, at::TensorOptions().dtype(at::kLong).device(at::kCUDA)).view({T, k});
+  const at::Tensor weights = torch::rand({T, k}, opts());
+  at::Tensor valid = torch::rand({T, k}, at::TensorOptions().device(at::kCUDA)) > 0.3;
+  y[T * k + 2].fill_(std::numeric_limits<float>::quiet_NaN());
+  at::Tensor rows_with_nan = rows.clone();
+  rows_with_nan[7][3] = T * k + 2;
+  valid[7][3] = false;
+  for (const at::Tensor& v : {at::Tensor(), valid}) {
+    const at::Tensor& r = v.defined() ? rows_with_nan : rows;
+    const int64_t launches = FusedKernelLaunches();
+    const at::Tensor got = MoeCombine(y, r, weights, v, /*fused=*/true);
+    EXPECT_EQ(FusedKernelLaunches(), launches + 1);
+    const at::Tensor want = MoeCombine(y, r, weights, v, /*fused=*/false);
+    EXPECT_TRUE(got.equal(want)) << (v.defined() ? "masked" : "all slots");
+    EXPECT_FALSE(got.isnan().any().item<bool>());
+  }
+}
+
 TEST_P(SglKernelsGpuTest, RopeInPlaceIsExactOnFusedQkvViews) {
   torch::manual_seed(5);
   const int64_t T = 41;
