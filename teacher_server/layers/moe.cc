@@ -2,6 +2,7 @@
 
 #include <tuple>
 
+#include "common/gpu/cuda_runtime.h"
 #include "common/torch/torch_compat.h"
 #include "teacher_server/layers/fused_ops.h"
 
@@ -9,11 +10,13 @@ namespace e3 {
 namespace {
 
 // Rows [offs[g-1], offs[g]) of a times w[g]^T, for w [G, N, K]. Without the
-// grouped GEMM, one GEMM per group as SparseMoe's loop runs them (the
-// offsets then go to the host); rows past the last group are zeros there.
+// grouped GEMM (CPU, LibTorch before 2.8, fp16 or fp32, GPUs before
+// Hopper), one GEMM per group as SparseMoe's loop runs them (the offsets
+// then go to the host); rows past the last group are zeros there.
 at::Tensor GroupedLinear(const at::Tensor& a, const at::Tensor& w, const at::Tensor& offs) {
+  // LibTorch's grouped GEMM kernel: bf16, Hopper and later, 16-byte rows.
   if (compat::kHasGroupedMm && a.is_cuda() && a.scalar_type() == at::kBFloat16 && a.size(1) % 8 == 0 &&
-      w.size(1) % 8 == 0) {
+      w.size(1) % 8 == 0 && CudaComputeCapability(a.device().index()) >= 90) {
     return compat::GroupedMm(a, w, offs);
   }
   at::Tensor out = at::zeros({a.size(0), w.size(1)}, a.options());
