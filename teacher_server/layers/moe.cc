@@ -1,5 +1,6 @@
 #include "teacher_server/layers/moe.h"
 
+#include <limits>
 #include <tuple>
 
 #include "common/gpu/cuda_runtime.h"
@@ -10,16 +11,21 @@ namespace e3 {
 namespace {
 
 // Rows [offs[g-1], offs[g]) of a times w[g]^T, for w [G, N, K]. Without the
-// grouped GEMM (CPU, LibTorch before 2.8, fp16 or fp32, GPUs before
-// Hopper), one GEMM per group as SparseMoe's loop runs them (the offsets
-// then go to the host); rows past the last group are zeros there.
+// grouped GEMM (CPU, LibTorch before 2.8, fp16 or fp32, other GPUs), one
+// GEMM per group as SparseMoe's loop runs them (the offsets then go to the
+// host). Rows past the last group belong to no group: the grouped GEMM
+// leaves them unwritten, and the loop fills them with NaN, so that a caller
+// that reads them fails its tests on the CPU too.
 at::Tensor GroupedLinear(const at::Tensor& a, const at::Tensor& w, const at::Tensor& offs) {
-  // LibTorch's grouped GEMM kernel: bf16, Hopper and later, 16-byte rows.
-  if (compat::kHasGroupedMm && a.is_cuda() && a.scalar_type() == at::kBFloat16 && a.size(1) % 8 == 0 &&
-      w.size(1) % 8 == 0 && CudaComputeCapability(a.device().index()) >= 90) {
+  // LibTorch's grouped GEMM kernel: bf16, 16-byte rows, and Hopper or
+  // Blackwell (compute capability 9.x or 10.x; on other GPUs LibTorch's op
+  // falls back to a loop that reads the offsets on the host).
+  const int cc = a.is_cuda() ? CudaComputeCapability(a.device().index()) : 0;
+  if (compat::kHasGroupedMm && a.scalar_type() == at::kBFloat16 && a.size(1) % 8 == 0 && w.size(1) % 8 == 0 &&
+      (cc / 10 == 9 || cc / 10 == 10)) {
     return compat::GroupedMm(a, w, offs);
   }
-  at::Tensor out = at::zeros({a.size(0), w.size(1)}, a.options());
+  at::Tensor out = at::full({a.size(0), w.size(1)}, std::numeric_limits<float>::quiet_NaN(), a.options());
   const at::Tensor ends = offs.to(at::kCPU, at::kLong);
   int64_t begin = 0;
   for (int64_t g = 0; g < w.size(0); ++g) {
@@ -103,15 +109,16 @@ at::Tensor GroupedMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting
   weights = weights.gather(-1, by_id);
   const at::Tensor local = ids - w.first_expert;
   const at::Tensor valid = (local >= 0).logical_and(local < E);
-  const bool all_local = E == w.router.size(0);
+  const bool all_local = w.first_expert == 0 && E == w.router.size(0);
   // The T k pairs grouped by local expert (stable: tokens ascending within
   // one, as SparseMoe gathers them); other ranks' experts sort last.
   const at::Tensor key = at::where(valid, local, at::full({}, E, local.options())).flatten();
   const at::Tensor order = std::get<1>(key.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
   const at::Tensor counts = at::zeros({E + 1}, key.options()).index_add_(0, key, at::ones_like(key));
   const at::Tensor offs = counts.narrow(0, 0, E).cumsum(0).to(at::kInt);
-  const at::Tensor rows = x.index_select(0, order.div(k, "floor"));
-  const at::Tensor act = SiluMul(GroupedLinear(rows, w.stacked_gate_up, offs), fused_activation);
+  // Each pair's token row, gathered in pair order (freed after the GEMM).
+  const at::Tensor act = SiluMul(GroupedLinear(x.index_select(0, order.div(k, "floor")), w.stacked_gate_up, offs),
+                                 fused_activation);
   const at::Tensor y = GroupedLinear(act, w.stacked_down, offs);
   // Where each pair's output row landed in y.
   const at::Tensor row_of_pair =

@@ -173,7 +173,8 @@ MoeWeights RandomExperts(int64_t total, int64_t first, int64_t count, int64_t H,
 // per-expert products (on the CPU the groups run as one GEMM each), the
 // same roundings and order of the adds, so equal bit for bit in bf16 and
 // fp32; also under EP, where a rank holds experts [first, first + count)
-// and tokens routed elsewhere add nothing.
+// and tokens routed elsewhere add nothing (their rows of the grouped
+// product hold NaN here, so a pair that slipped through would show).
 TEST(SglLayersTest, GroupedMoeIsThePerExpertLoopsSum) {
   torch::manual_seed(3);
   const int64_t H = 32, I = 24, T = 37;
@@ -188,7 +189,9 @@ TEST(SglLayersTest, GroupedMoeIsThePerExpertLoopsSum) {
         StackExperts(&stacked);
         EXPECT_EQ(stacked.stacked_gate_up.sizes(), (std::vector<int64_t>{count, 2 * I, H}));
         EXPECT_EQ(stacked.stacked_down.sizes(), (std::vector<int64_t>{count, H, I}));
-        EXPECT_TRUE(stacked.experts[1].gate_up_proj.equal(w.experts[1].gate_up_proj)) << "views of the stack";
+        EXPECT_TRUE(stacked.experts[1].gate_up_proj.equal(w.experts[1].gate_up_proj));
+        EXPECT_TRUE(stacked.experts[1].gate_up_proj.is_alias_of(stacked.stacked_gate_up)) << "views of the stack";
+        EXPECT_TRUE(stacked.experts[2].down_proj.is_alias_of(stacked.stacked_down));
         const at::Tensor got = GroupedMoe(x, stacked, routing);
         EXPECT_TRUE(got.equal(want)) << c10::toString(dtype) << " experts [" << first << ", " << first + count
                                      << "), top " << routing.top_k << ": max diff "
