@@ -36,13 +36,20 @@ at::Tensor GroupedLinear(const at::Tensor& a, const at::Tensor& w, const at::Ten
   return out;
 }
 
+// The router's choice for each token: the top-k experts' ids and their
+// weights in x's dtype (logits in x's dtype, softmax in fp32, optional
+// renormalisation, as transformers routes).
+std::tuple<at::Tensor, at::Tensor> Route(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing) {
+  const at::Tensor probs = at::softmax(at::linear(x, w.router), -1, at::kFloat);
+  auto [weights, chosen] = probs.topk(routing.top_k, -1);
+  if (routing.normalize) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  return {weights.to(x.scalar_type()), chosen};
+}
+
 }  // namespace
 
 at::Tensor SparseMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing, bool fused_activation) {
-  at::Tensor probs = at::softmax(at::linear(x, w.router), -1, at::kFloat);
-  auto [weights, chosen] = probs.topk(routing.top_k, -1);
-  if (routing.normalize) weights = weights / weights.sum(-1, /*keepdim=*/true);
-  weights = weights.to(x.scalar_type());
+  auto [weights, chosen] = Route(x, w, routing);
 
   at::Tensor out = torch::zeros_like(x);
   // Which (token, slot) pairs chose each local expert: one pass over the
@@ -88,8 +95,6 @@ void StackExperts(MoeWeights* w) {
   }
   w->stacked_gate_up = torch::stack(gate_up);
   w->stacked_down = torch::stack(down);
-  gate_up.clear();
-  down.clear();
   for (size_t e = 0; e < w->experts.size(); ++e) {
     w->experts[e].gate_up_proj = w->stacked_gate_up[static_cast<int64_t>(e)];
     w->experts[e].down_proj = w->stacked_down[static_cast<int64_t>(e)];
@@ -99,10 +104,7 @@ void StackExperts(MoeWeights* w) {
 at::Tensor GroupedMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing, bool fused_activation) {
   TORCH_CHECK(w.stacked_gate_up.defined(), "GroupedMoe needs StackExperts");
   const int64_t T = x.size(0), k = routing.top_k, E = static_cast<int64_t>(w.experts.size());
-  at::Tensor probs = at::softmax(at::linear(x, w.router), -1, at::kFloat);
-  auto [weights, chosen] = probs.topk(k, -1);
-  if (routing.normalize) weights = weights / weights.sum(-1, /*keepdim=*/true);
-  weights = weights.to(x.scalar_type());
+  auto [weights, chosen] = Route(x, w, routing);
   // Each token's choices in expert-id order: the order SparseMoe adds them.
   at::Tensor ids, by_id;
   std::tie(ids, by_id) = chosen.sort(-1);
