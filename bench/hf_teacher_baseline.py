@@ -25,6 +25,10 @@ SHAPES = {
                      num_key_value_heads=8, head_dim=64, tie_word_embeddings=True),
     "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                      num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
+    # Qwen3-8B's dimensions (per-head q/k RMSNorm; 8.2B parameters).
+    "qwen3-8b": dict(arch="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                     tie_word_embeddings=False, rope_theta=1000000.0, bos_token_id=151643, eos_token_id=151645),
     # Qwen3-30B-A3B's dimensions (128 experts, 8 per token) with 12 of its
     # 48 layers: 8.1B parameters, 16 GB in bf16.
     "qwen3-moe-a3b-12l": dict(arch="qwen3_moe", hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
@@ -59,10 +63,15 @@ def main():
     args = ap.parse_args()
 
     shape = dict(SHAPES[args.shape])
-    if shape.pop("arch", "llama") == "qwen3_moe":
+    arch = shape.pop("arch", "llama")
+    if arch == "qwen3_moe":
         cfg = transformers.Qwen3MoeConfig(max_position_embeddings=40960, rms_norm_eps=1e-6,
                                           attn_implementation="sdpa", torch_dtype="bfloat16", **shape)
         model_class = transformers.Qwen3MoeForCausalLM
+    elif arch == "qwen3":
+        cfg = transformers.Qwen3Config(max_position_embeddings=40960, rms_norm_eps=1e-6,
+                                       attn_implementation="sdpa", torch_dtype="bfloat16", **shape)
+        model_class = transformers.Qwen3ForCausalLM
     else:
         cfg = transformers.LlamaConfig(vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5,
                                        rope_theta=500000.0, bos_token_id=128000, eos_token_id=128001,

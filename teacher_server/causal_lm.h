@@ -51,10 +51,11 @@ struct ModelOptions {
   //   requested). Costs an e4m3 copy of the head (V x H bytes).
   bool argmax_fp8 = false;
   // - the whole forward as a CUDA graph per token budget
-  //   (models/forward_graphs.h; CUDA, no TP, no MoE, fused varlen
-  //   attention), where it pays: a budget whose timed eager forward (its
-  //   second) spent at least graph_min_host_share of its time issuing
-  //   kernels is captured at its third; at most max_cuda_graphs budgets.
+  //   (models/forward_graphs.h; CUDA, no TP, MoE only through the grouped
+  //   GEMM, fused varlen attention), where it pays: a budget whose timed
+  //   eager forward (its second) spent at least graph_min_host_share of
+  //   its time issuing kernels is captured at its third; at most
+  //   max_cuda_graphs budgets.
   //   Ragged batches are padded to a multiple of graph_token_step tokens.
   bool cuda_graphs = false;
   int max_cuda_graphs = 8;

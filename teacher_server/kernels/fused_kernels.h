@@ -42,6 +42,18 @@ bool SiluMul(Dtype dtype, const void* gate_up, void* out, int64_t rows, int64_t 
 bool RopeInPlace(Dtype dtype, void* x, int64_t tokens, int64_t heads, int64_t row_stride, int64_t head_stride,
                  int64_t rotary_dim, const void* cos, const void* sin, void* stream);
 
+// Qwen3's q/k norm followed by rope, in place on x: [tokens, heads,
+// head_dim] strided as in RopeInPlace. Each head is normalised as
+// AddRmsNorm (no add) normalises a row, with `weight` [head_dim], then its
+// first `rotary_dim` features rotate as RopeInPlace rotates them (cos/sin
+// may be null when rotary_dim is 0): the two kernels' roundings, one read
+// and one write. Requires head_dim / 8 a power of two up to 32 (head_dim 8
+// to 256), rotary_dim a multiple of 16, strides multiples of 8 elements and
+// 16-byte aligned pointers.
+bool HeadRmsNormRopeInPlace(Dtype dtype, void* x, int64_t tokens, int64_t heads, int64_t row_stride,
+                            int64_t head_stride, int64_t head_dim, const void* weight, float eps, int64_t rotary_dim,
+                            const void* cos, const void* sin, void* stream);
+
 // Per row r of `cols` elements (at x + r * row_stride): out[r] = the
 // index of its largest element, as at::argmax picks it: the first NaN if
 // the row has one, else the first occurrence of the maximum. For the

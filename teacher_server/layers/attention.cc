@@ -146,12 +146,20 @@ at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const A
     k = Gemm(x, w.k_proj, w.k_bias, at::Tensor(), options.gemm).view({T, shape.num_kv_heads, shape.head_dim});
     v = Gemm(x, w.v_proj, w.v_bias, at::Tensor(), options.gemm).view({T, shape.num_kv_heads, shape.head_dim});
   }
-  if (w.q_norm.defined()) q = RmsNorm(q, w.q_norm, shape.qk_norm_eps);
-  if (w.k_norm.defined()) k = RmsNorm(k, w.k_norm, shape.qk_norm_eps);
   if (options.rope_in_place) {
-    RopeInPlace(q, cos, sin, /*fused=*/true);
-    RopeInPlace(k, cos, sin, /*fused=*/true);
+    // Qwen3's q/k norms and rope in one pass where the kernel takes them.
+    auto norm_and_rope = [&](at::Tensor& x, const at::Tensor& norm) {
+      if (norm.defined()) {
+        x = HeadRmsNormRope(x, norm, shape.qk_norm_eps, cos, sin, /*fused=*/true);
+      } else {
+        RopeInPlace(x, cos, sin, /*fused=*/true);
+      }
+    };
+    norm_and_rope(q, w.q_norm);
+    norm_and_rope(k, w.k_norm);
   } else {
+    if (w.q_norm.defined()) q = RmsNorm(q, w.q_norm, shape.qk_norm_eps);
+    if (w.k_norm.defined()) k = RmsNorm(k, w.k_norm, shape.qk_norm_eps);
     q = RopeOnPrefix(q, cos, sin, shape.rotary_dim);
     k = RopeOnPrefix(k, cos, sin, shape.rotary_dim);
   }

@@ -166,6 +166,28 @@ void RopeInPlace(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bo
   rot.copy_(ApplyRotary(rot, cos, sin));
 }
 
+at::Tensor HeadRmsNormRope(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& cos,
+                           const at::Tensor& sin, bool fused) {
+#ifdef E3_HAS_CUDA
+  kernels::Dtype dt;
+  if (fused && KernelDtype(x, &dt) && x.dim() == 3 && x.stride(2) == 1 && weight.scalar_type() == x.scalar_type() &&
+      weight.is_contiguous() && weight.numel() == x.size(2) && cos.dim() == 2 && cos.is_contiguous() &&
+      sin.is_contiguous() && sin.sizes() == cos.sizes() && cos.scalar_type() == x.scalar_type() &&
+      sin.scalar_type() == x.scalar_type() && cos.size(0) == x.size(0) && cos.size(1) <= x.size(2)) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    if (kernels::HeadRmsNormRopeInPlace(dt, x.data_ptr(), x.size(0), x.size(1), x.stride(0), x.stride(1), x.size(2),
+                                        weight.data_ptr(), static_cast<float>(eps), cos.size(1), cos.data_ptr(),
+                                        sin.data_ptr(), CurrentStream(x))) {
+      CheckLaunch("q/k norm + rotary");
+      return x;
+    }
+  }
+#endif
+  at::Tensor y = RmsNorm(x, weight, eps);
+  RopeInPlace(y, cos, sin, fused);
+  return y;
+}
+
 at::Tensor RowArgmax(const at::Tensor& logits, bool fused) {
 #ifdef E3_HAS_CUDA
   kernels::Dtype dt;

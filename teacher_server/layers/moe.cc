@@ -16,15 +16,18 @@ namespace {
 // host). Rows past the last group belong to no group: the grouped GEMM
 // leaves them unwritten, and the loop fills them with NaN, so that a caller
 // that reads them fails its tests on the CPU too.
+// Whether LibTorch's grouped GEMM kernel takes a product by w [G, N, K]:
+// bf16, 16-byte rows, and Hopper or Blackwell (compute capability 9.x or
+// 10.x; on other GPUs LibTorch's op falls back to a loop that reads the
+// offsets on the host).
+bool GroupedGemmApplies(const at::Tensor& w, at::ScalarType dtype, at::Device device) {
+  const int cc = device.is_cuda() ? CudaComputeCapability(device.index()) : 0;
+  return compat::kHasGroupedMm && dtype == at::kBFloat16 && w.size(2) % 8 == 0 && w.size(1) % 8 == 0 &&
+         (cc / 10 == 9 || cc / 10 == 10);
+}
+
 at::Tensor GroupedLinear(const at::Tensor& a, const at::Tensor& w, const at::Tensor& offs) {
-  // LibTorch's grouped GEMM kernel: bf16, 16-byte rows, and Hopper or
-  // Blackwell (compute capability 9.x or 10.x; on other GPUs LibTorch's op
-  // falls back to a loop that reads the offsets on the host).
-  const int cc = a.is_cuda() ? CudaComputeCapability(a.device().index()) : 0;
-  if (compat::kHasGroupedMm && a.scalar_type() == at::kBFloat16 && a.size(1) % 8 == 0 && w.size(1) % 8 == 0 &&
-      (cc / 10 == 9 || cc / 10 == 10)) {
-    return compat::GroupedMm(a, w, offs);
-  }
+  if (GroupedGemmApplies(w, a.scalar_type(), a.device())) return compat::GroupedMm(a, w, offs);
   at::Tensor out = at::full({a.size(0), w.size(1)}, std::numeric_limits<float>::quiet_NaN(), a.options());
   const at::Tensor ends = offs.to(at::kCPU, at::kLong);
   int64_t begin = 0;
@@ -99,6 +102,11 @@ void StackExperts(MoeWeights* w) {
     w->experts[e].gate_up_proj = w->stacked_gate_up[static_cast<int64_t>(e)];
     w->experts[e].down_proj = w->stacked_down[static_cast<int64_t>(e)];
   }
+}
+
+bool GroupedMoeStaysOnDevice(const MoeWeights& w, at::ScalarType dtype, at::Device device) {
+  return w.stacked_gate_up.defined() && GroupedGemmApplies(w.stacked_gate_up, dtype, device) &&
+         GroupedGemmApplies(w.stacked_down, dtype, device);
 }
 
 at::Tensor GroupedMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing, bool fused_activation) {

@@ -54,6 +54,11 @@ void StackExperts(MoeWeights* w);
 at::Tensor GroupedMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing,
                       bool fused_activation = false);
 
+// Whether GroupedMoe runs these experts on `device` in `dtype` without
+// reading anything on the host (the grouped GEMM takes both projections),
+// so that a CUDA graph can capture it.
+bool GroupedMoeStaysOnDevice(const MoeWeights& w, at::ScalarType dtype, at::Device device);
+
 // GroupedMoe where the experts are stacked, else SparseMoe.
 at::Tensor RoutedExperts(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing,
                          bool fused_activation = false);

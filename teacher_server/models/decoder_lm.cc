@@ -199,8 +199,10 @@ bool DecoderLM::GraphsApply() const {
       !FlashVarlenAppliesTo(options_.dtype, config_.head_dim, options_.device)) {
     return false;
   }
+  // MoE layers only where their experts run without the host (the
+  // per-expert loop reads the routing counts there).
   for (const Layer& layer : layers_) {
-    if (layer.is_moe) return false;
+    if (layer.is_moe && !GroupedMoeStaysOnDevice(layer.moe, options_.dtype, options_.device)) return false;
   }
   return true;
 }

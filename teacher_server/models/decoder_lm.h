@@ -70,10 +70,10 @@ class DecoderLM : public CausalLM {
   // of about 1 GiB, so that the full logits never exist at once.
   void ForEachLogitsChunk(const at::Tensor& x, const std::function<void(const at::Tensor& logits)>& fn) const;
   // Whether this model's forward can be captured in a CUDA graph: CUDA,
-  // one process (no collectives), no MoE layer (the per-expert loop reads
-  // its routing counts on the host; the grouped path does not, but MoE
-  // graphs were never measured), and the fused varlen attention (the
-  // per-sample loop reads the host's offsets).
+  // one process (no collectives), MoE layers only through the grouped
+  // GEMM (the per-expert loop and the per-group fallback read the routing
+  // counts on the host), and the fused varlen attention (the per-sample
+  // loop reads the host's offsets).
   bool GraphsApply() const;
   // The target argmax of x [T, H] (after the final norm) without the
   // logits. One process: the FP8 candidate search, else the argmax GEMM,
