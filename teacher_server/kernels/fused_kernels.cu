@@ -123,11 +123,20 @@ __global__ void __launch_bounds__(1024) AddRmsNormKernel(const T* __restrict__ r
   }
 }
 
+// The rows a kernel with a device-side row limit processes: the first
+// *limit (when it is given and smaller), read once per thread.
+__device__ __forceinline__ int64_t LimitedRows(int64_t rows, const int32_t* limit) {
+  if (limit == nullptr) return rows;
+  const int64_t n = *limit;
+  return n < rows ? (n < 0 ? 0 : n) : rows;
+}
+
 template <typename T>
-__global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows, int64_t cols) {
+__global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows, int64_t cols,
+                              const int32_t* __restrict__ row_limit) {
   using P = Pack<T, kVec>;
   const int64_t packs = cols / kVec;
-  const int64_t total = rows * packs;
+  const int64_t total = LimitedRows(rows, row_limit) * packs;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t row = idx / packs, p = idx % packs;
@@ -142,6 +151,20 @@ __global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out
       y.v[i] = Num<T>::FromF(silu * Num<T>::ToF(u.v[i]));
     }
     reinterpret_cast<P*>(out + row * cols)[p] = y;
+  }
+}
+
+// out[r] = x[index[r]] for the first LimitedRows rows, a pack per thread.
+template <typename T>
+__global__ void GatherRowsKernel(const T* __restrict__ x, const int64_t* __restrict__ index, T* __restrict__ out,
+                                 int64_t rows, int64_t cols, const int32_t* __restrict__ row_limit) {
+  using P = Pack<T, kVec>;
+  const int64_t packs = cols / kVec;
+  const int64_t total = LimitedRows(rows, row_limit) * packs;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / packs, p = idx % packs;
+    reinterpret_cast<P*>(out + r * cols)[p] = reinterpret_cast<const P*>(x + index[r] * cols)[p];
   }
 }
 
@@ -433,16 +456,33 @@ bool AddRmsNorm(Dtype dtype, const void* residual, const void* delta, const void
   return true;
 }
 
-bool SiluMul(Dtype dtype, const void* gate_up, void* out, int64_t rows, int64_t cols, void* stream) {
+bool SiluMul(Dtype dtype, const void* gate_up, void* out, int64_t rows, int64_t cols, const int32_t* row_limit,
+             void* stream) {
   if (rows <= 0 || cols % kVec != 0 || !Aligned(gate_up) || !Aligned(out)) return false;
   auto s = static_cast<cudaStream_t>(stream);
   const int64_t blocks = Blocks(rows * cols / kVec);
   if (dtype == Dtype::kBFloat16) {
     SiluMulKernel<__nv_bfloat16><<<blocks, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(gate_up),
-                                                             static_cast<__nv_bfloat16*>(out), rows, cols);
+                                                             static_cast<__nv_bfloat16*>(out), rows, cols, row_limit);
   } else {
     SiluMulKernel<__half><<<blocks, kThreads, 0, s>>>(static_cast<const __half*>(gate_up), static_cast<__half*>(out),
-                                                      rows, cols);
+                                                      rows, cols, row_limit);
+  }
+  return true;
+}
+
+bool GatherRows(Dtype dtype, const void* x, const int64_t* index, void* out, int64_t rows, int64_t cols,
+                const int32_t* row_limit, void* stream) {
+  if (rows <= 0 || cols % kVec != 0 || !Aligned(x) || !Aligned(out)) return false;
+  auto s = static_cast<cudaStream_t>(stream);
+  const int64_t blocks = Blocks(rows * cols / kVec);
+  if (dtype == Dtype::kBFloat16) {
+    GatherRowsKernel<__nv_bfloat16><<<blocks, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(x), index,
+                                                                static_cast<__nv_bfloat16*>(out), rows, cols,
+                                                                row_limit);
+  } else {
+    GatherRowsKernel<__half><<<blocks, kThreads, 0, s>>>(static_cast<const __half*>(x), index,
+                                                         static_cast<__half*>(out), rows, cols, row_limit);
   }
   return true;
 }

@@ -32,7 +32,18 @@ bool AddRmsNorm(Dtype dtype, const void* residual, const void* delta, const void
 
 // gate_up: [rows, 2 * cols] (gate columns, then up columns), contiguous;
 // out: [rows, cols] = dtype(silu(gate)) * up, silu in fp32 as at::silu.
-bool SiluMul(Dtype dtype, const void* gate_up, void* out, int64_t rows, int64_t cols, void* stream);
+// With row_limit (an int32 on the device, may be null) only the first
+// *row_limit rows are computed and the rest of out is left unwritten: an
+// expert-parallel rank's rows of a MoE layer, whose count only the device
+// knows.
+bool SiluMul(Dtype dtype, const void* gate_up, void* out, int64_t rows, int64_t cols, const int32_t* row_limit,
+             void* stream);
+
+// out[r] = x[index[r]] for rows of `cols` elements (x and out contiguous,
+// index int64 [rows]), the first *row_limit rows only when row_limit is
+// given (as in SiluMul). Requires cols % 8 == 0.
+bool GatherRows(Dtype dtype, const void* x, const int64_t* index, void* out, int64_t rows, int64_t cols,
+                const int32_t* row_limit, void* stream);
 
 // Rotary embedding in place on x: [tokens, heads, head_dim] with element
 // (t, h, d) at x + t * row_stride + h * head_stride + d. The first

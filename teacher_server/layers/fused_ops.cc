@@ -45,6 +45,11 @@ bool NormKernelTakes(const at::Tensor& h, const at::Tensor& delta, const at::Ten
          weight.numel() == h.size(1) && delta_ok;
 }
 
+// A device-side row count for t's rows: one int32 on t's device.
+bool RowLimitTakes(const at::Tensor& limit, const at::Tensor& t) {
+  return limit.scalar_type() == at::kInt && limit.numel() == 1 && limit.device() == t.device() && t.dim() == 2;
+}
+
 // After a launcher accepted its arguments: checks the launch and counts it.
 void CheckLaunch(const char* what) {
   CheckKernelLaunch(/*launched=*/true, what);
@@ -97,24 +102,46 @@ at::Tensor AddRmsNorm(at::Tensor* h, const at::Tensor& delta, const at::Tensor& 
   return RmsNorm(*h, weight, eps);
 }
 
-at::Tensor SiluMul(const at::Tensor& gate_up, bool fused) {
+at::Tensor SiluMul(const at::Tensor& gate_up, bool fused, const at::Tensor& row_limit) {
   const int64_t I = gate_up.size(-1) / 2;
 #ifdef E3_HAS_CUDA
   kernels::Dtype dt;
-  if (fused && I > 0 && KernelDtype(gate_up, &dt) && gate_up.is_contiguous()) {
+  if (fused && I > 0 && KernelDtype(gate_up, &dt) && gate_up.is_contiguous() &&
+      (!row_limit.defined() || RowLimitTakes(row_limit, gate_up))) {
     const c10::cuda::CUDAGuard guard(gate_up.device());
     std::vector<int64_t> shape = gate_up.sizes().vec();
     shape.back() = I;
     at::Tensor out = torch::empty(shape, gate_up.options());
     if (kernels::SiluMul(dt, gate_up.data_ptr(), out.data_ptr(), gate_up.numel() / (2 * I), I,
-                         CurrentStream(gate_up))) {
+                         row_limit.defined() ? row_limit.data_ptr<int32_t>() : nullptr, CurrentStream(gate_up))) {
       CheckLaunch("SiLU-and-multiply");
       return out;
     }
   }
 #endif
   (void)fused;
+  (void)row_limit;
   return at::silu(gate_up.narrow(-1, 0, I)) * gate_up.narrow(-1, I, I);
+}
+
+at::Tensor GatherRows(const at::Tensor& x, const at::Tensor& index, const at::Tensor& row_limit, bool fused) {
+#ifdef E3_HAS_CUDA
+  kernels::Dtype dt;
+  if (fused && KernelDtype(x, &dt) && x.dim() == 2 && x.is_contiguous() && index.dim() == 1 &&
+      index.scalar_type() == at::kLong && index.is_contiguous() && index.device() == x.device() &&
+      index.numel() > 0 && (!row_limit.defined() || RowLimitTakes(row_limit, x))) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    at::Tensor out = torch::empty({index.numel(), x.size(1)}, x.options());
+    if (kernels::GatherRows(dt, x.data_ptr(), index.data_ptr<int64_t>(), out.data_ptr(), index.numel(), x.size(1),
+                            row_limit.defined() ? row_limit.data_ptr<int32_t>() : nullptr, CurrentStream(x))) {
+      CheckLaunch("row gather");
+      return out;
+    }
+  }
+#endif
+  (void)fused;
+  (void)row_limit;
+  return x.index_select(0, index);
 }
 
 at::Tensor MoeCombine(const at::Tensor& y, const at::Tensor& rows, const at::Tensor& weights, const at::Tensor& valid,

@@ -30,7 +30,18 @@ int64_t FusedKernelLaunches();
 at::Tensor AddRmsNorm(at::Tensor* h, const at::Tensor& delta, const at::Tensor& weight, double eps, bool fused);
 
 // gate_up: [..., 2I] (gate, then up). Returns silu(gate) * up: [..., I].
-at::Tensor SiluMul(const at::Tensor& gate_up, bool fused);
+// `row_limit` (an int32 tensor of one element on gate_up's device, or
+// undefined): only the first row_limit rows of a 2-D gate_up are needed.
+// The kernel then leaves the other rows of the result unwritten, without
+// reading the count on the host (a MoE layer's rows of this
+// expert-parallel rank); the reference ops compute every row.
+at::Tensor SiluMul(const at::Tensor& gate_up, bool fused, const at::Tensor& row_limit = at::Tensor());
+
+// x.index_select(0, index) for x [N, H] and int64 index [P]; with
+// row_limit as in SiluMul (rows past it unwritten by the kernel). The
+// kernel does not check the indices (index_select does): callers pass
+// indices they computed, such as GroupedMoe's pair order.
+at::Tensor GatherRows(const at::Tensor& x, const at::Tensor& index, const at::Tensor& row_limit, bool fused);
 
 // A MoE layer's sum over each token's k experts: y [P, H] holds the
 // experts' outputs, rows [T, k] (int64) the row of y of each token's r-th

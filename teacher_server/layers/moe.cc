@@ -126,9 +126,14 @@ at::Tensor GroupedMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting
   const at::Tensor order = std::get<1>(key.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
   const at::Tensor counts = at::zeros({E + 1}, key.options()).index_add_(0, key, at::ones_like(key));
   const at::Tensor offs = counts.narrow(0, 0, E).cumsum(0).to(at::kInt);
+  // Under EP only this rank's pairs (the first offs[E-1]) are gathered and
+  // activated: the grouped GEMMs never read the rows past them, and the
+  // count stays on the device.
+  const at::Tensor limit = all_local || !routing.rank_rows_only ? at::Tensor() : offs.narrow(0, E - 1, 1);
   // Each pair's token row, gathered in pair order (freed after the GEMM).
-  const at::Tensor act = SiluMul(GroupedLinear(x.index_select(0, order.div(k, "floor")), w.stacked_gate_up, offs),
-                                 fused_activation);
+  const at::Tensor act =
+      SiluMul(GroupedLinear(GatherRows(x, order.div(k, "floor"), limit, fused_activation), w.stacked_gate_up, offs),
+              fused_activation, limit);
   const at::Tensor y = GroupedLinear(act, w.stacked_down, offs);
   // Where each pair's output row landed in y.
   const at::Tensor row_of_pair =

@@ -27,6 +27,9 @@ struct MoeWeights {
 struct MoeRouting {
   int64_t top_k = 0;
   bool normalize = true;  // renormalise the chosen k probabilities to sum to 1
+  // GroupedMoe under EP: gather and activate only this rank's (token,
+  // expert) pairs (false, the bench's ablation: every pair, as before).
+  bool rank_rows_only = true;
 };
 
 // x: [T, H]. Follows transformers' numerics: router logits in x's dtype,

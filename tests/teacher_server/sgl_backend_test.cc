@@ -27,6 +27,7 @@
 #include "teacher_server/layers/rotary.h"
 #include "teacher_server/models/forward_graphs.h"
 #include "tests/teacher_server/golden_fixture.h"
+#include "tests/teacher_server/random_experts.h"
 
 namespace e3 {
 namespace {
@@ -152,23 +153,6 @@ TEST(SglLayersTest, SetBackendKnowsHfAndSgl) {
   EXPECT_NE(std::string(bad.message()).find("expected hf or sgl"), std::string::npos) << bad;
 }
 
-// Experts with random weights, their gate and up fused, as the sgl loader
-// makes them: `count` of `total`, starting at `first`.
-MoeWeights RandomExperts(int64_t total, int64_t first, int64_t count, int64_t H, int64_t I, at::ScalarType dtype) {
-  MoeWeights w;
-  w.router = torch::randn({total, H}).to(dtype);
-  w.first_expert = first;
-  for (int64_t e = 0; e < count; ++e) {
-    MlpWeights m;
-    m.gate_proj = (torch::randn({I, H}) / 8).to(dtype);
-    m.up_proj = (torch::randn({I, H}) / 8).to(dtype);
-    m.down_proj = (torch::randn({H, I}) / 8).to(dtype);
-    FuseGateUp(&m);
-    w.experts.push_back(std::move(m));
-  }
-  return w;
-}
-
 // The grouped MoE is the per-expert loop's sum: the same pairs, the same
 // per-expert products (on the CPU the groups run as one GEMM each), the
 // same roundings and order of the adds, so equal bit for bit in bf16 and
@@ -180,7 +164,7 @@ TEST(SglLayersTest, GroupedMoeIsThePerExpertLoopsSum) {
   const int64_t H = 32, I = 24, T = 37;
   for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     for (const auto& [first, count] : {std::pair<int64_t, int64_t>{0, 8}, {2, 3}, {5, 3}}) {
-      MoeWeights w = RandomExperts(8, first, count, H, I, dtype);
+      MoeWeights w = testing::RandomExperts(8, first, count, H, I, dtype, 1.0 / 8);
       const at::Tensor x = torch::randn({T, H}).to(dtype);
       for (const MoeRouting routing : {MoeRouting{2, true}, MoeRouting{3, false}}) {
         const at::Tensor want = SparseMoe(x, w, routing);
@@ -201,7 +185,7 @@ TEST(SglLayersTest, GroupedMoeIsThePerExpertLoopsSum) {
       }
     }
   }
-  MoeWeights unfused = RandomExperts(4, 0, 4, H, I, at::kFloat);
+  MoeWeights unfused = testing::RandomExperts(4, 0, 4, H, I, at::kFloat, 1.0 / 8);
   unfused.experts[0].down_bias = torch::zeros({H});
   EXPECT_FALSE(ExpertsStackable(unfused)) << "biases are not stacked";
   EXPECT_FALSE(ExpertsStackable(MoeWeights())) << "no experts on this rank";

@@ -37,6 +37,7 @@
 //   within 1.1x hf's (1.5x for MoE, whose router flips are rare events).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
@@ -57,6 +58,7 @@
 #include "teacher_server/layers/rotary.h"
 #include "teacher_server/models/forward_graphs.h"
 #include "tests/teacher_server/golden_fixture.h"
+#include "tests/teacher_server/random_experts.h"
 #include "tests/teacher_server/trimmed_vocab_model.h"
 
 namespace e3 {
@@ -170,6 +172,33 @@ TEST_P(SglKernelsGpuTest, SiluMulIsExact) {
   // A width the vector kernel does not take falls back to the reference.
   const at::Tensor odd = torch::randn({5, 2 * 12}, opts());
   EXPECT_TRUE(SiluMul(odd, true).equal(at::silu(odd.narrow(1, 0, 12)) * odd.narrow(1, 12, 12)));
+}
+
+// The gather and SiLU-mul kernels with a device-side row limit (an EP
+// rank's pairs): the rows below the limit are the reference's bit for bit;
+// a limit past the rows means all of them, and 0 means none (nothing to
+// compare, but the launch must be harmless).
+TEST_P(SglKernelsGpuTest, RowLimitedGatherAndSiluMulAreExactBelowTheLimit) {
+  torch::manual_seed(9);
+  const int64_t N = 97, P = 300, H = 256, I = 128;
+  const at::Tensor x = torch::randn({N, H}, opts());
+  const at::Tensor index = torch::randint(N, {P}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA));
+  const at::Tensor gate_up = torch::randn({P, 2 * I}, opts()) * 3;
+  const at::Tensor want_rows = x.index_select(0, index);
+  const at::Tensor want_act = SiluMul(gate_up, /*fused=*/false);
+  for (int32_t limit : {0, 1, 173, 300, 5000}) {
+    const at::Tensor lim = torch::full({1}, limit, at::TensorOptions().dtype(at::kInt).device(at::kCUDA));
+    const int64_t n = std::min<int64_t>(limit, P);
+    const int64_t before = FusedKernelLaunches();
+    const at::Tensor rows = GatherRows(x, index, lim, /*fused=*/true);
+    const at::Tensor act = SiluMul(gate_up, /*fused=*/true, lim);
+    EXPECT_EQ(FusedKernelLaunches() - before, 2);
+    EXPECT_EQ(rows.sizes(), want_rows.sizes());
+    EXPECT_EQ(act.sizes(), want_act.sizes());
+    EXPECT_TRUE(rows.narrow(0, 0, n).equal(want_rows.narrow(0, 0, n))) << "limit " << limit;
+    EXPECT_TRUE(act.narrow(0, 0, n).equal(want_act.narrow(0, 0, n))) << "limit " << limit;
+  }
+  EXPECT_TRUE(GatherRows(x, index, at::Tensor(), true).equal(want_rows)) << "no limit: every row";
 }
 
 // The MoE combine kernel against its op sequence: exact, with and without
@@ -665,16 +694,7 @@ TEST(GroupedMoeGpuTest, MatchesThePerExpertLoop) {
   const MoeRouting routing{4, true};
   for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
     for (const auto& [first, count] : {std::pair<int64_t, int64_t>{0, 16}, {4, 6}}) {
-      MoeWeights w;
-      w.router = torch::randn({total, H}).to(cuda, dtype);
-      w.first_expert = first;
-      for (int64_t e = 0; e < count; ++e) {
-        MlpWeights m;
-        m.gate_proj = (torch::randn({I, H}) / 16).to(cuda, dtype);
-        m.up_proj = (torch::randn({I, H}) / 16).to(cuda, dtype);
-        m.down_proj = (torch::randn({H, I}) / 16).to(cuda, dtype);
-        w.experts.push_back(std::move(m));
-      }
+      MoeWeights w = testing::RandomExperts(total, first, count, H, I, dtype, 1.0 / 16, cuda, /*fuse=*/false);
       // The fp32 evaluation of the same (rounded) weights, before fusing.
       MoeWeights f32 = w;
       f32.router = w.router.to(at::kFloat);
