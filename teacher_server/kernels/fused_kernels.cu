@@ -40,6 +40,13 @@ struct alignas(sizeof(T) * N) Pack {
 constexpr int kVec = kPack16Elems;
 constexpr int kThreads = 256;
 
+// A grid-stride loop's first index for this thread and its step: the
+// element-wise kernels cover any size with a capped grid (Blocks()).
+__device__ __forceinline__ int64_t GridStrideStart() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t GridStride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
 // Optional operands (nullptr) do not stop the vectorised path.
 bool Aligned(const void* p) { return p == nullptr || Is16ByteAligned(p); }
 
@@ -137,8 +144,7 @@ __global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out
   using P = Pack<T, kVec>;
   const int64_t packs = cols / kVec;
   const int64_t total = LimitedRows(rows, row_limit) * packs;
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t idx = GridStrideStart(); idx < total; idx += GridStride()) {
     const int64_t row = idx / packs, p = idx % packs;
     const T* in = gate_up + row * 2 * cols;
     const P g = reinterpret_cast<const P*>(in)[p];
@@ -161,8 +167,7 @@ __global__ void GatherRowsKernel(const T* __restrict__ x, const int64_t* __restr
   using P = Pack<T, kVec>;
   const int64_t packs = cols / kVec;
   const int64_t total = LimitedRows(rows, row_limit) * packs;
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t idx = GridStrideStart(); idx < total; idx += GridStride()) {
     const int64_t r = idx / packs, p = idx % packs;
     reinterpret_cast<P*>(out + r * cols)[p] = reinterpret_cast<const P*>(x + index[r] * cols)[p];
   }
@@ -177,8 +182,7 @@ __global__ void MoeCombineKernel(const T* __restrict__ y, const int64_t* __restr
   using P = Pack<T, kVec>;
   const int64_t packs = cols / kVec;
   const int64_t total = tokens * packs;
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t idx = GridStrideStart(); idx < total; idx += GridStride()) {
     const int64_t t = idx / packs, p = idx % packs;
     float acc[kVec];
 #pragma unroll
@@ -206,8 +210,7 @@ __global__ void RopeKernel(T* __restrict__ x, int64_t tokens, int64_t heads, int
   using P = Pack<T, N>;
   const int64_t half = rotary_dim / 2, groups = half / N;
   const int64_t total = tokens * heads * groups;
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t idx = GridStrideStart(); idx < total; idx += GridStride()) {
     const int64_t g = idx % groups, th = idx / groups;
     const int64_t h = th % heads, t = th / heads;
     const int64_t i = g * N;
