@@ -10,12 +10,6 @@
 namespace e3 {
 namespace {
 
-// Rows [offs[g-1], offs[g]) of a times w[g]^T, for w [G, N, K]. Without the
-// grouped GEMM (CPU, LibTorch before 2.8, fp16 or fp32, other GPUs), one
-// GEMM per group as SparseMoe's loop runs them (the offsets then go to the
-// host). Rows past the last group belong to no group: the grouped GEMM
-// leaves them unwritten, and the loop fills them with NaN, so that a caller
-// that reads them fails its tests on the CPU too.
 // Whether LibTorch's grouped GEMM kernel takes a product by w [G, N, K]:
 // bf16, 16-byte rows, and Hopper or Blackwell (compute capability 9.x or
 // 10.x; on other GPUs LibTorch's op falls back to a loop that reads the
@@ -26,6 +20,12 @@ bool GroupedGemmApplies(const at::Tensor& w, at::ScalarType dtype, at::Device de
          (cc / 10 == 9 || cc / 10 == 10);
 }
 
+// Rows [offs[g-1], offs[g]) of a times w[g]^T, for w [G, N, K]. Without the
+// grouped GEMM (CPU, LibTorch before 2.8, fp16 or fp32, other GPUs), one
+// GEMM per group as SparseMoe's loop runs them (the offsets then go to the
+// host). Rows past the last group belong to no group: the grouped GEMM
+// leaves them unwritten, and the loop fills them with NaN, so that a caller
+// that reads them fails its tests on the CPU too.
 at::Tensor GroupedLinear(const at::Tensor& a, const at::Tensor& w, const at::Tensor& offs) {
   if (GroupedGemmApplies(w, a.scalar_type(), a.device())) return compat::GroupedMm(a, w, offs);
   at::Tensor out = at::full({a.size(0), w.size(1)}, std::numeric_limits<float>::quiet_NaN(), a.options());

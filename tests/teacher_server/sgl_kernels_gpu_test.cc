@@ -175,29 +175,47 @@ TEST_P(SglKernelsGpuTest, SiluMulIsExact) {
 }
 
 // The gather and SiLU-mul kernels with a device-side row limit (an EP
-// rank's pairs): the rows below the limit are the reference's bit for bit;
-// a limit past the rows means all of them, and 0 means none (nothing to
-// compare, but the launch must be harmless).
+// rank's pairs): the rows below the limit are the reference's bit for bit,
+// and the rows past it are left as they were. A limit past the rows means
+// all of them, and 0 means none. Before each call the output blocks are
+// poisoned with NaN (allocated, filled and freed, so that the caching
+// allocator hands the same blocks back): rows the kernel skipped stay NaN,
+// and rows it should have written cannot pass by holding an earlier
+// call's values.
 TEST_P(SglKernelsGpuTest, RowLimitedGatherAndSiluMulAreExactBelowTheLimit) {
   torch::manual_seed(9);
   const int64_t N = 97, P = 300, H = 256, I = 128;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
   const at::Tensor x = torch::randn({N, H}, opts());
   const at::Tensor index = torch::randint(N, {P}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA));
   const at::Tensor gate_up = torch::randn({P, 2 * I}, opts()) * 3;
   const at::Tensor want_rows = x.index_select(0, index);
   const at::Tensor want_act = SiluMul(gate_up, /*fused=*/false);
+  int poisoned_blocks_reused = 0;
   for (int32_t limit : {0, 1, 173, 300, 5000}) {
     const at::Tensor lim = torch::full({1}, limit, at::TensorOptions().dtype(at::kInt).device(at::kCUDA));
     const int64_t n = std::min<int64_t>(limit, P);
+    const void *poisoned_rows = nullptr, *poisoned_act = nullptr;
+    {
+      const at::Tensor a = at::full(want_rows.sizes(), nan, opts()), b = at::full(want_act.sizes(), nan, opts());
+      poisoned_rows = a.data_ptr();
+      poisoned_act = b.data_ptr();
+    }
     const int64_t before = FusedKernelLaunches();
     const at::Tensor rows = GatherRows(x, index, lim, /*fused=*/true);
     const at::Tensor act = SiluMul(gate_up, /*fused=*/true, lim);
     EXPECT_EQ(FusedKernelLaunches() - before, 2);
-    EXPECT_EQ(rows.sizes(), want_rows.sizes());
-    EXPECT_EQ(act.sizes(), want_act.sizes());
+    ASSERT_EQ(rows.sizes(), want_rows.sizes());
+    ASSERT_EQ(act.sizes(), want_act.sizes());
     EXPECT_TRUE(rows.narrow(0, 0, n).equal(want_rows.narrow(0, 0, n))) << "limit " << limit;
     EXPECT_TRUE(act.narrow(0, 0, n).equal(want_act.narrow(0, 0, n))) << "limit " << limit;
+    if (rows.data_ptr() == poisoned_rows && act.data_ptr() == poisoned_act) {
+      ++poisoned_blocks_reused;
+      EXPECT_TRUE(rows.narrow(0, n, P - n).isnan().all().item<bool>()) << "limit " << limit << ": rows past it";
+      EXPECT_TRUE(act.narrow(0, n, P - n).isnan().all().item<bool>()) << "limit " << limit << ": rows past it";
+    }
   }
+  EXPECT_GT(poisoned_blocks_reused, 0) << "the allocator never returned the poisoned blocks: nothing checked them";
   EXPECT_TRUE(GatherRows(x, index, at::Tensor(), true).equal(want_rows)) << "no limit: every row";
 }
 
@@ -313,7 +331,9 @@ TEST_P(SglKernelsGpuTest, HeadRmsNormRopeIsTheNormThenRope) {
   const at::Tensor cos = angles.cos().to(GetParam()), sin = angles.sin().to(GetParam());
   at::Tensor want = RmsNorm(x, w, 1e-6);
   RopeInPlace(want, cos, sin, false);
-  EXPECT_TRUE(HeadRmsNormRope(x, w, 1e-6, cos, sin, true).equal(want));
+  const at::Tensor got = HeadRmsNormRope(x, w, 1e-6, cos, sin, true);
+  EXPECT_TRUE(got.equal(want));
+  EXPECT_NE(got.data_ptr(), x.data_ptr()) << "the reference ops return a new tensor";
 }
 
 TEST_P(SglKernelsGpuTest, FusedPackedAttentionMatchesPerSampleSdpa) {
