@@ -196,6 +196,9 @@ int Main() {
     }
     models[0] = std::make_unique<TpLeader>(std::move(models[0]));
   }
+  for (size_t i = 0; i < backends.size(); ++i) {
+    std::printf("%s: %s\n", backends[i].c_str(), models[i]->Techniques().c_str());
+  }
   const ModelConfig& cfg = (*dir)->config();
   ForwardOptions fwd;
   fwd.aux_layer_ids = cfg.DefaultAuxLayerIds();

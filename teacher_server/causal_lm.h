@@ -96,6 +96,10 @@ class CausalLM {
   // tensor parallelism only rank 0 has them (the others: undefined).
   virtual at::Tensor embed_tokens() const = 0;
   virtual at::Tensor lm_head() const = 0;
+  // One line, for the server's startup log: what this model's forward will
+  // actually use on this device and layout (each sgl technique, or why it
+  // is off here: a CPU device, a GPU too old, tensor parallelism).
+  virtual std::string Techniques() const = 0;
 };
 
 // The backend names of --backend: "hf" (the reference: transformers' op

@@ -243,6 +243,7 @@ int Main() {
   // before the data is read, which can take minutes.
   auto model = LoadCausalLM(**dir, mopts);
   if (!model.ok()) Fail(model.status());
+  std::printf("teacher: forward: %s\n", (*model)->Techniques().c_str());
   if (mopts.tp) {
     auto leader = std::make_unique<TpLeader>(std::move(model).value());
     g_tp_leader = leader.get();

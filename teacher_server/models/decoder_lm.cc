@@ -1,8 +1,11 @@
 #include "teacher_server/models/decoder_lm.h"
 
 #include <algorithm>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/gemm.h"
@@ -88,7 +91,7 @@ absl::Status DecoderLM::LoadWeights(const ModelDir& dir) {
   // Under TP over this rank's vocab rows (a shard the kernels do not take
   // finds its answer from logits instead: HeadArgmax).
   if (options_.argmax_fp8) fp8_head_ = Fp8HeadArgmax::Prepare(lm_head_);
-  if (options_.cuda_graphs && GraphsApply()) {
+  if (options_.cuda_graphs && GraphsOffReason().empty()) {
     graphs_ = std::make_unique<ForwardGraphs>(options_.device, options_.graph_token_step, options_.max_cuda_graphs,
                                               options_.graph_min_host_share);
   }
@@ -194,17 +197,78 @@ absl::Status DecoderLM::CheckForward(const PackedBatch& batch, const ForwardOpti
   return absl::OkStatus();
 }
 
-bool DecoderLM::GraphsApply() const {
-  if (!options_.device.is_cuda() || plan_.sharded() || options_.attention != AttentionKernel::kFlashVarlen ||
+std::string DecoderLM::GraphsOffReason() const {
+  if (!options_.device.is_cuda()) return "not a CUDA device";
+  if (plan_.sharded()) return "tensor parallelism";
+  if (options_.attention != AttentionKernel::kFlashVarlen ||
       !FlashVarlenAppliesTo(options_.dtype, config_.head_dim, options_.device)) {
-    return false;
+    return "attention runs per sample";
   }
-  // MoE layers only where their experts run without the host (the
-  // per-expert loop reads the routing counts there).
   for (const Layer& layer : layers_) {
-    if (layer.is_moe && !GroupedMoeStaysOnDevice(layer.moe, options_.dtype, options_.device)) return false;
+    if (layer.is_moe && !GroupedMoeStaysOnDevice(layer.moe, options_.dtype, options_.device)) {
+      return "MoE experts read their routing counts on the host";
+    }
   }
-  return true;
+  return "";
+}
+
+std::string DecoderLM::Techniques() const {
+  const bool sharded = plan_.sharded();
+  std::vector<std::string> parts;
+  parts.push_back(options_.fuse_projections ? "qkv and gate-up fused" : "separate projections");
+  if (!options_.fused_kernels) {
+    parts.push_back("reference element-wise ops");
+  } else {
+    parts.push_back(FusedKernelsRunOn(options_.device) ? "custom kernels"
+                                                       : "custom kernels off (need CUDA, compute capability 8.0+)");
+  }
+  switch (options_.attention) {
+    case AttentionKernel::kEager:
+      parts.push_back("eager attention per sample");
+      break;
+    case AttentionKernel::kSdpa:
+      parts.push_back("SDPA per sample");
+      break;
+    case AttentionKernel::kFlashVarlen:
+      parts.push_back(FlashVarlenAppliesTo(options_.dtype, config_.head_dim, options_.device)
+                          ? "one fused attention call per batch"
+                          : "fused attention off (needs CUDA, bf16/fp16): SDPA per sample");
+      break;
+  }
+  if (options_.gemm == GemmPath::kCublasLt && options_.device.is_cuda()) {
+    parts.push_back(options_.residual_in_gemm && !sharded ? "cuBLASLt GEMMs, residual in the epilogue"
+                                                          : "cuBLASLt GEMMs");
+  } else {
+    parts.push_back("ATen GEMMs");
+  }
+  if (fp8_head_) {
+    parts.push_back("target argmax by FP8 candidates");
+  } else if (options_.argmax_in_gemm && !sharded) {
+    parts.push_back("target argmax in the lm_head GEMM (Hopper bf16; else from logits)");
+  } else {
+    parts.push_back("target argmax from logits");
+  }
+  if (graphs_) {
+    parts.push_back("CUDA graphs per token budget");
+  } else if (options_.cuda_graphs) {
+    parts.push_back(absl::StrCat("CUDA graphs off (", GraphsOffReason(), ")"));
+  }
+  int64_t moe = 0, grouped = 0;
+  for (const Layer& layer : layers_) {
+    moe += layer.is_moe ? 1 : 0;
+    grouped += layer.is_moe && GroupedMoeStaysOnDevice(layer.moe, options_.dtype, options_.device) ? 1 : 0;
+  }
+  if (moe > 0) {
+    parts.push_back(grouped == moe ? "experts by grouped GEMMs"
+                                   : absl::StrCat("experts by a loop in ", moe - grouped, " of ", moe, " MoE layers"));
+  }
+  if (sharded) {
+    parts.push_back(absl::StrCat("tp ", plan_.tp_size, " (ep ", plan_.ep_size, ")",
+                                 options_.tp_overlap ? absl::StrCat(", micro-batch overlap from ",
+                                                                    options_.tp_overlap_min_tokens, " tokens a half")
+                                                     : ""));
+  }
+  return absl::StrJoin(parts, "; ");
 }
 
 absl::StatusOr<ForwardOutput> DecoderLM::Forward(const PackedBatch& batch, const ForwardOptions& options) {

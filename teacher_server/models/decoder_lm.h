@@ -41,6 +41,7 @@ class DecoderLM : public CausalLM {
   const ModelOptions& options() const override { return options_; }
   at::Tensor embed_tokens() const override { return full_embed_tokens_; }
   at::Tensor lm_head() const override { return full_lm_head_; }
+  std::string Techniques() const override;
   const ShardPlan& shard_plan() const { return plan_; }
 
  private:
@@ -69,12 +70,12 @@ class DecoderLM : public CausalLM {
   // Calls fn with this rank's logits x lm_head_^T for x's rows, in chunks
   // of about 1 GiB, so that the full logits never exist at once.
   void ForEachLogitsChunk(const at::Tensor& x, const std::function<void(const at::Tensor& logits)>& fn) const;
-  // Whether this model's forward can be captured in a CUDA graph: CUDA,
-  // one process (no collectives), MoE layers only through the grouped
-  // GEMM (the per-expert loop and the per-group fallback read the routing
-  // counts on the host), and the fused varlen attention (the per-sample
-  // loop reads the host's offsets).
-  bool GraphsApply() const;
+  // Why this model's forward cannot be captured in a CUDA graph, or empty
+  // when it can: it needs CUDA, one process (no collectives), MoE layers
+  // only through the grouped GEMM (the per-expert loop and the per-group
+  // fallback read the routing counts on the host), and the fused varlen
+  // attention (the per-sample loop reads the host's offsets).
+  std::string GraphsOffReason() const;
   // The target argmax of x [T, H] (after the final norm) without the
   // logits. One process: the FP8 candidate search, else the argmax GEMM,
   // else undefined (the caller then computes logits). Under TP: each rank's
@@ -95,7 +96,7 @@ class DecoderLM : public CausalLM {
   // applies; else null).
   std::unique_ptr<Fp8HeadArgmax> fp8_head_;
   // Captured forwards per token budget (options_.cuda_graphs, where
-  // GraphsApply; else null).
+  // GraphsOffReason is empty; else null).
   std::unique_ptr<ForwardGraphs> graphs_;
   at::Tensor norm_;
   // The whole tables, for GetWeights: the local ones when unsharded; on a

@@ -40,6 +40,7 @@ class TpLeader : public CausalLM {
   const ModelOptions& options() const override { return shard_->options(); }
   at::Tensor embed_tokens() const override { return shard_->embed_tokens(); }
   at::Tensor lm_head() const override { return shard_->lm_head(); }
+  std::string Techniques() const override { return shard_->Techniques(); }
 
  private:
   void HeartbeatLoop(absl::Duration period);

@@ -159,6 +159,32 @@ TEST(SglLayersTest, SetBackendKnowsHfAndSgl) {
 // fp32; also under EP, where a rank holds experts [first, first + count)
 // and tokens routed elsewhere add nothing (their rows of the grouped
 // product hold NaN here, so a pair that slipped through would show).
+// The startup line's account of the forward: each sgl technique, or why
+// it is off here. On the CPU the kernels, the fused attention, cuBLASLt and
+// graphs are off; the fusion and the experts' path are as configured.
+TEST(SglLayersTest, TechniquesSayWhatRunsAndWhatIsOffHere) {
+  auto dir = ModelDir::Open(LoadGoldenCase("rand_qwen3_moe").model_dir);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  auto load = [&](const std::string& backend) {
+    ModelOptions o;
+    EXPECT_TRUE(SetBackend(backend, &o).ok());
+    auto m = LoadCausalLM(**dir, o);
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m.ok() ? (*m)->Techniques() : std::string();
+  };
+  const std::string sgl = load("sgl"), hf = load("hf");
+  for (const char* part : {"qkv and gate-up fused", "custom kernels off (need CUDA", "fused attention off",
+                           "ATen GEMMs", "target argmax in the lm_head GEMM", "CUDA graphs off (not a CUDA device)",
+                           "experts by a loop in 5 of 5 MoE layers"}) {
+    EXPECT_NE(sgl.find(part), std::string::npos) << "sgl: " << sgl << "\nlacks: " << part;
+  }
+  for (const char* part : {"separate projections", "reference element-wise ops", "SDPA per sample", "ATen GEMMs",
+                           "target argmax from logits", "experts by a loop in 5 of 5 MoE layers"}) {
+    EXPECT_NE(hf.find(part), std::string::npos) << "hf: " << hf << "\nlacks: " << part;
+  }
+  EXPECT_EQ(hf.find("CUDA graphs"), std::string::npos) << "hf does not ask for graphs: " << hf;
+}
+
 TEST(SglLayersTest, GroupedMoeIsThePerExpertLoopsSum) {
   torch::manual_seed(3);
   const int64_t H = 32, I = 24, T = 37;

@@ -648,6 +648,8 @@ TEST_P(SglModelGpuTest, CudaGraphReplaysAreTheEagerForward) {
   CausalLM* graphed = models[0].get();
   CausalLM* never = models[1].get();
   CausalLM* eager = models[2].get();
+  EXPECT_NE(graphed->Techniques().find("custom kernels; one fused attention call per batch"), std::string::npos)
+      << graphed->Techniques();
   const int cc = TestDeviceCapability();
   const bool moe = GetParam().find("moe") != std::string::npos;
   const bool captures_moe = compat::kHasGroupedMm && (cc / 10 == 9 || cc / 10 == 10);
@@ -688,6 +690,14 @@ TEST_P(SglModelGpuTest, CudaGraphReplaysAreTheEagerForward) {
       EXPECT_TRUE(g->last_hidden.equal(e->last_hidden.narrow(0, 0, T))) << what;
       EXPECT_TRUE(g->target_argmax.equal(e->target_argmax.narrow(0, 0, T))) << what;
     }
+  }
+  EXPECT_NE(graphed->Techniques().find(captured ? "CUDA graphs per token budget" : "CUDA graphs off"),
+            std::string::npos)
+      << graphed->Techniques();
+  if (moe) {
+    EXPECT_NE(graphed->Techniques().find(captures_moe ? "experts by grouped GEMMs" : "experts by a loop"),
+              std::string::npos)
+        << graphed->Techniques();
   }
   // Captured in round 2, replayed in rounds 2 and 3.
   EXPECT_EQ(CudaGraphCaptures() - captures, captured ? 2 : 0);
