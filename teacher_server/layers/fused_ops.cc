@@ -45,10 +45,15 @@ bool NormKernelTakes(const at::Tensor& h, const at::Tensor& delta, const at::Ten
          weight.numel() == h.size(1) && delta_ok;
 }
 
-// A device-side row count for t's rows: one int32 on t's device.
+// Whether the kernels take `limit` as the device-side row count of t's
+// rows: none (undefined), or one int32 on t's device for a 2-D t.
 bool RowLimitTakes(const at::Tensor& limit, const at::Tensor& t) {
-  return limit.scalar_type() == at::kInt && limit.numel() == 1 && limit.device() == t.device() && t.dim() == 2;
+  return !limit.defined() ||
+         (limit.scalar_type() == at::kInt && limit.numel() == 1 && limit.device() == t.device() && t.dim() == 2);
 }
+
+// The kernels' row_limit argument: null for no limit.
+const int32_t* RowLimitData(const at::Tensor& limit) { return limit.defined() ? limit.data_ptr<int32_t>() : nullptr; }
 
 // After a launcher accepted its arguments: checks the launch and counts it.
 void CheckLaunch(const char* what) {
@@ -106,14 +111,13 @@ at::Tensor SiluMul(const at::Tensor& gate_up, bool fused, const at::Tensor& row_
   const int64_t I = gate_up.size(-1) / 2;
 #ifdef E3_HAS_CUDA
   kernels::Dtype dt;
-  if (fused && I > 0 && KernelDtype(gate_up, &dt) && gate_up.is_contiguous() &&
-      (!row_limit.defined() || RowLimitTakes(row_limit, gate_up))) {
+  if (fused && I > 0 && KernelDtype(gate_up, &dt) && gate_up.is_contiguous() && RowLimitTakes(row_limit, gate_up)) {
     const c10::cuda::CUDAGuard guard(gate_up.device());
     std::vector<int64_t> shape = gate_up.sizes().vec();
     shape.back() = I;
     at::Tensor out = torch::empty(shape, gate_up.options());
     if (kernels::SiluMul(dt, gate_up.data_ptr(), out.data_ptr(), gate_up.numel() / (2 * I), I,
-                         row_limit.defined() ? row_limit.data_ptr<int32_t>() : nullptr, CurrentStream(gate_up))) {
+                         RowLimitData(row_limit), CurrentStream(gate_up))) {
       CheckLaunch("SiLU-and-multiply");
       return out;
     }
@@ -129,11 +133,11 @@ at::Tensor GatherRows(const at::Tensor& x, const at::Tensor& index, const at::Te
   kernels::Dtype dt;
   if (fused && KernelDtype(x, &dt) && x.dim() == 2 && x.is_contiguous() && index.dim() == 1 &&
       index.scalar_type() == at::kLong && index.is_contiguous() && index.device() == x.device() &&
-      index.numel() > 0 && (!row_limit.defined() || RowLimitTakes(row_limit, x))) {
+      index.numel() > 0 && RowLimitTakes(row_limit, x)) {
     const c10::cuda::CUDAGuard guard(x.device());
     at::Tensor out = torch::empty({index.numel(), x.size(1)}, x.options());
     if (kernels::GatherRows(dt, x.data_ptr(), index.data_ptr<int64_t>(), out.data_ptr(), index.numel(), x.size(1),
-                            row_limit.defined() ? row_limit.data_ptr<int32_t>() : nullptr, CurrentStream(x))) {
+                            RowLimitData(row_limit), CurrentStream(x))) {
       CheckLaunch("row gather");
       return out;
     }
