@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -100,7 +101,7 @@ std::atomic<int> g_signal{0};
 // still release the followers, which otherwise wait out the group timeout.
 TpLeader* g_tp_leader = nullptr;
 
-void Fail(const absl::Status& s) {
+[[noreturn]] void Fail(const absl::Status& s) {
   std::fprintf(stderr, "teacher_server: error: %s\n", std::string(s.message()).c_str());
   if (g_tp_leader != nullptr) g_tp_leader->Shutdown();
   std::exit(1);
@@ -197,27 +198,48 @@ ModelOptions ModelOptionsFromFlags() {
   if (mopts.graph_token_step < 1) {
     Fail(absl::InvalidArgumentError(absl::StrCat("--graph_token_step=", mopts.graph_token_step, ": expected >= 1")));
   }
-  mopts.on_progress = [](int64_t done, int64_t total) {
-    if (done == total || done % 16 == 0) {
-      std::printf("\rteacher: loading weights %ld/%ld", static_cast<long>(done), static_cast<long>(total));
-      if (done == total) std::printf("\n");
-      std::fflush(stdout);
-    }
-  };
   const int tp_size = absl::GetFlag(FLAGS_tp_size), ep_size = absl::GetFlag(FLAGS_ep_size);
   if (tp_size > 1) mopts.tp = JoinTensorParallelGroup(tp_size, ep_size, mopts.device.is_cuda());
   else if (ep_size != 1) Fail(absl::InvalidArgumentError("--ep_size needs --tp_size > 1 (experts split over its ranks)"));
   return mopts;
 }
 
+// Loads this rank's model, or exits naming what failed. On a terminal the
+// progress rewrites one line; into a log file (Slurm, Kubernetes, the
+// launcher) it would pile up carriage returns, so only the closing line is
+// written there. The expected count is approximate (a tied lm_head or an
+// expert-parallel shard loads fewer tensors), so the closing line, not the
+// counter, ends the progress.
+std::unique_ptr<CausalLM> LoadModelOrDie(const ModelDir& dir, ModelOptions mopts) {
+  const bool tty = ::isatty(STDOUT_FILENO) != 0;
+  // Shared: the model keeps its options, and with them this callback.
+  auto loaded = std::make_shared<int64_t>(0);
+  mopts.on_progress = [tty, loaded](int64_t done, int64_t total) {
+    *loaded = done;
+    if (tty && done % 16 == 0) {
+      std::printf("\rteacher: loading weights %ld/~%ld", static_cast<long>(done), static_cast<long>(total));
+      std::fflush(stdout);
+    }
+  };
+  const auto start = std::chrono::steady_clock::now();
+  auto model = LoadCausalLM(dir, mopts);
+  if (!model.ok()) {
+    if (tty) std::printf("\n");
+    Fail(model.status());
+  }
+  std::printf("%steacher: loaded %ld weight tensors in %.1f s\n", tty ? "\r\033[K" : "", static_cast<long>(*loaded),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  std::fflush(stdout);
+  return std::move(model).value();
+}
+
 // Ranks 1..N-1 of a tensor-parallel teacher: load the shard, then compute
 // whatever rank 0 broadcasts until it shuts down.
 int RunFollower(const ModelDir& dir, const ModelOptions& mopts) {
-  auto model = LoadCausalLM(dir, mopts);
-  if (!model.ok()) Fail(model.status());
+  std::unique_ptr<CausalLM> model = LoadModelOrDie(dir, mopts);
   std::printf("teacher rank %d: shard loaded; following rank 0\n", mopts.tp->rank());
   std::fflush(stdout);
-  absl::Status st = RunTpFollower(**model);
+  absl::Status st = RunTpFollower(*model);
   if (!st.ok()) Fail(st);
   return 0;
 }
@@ -241,8 +263,7 @@ int Main() {
   // The model first: under tensor parallelism the followers are waiting in
   // the group, and the leader's heartbeats (from TpLeader) must start
   // before the data is read, which can take minutes.
-  auto model = LoadCausalLM(**dir, mopts);
-  if (!model.ok()) Fail(model.status());
+  absl::StatusOr<std::unique_ptr<CausalLM>> model = LoadModelOrDie(**dir, mopts);
   std::printf("teacher: forward: %s\n", (*model)->Techniques().c_str());
   if (mopts.tp) {
     auto leader = std::make_unique<TpLeader>(std::move(model).value());

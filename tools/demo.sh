@@ -33,7 +33,7 @@ if [[ ! -s "$RUN/teacher.port" ]]; then
   echo "teacher did not start; its log:"; cat "$RUN/teacher.log"; exit 1
 fi
 PORT=$(cat "$RUN/teacher.port")
-grep '^teacher:' "$RUN/teacher.log" | grep -v 'loading weights' || true
+grep '^teacher:' "$RUN/teacher.log" || true
 echo "demo: training $STEPS steps of ~$TOKENS tokens against the teacher on 127.0.0.1:$PORT"
 
 ./build/student_trainer/student_trainer \
