@@ -15,8 +15,8 @@ namespace e3::bench {
 // "hf", "sgl", "hf-eager", or "sgl-no-fusion" / "-no-kernels" / "-no-varlen"
 // / "-no-lt" (LibTorch's matmul, so no residual add in the GEMM either) /
 // "-no-residual-gemm" / "-no-argmax-gemm" / "-no-fp8-argmax" / "-no-graphs"
-// / "-no-tp-overlap" / "-no-grouped-experts" (one sgl technique off, for
-// ablations).
+// / "-no-tp-overlap" / "-no-grouped-experts" / "-no-gemm-tuning" (one sgl
+// technique off, for ablations).
 inline absl::Status ApplyBackendSpec(const std::string& spec, ModelOptions* o) {
   if (spec == "hf-eager") {
     E3_RETURN_IF_ERROR(SetBackend("hf", o));
@@ -45,11 +45,13 @@ inline absl::Status ApplyBackendSpec(const std::string& spec, ModelOptions* o) {
     o->tp_overlap = false;
   } else if (off == "grouped-experts") {
     o->grouped_experts = false;
+  } else if (off == "gemm-tuning") {
+    o->gemm = GemmPath::kCublasLt;
   } else if (!off.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("backend ", spec,
                                                    ": expected sgl-no-fusion, -kernels, -varlen, -lt, "
                                                    "-residual-gemm, -argmax-gemm, -fp8-argmax, -graphs, "
-                                                   "-tp-overlap or -grouped-experts"));
+                                                   "-tp-overlap, -grouped-experts or -gemm-tuning"));
   }
   return absl::OkStatus();
 }

@@ -53,7 +53,7 @@ ABSL_FLAG(std::string, dtype, "float32", "compute dtype");
 ABSL_FLAG(std::string, backends, "sgl,hf,hf-eager",
           "backends timed in this run; the first is measured against the others: hf, sgl, hf-eager (hf with "
           "eager attention), or sgl-no-<technique> (fusion, kernels, varlen, lt, residual-gemm, argmax-gemm, "
-          "fp8-argmax, graphs, tp-overlap) for ablations");
+          "fp8-argmax, graphs, tp-overlap, grouped-experts, gemm-tuning) for ablations");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda[:N]");
 ABSL_FLAG(std::string, shapes, "1x128,4x256,8x512,ragged",
           "batches: BxS (B samples of S tokens), 'ragged' (chat-like lengths 37..700) or explicit sample "
@@ -66,6 +66,11 @@ ABSL_FLAG(bool, logits, false, "also compute the argmax over the lm_head (as the
 ABSL_FLAG(int, profile, 0,
           "CUDA builds: also profile this many forwards of the first backend on the first shape and print the "
           "GPU kernels by time");
+ABSL_FLAG(int64_t, gemm_tuning_rows, 0,
+          "backends on the tuned GEMM path (sgl on a GPU): tune for forwards of this many tokens before timing "
+          "(teacher_server tunes at --tokens_per_batch); 0: the largest shape's tokens, -1: no tuning");
+ABSL_FLAG(std::string, gemm_tuning_cache, "",
+          "GEMM tuning cache file (teacher_server's flag): reuse a matching tuning instead of timing again");
 ABSL_FLAG(double, peak_tflops, 989.0,
           "the device's dense peak for --dtype, for MFU (989: H100/H200 SXM bf16; 0 leaves MFU out)");
 
@@ -188,6 +193,29 @@ int Main() {
     if (!model.ok()) return Fail(model.status());
     models.push_back(std::move(model).value());
   }
+  const std::vector<std::string> shapes = absl::StrSplit(absl::GetFlag(FLAGS_shapes), ',');
+  // Every rank tunes its own shard (the tuned choices are per process).
+  if (const int64_t flag_rows = absl::GetFlag(FLAGS_gemm_tuning_rows); flag_rows >= 0) {
+    int64_t rows = flag_rows;
+    for (const std::string& shape : shapes) {
+      int64_t tokens = 0;
+      for (int64_t n : ShapeLengths(shape)) tokens += n;
+      if (flag_rows == 0) rows = std::max(rows, tokens);
+    }
+    for (size_t i = 0; i < models.size(); ++i) {
+      GemmTuningOptions o;
+      o.rows = rows;
+      o.cache_path = absl::GetFlag(FLAGS_gemm_tuning_cache);
+      o.log = [](const std::string& line) { std::printf("%s\n", line.c_str()); };
+      const auto t0 = std::chrono::steady_clock::now();
+      auto tuned = models[i]->TuneGemms(o);
+      if (!tuned.ok()) return Fail(tuned.status());
+      if (tuned->skipped.empty()) {
+        std::printf("%s: %s (%.1f s)\n", backends[i].c_str(), tuned->Summary().c_str(),
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+    }
+  }
   if (tp_size > 1) {
     if (tp_rank != 0) {
       const absl::Status st = RunTpFollower(*models[0]);
@@ -212,7 +240,6 @@ int Main() {
               static_cast<long>(cfg.vocab_size), absl::GetFlag(FLAGS_dtype).c_str(),
               absl::GetFlag(FLAGS_device).c_str(), tp_size, fwd.return_argmax ? "argmax" : "off", at::get_num_threads());
   std::printf("%-14s %7s  %-10s %12s %7s %7s %s\n", "shape", "tokens", "backend", "tok/s", "MFU", "host", "ratio");
-  const std::vector<std::string> shapes = absl::StrSplit(absl::GetFlag(FLAGS_shapes), ',');
   for (const std::string& shape : shapes) {
     const std::vector<int64_t> lengths = ShapeLengths(shape);
     auto batch = PackSamples(bench::RandomSamples(lengths, cfg.vocab_size, 88172645463325252ull), cfg.vocab_size,

@@ -14,7 +14,7 @@ absl::Status SetBackend(const std::string& backend, ModelOptions* options) {
   options->fuse_projections = sgl;
   options->fused_kernels = sgl;
   options->attention = sgl ? AttentionKernel::kFlashVarlen : AttentionKernel::kSdpa;
-  options->gemm = sgl ? GemmPath::kCublasLt : GemmPath::kAten;
+  options->gemm = sgl ? GemmPath::kCublasLtTuned : GemmPath::kAten;
   options->residual_in_gemm = sgl;
   options->argmax_in_gemm = sgl;
   options->argmax_fp8 = sgl;

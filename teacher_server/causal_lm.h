@@ -15,6 +15,7 @@
 #include "common/model_dir.h"
 #include "teacher_server/forward_types.h"
 #include "teacher_server/layers/attention.h"
+#include "teacher_server/layers/gemm_tuning.h"
 #include "teacher_server/parallel/tp_group.h"
 
 namespace e3 {
@@ -33,7 +34,9 @@ struct ModelOptions {
   //   rope in place; on CPU the same op sequence as hf;
   bool fused_kernels = false;
   // - attention = kFlashVarlen (one varlen flash call per layer);
-  // - the projections through cuBLASLt (gemm.h),
+  // - the projections through cuBLASLt (gemm.h), with the algorithms that
+  //   CausalLM::TuneGemms picks by the whole forward's time (kCublasLtTuned;
+  //   kCublasLt keeps the heuristic's first choices),
   GemmPath gemm = GemmPath::kAten;
   // - with the residual adds in the o_proj and down_proj GEMMs' epilogue
   //   (one rounding of the sum, from fp32), so the norms read the new
@@ -100,6 +103,11 @@ class CausalLM {
   // actually use on this device and layout (each sgl technique, or why it
   // is off here: a CPU device, a GPU too old, tensor parallelism).
   virtual std::string Techniques() const = 0;
+  // Picks this rank's projection algorithms for forwards of options.rows
+  // tokens by timing its whole GEMM sequence (layers/gemm_tuning.h), where
+  // the model runs GemmPath::kCublasLtTuned on a GPU; elsewhere the result
+  // says why nothing was tuned. Outputs do not change, only speed.
+  virtual absl::StatusOr<GemmTuningResult> TuneGemms(const GemmTuningOptions& options) = 0;
 };
 
 // The backend names of --backend: "hf" (the reference: transformers' op

@@ -68,6 +68,12 @@ ABSL_FLAG(int64_t, graph_token_step, e3::ModelOptions().graph_token_step,
 ABSL_FLAG(int64_t, tp_overlap_min_tokens, e3::ModelOptions().tp_overlap_min_tokens,
           "sgl under --tp_size > 1: split a batch at a sample boundary into two micro-batches whose all-reduces run "
           "while the other computes, where each half holds at least this many tokens (0: never split)");
+ABSL_FLAG(bool, gemm_tuning, true,
+          "sgl on a GPU: pick the projections' cuBLASLt algorithms at startup by timing the forward's whole GEMM "
+          "sequence at --tokens_per_batch rows (about a minute for an 8B model, then cached; outputs unchanged)");
+ABSL_FLAG(std::string, gemm_tuning_cache, "default",
+          "JSON file of earlier GEMM tunings, reused when device, cuBLASLt, rows and shapes match; 'default': "
+          "$XDG_CACHE_HOME/e3/gemm_tuning.json (else ~/.cache/e3/...); empty: tune at every start");
 ABSL_FLAG(std::string, dtype, "", "compute dtype; default float32 on CPU, bfloat16 on GPU");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda:N");
 ABSL_FLAG(int64_t, draft_vocab_size, 32000, "draft vocabulary size (capped at the model's vocab)");
@@ -187,6 +193,7 @@ ModelOptions ModelOptionsFromFlags() {
   auto dtype = ParseComputeScalarType(dtype_name);
   if (!dtype.ok()) Fail(dtype.status());
   mopts.dtype = *dtype;
+  if (!absl::GetFlag(FLAGS_gemm_tuning) && mopts.gemm == GemmPath::kCublasLtTuned) mopts.gemm = GemmPath::kCublasLt;
   mopts.max_cuda_graphs = absl::GetFlag(FLAGS_max_cuda_graphs);
   mopts.graph_token_step = absl::GetFlag(FLAGS_graph_token_step);
   mopts.graph_min_host_share = absl::GetFlag(FLAGS_graph_min_host_share);
@@ -202,6 +209,40 @@ ModelOptions ModelOptionsFromFlags() {
   if (tp_size > 1) mopts.tp = JoinTensorParallelGroup(tp_size, ep_size, mopts.device.is_cuda());
   else if (ep_size != 1) Fail(absl::InvalidArgumentError("--ep_size needs --tp_size > 1 (experts split over its ranks)"));
   return mopts;
+}
+
+std::string GemmTuningCachePath() {
+  const std::string flag = absl::GetFlag(FLAGS_gemm_tuning_cache);
+  if (flag != "default") return flag;
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  if (xdg != nullptr && *xdg != '\0') return JoinPath(xdg, "e3/gemm_tuning.json");
+  if (home != nullptr && *home != '\0') return JoinPath(home, ".cache/e3/gemm_tuning.json");
+  return "";
+}
+
+// The sgl backend's startup GEMM tuning (layers/gemm_tuning.h) for this
+// rank's shard at the token budget. A failure is logged, not fatal: the
+// forward then keeps cuBLASLt's heuristic choices, which compute the same.
+void TuneGemmsOrWarn(CausalLM& model) {
+  if (model.options().gemm != GemmPath::kCublasLtTuned || !model.options().device.is_cuda()) return;
+  GemmTuningOptions o;
+  o.rows = absl::GetFlag(FLAGS_tokens_per_batch);
+  o.cache_path = GemmTuningCachePath();
+  o.log = [](const std::string& line) {
+    std::printf("teacher: %s\n", line.c_str());
+    std::fflush(stdout);
+  };
+  const auto start = std::chrono::steady_clock::now();
+  auto tuned = model.TuneGemms(o);
+  if (!tuned.ok()) {
+    std::fprintf(stderr, "teacher: %s; keeping cuBLASLt's heuristic algorithms\n",
+                 std::string(tuned.status().message()).c_str());
+    return;
+  }
+  std::printf("teacher: %s (%.1f s)\n", tuned->Summary().c_str(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  std::fflush(stdout);
 }
 
 // Loads this rank's model, or exits naming what failed. On a terminal the
@@ -230,6 +271,7 @@ std::unique_ptr<CausalLM> LoadModelOrDie(const ModelDir& dir, ModelOptions mopts
   std::printf("%steacher: loaded %ld weight tensors in %.1f s\n", tty ? "\r\033[K" : "", static_cast<long>(*loaded),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   std::fflush(stdout);
+  TuneGemmsOrWarn(**model);
   return std::move(model).value();
 }
 

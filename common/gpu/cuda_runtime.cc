@@ -30,6 +30,15 @@ int CudaComputeCapability(int device) {
   return major * 10 + minor;
 }
 
+std::string CudaDeviceName(int device) {
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "";
+  }
+  return prop.name;
+}
+
 absl::Status CudaCopy(void* dst, const void* src, size_t bytes, int device) {
   if (bytes == 0) return absl::OkStatus();
   E3_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "cudaSetDevice");
@@ -61,6 +70,7 @@ bool CudaPeerAccess(int from_device, int to_device) {
 
 int CudaDeviceCount() { return 0; }
 int CudaComputeCapability(int) { return 0; }
+std::string CudaDeviceName(int) { return ""; }
 bool CudaRuntimeAvailable() { return false; }
 absl::Status CudaCopy(void*, const void*, size_t, int) {
   return absl::UnimplementedError("this build has no CUDA runtime (CUDA toolkit not found at configure time)");

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 
@@ -18,6 +19,8 @@ int CudaDeviceCount();
 // Device `device`'s compute capability as major * 10 + minor (90 for
 // Hopper); 0 when it cannot be read (no such device, no CUDA runtime).
 int CudaComputeCapability(int device);
+// Device `device`'s name ("NVIDIA H200"); empty when it cannot be read.
+std::string CudaDeviceName(int device);
 
 // Copies `bytes` between any two addresses the CUDA runtime knows (host,
 // this device, a peer, a mapped IPC allocation) and waits for the copy.

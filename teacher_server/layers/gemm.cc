@@ -2,10 +2,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <tuple>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #ifdef E3_HAS_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -43,15 +47,18 @@ int64_t Alignment(const void* p) {
 
 // Everything the heuristic's choice depends on: the choice is a function
 // of the shape alone, whatever batches came before.
+// `tuned`: the choice of the kCublasLtTuned path (the installed algorithm
+// where it applies), kept apart from the heuristic's.
 struct ShapeKey {
   int device;
   int dtype;
   int64_t rows, out, in;
   bool bias, residual;
   int64_t align;
+  bool tuned = false;
   bool operator<(const ShapeKey& o) const {
-    return std::tie(device, dtype, rows, out, in, bias, residual, align) <
-           std::tie(o.device, o.dtype, o.rows, o.out, o.in, o.bias, o.residual, o.align);
+    return std::tie(device, dtype, rows, out, in, bias, residual, align, tuned) <
+           std::tie(o.device, o.dtype, o.rows, o.out, o.in, o.bias, o.residual, o.align, o.tuned);
   }
 };
 
@@ -62,10 +69,43 @@ struct Choice {
   cublasLtMatmulAlgo_t algo;
 };
 
+static_assert(sizeof(cublasLtMatmulAlgo_t) == sizeof(LtAlgo::words), "cublasLtMatmulAlgo_t is eight words");
+
+// An algorithm SetTunedGemmAlgo installed, and the rows it covers.
+struct TunedAlgo {
+  int64_t min_rows, max_rows;
+  LtAlgo algo;
+};
+
+// Guards Chosen() and Tuned().
 std::mutex g_mu;
 std::map<ShapeKey, Choice>& Chosen() {
   static auto* chosen = new std::map<ShapeKey, Choice>();
   return *chosen;
+}
+std::map<GemmProblem, TunedAlgo>& Tuned() {
+  static auto* tuned = new std::map<GemmProblem, TunedAlgo>();
+  return *tuned;
+}
+
+// Drops the tuned path's cached choices (under g_mu), after the installed
+// algorithms changed.
+void ForgetTunedChoices() {
+  for (auto it = Chosen().begin(); it != Chosen().end();) {
+    it = it->first.tuned ? Chosen().erase(it) : std::next(it);
+  }
+}
+
+cublasLtMatmulAlgo_t ToCublas(const LtAlgo& a) {
+  cublasLtMatmulAlgo_t algo;
+  std::memcpy(&algo, a.words.data(), sizeof(algo));
+  return algo;
+}
+
+LtAlgo FromCublas(const cublasLtMatmulAlgo_t& algo) {
+  LtAlgo a;
+  std::memcpy(a.words.data(), &algo, sizeof(algo));
+  return a;
 }
 
 void Check(cublasStatus_t s, const char* what) {
@@ -125,9 +165,53 @@ Choice FirstChoice(cublasLtHandle_t handle, LtProblem& p, int64_t align) {
   return c;
 }
 
+template <typename T>
+T AlgoCap(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t attr, T otherwise) {
+  T v{};
+  size_t written = 0;
+  return cublasLtMatmulAlgoCapGetAttribute(&algo, attr, &v, sizeof(v), &written) == CUBLAS_STATUS_SUCCESS ? v
+                                                                                                         : otherwise;
+}
+
+template <typename T>
+T AlgoConfig(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  T v{};
+  size_t written = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written);
+  return v;
+}
+
+// Whether cuBLASLt runs `algo` on problem p with operands aligned to
+// `align` bytes and our workspace.
+bool AlgoTakes(cublasLtHandle_t handle, LtProblem& p, const cublasLtMatmulAlgo_t& algo, int64_t align) {
+  cublasLtMatmulHeuristicResult_t check;
+  if (cublasLtMatmulAlgoCheck(handle, &p.desc, &p.a, &p.b, &p.cd, &p.cd, &algo, &check) != CUBLAS_STATUS_SUCCESS ||
+      check.state != CUBLAS_STATUS_SUCCESS || check.workspaceSize > kWorkspaceBytes) {
+    return false;
+  }
+  for (auto attr : {CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_A_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_C_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_D_BYTES}) {
+    if (AlgoCap<uint32_t>(algo, attr, 256) > align) return false;
+  }
+  return true;
+}
+
+// The tuned path's choice: the installed algorithm where one covers the
+// rows and cuBLASLt takes it for this exact shape, else the heuristic's.
+Choice TunedChoice(cublasLtHandle_t handle, LtProblem& p, const ShapeKey& key, const GemmProblem& problem) {
+  auto it = Tuned().find(problem);
+  if (it != Tuned().end() && key.rows >= it->second.min_rows && key.rows <= it->second.max_rows) {
+    const cublasLtMatmulAlgo_t algo = ToCublas(it->second.algo);
+    if (AlgoTakes(handle, p, algo, key.align)) return Choice{true, algo};
+  }
+  return FirstChoice(handle, p, key.align);
+}
+
 // D = A B (+ beta C) for problem p, with the heuristic's choice for `key`
-// (asked once per shape); false when cuBLASLt has no algorithm for it.
-bool RunLt(LtProblem& p, const ShapeKey& key, const void* a, const void* b, float beta, const void* c, at::Tensor& d) {
+// (asked once per shape), or with `tuned` the tuned path's; false when
+// cuBLASLt has no algorithm for it.
+bool RunLt(LtProblem& p, const ShapeKey& key, const GemmProblem* tuned, const void* a, const void* b, float beta,
+           const void* c, at::Tensor& d) {
   cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
   Choice choice;
   {
@@ -135,7 +219,8 @@ bool RunLt(LtProblem& p, const ShapeKey& key, const void* a, const void* b, floa
     auto it = Chosen().find(key);
     if (it == Chosen().end()) {
       if (Chosen().size() >= kMaxCachedShapes) Chosen().clear();
-      it = Chosen().emplace(key, FirstChoice(handle, p, key.align)).first;
+      it = Chosen().emplace(key, tuned != nullptr ? TunedChoice(handle, p, key, *tuned) : FirstChoice(handle, p, key.align))
+               .first;
     }
     choice = it->second;
   }
@@ -153,7 +238,8 @@ bool RunLt(LtProblem& p, const ShapeKey& key, const void* a, const void* b, floa
 
 // y = x W^T (+ bias) (+ residual) through cuBLASLt, or an undefined tensor
 // when the operands are outside what this path takes.
-at::Tensor LtGemm(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& residual2) {
+at::Tensor LtGemm(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& residual2,
+                  bool tuned) {
   const at::ScalarType st = x2.scalar_type();
   if (!x2.is_cuda() || (st != at::kBFloat16 && st != at::kHalf)) return {};
   if (w.scalar_type() != st || w.dim() != 2 || !w.is_contiguous() || w.device() != x2.device()) return {};
@@ -176,11 +262,22 @@ at::Tensor LtGemm(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& b
   if (align < 16) return {};
   const cudaDataType_t type = st == at::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F;
   LtProblem p(type, type, M, N, K, bias.defined() ? bias.data_ptr() : nullptr);
-  const ShapeKey key{x2.device().index(), static_cast<int>(st), M, N, K, bias.defined(), residual2.defined(), align};
+  const ShapeKey key{x2.device().index(), static_cast<int>(st), M, N, K, bias.defined(), residual2.defined(), align,
+                     tuned};
+  const GemmProblem problem{x2.device().index(), st, N, K, bias.defined(), residual2.defined()};
   const float beta = residual2.defined() ? 1.f : 0.f;
   const void* c = residual2.defined() ? residual2.data_ptr() : y.data_ptr();
-  if (!RunLt(p, key, w.data_ptr(), x2.data_ptr(), beta, c, y)) return {};
+  if (!RunLt(p, key, tuned ? &problem : nullptr, w.data_ptr(), x2.data_ptr(), beta, c, y)) return {};
   return y;
+}
+
+// The name of cuBLASLt's cluster shape id (cublasLtClusterShape_t's
+// first values; the rarer shapes print as their number).
+std::string ClusterName(uint16_t id) {
+  static const char* const kNames[] = {"auto",   "#1",    "1x1x1", "2x1x1", "4x1x1", "1x2x1",
+                                       "2x2x1",  "4x2x1", "1x4x1", "2x4x1", "4x4x1", "8x1x1",
+                                       "1x8x1",  "8x2x1", "2x8x1", "16x1x1", "1x16x1"};
+  return id < sizeof(kNames) / sizeof(kNames[0]) ? kNames[id] : absl::StrCat("#", id);
 }
 #endif
 
@@ -189,12 +286,12 @@ at::Tensor LtGemm(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& b
 at::Tensor Gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& residual,
                 GemmPath path) {
 #ifdef E3_HAS_CUDA
-  if (path == GemmPath::kCublasLt && x.dim() >= 1 && x.is_contiguous()) {
+  if (UsesCublasLt(path) && x.dim() >= 1 && x.is_contiguous()) {
     const int64_t K = x.size(-1);
     const at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, K});
     const at::Tensor r2 = residual.defined() && residual.dim() != 2 ? residual.reshape({-1, residual.size(-1)})
                                                                      : residual;
-    at::Tensor y = LtGemm(x2, w, bias, r2);
+    at::Tensor y = LtGemm(x2, w, bias, r2, path == GemmPath::kCublasLtTuned);
     if (y.defined()) {
       std::vector<int64_t> shape = x.sizes().vec();
       shape.back() = w.size(0);
@@ -223,7 +320,7 @@ at::Tensor GemmE4m3(const at::Tensor& xq, const at::Tensor& wq) {
   LtProblem p(CUDA_R_8F_E4M3, CUDA_R_16BF, M, N, K, nullptr, /*fast_accum=*/true);
   // dtype -1: no ScalarType's value, so FP8 problems never share a choice.
   const ShapeKey key{index, -1, M, N, K, false, false, align};
-  if (!RunLt(p, key, wq.data_ptr(), xq.data_ptr(), 0.f, y.data_ptr(), y)) return {};
+  if (!RunLt(p, key, nullptr, wq.data_ptr(), xq.data_ptr(), 0.f, y.data_ptr(), y)) return {};
   return y;
 #else
   (void)xq;
@@ -239,5 +336,91 @@ int64_t LmHeadChunkRows(int64_t row_bytes, int64_t multiple) {
 }
 
 int64_t LtGemmCalls() { return g_lt_calls.load(std::memory_order_relaxed); }
+
+bool GemmProblem::operator<(const GemmProblem& o) const {
+  return std::tie(device, dtype, out, in, bias, residual) < std::tie(o.device, o.dtype, o.out, o.in, o.bias, o.residual);
+}
+
+bool GemmProblem::operator==(const GemmProblem& o) const { return !(*this < o) && !(o < *this); }
+
+std::string GemmProblem::Name() const {
+  return absl::StrCat(dtype == at::kBFloat16 ? "bf16" : dtype == at::kHalf ? "fp16" : c10::toString(dtype), " ", out,
+                      "x", in, bias ? "+bias" : "", residual ? "+residual" : "");
+}
+
+#ifdef E3_HAS_CUDA
+int64_t CublasLtVersion() { return static_cast<int64_t>(cublasLtGetVersion()); }
+
+std::vector<LtAlgo> LtCandidates(const GemmProblem& problem, int64_t rows, int max_count) {
+  std::vector<LtAlgo> out;
+  if (rows <= 0 || max_count <= 0 || (problem.dtype != at::kBFloat16 && problem.dtype != at::kHalf)) return out;
+  const c10::cuda::CUDAGuard guard(problem.device);
+  cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
+  const cudaDataType_t type = problem.dtype == at::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F;
+  // A dummy non-null bias pointer: the descriptor only records it.
+  static const int kBiasTag = 0;
+  LtProblem p(type, type, rows, problem.out, problem.in, problem.bias ? &kBiasTag : nullptr);
+  const int64_t align = 256;
+  const Choice first = FirstChoice(handle, p, align);
+  if (!first.found) return out;
+  out.push_back(FromCublas(first.algo));
+  cublasLtMatmulPreference_t pref;
+  Check(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  const size_t workspace = kWorkspaceBytes;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(std::max(max_count, 16)));
+  int found = 0;
+  const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, &p.desc, &p.a, &p.b, &p.cd, &p.cd, pref,
+                                                          static_cast<int>(results.size()), results.data(), &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (s != CUBLAS_STATUS_SUCCESS) return out;
+  for (int i = 0; i < found && static_cast<int>(out.size()) < max_count; ++i) {
+    const cublasLtMatmulAlgo_t& algo = results[static_cast<size_t>(i)].algo;
+    if (results[static_cast<size_t>(i)].state != CUBLAS_STATUS_SUCCESS) continue;
+    if (AlgoConfig<int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) > 1 ||
+        AlgoConfig<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME) != CUBLASLT_REDUCTION_SCHEME_NONE) {
+      continue;
+    }
+    const LtAlgo a = FromCublas(algo);
+    if (std::find(out.begin(), out.end(), a) == out.end() && AlgoTakes(handle, p, algo, align)) out.push_back(a);
+  }
+  return out;
+}
+
+std::string DescribeLtAlgo(const LtAlgo& a) {
+  const cublasLtMatmulAlgo_t algo = ToCublas(a);
+  return absl::StrCat("algo ", AlgoConfig<int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID), ", tile ",
+                      AlgoConfig<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID), ", stages ",
+                      AlgoConfig<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID), ", cluster ",
+                      ClusterName(AlgoConfig<uint16_t>(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)), ", swizzle ",
+                      AlgoConfig<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING), ", option ",
+                      AlgoConfig<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION));
+}
+
+void SetTunedGemmAlgo(const GemmProblem& problem, int64_t min_rows, int64_t max_rows, const LtAlgo& algo) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  Tuned()[problem] = TunedAlgo{min_rows, max_rows, algo};
+  ForgetTunedChoices();
+}
+
+void ClearTunedGemmAlgos() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  Tuned().clear();
+  ForgetTunedChoices();
+}
+
+void ClearTunedGemmAlgo(const GemmProblem& problem) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  Tuned().erase(problem);
+  ForgetTunedChoices();
+}
+#else
+int64_t CublasLtVersion() { return 0; }
+std::vector<LtAlgo> LtCandidates(const GemmProblem&, int64_t, int) { return {}; }
+std::string DescribeLtAlgo(const LtAlgo&) { return "cuBLASLt (not in this build)"; }
+void SetTunedGemmAlgo(const GemmProblem&, int64_t, int64_t, const LtAlgo&) {}
+void ClearTunedGemmAlgos() {}
+void ClearTunedGemmAlgo(const GemmProblem&) {}
+#endif
 
 }  // namespace e3

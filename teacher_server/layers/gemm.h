@@ -9,10 +9,12 @@
 // 8). The sum is then rounded once, from fp32, instead of twice: closer
 // to the exact sum than transformers'.
 // The algorithm is cuBLASLt's heuristic first choice for the exact shape,
-// so every run makes the same choice. (Timing the heuristic's candidates
-// per shape was tried and dropped: the isolated winners, up to 14% faster
-// alone, gave 0-3% in a forward's sequence of GEMMs, and a timed pick can
-// differ between runs.)
+// or, on the kCublasLtTuned path, the one the sequence tuner
+// (gemm_tuning.h) installed for the shape. (Timing each shape's
+// candidates alone was tried and dropped: the isolated winners, up to 14%
+// faster alone, gave 0-3% in a forward's sequence of GEMMs. The tuner
+// judges candidates by the whole sequence's time instead, and admits only
+// those that give the first choice's bits, so a pick changes speed only.)
 // Anything cuBLASLt does not take (CPU, fp32, unaligned or non-contiguous
 // operands, sizes not a multiple of 8, a build without CUDA) runs
 // at::linear plus the add: the same work as the norm doing the add, and
@@ -22,14 +24,23 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace e3 {
 
 enum class GemmPath {
   kAten,      // at::linear (cuBLAS's default algorithm), then the residual add
   kCublasLt,  // cuBLASLt with the residual in the epilogue, where it applies
+  // kCublasLt, with the algorithm SetTunedGemmAlgo installed for the
+  // problem where one covers the rows (else the heuristic's first choice).
+  kCublasLtTuned,
 };
+
+// Both cuBLASLt paths.
+inline bool UsesCublasLt(GemmPath path) { return path == GemmPath::kCublasLt || path == GemmPath::kCublasLtTuned; }
 
 // x: [..., in]; w: [out, in]; bias: [out] or undefined; residual: x's
 // shape with `out` features, or undefined. Returns a new tensor (the
@@ -55,6 +66,50 @@ at::Tensor GemmE4m3(const at::Tensor& xq, const at::Tensor& wq);
 
 // For tests: the cuBLASLt GEMMs this process has run.
 int64_t LtGemmCalls();
+
+// --- Algorithm choice, for the sequence tuner (gemm_tuning.h) ---
+
+// What one algorithm choice covers: a projection's shape, all but its rows.
+struct GemmProblem {
+  int device = 0;
+  at::ScalarType dtype = at::kBFloat16;
+  int64_t out = 0, in = 0;  // W is [out, in]
+  bool bias = false, residual = false;
+  bool operator<(const GemmProblem& o) const;
+  bool operator==(const GemmProblem& o) const;
+  // "bf16 28672x4096", with "+bias" / "+residual".
+  std::string Name() const;
+};
+
+// A cuBLASLt algorithm: cublasLtMatmulAlgo_t's eight words, which cuBLASLt
+// documents as safe to store and restore under the same library version.
+struct LtAlgo {
+  std::array<uint64_t, 8> words{};
+  bool operator==(const LtAlgo& o) const { return words == o.words; }
+};
+
+// cuBLASLt's version (cublasLtGetVersion), 0 in builds without CUDA.
+int64_t CublasLtVersion();
+
+// Algorithms for `problem` at `rows` rows on its device: the heuristic's
+// first choice (what kCublasLt runs) first, then the heuristic's other
+// candidates in its order, at most `max_count` in all, none that splits
+// the sum over K (so each output element is summed in the same order,
+// which gemm_tuning.cc then checks bit for bit). Empty without CUDA or
+// where cuBLASLt has no algorithm.
+std::vector<LtAlgo> LtCandidates(const GemmProblem& problem, int64_t rows, int max_count);
+
+// The algorithm's configuration, for logs: "tile 168x128, stages 64xAUTO,
+// cluster 1x2x1, swizzle 0, option 2" (cuBLASLt's own enum names).
+std::string DescribeLtAlgo(const LtAlgo& algo);
+
+// From now on kCublasLtTuned runs `algo` for `problem` at row counts in
+// [min_rows, max_rows] (replacing what was installed for the problem);
+// shapes it does not take fall back to the heuristic. Thread-safe.
+void SetTunedGemmAlgo(const GemmProblem& problem, int64_t min_rows, int64_t max_rows, const LtAlgo& algo);
+// Forgets every installed algorithm (or only the problem's).
+void ClearTunedGemmAlgos();
+void ClearTunedGemmAlgo(const GemmProblem& problem);
 
 }  // namespace e3
 

@@ -235,9 +235,11 @@ std::string DecoderLM::Techniques() const {
                           : "fused attention off (needs CUDA, bf16/fp16): SDPA per sample");
       break;
   }
-  if (options_.gemm == GemmPath::kCublasLt && options_.device.is_cuda()) {
-    parts.push_back(options_.residual_in_gemm && !sharded ? "cuBLASLt GEMMs, residual in the epilogue"
-                                                          : "cuBLASLt GEMMs");
+  if (UsesCublasLt(options_.gemm) && options_.device.is_cuda()) {
+    parts.push_back(absl::StrCat(options_.residual_in_gemm && !sharded ? "cuBLASLt GEMMs, residual in the epilogue"
+                                                                       : "cuBLASLt GEMMs",
+                                 options_.gemm == GemmPath::kCublasLtTuned ? ", algorithms tuned in sequence"
+                                                                           : ", heuristic's algorithms"));
   } else {
     parts.push_back("ATen GEMMs");
   }
@@ -325,7 +327,7 @@ ForwardOutput DecoderLM::Run(const PackedBatch& batch, const PackedLayout& layou
   // fp32, odd sizes) its fallback adds after the product, the same work the
   // norm's add would do there (the fused norm kernel needs bf16/fp16 and
   // widths that are multiples of 8 as well).
-  const bool add_in_gemm = options_.residual_in_gemm && gemm == GemmPath::kCublasLt;
+  const bool add_in_gemm = ResidualInGemm();
 
   // The residual stream h and the output of the last sublayer, not yet
   // added to it (`pending`): each residual add is done by the next norm
@@ -432,6 +434,46 @@ ForwardOutput DecoderLM::RunSharded(const PackedBatch& batch, const PackedLayout
   if (!options.aux_layer_ids.empty()) out.aux_hidden = parts.size() == 1 ? aux[0] : torch::cat(aux);
   Head(options, &out);
   return out;
+}
+
+bool DecoderLM::ResidualInGemm() const {
+  return options_.residual_in_gemm && UsesCublasLt(options_.gemm) && !plan_.sharded();
+}
+
+std::vector<GemmSite> DecoderLM::GemmSites() const {
+  const bool residual = ResidualInGemm();
+  std::vector<GemmSite> sites;
+  for (const Layer& layer : layers_) {
+    const AttentionWeights& a = layer.attn;
+    if (a.qkv_proj.defined()) {
+      sites.push_back({a.qkv_proj, a.qkv_bias, false});
+    } else {
+      sites.push_back({a.q_proj, a.q_bias, false});
+      sites.push_back({a.k_proj, a.k_bias, false});
+      sites.push_back({a.v_proj, a.v_bias, false});
+    }
+    sites.push_back({a.o_proj, a.o_bias, residual});
+    if (layer.is_moe) continue;
+    const MlpWeights& m = layer.mlp;
+    if (m.gate_up_proj.defined()) {
+      sites.push_back({m.gate_up_proj, m.gate_up_bias, false});
+    } else {
+      sites.push_back({m.gate_proj, m.gate_bias, false});
+      sites.push_back({m.up_proj, m.up_bias, false});
+    }
+    sites.push_back({m.down_proj, m.down_bias, residual});
+  }
+  return sites;
+}
+
+absl::StatusOr<GemmTuningResult> DecoderLM::TuneGemms(const GemmTuningOptions& options) {
+  if (options_.gemm != GemmPath::kCublasLtTuned || !options_.device.is_cuda()) {
+    GemmTuningResult result;
+    result.skipped = options_.device.is_cuda() ? "this backend keeps cuBLASLt's or ATen's own choices"
+                                               : "the model runs on the CPU";
+    return result;
+  }
+  return TuneGemmsInSequence(GemmSites(), options);
 }
 
 void DecoderLM::ForEachLogitsChunk(const at::Tensor& x,

@@ -42,6 +42,7 @@ class DecoderLM : public CausalLM {
   at::Tensor embed_tokens() const override { return full_embed_tokens_; }
   at::Tensor lm_head() const override { return full_lm_head_; }
   std::string Techniques() const override;
+  absl::StatusOr<GemmTuningResult> TuneGemms(const GemmTuningOptions& options) override;
   const ShardPlan& shard_plan() const { return plan_; }
 
  private:
@@ -83,6 +84,13 @@ class DecoderLM : public CausalLM {
   // combined by TpGroup::VocabParallelArgmax, so that every rank issues the
   // same collectives however it found its answer.
   at::Tensor HeadArgmax(const at::Tensor& x);
+  // Whether o_proj and down_proj add the residual in their GEMMs (one
+  // process, cuBLASLt, residual_in_gemm).
+  bool ResidualInGemm() const;
+  // The projections Run or RunSharded issues through Gemm, in order (the
+  // lm_head's chunked logits and MoE experts aside: the served head runs
+  // the FP8 search or the argmax GEMM, the experts grouped GEMMs).
+  std::vector<GemmSite> GemmSites() const;
 
   ModelConfig config_;
   ModelOptions options_;

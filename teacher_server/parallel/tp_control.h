@@ -41,6 +41,9 @@ class TpLeader : public CausalLM {
   at::Tensor embed_tokens() const override { return shard_->embed_tokens(); }
   at::Tensor lm_head() const override { return shard_->lm_head(); }
   std::string Techniques() const override { return shard_->Techniques(); }
+  absl::StatusOr<GemmTuningResult> TuneGemms(const GemmTuningOptions& options) override {
+    return shard_->TuneGemms(options);
+  }
 
  private:
   void HeartbeatLoop(absl::Duration period);

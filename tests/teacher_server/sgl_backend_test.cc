@@ -130,7 +130,7 @@ TEST(SglLayersTest, SetBackendKnowsHfAndSgl) {
   EXPECT_TRUE(o.fuse_projections);
   EXPECT_TRUE(o.fused_kernels);
   EXPECT_EQ(o.attention, AttentionKernel::kFlashVarlen);
-  EXPECT_EQ(o.gemm, GemmPath::kCublasLt);
+  EXPECT_EQ(o.gemm, GemmPath::kCublasLtTuned);
   EXPECT_TRUE(o.residual_in_gemm);
   EXPECT_TRUE(o.argmax_in_gemm);
   EXPECT_TRUE(o.argmax_fp8);
@@ -225,7 +225,7 @@ TEST(SglLayersTest, GemmOnCpuIsLinearPlusTheResidualOnBothPaths) {
   const at::Tensor r = torch::randn({2, 5, 24});
   const at::Tensor r_copy = r.clone();
   const int64_t lt_calls = LtGemmCalls();
-  for (GemmPath path : {GemmPath::kAten, GemmPath::kCublasLt}) {
+  for (GemmPath path : {GemmPath::kAten, GemmPath::kCublasLt, GemmPath::kCublasLtTuned}) {
     EXPECT_TRUE(Gemm(x, w, at::Tensor(), at::Tensor(), path).equal(at::linear(x, w)));
     EXPECT_TRUE(Gemm(x, w, b, at::Tensor(), path).equal(at::linear(x, w, b)));
     // The residual is added as hf adds it (h + delta) and is not written.
