@@ -8,6 +8,9 @@
 // the FP8 lm_head nomination GEMM. Coordinate descent: one shape's
 // candidates at a time, the others at their current choice; then the
 // tuned set against the heuristic's first choices in alternated rounds.
+// The teacher's own tuner (teacher_server/layers/gemm_tuning.h) runs the
+// same search at startup on the model's weights; this probe keeps the
+// wider candidate set (cluster and swizzle variants) and the FP8 lm_head.
 //
 //   nvcc -O2 -std=c++17 -arch=sm_90a -I. bench/gemm_sequence_tune_probe.cu -lcublasLt -o /tmp/seq_tune
 //   /tmp/seq_tune [max_candidates_per_shape]

@@ -177,6 +177,16 @@ std::string GemmTuningResult::Summary() const {
   return line;
 }
 
+std::vector<int64_t> TuningCheckRows(int64_t rows) {
+  std::vector<int64_t> out;
+  for (int64_t n : {rows, rows - rows / 32 - 61, rows * 7 / 8 - 29, rows * 3 / 4, rows / 2}) {
+    if (n >= 1 && n >= rows / 2) out.push_back(n);
+  }
+  std::sort(out.rbegin(), out.rend());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 std::vector<int> DescendCoordinates(const std::vector<int>& counts,
                                     const std::function<double(const std::vector<int>&)>& cost,
                                     const DescentOptions& options,
@@ -364,13 +374,11 @@ absl::StatusOr<GemmTuningResult> TuneGemmsInSequence(const std::vector<GemmSite>
         log);
     const std::vector<int> first(problems.list.size(), 0);
     // Where the choice holds: the tuned set against the untuned path in
-    // alternated rounds at the budget and below it, a ragged count near the
-    // budget among them (packed batches rarely fill it exactly, and the
-    // heuristic picks per row count). The range reaches down only as far
-    // as every check wins or ties.
+    // alternated rounds at TuningCheckRows (packed batches rarely fill the
+    // budget exactly, and the heuristic picks per row count). The range
+    // reaches down only as far as every check wins or ties.
     if (choice != first) {
-      std::vector<int64_t> at_rows = {rows, rows - rows / 16 - 3, rows * 3 / 4, half};
-      for (int64_t n : at_rows) {
+      for (int64_t n : TuningCheckRows(rows)) {
         if (n < 1 || (!result.checks.empty() && n >= result.checks.back().rows)) continue;
         RowCheck check{n, 0, 0};
         for (int r = 0; r < options.confirm_rounds; ++r) {

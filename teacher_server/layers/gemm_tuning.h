@@ -85,10 +85,9 @@ struct GemmTuningResult {
   std::vector<TunedProblem> problems;
   // The choices apply to forwards of [min_rows, rows] rows.
   int64_t rows = 0, min_rows = 0;
-  // Where a choice changed: rows first, then a ragged count near it, 3/4
-  // and 1/2 of it; min_rows is the last of these down to which every check
-  // won or tied (within min_gain). Empty from a cache or when nothing
-  // changed.
+  // Where a choice changed, at TuningCheckRows(rows); min_rows is the last
+  // of these down to which every check won or tied (within min_gain).
+  // Empty from a cache or when nothing changed.
   std::vector<RowCheck> checks;
   bool from_cache = false;
   // Why nothing was tuned (not CUDA, no cuBLASLt problem), else empty.
@@ -103,6 +102,13 @@ struct GemmTuningResult {
 // says why in `skipped`. Errors: invalid options, c10 failures.
 absl::StatusOr<GemmTuningResult> TuneGemmsInSequence(const std::vector<GemmSite>& sites,
                                                      const GemmTuningOptions& options);
+
+// The row counts a changed choice is checked at, descending: the budget,
+// two ragged counts below it whose last 128-row tile is partly filled
+// (rows - rows/32 - 61, rows*7/8 - 29: tiles fill otherwise than at the
+// budget, and there the heuristic may pick another algorithm), 3/4 and
+// 1/2 of it; those below rows/2 left out.
+std::vector<int64_t> TuningCheckRows(int64_t rows);
 
 // The search itself. counts[p]: candidates of coordinate p, index 0 the
 // starting choice; cost(choice) measures one configuration (ms). Returns

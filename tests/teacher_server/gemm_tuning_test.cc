@@ -75,6 +75,14 @@ TEST(GemmTuningTest, ASecondPassFindsWhatTheFirstChoiceOfAnotherCoordinateHid) {
   EXPECT_EQ(DescendCoordinates({2, 2}, cost, DescentOptions{}), (std::vector<int>{1, 1}));
 }
 
+TEST(GemmTuningTest, ChoicesAreCheckedAtTheBudgetAndRaggedCountsBelowIt) {
+  EXPECT_EQ(TuningCheckRows(8192), (std::vector<int64_t>{8192, 7875, 7139, 6144, 4096}));
+  // 7875 and 7139 leave 67 and 99 rows in their last 128-row tile.
+  EXPECT_EQ(7875 % 128, 67);
+  EXPECT_EQ(7139 % 128, 99);
+  EXPECT_EQ(TuningCheckRows(64), (std::vector<int64_t>{64, 48, 32}));
+}
+
 GemmTuningRecord SampleRecord() {
   GemmTuningRecord r;
   r.device_name = "NVIDIA H200";
