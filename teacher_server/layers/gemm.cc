@@ -142,8 +142,10 @@ struct LtProblem {
   }
 };
 
-// The heuristic's first choice for this problem.
-Choice FirstChoice(cublasLtHandle_t handle, LtProblem& p, int64_t align) {
+// The heuristic's answers for this problem with operands aligned to
+// `align` bytes and our workspace: at most `count`, best first, each one
+// cuBLASLt can run.
+std::vector<cublasLtMatmulAlgo_t> HeuristicAlgos(cublasLtHandle_t handle, LtProblem& p, int64_t align, int count) {
   cublasLtMatmulPreference_t pref;
   Check(cublasLtMatmulPreferenceCreate(&pref), "preference");
   const size_t workspace = kWorkspaceBytes;
@@ -153,16 +155,23 @@ Choice FirstChoice(cublasLtHandle_t handle, LtProblem& p, int64_t align) {
                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
     cublasLtMatmulPreferenceSetAttribute(pref, attr, &align32, sizeof(align32));
   }
-  cublasLtMatmulHeuristicResult_t result;
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(count));
   int found = 0;
   const cublasStatus_t s =
-      cublasLtMatmulAlgoGetHeuristic(handle, &p.desc, &p.a, &p.b, &p.cd, &p.cd, pref, 1, &result, &found);
+      cublasLtMatmulAlgoGetHeuristic(handle, &p.desc, &p.a, &p.b, &p.cd, &p.cd, pref, count, results.data(), &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  Choice c;
-  if (s != CUBLAS_STATUS_SUCCESS || found < 1 || result.state != CUBLAS_STATUS_SUCCESS) return c;
-  c.found = true;
-  c.algo = result.algo;
-  return c;
+  std::vector<cublasLtMatmulAlgo_t> algos;
+  for (int i = 0; s == CUBLAS_STATUS_SUCCESS && i < found; ++i) {
+    const cublasLtMatmulHeuristicResult_t& r = results[static_cast<size_t>(i)];
+    if (r.state == CUBLAS_STATUS_SUCCESS) algos.push_back(r.algo);
+  }
+  return algos;
+}
+
+// The heuristic's first choice for this problem.
+Choice FirstChoice(cublasLtHandle_t handle, LtProblem& p, int64_t align) {
+  const std::vector<cublasLtMatmulAlgo_t> algos = HeuristicAlgos(handle, p, align, 1);
+  return algos.empty() ? Choice{} : Choice{true, algos[0]};
 }
 
 template <typename T>
@@ -219,8 +228,8 @@ bool RunLt(LtProblem& p, const ShapeKey& key, const GemmProblem* tuned, const vo
     auto it = Chosen().find(key);
     if (it == Chosen().end()) {
       if (Chosen().size() >= kMaxCachedShapes) Chosen().clear();
-      it = Chosen().emplace(key, tuned != nullptr ? TunedChoice(handle, p, key, *tuned) : FirstChoice(handle, p, key.align))
-               .first;
+      const Choice chosen = tuned != nullptr ? TunedChoice(handle, p, key, *tuned) : FirstChoice(handle, p, key.align);
+      it = Chosen().emplace(key, chosen).first;
     }
     choice = it->second;
   }
@@ -338,7 +347,8 @@ int64_t LmHeadChunkRows(int64_t row_bytes, int64_t multiple) {
 int64_t LtGemmCalls() { return g_lt_calls.load(std::memory_order_relaxed); }
 
 bool GemmProblem::operator<(const GemmProblem& o) const {
-  return std::tie(device, dtype, out, in, bias, residual) < std::tie(o.device, o.dtype, o.out, o.in, o.bias, o.residual);
+  return std::tie(device, dtype, out, in, bias, residual) <
+         std::tie(o.device, o.dtype, o.out, o.in, o.bias, o.residual);
 }
 
 bool GemmProblem::operator==(const GemmProblem& o) const { return !(*this < o) && !(o < *this); }
@@ -361,22 +371,13 @@ std::vector<LtAlgo> LtCandidates(const GemmProblem& problem, int64_t rows, int m
   static const int kBiasTag = 0;
   LtProblem p(type, type, rows, problem.out, problem.in, problem.bias ? &kBiasTag : nullptr);
   const int64_t align = 256;
+  // The first choice as the untuned path asks for it (one answer), then
+  // the longer list.
   const Choice first = FirstChoice(handle, p, align);
   if (!first.found) return out;
   out.push_back(FromCublas(first.algo));
-  cublasLtMatmulPreference_t pref;
-  Check(cublasLtMatmulPreferenceCreate(&pref), "preference");
-  const size_t workspace = kWorkspaceBytes;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
-  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(std::max(max_count, 16)));
-  int found = 0;
-  const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, &p.desc, &p.a, &p.b, &p.cd, &p.cd, pref,
-                                                          static_cast<int>(results.size()), results.data(), &found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (s != CUBLAS_STATUS_SUCCESS) return out;
-  for (int i = 0; i < found && static_cast<int>(out.size()) < max_count; ++i) {
-    const cublasLtMatmulAlgo_t& algo = results[static_cast<size_t>(i)].algo;
-    if (results[static_cast<size_t>(i)].state != CUBLAS_STATUS_SUCCESS) continue;
+  for (const cublasLtMatmulAlgo_t& algo : HeuristicAlgos(handle, p, align, std::max(max_count, 16))) {
+    if (static_cast<int>(out.size()) >= max_count) break;
     if (AlgoConfig<int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) > 1 ||
         AlgoConfig<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME) != CUBLASLT_REDUCTION_SCHEME_NONE) {
       continue;

@@ -172,7 +172,8 @@ std::string GemmTuningResult::Summary() const {
   if (!which.empty()) absl::StrAppend(&line, " (", which, ")");
   for (const RowCheck& c : checks) {
     absl::StrAppend(&line, &c == &checks.front() ? "; GEMM sequence against the heuristic's: " : ", ", c.rows,
-                    absl::StrFormat(" rows %.2f -> %.2f ms (%.3fx)", c.untuned_ms, c.tuned_ms, c.untuned_ms / c.tuned_ms));
+                    absl::StrFormat(" rows %.2f -> %.2f ms (%.3fx)", c.untuned_ms, c.tuned_ms,
+                                    c.untuned_ms / c.tuned_ms));
   }
   return line;
 }
@@ -313,7 +314,8 @@ absl::StatusOr<GemmTuningResult> TuneGemmsInSequence(const std::vector<GemmSite>
         if (site == nullptr && ProblemOf(*s) == p) site = s;
       }
       const std::vector<LtAlgo> all = LtCandidates(p, rows, options.max_candidates);
-      const at::Tensor want = gemm(*site, rows, GemmPath::kCublasLt), want_half = gemm(*site, half, GemmPath::kCublasLt);
+      const at::Tensor want = gemm(*site, rows, GemmPath::kCublasLt);
+      const at::Tensor want_half = gemm(*site, half, GemmPath::kCublasLt);
       for (size_t c = 0; c < all.size(); ++c) {
         if (c > 0) {
           SetTunedGemmAlgo(p, 1, std::numeric_limits<int64_t>::max(), all[c]);

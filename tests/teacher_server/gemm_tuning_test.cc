@@ -141,7 +141,8 @@ TEST(GemmTuningTest, CacheErrorsNameTheFileAndTheField) {
     EXPECT_NE(at, std::string::npos) << from;
     return at == std::string::npos ? t : t.replace(at, from.size(), to);
   };
-  EXPECT_NE(error(replaced("\"rows\": 8192", "\"rows\": \"8192\"")).find("records[0]: field \"rows\": expected an integer"),
+  EXPECT_NE(error(replaced("\"rows\": 8192", "\"rows\": \"8192\""))
+                .find("records[0]: field \"rows\": expected an integer"),
             std::string::npos);
   EXPECT_NE(error(replaced("\"min_rows\": 4096", "\"min_rows\": 9000")).find("min_rows <= rows"), std::string::npos);
   EXPECT_NE(error(replaced("\"dtype\": \"bfloat16\"", "\"dtype\": \"float32\""))
