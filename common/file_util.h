@@ -26,7 +26,8 @@ absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path);
 std::string JoinPath(const std::string& a, const std::string& b);
 std::string Dirname(const std::string& path);
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);
-// Writes to `path`.tmp and renames it into place.
+// Writes to `path`.tmp.<pid> and renames it into place (processes writing
+// the same path never share a temporary file).
 absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
 // A fresh directory under $TMPDIR (or /tmp) named <prefix>XXXXXX.
 absl::StatusOr<std::string> MakeTempDir(const std::string& prefix);

@@ -1,11 +1,8 @@
 #include "teacher_server/layers/gemm_tuning.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
-#include <cstdio>
 #include <limits>
 #include <map>
 #include <utility>
@@ -122,9 +119,9 @@ std::vector<GemmTuningRecord> ReadCache(const GemmTuningOptions& o) {
 }
 
 // Writes the cache's `records` with `record` added, replacing one for the
-// same device, library, rows and problems. Written to a file of this
-// process's own and renamed, so that teachers sharing the file never see
-// half of one.
+// same device, library, rows and problems. WriteFileAtomically writes a
+// file of this process's own and renames it, so teachers sharing the
+// cache never read half of one.
 absl::Status WriteCache(const GemmTuningOptions& o, std::vector<GemmTuningRecord> records,
                         const GemmTuningRecord& record, const Problems& problems) {
   const GemmTuningRecord* same = FindRecord(records, record.device_name, record.rows, problems);
@@ -132,16 +129,7 @@ absl::Status WriteCache(const GemmTuningOptions& o, std::vector<GemmTuningRecord
   records.push_back(record);
   const std::string dir = Dirname(o.cache_path);
   if (!dir.empty()) E3_RETURN_IF_ERROR(MakeDirs(dir));
-  const std::string tmp = absl::StrCat(o.cache_path, ".tmp.", ::getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr) return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot write the GEMM tuning cache"));
-  const std::string text = SerializeGemmTuningCache(records);
-  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) != 0 || !written) {
-    ::unlink(tmp.c_str());
-    return absl::DataLossError(absl::StrCat(tmp, ": short write of the GEMM tuning cache"));
-  }
-  return RenamePath(tmp, o.cache_path);
+  return WriteFileAtomically(o.cache_path, SerializeGemmTuningCache(records));
 }
 
 absl::Status CheckOptions(const GemmTuningOptions& o) {
