@@ -135,12 +135,14 @@ at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const A
                          const AttentionOptions& options, const at::Tensor& residual) {
   const int64_t T = x.size(0);
   at::Tensor q, k, v;
+  at::Tensor qk_heads;  // q's heads then k's, [T, heads + kv heads, D], where the qkv product is fused
   if (w.qkv_proj.defined()) {
     const int64_t q_out = shape.num_heads * shape.head_dim, kv_out = shape.num_kv_heads * shape.head_dim;
     at::Tensor qkv = Gemm(x, w.qkv_proj, w.qkv_bias, at::Tensor(), options.gemm);
     q = qkv.narrow(-1, 0, q_out).view({T, shape.num_heads, shape.head_dim});
     k = qkv.narrow(-1, q_out, kv_out).view({T, shape.num_kv_heads, shape.head_dim});
     v = qkv.narrow(-1, q_out + kv_out, kv_out).view({T, shape.num_kv_heads, shape.head_dim});
+    qk_heads = qkv.narrow(-1, 0, q_out + kv_out).view({T, shape.num_heads + shape.num_kv_heads, shape.head_dim});
   } else {
     q = Gemm(x, w.q_proj, w.q_bias, at::Tensor(), options.gemm).view({T, shape.num_heads, shape.head_dim});
     k = Gemm(x, w.k_proj, w.k_bias, at::Tensor(), options.gemm).view({T, shape.num_kv_heads, shape.head_dim});
@@ -155,8 +157,15 @@ at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const A
         RopeInPlace(x, cos, sin, /*fused=*/true);
       }
     };
-    norm_and_rope(q, w.q_norm);
-    norm_and_rope(k, w.k_norm);
+    if (qk_heads.defined() && !w.q_norm.defined() && !w.k_norm.defined()) {
+      // q's and k's heads are adjacent in the fused product and rotate by
+      // the same per-token angles: one launch for both instead of one per
+      // tensor (the 8B forward's k launches were too short to fill the GPU).
+      RopeInPlace(qk_heads, cos, sin, /*fused=*/true);
+    } else {
+      norm_and_rope(q, w.q_norm);
+      norm_and_rope(k, w.k_norm);
+    }
   } else {
     if (w.q_norm.defined()) q = RmsNorm(q, w.q_norm, shape.qk_norm_eps);
     if (w.k_norm.defined()) k = RmsNorm(k, w.k_norm, shape.qk_norm_eps);

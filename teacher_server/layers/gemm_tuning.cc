@@ -134,8 +134,9 @@ absl::Status WriteCache(const GemmTuningOptions& o, std::vector<GemmTuningRecord
 
 absl::Status CheckOptions(const GemmTuningOptions& o) {
   if (o.rows < 16) return absl::InvalidArgumentError(absl::StrCat("GEMM tuning rows ", o.rows, ": expected >= 16"));
-  if (o.max_candidates < 1 || o.repeats < 1 || o.confirm_rounds < 1 || o.passes < 1) {
-    return absl::InvalidArgumentError("GEMM tuning: max_candidates, repeats, confirm_rounds and passes must be >= 1");
+  if (o.max_candidates < 1 || o.repeats < 1 || o.confirm_rounds < 1 || o.passes < 1 || o.confirm_candidates < 1) {
+    return absl::InvalidArgumentError(
+        "GEMM tuning: max_candidates, repeats, confirm_rounds, passes and confirm_candidates must be >= 1");
   }
   if (!(o.min_gain >= 0 && o.min_gain < 1)) {
     return absl::InvalidArgumentError(absl::StrCat("GEMM tuning min_gain ", o.min_gain, ": expected [0, 1)"));
@@ -186,33 +187,48 @@ std::vector<int> DescendCoordinates(const std::vector<int>& counts,
     for (size_t p = 0; p < counts.size(); ++p) {
       if (counts[p] < 2) continue;
       const double incumbent = cost(best);
-      int pick = best[p];
-      double pick_ms = incumbent;
+      // The scan: every other candidate once; those that clear the bar,
+      // fastest first, become contenders.
+      std::vector<std::pair<double, int>> scanned;
       for (int c = 0; c < counts[p]; ++c) {
         if (c == best[p]) continue;
         std::vector<int> trial = best;
         trial[p] = c;
         const double t = cost(trial);
-        if (t < pick_ms) {
-          pick = c;
-          pick_ms = t;
-        }
+        if (t <= incumbent * (1 - options.min_gain)) scanned.emplace_back(t, c);
       }
-      if (pick == best[p] || pick_ms > incumbent * (1 - options.min_gain)) continue;
-      // The scan's minimum of many noisy timings is biased low: confirm it
-      // against the incumbent in alternated rounds.
-      std::vector<int> trial = best;
-      trial[p] = pick;
-      double with = 0, without = 0;
+      if (scanned.empty()) continue;
+      std::sort(scanned.begin(), scanned.end());
+      const size_t contenders_max = static_cast<size_t>(std::max(1, options.confirm_candidates));
+      if (scanned.size() > contenders_max) scanned.resize(contenders_max);
+      // The scan's minimum of many noisy timings is biased low, and its
+      // runner-up may be the real winner (a 1B gate_up's best scan value
+      // tied in confirmation where another run had found a 5% pick):
+      // confirm the contenders against the incumbent in alternated rounds.
+      std::vector<double> with(scanned.size(), 0);
+      double without = 0;
       for (int r = 0; r < options.confirm_rounds; ++r) {
-        with += cost(trial);
+        for (size_t k = 0; k < scanned.size(); ++k) {
+          std::vector<int> trial = best;
+          trial[p] = scanned[k].second;
+          with[k] += cost(trial);
+        }
         without += cost(best);
       }
-      const bool keep = with < without * (1 - options.min_gain);
+      const size_t winner = static_cast<size_t>(std::min_element(with.begin(), with.end()) - with.begin());
+      const bool keep = with[winner] < without * (1 - options.min_gain);
+      std::vector<int> trial = best;
+      trial[p] = scanned[winner].second;
       if (log) {
-        log(absl::StrFormat("  coordinate %d: candidate %d %.3f ms against %d %.3f ms (mean of %d rounds): %s",
-                            static_cast<int>(p), pick, with / options.confirm_rounds, best[p],
-                            without / options.confirm_rounds, options.confirm_rounds, keep ? "taken" : "kept"));
+        std::string contenders;
+        for (size_t k = 0; k < scanned.size(); ++k) {
+          absl::StrAppend(&contenders, k == 0 ? "" : ", ",
+                          absl::StrFormat("candidate %d %.3f ms", scanned[k].second, with[k] / options.confirm_rounds));
+        }
+        log(absl::StrFormat("  coordinate %d: %s against %d %.3f ms (means of %d alternated rounds): %s",
+                            static_cast<int>(p), contenders, best[p], without / options.confirm_rounds,
+                            options.confirm_rounds,
+                            keep ? absl::StrCat("candidate ", scanned[winner].second, " taken") : "kept"));
       }
       if (keep) {
         best = trial;
@@ -358,7 +374,8 @@ absl::StatusOr<GemmTuningResult> TuneGemmsInSequence(const std::vector<GemmSite>
     for (const auto& c : candidates) counts.push_back(static_cast<int>(c.size()));
     log(absl::StrCat("tuning the GEMM algorithms of ", lt_sites.size(), " projections (", problems.list.size(),
                      " problems) at ", rows, " rows on ", device_name));
-    const DescentOptions descent{options.min_gain, options.confirm_rounds, options.passes};
+    const DescentOptions descent{options.min_gain, options.confirm_rounds, options.passes,
+                                 options.confirm_candidates};
     std::vector<int> choice = DescendCoordinates(
         counts, [&](const std::vector<int>& c) { return sequence_ms(c, rows, GemmPath::kCublasLtTuned); }, descent,
         log);

@@ -14,8 +14,9 @@
 // coordinate descent: one problem's candidates at a time, the others at
 // their current choice, each candidate judged by the median time of the
 // whole sequence; a new choice must save `min_gain` of it twice, in the
-// scan and again in alternated rounds against the incumbent (single
-// timings of ~0.2 s sequences vary by ~0.3%).
+// scan and again in alternated rounds against the incumbent, where the
+// scan's two fastest are confirmed side by side (single timings of ~0.2 s
+// sequences vary by ~0.3%).
 //
 // Exactness: a candidate is admitted only if its outputs equal the
 // untuned path's (the heuristic's first choice) bit for bit, at `rows`
@@ -54,6 +55,7 @@ struct GemmTuningOptions {
   double min_gain = 0.003;
   int confirm_rounds = 3;
   int passes = 2;
+  int confirm_candidates = 2;  // DescentOptions::confirm_candidates
   // A JSON file of earlier tunings (written atomically; several teachers
   // may share one): a record for this device, cuBLASLt version, row count
   // and set of problems is used instead of tuning; a new tuning is added.
@@ -117,6 +119,10 @@ struct DescentOptions {
   double min_gain = 0.003;
   int confirm_rounds = 3;
   int passes = 2;
+  // How many of the scan's fastest candidates (each must clear the bar in
+  // the scan) go to the alternated confirmation; the fastest mean there
+  // wins if it clears the bar again.
+  int confirm_candidates = 2;
 };
 std::vector<int> DescendCoordinates(const std::vector<int>& counts,
                                     const std::function<double(const std::vector<int>&)>& cost,
