@@ -13,6 +13,8 @@
 #   alternate: sgl vs HF transformers on 8x1024, alternated process by
 #      process for $ROUNDS rounds (default 3; shapes $TEACHER_SHAPES,
 #      default llama-8b), with the median ratio
+#   kernels: bench/elementwise_kernels_probe.cu (SiLU-mul and rope variants
+#      against the teacher's kernels, bit-checked, alone and after their GEMM)
 # Each prints the ratio against its baseline measured in this run; every
 # JSON line also goes to $RESULTS (default bench-results.jsonl).
 #
@@ -218,6 +220,14 @@ print(json.dumps({"bench": "teacher_vs_transformers_alternated", "shape": shape,
                   "baseline": "hf_transformers_logits", "ratios": ratios, "median": statistics.median(ratios)}))
 PY
   done
+}
+
+kernels() {
+  local bin=${PROBES:-/tmp/e3-probes}/elementwise_kernels_probe
+  mkdir -p "$(dirname "$bin")"
+  nvcc -O3 -std=c++17 -arch=sm_90 -I"$SRC" "$SRC/bench/elementwise_kernels_probe.cu" \
+    "$SRC/teacher_server/kernels/fused_kernels.cu" -lcublasLt -o "$bin"
+  "$bin"
 }
 
 json_or_print() { while IFS= read -r l; do case "$l" in '{'*) echo "$l" >> "$RESULTS";; esac; echo "$l"; done; }
