@@ -28,6 +28,11 @@ MODELS=${MODELS:-/tmp/e3-bench-models}
 mkdir -p "$MODELS"
 json() { grep '^{' | tee -a "$RESULTS"; }
 field() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
+# Writes the random-weight model of a shape under $MODELS once (the
+# baseline script's own measurement is discarded).
+ensure_model() {
+  [ -f "$MODELS/$1/config.json" ] || python3 "$SRC/bench/hf_teacher_baseline.py" --shape=$1 --save_dir="$MODELS/$1" >/dev/null
+}
 ratio() { python3 -c "import sys; print(f'{float(sys.argv[1])/float(sys.argv[2]):.2f}')" "$1" "$2"; }
 
 # A ragged batch of chat samples, 200..2048 tokens (7770 tokens; padded
@@ -99,7 +104,7 @@ student() {
 
 e2e() {
   local dir="$MODELS/llama-1b"
-  [ -f "$dir/config.json" ] || python3 "$SRC/bench/hf_teacher_baseline.py" --shape=llama-1b --save_dir="$dir" >/dev/null
+  ensure_model llama-1b
   # The bundled tokenizer and template: its ids all lie inside the 1B vocab.
   cp "$SRC/examples/tiny-code-llama/"{tokenizer.json,tokenizer_config.json,chat_template.jinja} "$dir/"
   local run=${LOGS:-$(mktemp -d)}
@@ -180,7 +185,7 @@ PY
 
 consistency() {
   local dir="$MODELS/llama-1b"
-  [ -f "$dir/config.json" ] || python3 "$SRC/bench/hf_teacher_baseline.py" --shape=llama-1b --save_dir="$dir" >/dev/null
+  ensure_model llama-1b
   # tiny-code-llama also with each sgl technique off: which one moves the
   # outputs (the per-layer ablation).
   for fast in sgl sgl-no-fusion sgl-no-varlen sgl-no-kernels sgl-no-residual-gemm; do
@@ -199,7 +204,7 @@ consistency() {
 alternate() {
   for shape in ${TEACHER_SHAPES:-llama-8b}; do
     local dir="$MODELS/$shape" cache="$MODELS/gemm_tuning.json" ratios=""
-    [ -f "$dir/config.json" ] || python3 "$SRC/bench/hf_teacher_baseline.py" --shape=$shape --save_dir="$dir" >/dev/null
+    ensure_model "$shape"
     "$BUILD/bench/teacher_forward_bench" --model_dir="$dir" --device=cuda:0 --dtype=bfloat16 --logits \
       --shapes=8x1024 --repeats=1 --backends=sgl --gemm_tuning_cache="$cache" | grep -E "coordinate|check at|GEMM alg"
     for round in $(seq "${ROUNDS:-3}"); do
