@@ -49,9 +49,10 @@ TEST_P(LlamaBf16GpuTest, MatchesTransformersBf16WithinStatedBound) {
   const int64_t launches = FusedKernelLaunches();
   auto out = (*model)->Forward(*batch, fwd);
   ASSERT_TRUE(out.ok()) << out.status();
-  // sgl really ran its kernels: 2 norms and 2 ropes per layer, 1 SiLU-mul.
+  // sgl really ran its kernels: per layer 2 norms, 1 SiLU-mul and rope
+  // (one launch for q and k together, as qkv is fused at load).
   if (backend == "sgl") {
-    EXPECT_GE(FusedKernelLaunches() - launches, 5 * (*dir)->config().num_hidden_layers);
+    EXPECT_GE(FusedKernelLaunches() - launches, 4 * (*dir)->config().num_hidden_layers);
   }
   const auto& hf = c.meta.at("hf_bf16_vs_fp32_rel_inf");
   for (const char* name : {"aux_hidden", "last_hidden"}) {

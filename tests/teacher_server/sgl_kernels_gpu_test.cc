@@ -271,6 +271,11 @@ TEST_P(SglKernelsGpuTest, RopeInPlaceIsExactOnFusedQkvViews) {
     EXPECT_TRUE(k.equal(ek)) << "D=" << D << " rot=" << rot;
     EXPECT_TRUE(qkv.narrow(1, q_out + kv_out, kv_out).equal(original.narrow(1, q_out + kv_out, kv_out)))
         << "v must stay";
+    // The forward's path: q's and k's heads as one view, one launch.
+    at::Tensor together = original.clone();
+    at::Tensor qk = together.narrow(1, 0, q_out + kv_out).view({T, heads + kv, D});
+    RopeInPlace(qk, cos, sin, /*fused=*/true);
+    EXPECT_TRUE(together.equal(qkv)) << "q and k in one launch, D=" << D << " rot=" << rot;
   }
 }
 
