@@ -9,17 +9,17 @@
 // bench/README.md section 8) put SiLU-mul at 7.44 ms of 186.9 per
 // forward (22.6 GB at 3.0 TB/s, where a device copy moves 4.3) and rope
 // at 1.96 ms in 64 launches (5.4 GB at 2.8 TB/s).
-// - SiLU-mul: each thread of the teacher's kernel loads one 16-byte pack
-//   of gate and one of up, then computes, with 64-bit index arithmetic.
-//   The variants load U packs of each first, with 32-bit indices.
-//   Registers cap the threads per SM (ptxas, sm_90, bf16: the teacher's
-//   kernel 35; U=4 94 unbounded, 64 with 4 blocks of 256 per SM and then
-//   46 bytes of spills), so the minimum blocks per SM (B, in
-//   __launch_bounds__) is the second knob.
-// - Rope: the teacher's kernel forms four 64-bit divisions per thread of
-//   16 elements. The forward now rotates q's and k's heads in one launch
-//   (they are adjacent in the fused qkv product); the probe times that
-//   against the two launches it replaced, and a 32-bit-index variant.
+// - SiLU-mul: the variants load U packs of gate and of up per thread
+//   before computing, with 32-bit indices; the minimum blocks per SM (B,
+//   in __launch_bounds__) is the second knob, as registers cap the
+//   threads per SM. Measured (bench/README.md section 8, sixteenth
+//   session): U=1 B=8 was 1.11x the teacher's kernel of then (64-bit
+//   indices, 35 registers) alone on the 8B MLP and every U > 1 slower, so
+//   the teacher's kernel is now that form; the probe keeps the variants
+//   to retest on other GPUs.
+// - Rope: q's and k's heads in two launches against one (the forward's
+//   way where qkv is fused). A 32-bit-index variant measured 1.08x (8B)
+//   and 1.18x (1B) in one launch; the teacher's kernel indexes so now.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I. bench/elementwise_kernels_probe.cu \
 //       teacher_server/kernels/fused_kernels.cu -lcublasLt -o /tmp/ew_probe && /tmp/ew_probe
@@ -205,36 +205,6 @@ void ProbeSiluMul(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes) 
 
 // ---- rope ----------------------------------------------------------------
 
-// The teacher kernel's rotation (rotate_half, each product stored before
-// the sum) with 32-bit indices: one thread per 8 features of a head's
-// first half and the 8 of its second half they rotate with.
-__global__ void RopeVariant(bf16* __restrict__ x, uint32_t tokens, uint32_t heads, uint32_t row_stride,
-                            uint32_t head_stride, uint32_t rotary_dim, const bf16* __restrict__ cos,
-                            const bf16* __restrict__ sin) {
-  const uint32_t half = rotary_dim / 2, groups = half / 8, total = tokens * heads * groups;
-  for (uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += gridDim.x * blockDim.x) {
-    const uint32_t th = idx / groups, i = (idx - th * groups) * 8;
-    const uint32_t t = th / heads, h = th - t * heads;
-    bf16* p = x + t * row_stride + h * head_stride;
-    const bf16* c = cos + t * rotary_dim;
-    const bf16* s = sin + t * rotary_dim;
-    const Pack8 x1 = *reinterpret_cast<const Pack8*>(p + i), x2 = *reinterpret_cast<const Pack8*>(p + i + half);
-    const Pack8 c1 = *reinterpret_cast<const Pack8*>(c + i), c2 = *reinterpret_cast<const Pack8*>(c + i + half);
-    const Pack8 s1 = *reinterpret_cast<const Pack8*>(s + i), s2 = *reinterpret_cast<const Pack8*>(s + i + half);
-    Pack8 y1, y2;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const float a = __bfloat162float(x1.v[k]), b = __bfloat162float(x2.v[k]);
-      y1.v[k] = __float2bfloat16_rn(RoundBf16(a * __bfloat162float(c1.v[k])) +
-                                    RoundBf16(-b * __bfloat162float(s1.v[k])));
-      y2.v[k] = __float2bfloat16_rn(RoundBf16(b * __bfloat162float(c2.v[k])) +
-                                    RoundBf16(a * __bfloat162float(s2.v[k])));
-    }
-    *reinterpret_cast<Pack8*>(p + i) = y1;
-    *reinterpret_cast<Pack8*>(p + i + half) = y2;
-  }
-}
-
 struct AttnShape { const char* name; int rows, hidden, heads, kv_heads, head_dim; };
 
 void TeacherRope(bf16* qkv, const AttnShape& s, int heads, int64_t offset, const bf16* cos, const bf16* sin) {
@@ -269,7 +239,6 @@ void ProbeRope(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes) {
       std::exit(1);
     }
     const int64_t k_offset = int64_t(s.heads) * s.head_dim;
-    const int64_t row_stride = qkv_cols;
     struct RopeVariantRun {
       const char* name;
       std::function<void()> run;
@@ -281,13 +250,6 @@ void ProbeRope(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes) {
            TeacherRope(qkv, s, s.kv_heads, k_offset, cos, sin);
          }},
         {"teacher kernel, q and k in one launch", [&] { TeacherRope(qkv, s, s.heads + s.kv_heads, 0, cos, sin); }},
-        {"32-bit indices, one launch",
-         [&] {
-           const uint32_t total = uint32_t(s.rows) * (s.heads + s.kv_heads) * (s.head_dim / 16);
-           const int blocks = int(std::min<uint32_t>(65536, (total + 255) / 256));
-           RopeVariant<<<blocks, 256>>>(qkv, s.rows, s.heads + s.kv_heads, uint32_t(row_stride), s.head_dim,
-                                        s.head_dim, cos, sin);
-         }},
     };
     constexpr int kNum = sizeof(variants) / sizeof(variants[0]);
     gemm();

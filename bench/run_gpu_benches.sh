@@ -16,14 +16,16 @@
 #   kernels: bench/elementwise_kernels_probe.cu (SiLU-mul and rope variants
 #      against the teacher's kernels, bit-checked, alone and after their GEMM)
 # Each prints the ratio against its baseline measured in this run; every
-# JSON line also goes to $RESULTS (default bench-results.jsonl).
+# JSON line also goes to $RESULTS (default bench-results.jsonl, under $OUT
+# where that is set: the device machine's folder that comes back, since its
+# copy of the working tree is replaced at the next call).
 #
 #   bench/run_gpu_benches.sh BUILD_DIR [teacher|transport|student|e2e|tp|ddp|consistency ...]
 set -euo pipefail
 BUILD=${1:?build dir}; shift
 PARTS=${*:-teacher transport student e2e}
 SRC=$(cd "$(dirname "$0")/.." && pwd)
-RESULTS=${RESULTS:-bench-results.jsonl}
+RESULTS=${RESULTS:-${OUT:+$OUT/}bench-results.jsonl}
 MODELS=${MODELS:-/tmp/e3-bench-models}
 mkdir -p "$MODELS"
 json() { grep '^{' | tee -a "$RESULTS"; }

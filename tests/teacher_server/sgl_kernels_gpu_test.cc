@@ -174,6 +174,55 @@ TEST_P(SglKernelsGpuTest, SiluMulIsExact) {
   EXPECT_TRUE(SiluMul(odd, true).equal(at::silu(odd.narrow(1, 0, 12)) * odd.narrow(1, 12, 12)));
 }
 
+// SiLU-mul and rope index with 32 bits only where every offset fits
+// (fused_kernels.cu); past 2^32 elements they take 64-bit indices, and
+// stay exact. A wrong choice would wrap: the last rows' outputs would
+// land on the first rows'. Skipped where the device lacks the ~12 GiB.
+TEST_P(SglKernelsGpuTest, SiluMulAndRopeAreExactPastFourGigaElements) {
+  torch::manual_seed(12);
+  {
+    const int64_t rows = 32768, I = 65536, chunk = 4096;  // gate_up: 2^32 elements
+    at::Tensor gate_up, y;
+    try {
+      gate_up = at::empty({rows, 2 * I}, opts());
+      y = at::empty({rows, I}, opts());
+    } catch (const c10::Error&) {
+      GTEST_SKIP() << "needs 12 GiB of free device memory";
+    }
+    y = at::Tensor();  // its block comes back to SiluMul from the caching allocator
+    gate_up.normal_(0, 3);
+    const int64_t before = FusedKernelLaunches();
+    y = SiluMul(gate_up, /*fused=*/true);
+    EXPECT_EQ(FusedKernelLaunches() - before, 1);
+    for (int64_t r = 0; r < rows; r += chunk) {
+      const at::Tensor g = gate_up.narrow(0, r, chunk);
+      const at::Tensor ref = at::silu(g.narrow(1, 0, I)) * g.narrow(1, I, I);
+      if (!y.narrow(0, r, chunk).equal(ref)) {
+        ADD_FAILURE() << "SiLU-mul differs in rows " << r << ".." << r + chunk - 1;
+        break;
+      }
+    }
+  }
+  // Rope on two heads per token in rows 2^20 elements apart: the last
+  // token's heads lie past element 2^32 of the buffer.
+  const int64_t T = 4097, row_stride = int64_t{1} << 20, D = 128;
+  at::Tensor buffer;
+  try {
+    buffer = at::empty({T, row_stride}, opts());
+  } catch (const c10::Error&) {
+    GTEST_SKIP() << "needs 8 GiB of free device memory";
+  }
+  at::Tensor x = buffer.narrow(1, 0, 2 * D).view({T, 2, D});
+  x.normal_();
+  const at::Tensor original = x.clone();
+  const at::Tensor angles = torch::randn({T, D}, opts().dtype(at::kFloat)) * 3;
+  const at::Tensor cos = angles.cos().to(GetParam()), sin = angles.sin().to(GetParam());
+  const int64_t before = FusedKernelLaunches();
+  RopeInPlace(x, cos, sin, /*fused=*/true);
+  EXPECT_EQ(FusedKernelLaunches() - before, 1);
+  EXPECT_TRUE(x.equal(ApplyRotary(original, cos, sin)));
+}
+
 // The gather and SiLU-mul kernels with a device-side row limit (an EP
 // rank's pairs): the rows below the limit are the reference's bit for bit,
 // and the rows past it are left as they were. A limit past the rows means
