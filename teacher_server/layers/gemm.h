@@ -99,8 +99,9 @@ int64_t CublasLtVersion();
 // where cuBLASLt has no algorithm.
 std::vector<LtAlgo> LtCandidates(const GemmProblem& problem, int64_t rows, int max_count);
 
-// The algorithm's configuration, for logs: "tile 168x128, stages 64xAUTO,
-// cluster 1x2x1, swizzle 0, option 2" (cuBLASLt's own enum names).
+// The algorithm's configuration, for logs: "algo 66, tile 201, stages 35,
+// cluster 1x2x1, swizzle 0, option 2" (cuBLASLt's ids: the tile and stage
+// numbers are cublasLtMatmulTile_t's and cublasLtMatmulStages_t's values).
 std::string DescribeLtAlgo(const LtAlgo& algo);
 
 // From now on kCublasLtTuned runs `algo` for `problem` at row counts in

@@ -387,7 +387,6 @@ absl::StatusOr<GemmTuningResult> TuneGemmsInSequence(const std::vector<GemmSite>
     // reaches down only as far as every check wins or ties.
     if (choice != first) {
       for (int64_t n : TuningCheckRows(rows)) {
-        if (n < 1 || (!result.checks.empty() && n >= result.checks.back().rows)) continue;
         RowCheck check{n, 0, 0};
         for (int r = 0; r < options.confirm_rounds; ++r) {
           check.untuned_ms += sequence_ms(choice, n, GemmPath::kCublasLt) / options.confirm_rounds;

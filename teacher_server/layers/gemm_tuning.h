@@ -105,7 +105,8 @@ struct GemmTuningResult {
 absl::StatusOr<GemmTuningResult> TuneGemmsInSequence(const std::vector<GemmSite>& sites,
                                                      const GemmTuningOptions& options);
 
-// The row counts a changed choice is checked at, descending: the budget,
+// The row counts a changed choice is checked at, descending and without
+// repeats (each at least 1): the budget,
 // two ragged counts below it whose last 128-row tile is partly filled
 // (rows - rows/32 - 61, rows*7/8 - 29: tiles fill otherwise than at the
 // budget, and there the heuristic may pick another algorithm), 3/4 and
