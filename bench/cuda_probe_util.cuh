@@ -1,11 +1,12 @@
-// Shared pieces of the standalone nvcc probes (gemm_algo_probe.cu,
-// hopper_gemm_probe.cu): error checks, random bf16 fill, event timing and
-// a cuBLASLt plan for row-major y = x W^T.
+// Shared pieces of the standalone nvcc probes (bench/*_probe.cu): error
+// checks, random bf16 and e4m3 fills, event timing and a cuBLASLt plan for
+// row-major y = x W^T.
 #ifndef E3_BENCH_CUDA_PROBE_UTIL_CUH_
 #define E3_BENCH_CUDA_PROBE_UTIL_CUH_
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -39,6 +40,15 @@ __global__ void FillRandom(__nv_bfloat16* p, size_t n, unsigned seed, float scal
   }
 }
 
+// Random e4m3 values in [-scale, scale), for the same reason.
+__global__ void FillRandomE4m3(uint8_t* p, size_t n, unsigned seed, float scale) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    unsigned h = unsigned(i) * 2654435761u ^ seed;
+    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+    p[i] = __nv_fp8_e4m3(((h & 0xffff) / 32768.f - 1.f) * scale).__x;
+  }
+}
+
 template <typename F>
 static float TimeMs(F fn, int iters = 20) {
   fn();
@@ -54,7 +64,9 @@ static float TimeMs(F fn, int iters = 20) {
 }
 
 // One shape's cuBLASLt descriptors (row-major y = x W^T as column-major
-// D[n, m] = W^T(T) x) and the heuristic's candidates for it.
+// D[n, m] = W^T(T) x) and the heuristic's candidates for it. bf16
+// operands, or with `fp8` e4m3 ones with fast accumulation (the teacher's
+// lm_head nomination GEMM); bf16 output either way.
 struct LtPlan {
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t la, lb, lc;
@@ -62,14 +74,19 @@ struct LtPlan {
   int count = 0;
 };
 
-static LtPlan MakePlan(cublasLtHandle_t lt, const Shape& s, size_t workspace_bytes) {
+static LtPlan MakePlan(cublasLtHandle_t lt, const Shape& s, size_t workspace_bytes, bool fp8 = false) {
   LtPlan p;
   CHECK_BLAS(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   CHECK_BLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   CHECK_BLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  CHECK_BLAS(cublasLtMatrixLayoutCreate(&p.la, CUDA_R_16BF, s.k, s.n, s.k));
-  CHECK_BLAS(cublasLtMatrixLayoutCreate(&p.lb, CUDA_R_16BF, s.k, s.m, s.k));
+  if (fp8) {
+    const int8_t on = 1;
+    CHECK_BLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &on, sizeof(on)));
+  }
+  const cudaDataType_t ab = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+  CHECK_BLAS(cublasLtMatrixLayoutCreate(&p.la, ab, s.k, s.n, s.k));
+  CHECK_BLAS(cublasLtMatrixLayoutCreate(&p.lb, ab, s.k, s.m, s.k));
   CHECK_BLAS(cublasLtMatrixLayoutCreate(&p.lc, CUDA_R_16BF, s.n, s.m, s.n));
   cublasLtMatmulPreference_t pref;
   CHECK_BLAS(cublasLtMatmulPreferenceCreate(&pref));

@@ -121,16 +121,6 @@ void Prepare(cublasLtHandle_t lt, Problem& p, int max_candidates) {
   }
 }
 
-// Random e4m3 values in [-scale, scale): constant bytes would draw less
-// power than real operands (see FillRandom).
-__global__ void FillRandomE4m3(uint8_t* p, size_t n, unsigned seed, float scale) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    unsigned h = unsigned(i) * 2654435761u ^ seed;
-    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
-    p[i] = __nv_fp8_e4m3(((h & 0xffff) / 32768.f - 1.f) * scale).__x;
-  }
-}
-
 struct Buffers {
   __nv_bfloat16 *x, *attn, *act, *qkv, *gu, *res_a, *res_b, *logits;
   uint8_t *x8, *w8;

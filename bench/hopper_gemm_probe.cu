@@ -197,7 +197,7 @@ int main() {
         hg::EpilogueArgs ep;
         ep.out = y2; ep.out_stride = inter;
         lt.Run(plan, x, w, nullptr, y);
-        e3::kernels::SiluMul(e3::kernels::Dtype::kBFloat16, y, c, s.m, inter, nullptr);
+        e3::kernels::SiluMul(e3::kernels::Dtype::kBFloat16, y, c, s.m, inter, nullptr, nullptr);
         Hopper<hg::Epilogue::kSwiGlu>(x, w_il, s.m, s.n, s.k, ep);
         CHECK_CUDA(cudaDeviceSynchronize());
         CompareBf16(s.name, y2, c, size_t(s.m) * inter);
@@ -285,7 +285,7 @@ int main() {
       sw.out_stride = inter;
       auto base = [&] {
         lt.Run(plan, x, w, nullptr, y);
-        e3::kernels::SiluMul(e3::kernels::Dtype::kBFloat16, y, act, s.m, inter, nullptr);
+        e3::kernels::SiluMul(e3::kernels::Dtype::kBFloat16, y, act, s.m, inter, nullptr, nullptr);
       };
       auto cand = [&] { Hopper<hg::Epilogue::kSwiGlu>(x, w_il, s.m, s.n, s.k, sw, best_group[si]); };
       for (hg::Schedule schedule : schedules) {
@@ -398,7 +398,7 @@ int main() {
     // gate_up through cuBLASLt, the SiLU-mul kernel, down_proj + residual.
     auto lt_mlp = [&] {
       lt.Run(plans[2], h, w[2], nullptr, gu);
-      e3::kernels::SiluMul(e3::kernels::Dtype::kBFloat16, gu, act, tokens, inter, nullptr);
+      e3::kernels::SiluMul(e3::kernels::Dtype::kBFloat16, gu, act, tokens, inter, nullptr, nullptr);
       lt.Run(plans[3], act, w[3], h, h);
     };
     // gate_up + SiLU-mul in the Hopper GEMM (`schedule`), down_proj as above.
@@ -423,7 +423,7 @@ int main() {
         for (int r0 = 0; r0 < tokens; r0 += rows) {
           bf16* hr = h + size_t(r0) * hidden;
           lt.Run(*up, hr, w[2], nullptr, gu);
-          e3::kernels::SiluMul(e3::kernels::Dtype::kBFloat16, gu, act, rows, inter, nullptr);
+          e3::kernels::SiluMul(e3::kernels::Dtype::kBFloat16, gu, act, rows, inter, nullptr, nullptr);
           lt.Run(*down, act, w[3], hr, hr);
         }
       };

@@ -117,20 +117,22 @@ struct WarpTopK {
   }
 };
 
+// A pack's 8 column scales (ones without scales, or past the row's end).
+struct alignas(16) Scales8 {
+  float4 a, b;
+};
+
+__device__ __forceinline__ Scales8 LoadScales(const float* __restrict__ col_scale, int64_t p, bool live) {
+  if (!live || col_scale == nullptr) return {make_float4(1.f, 1.f, 1.f, 1.f), make_float4(1.f, 1.f, 1.f, 1.f)};
+  return reinterpret_cast<const Scales8*>(col_scale)[p];
+}
+
 // Offers one 8-column pack per lane (columns p * 8 ...) to the warp's list.
 // Every lane of the warp calls it together (ballots); a lane that is not
 // `live` (past the row's end) offers nothing.
-__device__ __forceinline__ void OfferPack(const Bf16x8& v, const float* __restrict__ col_scale, int64_t p, int lane,
-                                          bool live, WarpTopK& top) {
-  float s[kVec];
-  if (live && col_scale != nullptr) {
-    const float4 a = reinterpret_cast<const float4*>(col_scale)[2 * p];
-    const float4 b = reinterpret_cast<const float4*>(col_scale)[2 * p + 1];
-    s[0] = a.x, s[1] = a.y, s[2] = a.z, s[3] = a.w, s[4] = b.x, s[5] = b.y, s[6] = b.z, s[7] = b.w;
-  } else {
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) s[j] = 1.f;
-  }
+__device__ __forceinline__ void OfferPack(const Bf16x8& v, const Scales8& scale, int64_t p, int lane, bool live,
+                                          WarpTopK& top) {
+  float s[kVec] = {scale.a.x, scale.a.y, scale.a.z, scale.a.w, scale.b.x, scale.b.y, scale.b.z, scale.b.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const float2 f = __bfloat1622float2(v.v[j]);
@@ -174,7 +176,11 @@ __device__ __forceinline__ void OfferPack(const Bf16x8& v, const float* __restri
 // One warp per row, 32 packs (512 contiguous bytes) per step; the warp's
 // list is the row's K best. (Eight warps per row, merged at the end, took
 // 0.58 ms per 4096 x 128256 chunk on an H200: each warp's list fills and
-// rises on its own, so a row paid eight lists' insertions.)
+// rises on its own, so a row paid eight lists' insertions.) kUnroll packs
+// per lane are loaded before any is offered; with kScalesFirst their
+// column scales are loaded with them rather than as each pack is offered.
+// (bench/fp8_head_probe.cu times the choices.)
+template <int kUnroll, bool kScalesFirst>
 __global__ void __launch_bounds__(kThreads)
     TopCandidatesKernel(const __nv_bfloat16* __restrict__ scores, int64_t rows, int64_t stride, int64_t cols,
                         const float* __restrict__ col_scale, int32_t* __restrict__ cand) {
@@ -184,26 +190,39 @@ __global__ void __launch_bounds__(kThreads)
   const auto* row = reinterpret_cast<const Bf16x8*>(scores + r * stride);
   const int64_t packs = cols / kVec;
   WarpTopK top;
-  // Four loads in flight per lane before the comparisons. Loop bounds are
-  // warp-uniform (the warp's first pack, p - lane): ballots need the whole
-  // warp.
-  constexpr int kUnroll = 4;
+  // Loop bounds are warp-uniform (the warp's first pack, p - lane):
+  // ballots need the whole warp.
   int64_t p = lane;
   for (; p - lane + kUnroll * 32 <= packs; p += kUnroll * 32) {
     Bf16x8 v[kUnroll];
+    Scales8 sc[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = row[p + u * 32];
+    for (int u = 0; u < kUnroll; ++u) {
+      v[u] = row[p + u * 32];
+      if (kScalesFirst) sc[u] = LoadScales(col_scale, p + u * 32, true);
+    }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) OfferPack(v[u], col_scale, p + u * 32, lane, true, top);
+    for (int u = 0; u < kUnroll; ++u) {
+      OfferPack(v[u], kScalesFirst ? sc[u] : LoadScales(col_scale, p + u * 32, true), p + u * 32, lane, true, top);
+    }
   }
   for (; p - lane < packs; p += 32) {
     const bool live = p < packs;
     Bf16x8 v = {};
     if (live) v = row[p];
-    OfferPack(v, col_scale, p, lane, live, top);
+    OfferPack(v, LoadScales(col_scale, p, live), p, lane, live, top);
   }
   if (lane < K) cand[r * K + lane] = top.entry == 0 ? -1 : ArgmaxFromKey(top.entry);
 }
+
+// The teacher's choice of TopCandidatesKernel's loads: two packs per lane,
+// with their scales. On an H200 (bench/fp8_head_probe.cu, the 8B head)
+// that scanned 8192 rows in 605 us against 770 for four packs with the
+// scales read as each pack is offered (3.47 against 2.73 TB/s; a plain
+// read of the scores: 4.44); eight packs need 150 registers and ran
+// slower still. The candidates are the same.
+constexpr int kTopUnroll = 2;
+constexpr bool kTopScalesFirst = true;
 
 // The key of column c's exact logit for this row, in every lane of the warp.
 __device__ __forceinline__ unsigned long long ExactKey(const Bf16x8* __restrict__ xr,
@@ -271,7 +290,7 @@ bool TopScoreCandidates(const void* scores, int64_t rows, int64_t cols, int64_t 
     return false;
   }
   constexpr int64_t kRowsPerBlock = kThreads / 32;
-  TopCandidatesKernel<<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0,
+  TopCandidatesKernel<kTopUnroll, kTopScalesFirst><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0,
                         static_cast<cudaStream_t>(stream)>>>(static_cast<const __nv_bfloat16*>(scores), rows, stride,
                                                              cols, col_scale, cand);
   return true;

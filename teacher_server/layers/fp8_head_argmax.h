@@ -17,7 +17,7 @@
 //
 // Costs: an e4m3 copy of the head (V x H bytes: 262 MB for Llama-1B's,
 // 525 MB for 8B's) and its per-row scales; per call, the [rows, V] bf16
-// scores in chunks of about 1 GiB.
+// scores in chunks of up to 2 GiB (one chunk for 8192 rows of a 128k vocab).
 #ifndef E3_TEACHER_SERVER_LAYERS_FP8_HEAD_ARGMAX_H_
 #define E3_TEACHER_SERVER_LAYERS_FP8_HEAD_ARGMAX_H_
 

@@ -338,9 +338,8 @@ at::Tensor GemmE4m3(const at::Tensor& xq, const at::Tensor& wq) {
 #endif
 }
 
-int64_t LmHeadChunkRows(int64_t row_bytes, int64_t multiple) {
-  constexpr int64_t kChunkBytes = int64_t{1} << 30;
-  const int64_t rows = kChunkBytes / std::max<int64_t>(1, row_bytes);
+int64_t LmHeadChunkRows(int64_t row_bytes, int64_t multiple, int64_t chunk_bytes) {
+  const int64_t rows = chunk_bytes / std::max<int64_t>(1, row_bytes);
   return std::max<int64_t>(256, rows / multiple * multiple);
 }
 

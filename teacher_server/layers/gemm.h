@@ -49,10 +49,11 @@ at::Tensor Gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias
                 GemmPath path);
 
 // Rows of a [rows, N] lm_head product (logits or FP8 scores) computed at
-// once, for rows of `row_bytes` each: about 1 GiB at a time, so the whole
-// product never needs to exist for long batches while the GEMMs stay
-// large; at least 256 rows, rounded down to a multiple of `multiple`.
-int64_t LmHeadChunkRows(int64_t row_bytes, int64_t multiple = 1);
+// once, for rows of `row_bytes` each: about `chunk_bytes` (1 GiB unless
+// given) at a time, so the whole product never needs to exist for long
+// batches while the GEMMs stay large; at least 256 rows, rounded down to a
+// multiple of `multiple`.
+int64_t LmHeadChunkRows(int64_t row_bytes, int64_t multiple = 1, int64_t chunk_bytes = int64_t{1} << 30);
 
 // Approximate scores for the lm_head's FP8 candidate search
 // (fp8_head_argmax.h): y[M, N] = xq[M, K] wq[N, K]^T for e4m3 values stored

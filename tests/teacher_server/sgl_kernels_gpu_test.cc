@@ -174,6 +174,33 @@ TEST_P(SglKernelsGpuTest, SiluMulIsExact) {
   EXPECT_TRUE(SiluMul(odd, true).equal(at::silu(odd.narrow(1, 0, 12)) * odd.narrow(1, 12, 12)));
 }
 
+// For bf16 the kernel divides with __fdividef and falls back to IEEE
+// division near rounding midpoints and outside (1e-30, 80) (fused_kernels.cu,
+// SiluStored). Every one of bf16's 65536 values as a gate: with up = 1 the
+// output is the stored SiLU itself, with random ups the product's rounding.
+// NaN gates must give NaN (ATen's NaN payload may differ from the kernel's).
+TEST_P(SglKernelsGpuTest, SiluMulIsExactForEveryBf16Gate) {
+  if (GetParam() != at::kBFloat16) GTEST_SKIP() << "fp16 keeps the IEEE division throughout";
+  torch::manual_seed(13);
+  const int64_t rows = 256, I = 256;  // rows * I = 2^16 gates
+  const at::Tensor gate = at::arange(int64_t{1} << 16, at::TensorOptions().dtype(at::kInt).device(at::kCUDA))
+                              .to(at::kShort)
+                              .view(at::kBFloat16)
+                              .view({rows, I});
+  for (const bool unit_up : {true, false}) {
+    const at::Tensor up = unit_up ? at::ones({rows, I}, opts()) : torch::randn({rows, I}, opts()) * 4;
+    const at::Tensor gate_up = at::cat({gate, up}, 1);
+    const at::Tensor ref = at::silu(gate) * up;
+    const at::Tensor y = SiluMul(gate_up, /*fused=*/true);
+    const at::Tensor ref_nan = ref.isnan(), y_nan = y.isnan();
+    EXPECT_TRUE(y_nan.equal(ref_nan)) << (unit_up ? "up = 1" : "random up") << ": NaNs in other places";
+    const at::Tensor differ = (y != ref).logical_and(ref_nan.logical_not());
+    EXPECT_EQ(differ.sum().item<int64_t>(), 0)
+        << (unit_up ? "up = 1" : "random up") << ": first differing gate "
+        << (differ.any().item<bool>() ? gate.flatten().masked_select(differ.flatten())[0].item<float>() : 0.f);
+  }
+}
+
 // SiLU-mul and rope index with 32 bits only where every offset fits
 // (fused_kernels.cu); past 2^32 elements they take 64-bit indices, and
 // stay exact. A wrong choice would wrap: the last rows' outputs would
