@@ -272,6 +272,19 @@ TEST(SglLayersTest, Fp8HeadArgmaxDeclinesOffTheGpu) {
   EXPECT_EQ(Fp8HeadArgmax::Prepare(torch::randn({32, 16})), nullptr);
 }
 
+// The lm_head's chunks: about 1 GiB of logits by default; the FP8 search
+// asks for 2 GiB, which holds an 8x1024 budget's bf16 scores at Llama-3's
+// 128256-column vocab in one pass (fp8_head_argmax.cc). At least 256 rows,
+// whole multiples where asked.
+TEST(SglLayersTest, LmHeadChunksHoldTheirByteBudgetInWholeTiles) {
+  const int64_t llama3_row = 2 * 128256;
+  EXPECT_EQ(LmHeadChunkRows(llama3_row, 256), 4096);
+  EXPECT_EQ(LmHeadChunkRows(llama3_row, 256, int64_t{2} << 30), 8192);
+  EXPECT_EQ(LmHeadChunkRows(llama3_row), 4185);  // 2^30 / 256512, no tile rounding
+  EXPECT_EQ(LmHeadChunkRows(int64_t{1} << 31, 256), 256) << "rows wider than the budget: the floor";
+  EXPECT_EQ(LmHeadChunkRows(0, 8), int64_t{1} << 30) << "a zero row width counts as one byte";
+}
+
 // How batches map onto CUDA graphs' fixed shapes: uniform batches exactly,
 // ragged ones padded to the token step with the padding as one extra
 // sample, slots in eights and the longest-sample bound in 128s, so that
