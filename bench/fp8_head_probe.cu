@@ -23,7 +23,8 @@
 // The kernels are this file's own: it includes fp8_argmax.cu, so the
 // variants are the teacher's templates, not copies.
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90 -I. bench/fp8_head_probe.cu -lcublasLt -o /tmp/fp8_head_probe && /tmp/fp8_head_probe
+//   nvcc -O3 -std=c++17 -arch=sm_90 -I. bench/fp8_head_probe.cu -lcublasLt -o /tmp/fp8_head_probe
+//   /tmp/fp8_head_probe
 #include "teacher_server/kernels/fp8_argmax.cu"
 
 #include <algorithm>
@@ -150,9 +151,9 @@ void Run() {
   FillRandomE4m3<<<1024, 256>>>(x8, size_t(kRows) * kHidden, 11, 448.f);
   FillRandomE4m3<<<1024, 256>>>(w8, size_t(kVocab) * kHidden, 12, 448.f);
   FillScales<<<256, 256>>>(col_scale, kVocab);
-  const Fp8Gemm whole{lt, MakePlan(lt, Shape{"lm_head", kRows, kVocab, kHidden}, workspace_bytes, true), workspace,
+  Fp8Gemm whole{lt, MakePlan(lt, Shape{"lm_head", kRows, kVocab, kHidden}, workspace_bytes, true), workspace,
                       workspace_bytes};
-  const Fp8Gemm half{lt, MakePlan(lt, Shape{"lm_head", kChunk, kVocab, kHidden}, workspace_bytes, true), workspace,
+  Fp8Gemm half{lt, MakePlan(lt, Shape{"lm_head", kChunk, kVocab, kHidden}, workspace_bytes, true), workspace,
                      workspace_bytes};
   if (whole.plan.count == 0 || half.plan.count == 0) {
     std::printf("cuBLASLt has no FP8 algorithm for the lm_head\n");
@@ -227,8 +228,8 @@ void Run() {
   }
   std::printf("  the GEMM alone: two chunks %.3f ms, one pass %.3f ms (%.3fx)\n", Median(g_two), Median(g_one),
               Median(g_two) / Median(g_one));
-  DestroyPlan(const_cast<LtPlan&>(whole.plan));
-  DestroyPlan(const_cast<LtPlan&>(half.plan));
+  DestroyPlan(whole.plan);
+  DestroyPlan(half.plan);
   for (void* p : std::initializer_list<void*>{x8, w8, scores, chunk_scores, col_scale, want, got, chunked, workspace})
     cudaFree(p);
   cublasLtDestroy(lt);

@@ -290,9 +290,9 @@ bool TopScoreCandidates(const void* scores, int64_t rows, int64_t cols, int64_t 
     return false;
   }
   constexpr int64_t kRowsPerBlock = kThreads / 32;
-  TopCandidatesKernel<kTopUnroll, kTopScalesFirst><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0,
-                        static_cast<cudaStream_t>(stream)>>>(static_cast<const __nv_bfloat16*>(scores), rows, stride,
-                                                             cols, col_scale, cand);
+  const auto blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  TopCandidatesKernel<kTopUnroll, kTopScalesFirst><<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const __nv_bfloat16*>(scores), rows, stride, cols, col_scale, cand);
   return true;
 }
 
