@@ -9,8 +9,10 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #define CHECK_CUDA(x) do { cudaError_t e = (x); if (e != cudaSuccess) { std::printf("%s: %s\n", #x, cudaGetErrorString(e)); std::exit(1); } } while (0)
 #define CHECK_BLAS(x) do { int st_ = static_cast<int>(x); if (st_ != 0) { std::printf("%s: status %d\n", #x, st_); std::exit(1); } } while (0)
@@ -47,6 +49,12 @@ __global__ void FillRandomE4m3(uint8_t* p, size_t n, unsigned seed, float scale)
     h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
     p[i] = __nv_fp8_e4m3(((h & 0xffff) / 32768.f - 1.f) * scale).__x;
   }
+}
+
+template <typename T>
+static T Median(std::vector<T> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 template <typename F>
@@ -103,5 +111,31 @@ static void DestroyPlan(LtPlan& p) {
   cublasLtMatrixLayoutDestroy(p.lc);
   cublasLtMatmulDescDestroy(p.desc);
 }
+
+// A cuBLASLt handle and its workspace. Run: row-major y = x W^T (+ c) with
+// a plan's first algorithm, as the teacher runs it; the operands are
+// untyped because the plan's layouts say what they hold (bf16, or e4m3
+// for an FP8 plan, whose residual must be null).
+struct Lt {
+  cublasLtHandle_t handle;
+  void* workspace;
+  size_t workspace_bytes = size_t(32) << 20;
+  Lt() {
+    CHECK_BLAS(cublasLtCreate(&handle));
+    CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
+  }
+  ~Lt() {
+    cudaFree(workspace);
+    cublasLtDestroy(handle);
+  }
+  Lt(const Lt&) = delete;
+  Lt& operator=(const Lt&) = delete;
+  LtPlan Plan(const Shape& s, bool fp8 = false) const { return MakePlan(handle, s, workspace_bytes, fp8); }
+  void Run(const LtPlan& p, const void* x, const void* w, const void* c, void* y) const {
+    const float alpha = 1.f, beta = c ? 1.f : 0.f;
+    CHECK_BLAS(cublasLtMatmul(handle, p.desc, &alpha, w, p.la, x, p.lb, &beta, c ? c : y, p.lc, y, p.lc,
+                              &p.results[0].algo, workspace, workspace_bytes, 0));
+  }
+};
 
 #endif  // E3_BENCH_CUDA_PROBE_UTIL_CUH_

@@ -52,24 +52,13 @@ __device__ __forceinline__ float RoundBf16(float x) { return __bfloat162float(__
 
 constexpr int kRounds = 3;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Row-major y [m, n] = x [m, k] W^T through cuBLASLt's first choice.
 struct Gemm {
-  cublasLtHandle_t lt;
+  const Lt& lt;
   LtPlan plan;
-  void* workspace;
-  size_t workspace_bytes;
   const bf16 *x, *w;
   bf16* y;
-  void operator()() const {
-    const float alpha = 1.f, beta = 0.f;
-    CHECK_BLAS(cublasLtMatmul(lt, plan.desc, &alpha, w, plan.la, x, plan.lb, &beta, y, plan.lc, y, plan.lc,
-                              &plan.results[0].algo, workspace, workspace_bytes, nullptr));
-  }
+  void operator()() const { lt.Run(plan, x, w, nullptr, y); }
 };
 
 size_t CountDifferent(const bf16* a, const bf16* b, size_t n) {
@@ -184,7 +173,7 @@ const SiluVariant kSiluVariants[] = {
 };
 constexpr int kNumSiluVariants = sizeof(kSiluVariants) / sizeof(kSiluVariants[0]);
 
-void ProbeSiluMul(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes) {
+void ProbeSiluMul(const Lt& lt) {
   struct MlpShape { const char* name; int rows, hidden, inter; };
   const MlpShape shapes[] = {{"8B 8x1024", 8192, 4096, 14336},
                              {"8B chat mix", 7770, 4096, 14336},
@@ -201,8 +190,7 @@ void ProbeSiluMul(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes) 
     // gate values of unit scale, where SiLU is neither linear nor zero.
     FillRandom<<<1024, 256>>>(x, size_t(s.rows) * s.hidden, 1, 1.7f);
     FillRandom<<<1024, 256>>>(w, size_t(2) * s.inter * s.hidden, 2, 1.7f / 64);
-    Gemm gemm{lt, MakePlan(lt, Shape{"gate_up", s.rows, 2 * s.inter, s.hidden}, workspace_bytes), workspace,
-                    workspace_bytes, x, w, gate_up};
+    Gemm gemm{lt, lt.Plan(Shape{"gate_up", s.rows, 2 * s.inter, s.hidden}), x, w, gate_up};
     if (gemm.plan.count == 0) {
       std::printf("%s: cuBLASLt has no algorithm for the gate_up GEMM\n", s.name);
       std::exit(1);
@@ -262,7 +250,7 @@ void TeacherRope(bf16* qkv, const AttnShape& s, int heads, int64_t offset, const
   }
 }
 
-void ProbeRope(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes) {
+void ProbeRope(const Lt& lt) {
   const AttnShape shapes[] = {{"8B 8x1024", 8192, 4096, 32, 8, 128}, {"1B 8x1024", 8192, 2048, 32, 8, 64}};
   for (const AttnShape& s : shapes) {
     const int qkv_cols = (s.heads + 2 * s.kv_heads) * s.head_dim;
@@ -278,8 +266,7 @@ void ProbeRope(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes) {
     FillRandom<<<1024, 256>>>(w, size_t(qkv_cols) * s.hidden, 4, 1.7f / 64);
     FillRandom<<<1024, 256>>>(cos, size_t(s.rows) * s.head_dim, 5);
     FillRandom<<<1024, 256>>>(sin, size_t(s.rows) * s.head_dim, 6);
-    Gemm gemm{lt, MakePlan(lt, Shape{"qkv", s.rows, qkv_cols, s.hidden}, workspace_bytes), workspace,
-                    workspace_bytes, x, w, qkv};
+    Gemm gemm{lt, lt.Plan(Shape{"qkv", s.rows, qkv_cols, s.hidden}), x, w, qkv};
     if (gemm.plan.count == 0) {
       std::printf("%s: cuBLASLt has no algorithm for the qkv GEMM\n", s.name);
       std::exit(1);
@@ -340,14 +327,8 @@ void ProbeRope(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes) {
 }  // namespace
 
 int main() {
-  cublasLtHandle_t lt;
-  CHECK_BLAS(cublasLtCreate(&lt));
-  const size_t workspace_bytes = size_t(32) << 20;
-  void* workspace;
-  CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
-  ProbeSiluMul(lt, workspace, workspace_bytes);
-  ProbeRope(lt, workspace, workspace_bytes);
-  cudaFree(workspace);
-  cublasLtDestroy(lt);
+  const Lt lt;
+  ProbeSiluMul(lt);
+  ProbeRope(lt);
   return 0;
 }

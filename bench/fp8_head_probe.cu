@@ -42,11 +42,6 @@ constexpr int kRows = 8192, kChunk = 4096, kVocab = 128256, kHidden = 4096;
 constexpr int kCand = e3::kernels::kFp8ArgmaxCandidates;
 constexpr int kRounds = 3;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 template <int U, bool ScalesFirst>
 void Scan(const bf16* scores, int rows, const float* col_scale, int32_t* cand) {
   e3::kernels::TopCandidatesKernel<U, ScalesFirst><<<(rows + 7) / 8, 256>>>(scores, rows, kVocab, kVocab, col_scale,
@@ -118,24 +113,8 @@ size_t DifferentRows(const int32_t* a, const int32_t* b, int rows) {
   return differ;
 }
 
-struct Fp8Gemm {
-  cublasLtHandle_t lt;
-  LtPlan plan;
-  void* workspace;
-  size_t workspace_bytes;
-  void operator()(const uint8_t* x8, const uint8_t* w8, bf16* y) const {
-    const float alpha = 1.f, beta = 0.f;
-    CHECK_BLAS(cublasLtMatmul(lt, plan.desc, &alpha, w8, plan.la, x8, plan.lb, &beta, y, plan.lc, y, plan.lc,
-                              &plan.results[0].algo, workspace, workspace_bytes, nullptr));
-  }
-};
-
 void Run() {
-  cublasLtHandle_t lt;
-  CHECK_BLAS(cublasLtCreate(&lt));
-  const size_t workspace_bytes = size_t(32) << 20;
-  void* workspace;
-  CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
+  const Lt lt;
   uint8_t *x8, *w8;
   bf16 *scores, *chunk_scores;
   float* col_scale;
@@ -151,15 +130,14 @@ void Run() {
   FillRandomE4m3<<<1024, 256>>>(x8, size_t(kRows) * kHidden, 11, 448.f);
   FillRandomE4m3<<<1024, 256>>>(w8, size_t(kVocab) * kHidden, 12, 448.f);
   FillScales<<<256, 256>>>(col_scale, kVocab);
-  Fp8Gemm whole{lt, MakePlan(lt, Shape{"lm_head", kRows, kVocab, kHidden}, workspace_bytes, true), workspace,
-                      workspace_bytes};
-  Fp8Gemm half{lt, MakePlan(lt, Shape{"lm_head", kChunk, kVocab, kHidden}, workspace_bytes, true), workspace,
-                     workspace_bytes};
-  if (whole.plan.count == 0 || half.plan.count == 0) {
+  // The FP8 lm_head product over all rows and over one chunk of them.
+  LtPlan whole = lt.Plan(Shape{"lm_head", kRows, kVocab, kHidden}, /*fp8=*/true);
+  LtPlan half = lt.Plan(Shape{"lm_head", kChunk, kVocab, kHidden}, /*fp8=*/true);
+  if (whole.count == 0 || half.count == 0) {
     std::printf("cuBLASLt has no FP8 algorithm for the lm_head\n");
     std::exit(1);
   }
-  whole(x8, w8, scores);
+  lt.Run(whole, x8, w8, nullptr, scores);
   CHECK_CUDA(cudaGetLastError());
 
   // 1. The scan, on the first chunk and on all rows of one set of scores.
@@ -196,12 +174,12 @@ void Run() {
   // 2. Two chunks against one pass, GEMM and scan, alternated.
   const auto two_chunks = [&] {
     for (int c = 0; c < kRows / kChunk; ++c) {
-      half(x8 + size_t(c) * kChunk * kHidden, w8, chunk_scores);
+      lt.Run(half, x8 + size_t(c) * kChunk * kHidden, w8, nullptr, chunk_scores);
       TeacherScan(chunk_scores, kChunk, col_scale, chunked + size_t(c) * kChunk * kCand);
     }
   };
   const auto one_pass = [&] {
-    whole(x8, w8, scores);
+    lt.Run(whole, x8, w8, nullptr, scores);
     TeacherScan(scores, kRows, col_scale, want);
   };
   two_chunks();
@@ -221,18 +199,16 @@ void Run() {
   std::vector<double> g_two, g_one;
   for (int r = 0; r < 2 * kRounds; ++r) {
     g_two.push_back(TimeMs([&] {
-      half(x8, w8, chunk_scores);
-      half(x8 + size_t(kChunk) * kHidden, w8, chunk_scores);
+      lt.Run(half, x8, w8, nullptr, chunk_scores);
+      lt.Run(half, x8 + size_t(kChunk) * kHidden, w8, nullptr, chunk_scores);
     }, 10));
-    g_one.push_back(TimeMs([&] { whole(x8, w8, scores); }, 10));
+    g_one.push_back(TimeMs([&] { lt.Run(whole, x8, w8, nullptr, scores); }, 10));
   }
   std::printf("  the GEMM alone: two chunks %.3f ms, one pass %.3f ms (%.3fx)\n", Median(g_two), Median(g_one),
               Median(g_two) / Median(g_one));
-  DestroyPlan(whole.plan);
-  DestroyPlan(half.plan);
-  for (void* p : std::initializer_list<void*>{x8, w8, scores, chunk_scores, col_scale, want, got, chunked, workspace})
-    cudaFree(p);
-  cublasLtDestroy(lt);
+  DestroyPlan(whole);
+  DestroyPlan(half);
+  for (void* p : std::initializer_list<void*>{x8, w8, scores, chunk_scores, col_scale, want, got, chunked}) cudaFree(p);
 }
 
 }  // namespace probe

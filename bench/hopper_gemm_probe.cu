@@ -78,22 +78,6 @@ void CompareBf16(const char* what, const bf16* test, const bf16* ref, size_t n) 
               100.0 * differ / n, n, beyond_ulp, max_abs, max_ref);
 }
 
-struct Lt {
-  cublasLtHandle_t handle;
-  void* workspace;
-  size_t workspace_bytes = 32u << 20;
-  Lt() {
-    CHECK_BLAS(cublasLtCreate(&handle));
-    CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
-  }
-  // y = x W^T (+ c), the heuristic's first algorithm, as the teacher runs it.
-  void Run(const LtPlan& p, const bf16* x, const bf16* w, const bf16* c, bf16* y) const {
-    const float alpha = 1.f, beta = c ? 1.f : 0.f;
-    CHECK_BLAS(cublasLtMatmul(handle, p.desc, &alpha, w, p.la, x, p.lb, &beta, c ? c : y, p.lc, y, p.lc,
-                              &p.results[0].algo, workspace, workspace_bytes, 0));
-  }
-};
-
 // One problem's operands: x [m, k], w [n, k], two outputs and a residual
 // [m, n], random (w scaled by w_scale / sqrt(k), as a trained layer's).
 struct Operands {
@@ -110,11 +94,6 @@ struct Operands {
   }
   ~Operands() { cudaFree(x); cudaFree(w); cudaFree(y); cudaFree(y2); cudaFree(c); }
 };
-
-float Median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Alternates baseline and candidate for `rounds` rounds; returns medians.
 std::pair<float, float> Interleaved(const std::function<void()>& base, const std::function<void()>& cand,

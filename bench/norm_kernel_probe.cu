@@ -46,7 +46,7 @@ int main() {
       e3::kernels::AddRmsNorm(Dtype::kBFloat16, h, delta, w, sum, out, s.rows, s.cols, 1e-5f, nullptr);
     }, 200);
     const float silu = TimeMs([&] {
-      e3::kernels::SiluMul(Dtype::kBFloat16, gate_up, act, s.rows, s.inter, nullptr);
+      e3::kernels::SiluMul(Dtype::kBFloat16, gate_up, act, s.rows, s.inter, nullptr, nullptr);
     }, 100);
     CHECK_CUDA(cudaGetLastError());
     std::printf("%-12s norm %7.1f us (%4.2f TB/s)   add+norm %7.1f us (%4.2f TB/s)   silu-mul %7.1f us (%4.2f TB/s)\n",
