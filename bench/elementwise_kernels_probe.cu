@@ -20,8 +20,14 @@
 //   (the same kernel without SiLU ran at 4.31 TB/s against 3.18), and a
 //   division by __fdividef with the exact division near bf16 rounding
 //   midpoints gave the same bits 1.03-1.08x faster alone, so the
-//   teacher's bf16 kernel divides so now (U=1 B=8 below is the exact
-//   division, checked against it).
+//   teacher's bf16 kernel divides so (U=1 B=8 below is the exact
+//   division, checked against it). Eighteenth session: a table of all
+//   65536 gates' stored SiLU in shared memory (one block of 1024 threads
+//   per SM) ran 174 us against 217, so the teacher's kernel looks SiLU up
+//   where the device holds the table; "teacher, arithmetic" is its other
+//   form. Copies with 2 or 4 packs per thread (191 us), a bf16x2 product
+//   (the same speed) and the table read through L1 from global memory
+//   (265 us) were slower or no faster (bench/README.md section 8).
 // - Rope: q's and k's heads in two launches against one (the forward's
 //   way where qkv is fused). A 32-bit-index variant measured 1.08x (8B)
 //   and 1.18x (1B) in one launch; the teacher's kernel indexes so now.
@@ -154,6 +160,14 @@ void TeacherSiluMul(const bf16* gate_up, bf16* out, int rows, int cols) {
   }
 }
 
+// The teacher's kernel without its table: SiLU computed (the form on
+// devices with under 128 KiB of shared memory per block).
+void TeacherSiluMulArithmetic(const bf16* gate_up, bf16* out, int rows, int cols) {
+  e3::kernels::SetSiluMulByTable(false);
+  TeacherSiluMul(gate_up, out, rows, cols);
+  e3::kernels::SetSiluMulByTable(true);
+}
+
 struct SiluVariant {
   const char* name;
   void (*launch)(const bf16*, bf16*, int, int);
@@ -167,6 +181,7 @@ const SiluVariant kSiluVariants[] = {
     {"U=1 B=8 fast div", LaunchSiluMul<1, 8, SiluMath::kFastDiv>},
     {"U=1 B=8 fast exp+div", LaunchSiluMul<1, 8, SiluMath::kFastExpDiv>},
     {"U=2 B=6 fast exp+div", LaunchSiluMul<2, 6, SiluMath::kFastExpDiv>},
+    {"teacher, arithmetic", TeacherSiluMulArithmetic},
     {"bound: no SiLU", LaunchSiluMul<1, 8, SiluMath::kNone>, false},
     // Last in each round as well as first: shows what the position costs.
     {"teacher kernel again", TeacherSiluMul},

@@ -30,6 +30,15 @@ int CudaComputeCapability(int device) {
   return major * 10 + minor;
 }
 
+int64_t CudaSharedMemoryPerBlockOptin(int device) {
+  int bytes = 0;
+  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return bytes;
+}
+
 std::string CudaDeviceName(int device) {
   cudaDeviceProp prop;
   if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
@@ -70,6 +79,7 @@ bool CudaPeerAccess(int from_device, int to_device) {
 
 int CudaDeviceCount() { return 0; }
 int CudaComputeCapability(int) { return 0; }
+int64_t CudaSharedMemoryPerBlockOptin(int) { return 0; }
 std::string CudaDeviceName(int) { return ""; }
 bool CudaRuntimeAvailable() { return false; }
 absl::Status CudaCopy(void*, const void*, size_t, int) {

@@ -19,6 +19,9 @@ int CudaDeviceCount();
 // Device `device`'s compute capability as major * 10 + minor (90 for
 // Hopper); 0 when it cannot be read (no such device, no CUDA runtime).
 int CudaComputeCapability(int device);
+// The shared memory one block of device `device` may opt in to, in bytes
+// (227 KiB on Hopper); 0 when it cannot be read.
+int64_t CudaSharedMemoryPerBlockOptin(int device);
 // Device `device`'s name ("NVIDIA H200"); empty when it cannot be read.
 std::string CudaDeviceName(int device);
 

@@ -36,8 +36,17 @@ bool AddRmsNorm(Dtype dtype, const void* residual, const void* delta, const void
 // *row_limit rows are computed and the rest of out is left unwritten: an
 // expert-parallel rank's rows of a MoE layer, whose count only the device
 // knows.
+// SiLU comes from a per-device table of all 65536 gates' stored SiLU
+// where the device has 128 KiB of shared memory per block (sm_80, sm_90),
+// else from the arithmetic (same bits either way).
 bool SiluMul(Dtype dtype, const void* gate_up, void* out, int64_t rows, int64_t cols, const int32_t* row_limit,
              void* stream);
+// Process-wide: whether SiluMul may use the table (default on). Tests and
+// probes switch it off to check and time the arithmetic kernel.
+void SetSiluMulByTable(bool on);
+// Whether SiluMul on the current device uses the table now (building it
+// on `stream` first if this is the device's first use).
+bool SiluMulByTable(void* stream);
 
 // out[r] = x[index[r]] for rows of `cols` elements (x and out contiguous,
 // index int64 [rows]), the first *row_limit rows only when row_limit is

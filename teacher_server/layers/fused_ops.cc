@@ -128,6 +128,25 @@ at::Tensor SiluMul(const at::Tensor& gate_up, bool fused, const at::Tensor& row_
   return at::silu(gate_up.narrow(-1, 0, I)) * gate_up.narrow(-1, I, I);
 }
 
+void SetSiluMulByTable(bool on) {
+#ifdef E3_HAS_CUDA
+  kernels::SetSiluMulByTable(on);
+#else
+  (void)on;
+#endif
+}
+
+bool SiluMulByTable(const at::Device& device) {
+#ifdef E3_HAS_CUDA
+  if (!FusedKernelsRunOn(device)) return false;
+  const c10::cuda::CUDAGuard guard(device);
+  return kernels::SiluMulByTable(c10::cuda::getCurrentCUDAStream().stream());
+#else
+  (void)device;
+  return false;
+#endif
+}
+
 at::Tensor GatherRows(const at::Tensor& x, const at::Tensor& index, const at::Tensor& row_limit, bool fused) {
 #ifdef E3_HAS_CUDA
   kernels::Dtype dt;

@@ -36,6 +36,11 @@ at::Tensor AddRmsNorm(at::Tensor* h, const at::Tensor& delta, const at::Tensor& 
 // reading the count on the host (a MoE layer's rows of this
 // expert-parallel rank); the reference ops compute every row.
 at::Tensor SiluMul(const at::Tensor& gate_up, bool fused, const at::Tensor& row_limit = at::Tensor());
+// The SiLU-mul kernel's two forms (kernels/fused_kernels.h): whether it
+// may look SiLU up in its table (process-wide; tests switch the table off
+// to check the arithmetic form), and whether it does on `device` now.
+void SetSiluMulByTable(bool on);
+bool SiluMulByTable(const at::Device& device);
 
 // x.index_select(0, index) for x [N, H] and int64 index [P]; with
 // row_limit as in SiluMul (rows past it unwritten by the kernel). The

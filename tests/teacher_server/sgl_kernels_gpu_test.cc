@@ -41,6 +41,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -158,46 +159,65 @@ TEST_P(SglKernelsGpuTest, AddRmsNormMatchesTheReference) {
   }
 }
 
+// The SiLU-mul kernel's two forms: SiLU looked up in a table of every
+// gate's stored SiLU, and computed. Restores the table on leaving.
+struct SiluTableSwitch {
+  explicit SiluTableSwitch(bool on) { SetSiluMulByTable(on); }
+  ~SiluTableSwitch() { SetSiluMulByTable(true); }
+};
+
+// Whether cuda:0 can hold the 128 KiB table in one block's shared memory.
+bool DeviceHoldsSiluTable() { return CudaSharedMemoryPerBlockOptin(0) >= 128 * 1024; }
+
 TEST_P(SglKernelsGpuTest, SiluMulIsExact) {
-  torch::manual_seed(4);
-  for (int64_t I : {128, 8192, 14336}) {
-    const at::Tensor gate_up = torch::randn({53, 2 * I}, opts()) * 3;
-    const at::Tensor ref = at::silu(gate_up.narrow(1, 0, I)) * gate_up.narrow(1, I, I);
-    const int64_t before = FusedKernelLaunches();
-    const at::Tensor y = SiluMul(gate_up, /*fused=*/true);
-    EXPECT_EQ(FusedKernelLaunches() - before, 1);
-    EXPECT_TRUE(y.equal(ref)) << "I=" << I << " max err "
-                              << (y.to(at::kFloat) - ref.to(at::kFloat)).abs().max().item<float>();
+  for (const bool table : {true, false}) {
+    const SiluTableSwitch form(table);
+    torch::manual_seed(4);
+    for (int64_t I : {128, 8192, 14336}) {
+      const at::Tensor gate_up = torch::randn({53, 2 * I}, opts()) * 3;
+      const at::Tensor ref = at::silu(gate_up.narrow(1, 0, I)) * gate_up.narrow(1, I, I);
+      const int64_t before = FusedKernelLaunches();
+      const at::Tensor y = SiluMul(gate_up, /*fused=*/true);
+      EXPECT_EQ(FusedKernelLaunches() - before, 1);
+      EXPECT_TRUE(y.equal(ref)) << (table ? "table" : "arithmetic") << " I=" << I << " max err "
+                                << (y.to(at::kFloat) - ref.to(at::kFloat)).abs().max().item<float>();
+    }
+    EXPECT_EQ(SiluMulByTable(at::Device(at::kCUDA, 0)), table && DeviceHoldsSiluTable());
+    // A width the vector kernel does not take falls back to the reference.
+    const at::Tensor odd = torch::randn({5, 2 * 12}, opts());
+    EXPECT_TRUE(SiluMul(odd, true).equal(at::silu(odd.narrow(1, 0, 12)) * odd.narrow(1, 12, 12)));
   }
-  // A width the vector kernel does not take falls back to the reference.
-  const at::Tensor odd = torch::randn({5, 2 * 12}, opts());
-  EXPECT_TRUE(SiluMul(odd, true).equal(at::silu(odd.narrow(1, 0, 12)) * odd.narrow(1, 12, 12)));
 }
 
-// For bf16 the kernel divides with __fdividef and falls back to IEEE
-// division near rounding midpoints and outside (1e-30, 80) (fused_kernels.cu,
-// SiluStored). Every one of bf16's 65536 values as a gate: with up = 1 the
-// output is the stored SiLU itself, with random ups the product's rounding.
-// NaN gates must give NaN (ATen's NaN payload may differ from the kernel's).
-TEST_P(SglKernelsGpuTest, SiluMulIsExactForEveryBf16Gate) {
-  if (GetParam() != at::kBFloat16) GTEST_SKIP() << "fp16 keeps the IEEE division throughout";
+// Every one of the dtype's 65536 values as a gate, through both forms of
+// the kernel: the table (built once per device with the exact formula)
+// and the arithmetic, which for bf16 divides with __fdividef and falls
+// back to the IEEE division near rounding midpoints and outside
+// (1e-30, 80) (fused_kernels.cu, SiluStored). With up = 1 the output is
+// the stored SiLU itself, with random ups the product's rounding. NaN
+// gates must give NaN (ATen's NaN payload may differ from the kernel's).
+TEST_P(SglKernelsGpuTest, SiluMulIsExactForEveryGate) {
   torch::manual_seed(13);
   const int64_t rows = 256, I = 256;  // rows * I = 2^16 gates
   const at::Tensor gate = at::arange(int64_t{1} << 16, at::TensorOptions().dtype(at::kInt).device(at::kCUDA))
                               .to(at::kShort)
-                              .view(at::kBFloat16)
+                              .view(GetParam())
                               .view({rows, I});
-  for (const bool unit_up : {true, false}) {
-    const at::Tensor up = unit_up ? at::ones({rows, I}, opts()) : torch::randn({rows, I}, opts()) * 4;
-    const at::Tensor gate_up = at::cat({gate, up}, 1);
-    const at::Tensor ref = at::silu(gate) * up;
-    const at::Tensor y = SiluMul(gate_up, /*fused=*/true);
-    const at::Tensor ref_nan = ref.isnan(), y_nan = y.isnan();
-    EXPECT_TRUE(y_nan.equal(ref_nan)) << (unit_up ? "up = 1" : "random up") << ": NaNs in other places";
-    const at::Tensor differ = (y != ref).logical_and(ref_nan.logical_not());
-    EXPECT_EQ(differ.sum().item<int64_t>(), 0)
-        << (unit_up ? "up = 1" : "random up") << ": first differing gate "
-        << (differ.any().item<bool>() ? gate.flatten().masked_select(differ.flatten())[0].item<float>() : 0.f);
+  for (const bool table : {true, false}) {
+    const SiluTableSwitch form(table);
+    for (const bool unit_up : {true, false}) {
+      const std::string what = absl::StrCat(table ? "table" : "arithmetic", unit_up ? ", up = 1" : ", random up");
+      const at::Tensor up = unit_up ? at::ones({rows, I}, opts()) : torch::randn({rows, I}, opts()) * 4;
+      const at::Tensor gate_up = at::cat({gate, up}, 1);
+      const at::Tensor ref = at::silu(gate) * up;
+      const at::Tensor y = SiluMul(gate_up, /*fused=*/true);
+      const at::Tensor ref_nan = ref.isnan(), y_nan = y.isnan();
+      EXPECT_TRUE(y_nan.equal(ref_nan)) << what << ": NaNs in other places";
+      const at::Tensor differ = (y != ref).logical_and(ref_nan.logical_not());
+      EXPECT_EQ(differ.sum().item<int64_t>(), 0)
+          << what << ": first differing gate "
+          << (differ.any().item<bool>() ? gate.flatten().masked_select(differ.flatten())[0].item<float>() : 0.f);
+    }
   }
 }
 
@@ -218,16 +238,21 @@ TEST_P(SglKernelsGpuTest, SiluMulAndRopeAreExactPastFourGigaElements) {
     }
     y = at::Tensor();  // its block comes back to SiluMul from the caching allocator
     gate_up.normal_(0, 3);
-    const int64_t before = FusedKernelLaunches();
-    y = SiluMul(gate_up, /*fused=*/true);
-    EXPECT_EQ(FusedKernelLaunches() - before, 1);
-    for (int64_t r = 0; r < rows; r += chunk) {
-      const at::Tensor g = gate_up.narrow(0, r, chunk);
-      const at::Tensor ref = at::silu(g.narrow(1, 0, I)) * g.narrow(1, I, I);
-      if (!y.narrow(0, r, chunk).equal(ref)) {
-        ADD_FAILURE() << "SiLU-mul differs in rows " << r << ".." << r + chunk - 1;
-        break;
+    for (const bool table : {true, false}) {
+      const SiluTableSwitch form(table);
+      const int64_t before = FusedKernelLaunches();
+      y = SiluMul(gate_up, /*fused=*/true);
+      EXPECT_EQ(FusedKernelLaunches() - before, 1);
+      for (int64_t r = 0; r < rows; r += chunk) {
+        const at::Tensor g = gate_up.narrow(0, r, chunk);
+        const at::Tensor ref = at::silu(g.narrow(1, 0, I)) * g.narrow(1, I, I);
+        if (!y.narrow(0, r, chunk).equal(ref)) {
+          ADD_FAILURE() << (table ? "table" : "arithmetic") << ": SiLU-mul differs in rows " << r << ".."
+                        << r + chunk - 1;
+          break;
+        }
       }
+      y = at::Tensor();
     }
   }
   // Rope on two heads per token in rows 2^20 elements apart: the last
