@@ -587,12 +587,12 @@ bool AddRmsNorm(Dtype dtype, const void* residual, const void* delta, const void
 
 namespace {
 
-// Per device: whether the SiLU tables are built and the table kernels
-// may take their shared memory, and the SM count that sizes their grid.
+// Per device: the SM count that sizes the table kernels' grid once the
+// SiLU tables are built there, kNoSiluTables where they cannot be, 0
+// before the device's first SiLU-mul.
+constexpr int kNoSiluTables = -1;
 struct SiluTables {
-  enum State : int { kUnknown = 0, kReady = 1, kUnavailable = 2 };
-  std::atomic<int> state[kMaxDevices] = {};
-  std::atomic<int> sm_count[kMaxDevices] = {};
+  std::atomic<int> sms[kMaxDevices] = {};
   std::mutex build;
 };
 SiluTables& Tables() {
@@ -625,30 +625,29 @@ int SiluTableSms(cudaStream_t stream) {
     return 0;
   }
   SiluTables& t = Tables();
-  int state = t.state[device].load(std::memory_order_acquire);
-  if (state == SiluTables::kUnknown) {
+  int sms = t.sms[device].load(std::memory_order_acquire);
+  if (sms == 0) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
       cudaGetLastError();
       return 0;
     }
     const std::lock_guard<std::mutex> lock(t.build);
-    state = t.state[device].load(std::memory_order_acquire);
-    if (state == SiluTables::kUnknown) {
-      int optin = 0, sms = 0;
+    sms = t.sms[device].load(std::memory_order_acquire);
+    if (sms == 0) {
+      int optin = 0, count = 0;
       const bool ok =
           cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess &&
           optin >= kSiluTableBytes &&
-          cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess && sms > 0 &&
+          cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) == cudaSuccess && count > 0 &&
           PrepareSiluTable<__nv_bfloat16>(stream) && PrepareSiluTable<__half>(stream) &&
           cudaStreamSynchronize(stream) == cudaSuccess;
       if (!ok) cudaGetLastError();  // the arithmetic kernel's launch check must not see this
-      t.sm_count[device].store(ok ? sms : 0, std::memory_order_relaxed);
-      state = ok ? SiluTables::kReady : SiluTables::kUnavailable;
-      t.state[device].store(state, std::memory_order_release);
+      sms = ok ? count : kNoSiluTables;
+      t.sms[device].store(sms, std::memory_order_release);
     }
   }
-  return state == SiluTables::kReady ? t.sm_count[device].load(std::memory_order_relaxed) : 0;
+  return sms > 0 ? sms : 0;
 }
 
 template <typename T, typename Index>
