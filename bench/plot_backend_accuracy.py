@@ -5,6 +5,8 @@ sgl - hf difference and the hf - hf_repeat noise floor, checks |delta acc_j| <=
 0.5 points at every j, and draws the curves of both backends per j to --out.
 
     python3 bench/plot_backend_accuracy.py RUN_DIR --out bench/backend_accuracy.png
+With --runs reference,fast,fast_repeat it compares the student's kernels
+(bench/backend_accuracy.sh's MODE=kernels) instead.
 Exit status 1 when the check fails.
 """
 import argparse
@@ -39,19 +41,25 @@ def main():
     ap.add_argument("--out", default="bench/backend_accuracy.png")
     ap.add_argument("--last", type=int, default=100, help="steps averaged at the end")
     ap.add_argument("--bound", type=float, default=0.5, help="max |delta acc_j| in points")
+    ap.add_argument("--runs", default="hf,sgl,hf_repeat", help="baseline,candidate,baseline repeat")
+    ap.add_argument("--what", default="teacher", help="what the runs differ in, for the titles")
     args = ap.parse_args()
+    base, other, repeat = args.runs.split(",")
 
     runs = {}
-    for name in ("hf", "sgl", "hf_repeat"):
+    for name in (base, other, repeat):
         path = os.path.join(args.run_dir, name, "steps.jsonl")
         if os.path.exists(path):
             runs[name] = load(path)
-    if "hf" not in runs or "sgl" not in runs:
-        sys.exit(f"{args.run_dir}: need hf/steps.jsonl and sgl/steps.jsonl")
+    if base not in runs or other not in runs:
+        sys.exit(f"{args.run_dir}: need {base}/steps.jsonl and {other}/steps.jsonl")
+    # The rest of this script names the three runs by their roles.
+    runs = {("hf" if k == base else "sgl" if k == other else "hf_repeat"): v for k, v in runs.items()}
     ttt = len(runs["hf"][0]["acc"])
     steps = min(len(r) for r in runs.values())
     print(f"steps: " + ", ".join(f"{k} {len(v)}" for k, v in runs.items()) + f"; mean of the last {args.last}")
-    header = "| j | hf acc_j | sgl acc_j | sgl - hf (points) |" + (" hf_repeat - hf (noise floor) |" if "hf_repeat" in runs else "")
+    header = (f"| j | {base} acc_j | {other} acc_j | {other} - {base} (points) |"
+              + (f" {repeat} - {base} (noise floor) |" if "hf_repeat" in runs else ""))
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
     worst, rows = 0.0, []
@@ -69,8 +77,8 @@ def main():
         rows.append(row)
         print(line)
     ok = worst <= args.bound
-    print(f"max |sgl - hf| = {worst:.2f} points (bound {args.bound}): {'PASS' if ok else 'FAIL'}")
-    print(json.dumps({"bench": "backend_accuracy", "steps": steps, "last": args.last, "per_j": rows,
+    print(f"max |{other} - {base}| = {worst:.2f} points (bound {args.bound}): {'PASS' if ok else 'FAIL'}")
+    print(json.dumps({"bench": "training_accuracy", "runs": [base, other, repeat], "steps": steps, "last": args.last, "per_j": rows,
                       "max_abs_delta_points": worst, "bound_points": args.bound, "pass": ok}))
 
     import matplotlib
@@ -82,21 +90,22 @@ def main():
     for j in range(ttt):
         for name, style in (("hf", "-"), ("sgl", "--")):
             y = smooth([100 * s["acc"][j] for s in runs[name][:steps]], 50)
-            left.plot(x, y, style, color=colors[j], linewidth=1.2, label=f"acc_{j} {name}" if j in (0, ttt - 1) else None)
+            shown = base if name == "hf" else other
+            left.plot(x, y, style, color=colors[j], linewidth=1.2, label=f"acc_{j} {shown}" if j in (0, ttt - 1) else None)
     left.set_xlabel("training step")
     left.set_ylabel("acc_j (%), moving mean of 50 steps")
-    left.set_title("EAGLE-3 draft on tiny-code-llama: hf teacher (solid) vs sgl teacher (dashed)")
+    left.set_title(f"EAGLE-3 draft on tiny-code-llama: {base} {args.what} (solid) vs {other} (dashed)")
     left.legend(loc="lower right", fontsize=8)
     left.grid(alpha=0.3)
     js = list(range(ttt))
-    right.plot(js, [100 * r["hf"] for r in rows], "o-", label="hf")
-    right.plot(js, [100 * r["sgl"] for r in rows], "s--", label="sgl")
+    right.plot(js, [100 * r["hf"] for r in rows], "o-", label=base)
+    right.plot(js, [100 * r["sgl"] for r in rows], "s--", label=other)
     for r in rows:
         right.annotate(f"{r['delta_points']:+.2f}", (r["j"], 100 * r["sgl"]), textcoords="offset points",
                        xytext=(0, 8), ha="center", fontsize=8)
     right.set_xlabel("TTT step j")
     right.set_ylabel(f"acc_j (%), mean of the last {args.last} steps")
-    right.set_title(f"sgl - hf per j (points); max |delta| {worst:.2f}")
+    right.set_title(f"{other} - {base} per j (points); max |delta| {worst:.2f}")
     right.legend()
     right.grid(alpha=0.3)
     fig.tight_layout()

@@ -14,6 +14,9 @@
 //
 //   ./build/bench/student_step_bench --shape=llama-8b --device=cuda:0
 #include <torch/torch.h>
+#ifdef E3_HAS_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -29,8 +32,7 @@
 #include "common/torch/tensor_convert.h"
 #include "common/torch/process_group.h"
 #include "student_trainer/eagle3_draft.h"
-#include "student_trainer/gradient_reducer.h"
-#include "student_trainer/master_weights.h"
+#include "student_trainer/draft_optimizer.h"
 #include "student_trainer/ttt.h"
 
 ABSL_FLAG(std::string, shape, "llama-8b", "target shape: llama-1b (Llama-3.2-1B), llama-8b (Llama-3.1-8B), tiny");
@@ -47,6 +49,9 @@ ABSL_FLAG(int, world_size, 1, "data-parallel ranks (one process each)");
 ABSL_FLAG(int, rank, 0, "this process's rank (uses cuda:<rank> when --world_size > 1)");
 ABSL_FLAG(int, master_port, 29710, "c10d store port of rank 0");
 ABSL_FLAG(int, steps, 10, "timed steps (median reported)");
+ABSL_FLAG(std::string, student_kernels, "fast", "fast or reference (as the trainer's flag)");
+ABSL_FLAG(std::string, loss_mask, "all",
+          "all: every position trained; chat: each sample's first 40% is a prompt (loss mask 0), as in chat data");
 
 namespace e3 {
 namespace {
@@ -62,6 +67,46 @@ Shape ShapeNamed(const std::string& name) {
   if (name == "tiny") return {256, 704, 4, 2, 64, 8192, 8, 10000.0};
   std::fprintf(stderr, "unknown --shape %s\n", name.c_str());
   std::exit(2);
+}
+
+// H200 SXM dense bf16 tensor-core peak (NVIDIA's datasheet), the MFU base.
+constexpr double kBf16PeakFlops = 989e12;
+
+// Model FLOPs of one step, as the reference formulation computes them
+// (forward + backward = 3x forward for every trained matmul): fc (forward
+// and weight gradient; its input needs none), the target logits (forward
+// only), and per TTT step the midlayer's projections, the causal
+// attention over each sample (half of n^2 per head) and the head.
+double StepFlops(const Shape& s, int64_t draft_vocab, const std::vector<int64_t>& cu, int ttt_length) {
+  const double T = static_cast<double>(cu.back()), H = static_cast<double>(s.hidden);
+  const double qkv_out = static_cast<double>((s.heads + 2 * s.kv_heads) * s.head_dim);
+  const double mid_params = 2 * H * qkv_out + s.heads * s.head_dim * H + 3 * H * s.intermediate;
+  double attn_pairs = 0;  // sum over samples of n^2 / 2: the causal (query, key) pairs
+  for (size_t i = 0; i + 1 < cu.size(); ++i) attn_pairs += 0.5 * static_cast<double>(cu[i + 1] - cu[i]) * (cu[i + 1] - cu[i]);
+  const double attn_fwd = 2 * 2 * attn_pairs * s.heads * s.head_dim;  // QK^T and PV
+  const double per_step = 6 * T * mid_params + 3 * attn_fwd + 6 * T * H * draft_vocab;
+  return 4 * T * 3 * H * H + 2 * T * H * draft_vocab + ttt_length * per_step;
+}
+
+struct MemoryStats {
+  double allocated = 0, peak = 0;  // bytes
+};
+
+MemoryStats DeviceMemory(const at::Device& device, bool reset_peak) {
+  MemoryStats m;
+#ifdef E3_HAS_CUDA
+  if (device.is_cuda()) {
+    torch::cuda::synchronize(device.index());
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    m.allocated = static_cast<double>(stats.allocated_bytes[0].current);
+    m.peak = static_cast<double>(stats.allocated_bytes[0].peak);
+    if (reset_peak) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+  }
+#else
+  (void)device;
+  (void)reset_peak;
+#endif
+  return m;
 }
 
 int Main() {
@@ -130,21 +175,33 @@ int Main() {
     return 1;
   }
   std::optional<Eagle3Draft> master;
-  std::optional<MasterWeights> mw;
   if (dtype != at::kFloat) {
     Eagle3DraftOptions mopts = opts;
     mopts.dtype = at::kFloat;
     auto m = CreateEagle3Draft(mopts, frozen);
     if (!m.ok()) return 1;
     master = *m;
-    auto w = MasterWeights::Create(**draft, **master);
-    if (!w.ok()) return 1;
-    mw = std::move(w).value();
   }
+  auto kernels = ParseTttKernels(absl::GetFlag(FLAGS_student_kernels));
+  if (!kernels.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(kernels.status().message()).c_str());
+    return 2;
+  }
+  const bool fast = *kernels == TttKernels::kFast;
+  // The trainer's optimizer settings (student_trainer_main.cc defaults).
+  DraftOptimizerOptions adam;
+  adam.beta1 = 0.9;
+  adam.beta2 = 0.95;
+  adam.weight_decay = 0.0;
+  adam.grad_clip = 0.5;
+  auto created = CreateDraftOptimizer(fast ? DraftOptimizerKind::kFused : DraftOptimizerKind::kReference, **draft,
+                                      master ? &**master : nullptr, group.get(), adam);
+  if (!created.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(created.status().message()).c_str());
+    return 1;
+  }
+  std::unique_ptr<DraftOptimizer> optimizer = std::move(created).value();
   Eagle3DraftImpl& trained = master ? **master : **draft;
-  std::unique_ptr<GradientReducer> reducer;
-  if (group) reducer = std::make_unique<GradientReducer>(group.get(), (*draft)->parameters(), trained.parameters());
-  torch::optim::AdamW optimizer(trained.parameters(), torch::optim::AdamWOptions(1e-4).betas({0.9, 0.95}));
 
   TttBatch batch;
   const int64_t samples = std::max<int64_t>(1, absl::GetFlag(FLAGS_samples));
@@ -152,12 +209,18 @@ int Main() {
   for (int64_t i = 1; i <= samples; ++i) cu.push_back(T * i / samples);
   batch.input_ids = torch::randint(0, s.vocab, {T}, on.dtype(at::kInt));
   batch.cu_seqlens = torch::tensor(cu, torch::kInt);
-  batch.loss_mask = torch::ones({T}, on.dtype(at::kByte));
+  batch.loss_mask = torch::ones({T}, torch::kByte);
+  if (absl::GetFlag(FLAGS_loss_mask) == "chat") {
+    for (size_t i = 0; i + 1 < cu.size(); ++i) batch.loss_mask.narrow(0, cu[i], (cu[i + 1] - cu[i]) * 2 / 5).zero_();
+  }
+  batch.loss_mask = batch.loss_mask.to(device);
   batch.aux_hidden = torch::randn({T, 3 * s.hidden}, on.dtype(dtype));
   batch.last_hidden = torch::randn({T, s.hidden}, on.dtype(dtype));
   batch.target_argmax = (torch::randint(0, N, {T}, on.dtype(at::kInt)) * 2) % s.vocab;
   TttOptions ttt;
   ttt.length = absl::GetFlag(FLAGS_ttt_length);
+  ttt.kernels = *kernels;
+  ttt.defer_metrics = true;
 
   // With `phases`, each phase is synchronised and timed on its own
   // (forward, backward, optimizer incl. master-weight copies and clipping).
@@ -174,31 +237,30 @@ int Main() {
       phase_ms[k] += 1e3 * std::chrono::duration<double>(t1 - t0).count();
       t0 = t1;
     };
-    optimizer.zero_grad();
+    optimizer->BeginStep();
     auto out = RunTtt(**draft, batch, ttt);
     if (!out.ok()) {
       std::fprintf(stderr, "%s\n", std::string(out.status().message()).c_str());
       std::exit(1);
     }
     lap(0);
-    if (reducer) reducer->Prepare();
     out->loss.backward();
-    if (reducer) {
-      const absl::Status st = reducer->Finish();
-      if (!st.ok()) {
-        std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
-        std::exit(1);
-      }
-    }
     lap(1);
-    if (mw && !reducer) mw->PullGradients();
-    torch::nn::utils::clip_grad_norm_(trained.parameters(), 0.5);
-    optimizer.step();
-    if (mw) mw->PushWeights();
+    const absl::Status st = optimizer->FinishStep(1e-4);
+    if (!st.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
+      std::exit(1);
+    }
+    ResolveTttMetrics(&*out);
     lap(2);
     sync();
   };
   for (int i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) step(false);
+  // Memory: what the step adds to what is resident between steps
+  // (weights, optimizer state, frozen tensors, the batch).
+  const MemoryStats before = DeviceMemory(device, /*reset_peak=*/true);
+  step(false);
+  const MemoryStats during = DeviceMemory(device, /*reset_peak=*/false);
   constexpr int kPhaseSteps = 3;
   for (int i = 0; i < kPhaseSteps; ++i) step(true);
   std::vector<double> ms;
@@ -221,10 +283,23 @@ int Main() {
               "backward %.1f ms, optimizer %.1f ms\n",
               world, med, ms.front(), ms.back(), world * T / med * 1e3, phase_ms[0] / kPhaseSteps, phase_ms[1] / kPhaseSteps,
               phase_ms[2] / kPhaseSteps);
-  std::printf("{\"bench\":\"student_step\",\"shape\":\"%s\",\"tokens\":%ld,\"ttt_length\":%d,\"draft_vocab\":%ld,"
-              "\"world_size\":%d,\"ms_per_step\":%.3f,\"tok_per_s\":%.1f,\"device\":\"%s\",\"dtype\":\"%s\"}\n",
-              absl::GetFlag(FLAGS_shape).c_str(), static_cast<long>(T), static_cast<int>(ttt.length), static_cast<long>(N), world, med,
-              world * T / med * 1e3, device.str().c_str(), dtype_name.c_str());
+  const double flops = StepFlops(s, N, cu, ttt.length);
+  const double mfu = flops / (med * 1e-3) / kBf16PeakFlops;
+  const double act_per_token = static_cast<double>(during.peak - before.allocated) / static_cast<double>(T);
+  std::printf("%s kernels: %.1f TFLOP per step (model FLOPs), MFU %.1f%% of %.0f TFLOP/s; peak memory %.2f GB "
+              "(%.2f GB resident between steps, %.0f KB per token for the step)\n",
+              absl::GetFlag(FLAGS_student_kernels).c_str(), flops / 1e12, 100 * mfu, kBf16PeakFlops / 1e12,
+              during.peak / 1e9, before.allocated / 1e9, act_per_token / 1024);
+  std::printf("{\"bench\":\"student_step\",\"kernels\":\"%s\",\"shape\":\"%s\",\"tokens\":%ld,\"samples\":%ld,"
+              "\"loss_mask\":\"%s\",\"ttt_length\":%d,\"draft_vocab\":%ld,\"world_size\":%d,\"ms_per_step\":%.3f,"
+              "\"tok_per_s\":%.1f,\"forward_ms\":%.2f,\"backward_ms\":%.2f,\"optimizer_ms\":%.2f,\"tflop\":%.3f,"
+              "\"mfu\":%.4f,\"peak_gb\":%.3f,\"resident_gb\":%.3f,\"step_kb_per_token\":%.1f,\"device\":\"%s\","
+              "\"dtype\":\"%s\"}\n",
+              absl::GetFlag(FLAGS_student_kernels).c_str(), absl::GetFlag(FLAGS_shape).c_str(), static_cast<long>(T),
+              static_cast<long>(samples), absl::GetFlag(FLAGS_loss_mask).c_str(), static_cast<int>(ttt.length),
+              static_cast<long>(N), world, med, world * T / med * 1e3, phase_ms[0] / kPhaseSteps,
+              phase_ms[1] / kPhaseSteps, phase_ms[2] / kPhaseSteps, flops / 1e12, mfu, during.peak / 1e9,
+              before.allocated / 1e9, act_per_token / 1024, device.str().c_str(), dtype_name.c_str());
   return 0;
 }
 

@@ -17,13 +17,12 @@ namespace {
 
 // std::filesystem is avoided here: see common/file_util.h.
 constexpr char kLatest[] = "latest";
-constexpr char kOptimizer[] = "optimizer.pt";
 constexpr char kState[] = "trainer_state.json";
 
 }  // namespace
 
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const TrainerState& state,
-                                           const Eagle3DraftImpl& draft, torch::optim::Optimizer& optimizer,
+                                           const Eagle3DraftImpl& draft, DraftOptimizer& optimizer,
                                            int keep) {
   E3_RETURN_IF_ERROR(MakeDirs(dir));
   const std::string name = absl::StrFormat("step-%08d", state.step);
@@ -34,13 +33,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const Trainer
   DraftExportOptions exp;
   exp.dtype = at::kFloat;  // exact resume; the final export picks its own dtype
   E3_RETURN_IF_ERROR(ExportDraft(draft, tmp, exp));
-  try {
-    torch::serialize::OutputArchive archive;
-    optimizer.save(archive);
-    archive.save_to(JoinPath(tmp, kOptimizer));
-  } catch (const c10::Error& e) {
-    return absl::DataLossError(absl::StrCat(tmp, ": saving the optimizer: ", e.what_without_backtrace()));
-  }
+  E3_RETURN_IF_ERROR(optimizer.Save(tmp));
   nlohmann::json cursors = nlohmann::json::array();
   for (const StreamCursor& c : state.cursors) cursors.push_back({{"epoch", c.epoch}, {"next_batch", c.next_batch}});
   nlohmann::json j = {{"step", state.step},
@@ -64,7 +57,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const Trainer
 }
 
 absl::StatusOr<std::optional<TrainerState>> LoadLatestCheckpoint(const std::string& dir, Eagle3DraftImpl& draft,
-                                                                 torch::optim::Optimizer& optimizer) {
+                                                                 DraftOptimizer& optimizer) {
   const std::string latest = JoinPath(dir, kLatest);
   if (!PathExists(latest)) return std::optional<TrainerState>();
   E3_ASSIGN_OR_RETURN(std::string name, ReadFileToString(latest));
@@ -74,13 +67,7 @@ absl::StatusOr<std::optional<TrainerState>> LoadLatestCheckpoint(const std::stri
     return absl::DataLossError(absl::StrCat(latest, " names \"", name, "\", which is not a checkpoint directory"));
   }
   E3_RETURN_IF_ERROR(LoadDraftExport(draft, path));
-  try {
-    torch::serialize::InputArchive archive;
-    archive.load_from(JoinPath(path, kOptimizer));
-    optimizer.load(archive);
-  } catch (const c10::Error& e) {
-    return absl::DataLossError(absl::StrCat(JoinPath(path, kOptimizer), ": ", e.what_without_backtrace()));
-  }
+  E3_RETURN_IF_ERROR(optimizer.Load(path));
   E3_ASSIGN_OR_RETURN(std::string text, ReadFileToString(JoinPath(path, kState)));
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.contains("step") || !j["step"].is_number_integer() || !j.contains("cursors") ||

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "student_trainer/draft_optimizer.h"
 #include "student_trainer/eagle3_draft.h"
 #include "student_trainer/teacher_client.h"
 
@@ -29,13 +30,13 @@ struct TrainerState {
 // Saves `<dir>/step-NNNNNNNN/` and points `<dir>/latest` at it; keeps the
 // newest `keep` checkpoints. Returns the checkpoint's path.
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const TrainerState& state,
-                                           const Eagle3DraftImpl& draft, torch::optim::Optimizer& optimizer,
+                                           const Eagle3DraftImpl& draft, DraftOptimizer& optimizer,
                                            int keep = 2);
 
 // The latest checkpoint in `dir`, if any: loads weights and optimizer state
 // into the given objects and returns the trainer state.
 absl::StatusOr<std::optional<TrainerState>> LoadLatestCheckpoint(const std::string& dir, Eagle3DraftImpl& draft,
-                                                                 torch::optim::Optimizer& optimizer);
+                                                                 DraftOptimizer& optimizer);
 
 }  // namespace e3
 

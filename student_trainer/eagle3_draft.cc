@@ -280,6 +280,11 @@ Eagle3DraftImpl::Eagle3DraftImpl(const Eagle3DraftOptions& options,
 
   rope_freqs_ = rope::ComputeInvFrequencies(c.rope, c.rotary_dim());
   rope_freqs_.inv_freq = rope_freqs_.inv_freq.to(options_.device);
+  t2d_host_ = frozen.vocab.t2d;
+
+  auto flat = FlatParameters::Create(ExportedParameters());
+  TORCH_CHECK(flat.ok(), "flattening the draft's parameters: ", std::string(flat.status().message()));
+  flat_ = std::make_shared<FlatParameters>(std::move(flat).value());
 }
 
 at::Tensor Eagle3DraftImpl::ProjectAux(const at::Tensor& aux_hidden) {
@@ -321,9 +326,12 @@ PackedRope Eagle3DraftImpl::MakePackedRope(const std::vector<int64_t>& cu_seqlen
   for (size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
     for (int64_t t = cu_seqlens[s]; t < cu_seqlens[s + 1]; ++t) positions[t] = t - cu_seqlens[s];
   }
-  at::Tensor pos = torch::tensor(positions, torch::kLong).to(options_.device);
-  std::tie(out.cos, out.sin) = rope::CosSin(rope_freqs_, pos, options_.dtype);
+  std::tie(out.cos, out.sin) = RopeTables(torch::tensor(positions, torch::kLong).to(options_.device));
   return out;
+}
+
+std::pair<at::Tensor, at::Tensor> Eagle3DraftImpl::RopeTables(const at::Tensor& positions) {
+  return rope::CosSin(rope_freqs_, positions, options_.dtype);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Eagle3DraftImpl::ExportedParameters() const {

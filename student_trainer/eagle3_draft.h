@@ -22,6 +22,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +32,7 @@
 #include "common/model_config.h"
 #include "common/torch/rope.h"
 #include "common/vocab_map.h"
+#include "student_trainer/flat_parameters.h"
 
 namespace e3 {
 
@@ -177,9 +179,19 @@ class Eagle3DraftImpl : public torch::nn::Module {
   at::Tensor TargetLogits(const at::Tensor& last_hidden);
   // Packing and rope tables for positions that restart at every sample.
   PackedRope MakePackedRope(const std::vector<int64_t>& cu_seqlens);
+  // cos and sin [T, rotary_dim] in the activation dtype for int64
+  // positions [T] on the draft's device.
+  std::pair<at::Tensor, at::Tensor> RopeTables(const at::Tensor& positions);
 
   // The trainable parameters under their export names, in a fixed order.
   std::vector<std::pair<std::string, at::Tensor>> ExportedParameters() const;
+  // The same parameters as views of one flat buffer, with a flat gradient
+  // buffer (flat_parameters.h); the fast TTT step and the fused optimizer
+  // work on these.
+  FlatParameters& flat() { return *flat_; }
+  const FlatParameters& flat() const { return *flat_; }
+  // t2d on the host, for the fast step's masks.
+  const std::vector<uint8_t>& t2d_host() const { return t2d_host_; }
 
   at::Tensor embed_tokens;  // [V, H_t] frozen, the teacher's dtype
   at::Tensor target_head;   // [N, H_t] frozen, options.target_head_dtype
@@ -194,6 +206,8 @@ class Eagle3DraftImpl : public torch::nn::Module {
  private:
   Eagle3DraftOptions options_;
   rope::InvFrequencies rope_freqs_;
+  std::shared_ptr<FlatParameters> flat_;
+  std::vector<uint8_t> t2d_host_;
 };
 TORCH_MODULE(Eagle3Draft);
 

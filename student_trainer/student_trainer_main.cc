@@ -28,6 +28,9 @@ ABSL_FLAG(int, rank, -1, "data-parallel rank (default: $RANK or 0)");
 ABSL_FLAG(int, world_size, -1, "data-parallel world size (default: $WORLD_SIZE or 1)");
 ABSL_FLAG(std::string, subscriber_id, "", "stable id of this student (default: rank-<rank>)");
 ABSL_FLAG(int, ttt_length, 7, "training-time-test steps");
+ABSL_FLAG(std::string, student_kernels, "fast",
+          "fast: fused kernels, flash attention and a fused AdamW (ATen statements of the same math on the CPU); "
+          "reference: the plain LibTorch op sequence and torch::optim::AdamW");
 ABSL_FLAG(std::string, master_addr, "", "data parallelism: rank 0's address (default: $MASTER_ADDR or 127.0.0.1)");
 ABSL_FLAG(int, master_port, -1, "data parallelism: rank 0's c10d store port (default: $MASTER_PORT or 29500)");
 ABSL_FLAG(std::string, device, "", "cpu or cuda:N (default: cuda:$LOCAL_RANK when LOCAL_RANK is set and CUDA is available, else cpu)");
@@ -110,6 +113,7 @@ int Main() {
   ::gethostname(host, sizeof(host) - 1);
   o.client.host = host;
   o.ttt_length = absl::GetFlag(FLAGS_ttt_length);
+  o.student_kernels = absl::GetFlag(FLAGS_student_kernels);
   o.master_addr = absl::GetFlag(FLAGS_master_addr);
   if (o.master_addr.empty()) o.master_addr = std::getenv("MASTER_ADDR") != nullptr ? std::getenv("MASTER_ADDR") : "127.0.0.1";
   o.master_port = absl::GetFlag(FLAGS_master_port) >= 0 ? absl::GetFlag(FLAGS_master_port) : EnvInt("MASTER_PORT", 29500);

@@ -18,9 +18,8 @@
 #include "common/torch/process_group.h"
 #include "student_trainer/draft_export.h"
 #include "student_trainer/eagle3_draft.h"
-#include "student_trainer/gradient_reducer.h"
+#include "student_trainer/draft_optimizer.h"
 #include "student_trainer/lr_schedule.h"
-#include "student_trainer/master_weights.h"
 #include "student_trainer/student_metrics.h"
 #include "student_trainer/ttt.h"
 
@@ -165,25 +164,24 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
   // Below fp32 the optimizer updates fp32 masters; `trained` is what the
   // optimizer, checkpoints and the export see.
   std::optional<Eagle3Draft> master;
-  std::optional<MasterWeights> master_weights;
   if (dopts.dtype != at::kFloat) {
     Eagle3DraftOptions mopts = dopts;
     mopts.dtype = at::kFloat;
     E3_ASSIGN_OR_RETURN(master, CreateEagle3Draft(mopts, ft));
-    E3_ASSIGN_OR_RETURN(master_weights, MasterWeights::Create(*draft, **master));
   }
   Eagle3DraftImpl& trained = master.has_value() ? **master : *draft;
+  E3_ASSIGN_OR_RETURN(const TttKernels kernels, ParseTttKernels(o.student_kernels));
+  const bool fast = kernels == TttKernels::kFast;
   TrainSummary summary;
   summary.device = device.str();
   summary.dtype = dtype_name;
-  std::printf("student[%d]: draft on %s, compute %s%s\n", o.client.rank, device.str().c_str(), dtype_name.c_str(),
-              master.has_value() ? " with fp32 master weights" : "");
+  std::printf("student[%d]: draft on %s, compute %s%s, %s kernels\n", o.client.rank, device.str().c_str(),
+              dtype_name.c_str(), master.has_value() ? " with fp32 master weights" : "", fast ? "fast" : "reference");
 
   // Data parallelism: every rank starts from rank 0's weights, and the
-  // reducer averages gradients into `trained` during backward.
+  // optimizer averages gradients over the ranks before each update.
   const int rank = o.client.rank, world = o.client.world_size;
   std::unique_ptr<ProcessGroup> group;
-  std::unique_ptr<GradientReducer> reducer;
   if (world > 1) {
     ProcessGroupOptions po;
     po.master_addr = o.master_addr;
@@ -192,28 +190,31 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
     po.world_size = world;
     po.cuda = device.is_cuda();
     E3_ASSIGN_OR_RETURN(group, ProcessGroup::Create(po));
-    reducer = std::make_unique<GradientReducer>(group.get(), draft->parameters(), trained.parameters());
     std::printf("student[%d]: data parallel over %d ranks (c10d %s at %s:%d)\n", rank, world,
                 device.is_cuda() ? "NCCL" : "Gloo", o.master_addr.c_str(), o.master_port);
   }
+  DraftOptimizerOptions adam;
+  adam.beta1 = o.beta1;
+  adam.beta2 = o.beta2;
+  adam.weight_decay = o.weight_decay;
+  adam.grad_clip = o.grad_clip;
+  E3_ASSIGN_OR_RETURN(std::unique_ptr<DraftOptimizer> optimizer,
+                      CreateDraftOptimizer(fast ? DraftOptimizerKind::kFused : DraftOptimizerKind::kReference, *draft,
+                                           master.has_value() ? &**master : nullptr, group.get(), adam));
   auto sync_weights = [&]() -> absl::Status {
     if (group != nullptr) {
       torch::NoGradGuard no_grad;
       for (const at::Tensor& p : trained.parameters()) E3_RETURN_IF_ERROR(group->Broadcast(p.detach(), 0));
     }
-    if (master_weights.has_value()) master_weights->PushWeights();
+    optimizer->SyncWorkingWeights();
     return absl::OkStatus();
   };
-
-  torch::optim::AdamWOptions adam(o.learning_rate);
-  adam.betas({o.beta1, o.beta2}).weight_decay(o.weight_decay);
-  torch::optim::AdamW optimizer(trained.parameters(), adam);
 
   TrainerState state;
   state.subscriber_id = o.client.subscriber_id;
   state.cursors.resize(clients.size());
   if (!o.checkpoint_dir.empty()) {
-    E3_ASSIGN_OR_RETURN(auto resumed, LoadLatestCheckpoint(o.checkpoint_dir, trained, optimizer));
+    E3_ASSIGN_OR_RETURN(auto resumed, LoadLatestCheckpoint(o.checkpoint_dir, trained, *optimizer));
     if (resumed.has_value()) {
       if (resumed->cursors.size() != clients.size()) {
         return absl::FailedPreconditionError(absl::StrCat(o.checkpoint_dir, " holds cursors for ", resumed->cursors.size(),
@@ -241,6 +242,8 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
   size_t turn = 0;
   TttOptions ttt;
   ttt.length = o.ttt_length;
+  ttt.kernels = fast ? TttKernels::kFast : TttKernels::kReference;
+  ttt.defer_metrics = true;  // read after the optimizer step: one synchronisation per step
   std::ofstream step_log;
   if (!o.step_log.empty()) {
     // Under data parallelism each rank logs its own steps to its own file.
@@ -268,7 +271,7 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
     // Ranks step in lockstep, so rank 0's checkpoint (weights, optimizer,
     // cursors) is every rank's; the others commit once it is written.
     if (rank == 0) {
-      E3_ASSIGN_OR_RETURN(summary.last_checkpoint, SaveCheckpoint(o.checkpoint_dir, state, trained, optimizer));
+      E3_ASSIGN_OR_RETURN(summary.last_checkpoint, SaveCheckpoint(o.checkpoint_dir, state, trained, *optimizer));
     }
     if (group != nullptr) {  // a barrier (NCCL needs a tensor on the device)
       E3_RETURN_IF_ERROR(group->Broadcast(torch::zeros({1}, torch::TensorOptions().device(device)), 0));
@@ -305,17 +308,13 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
       continue;
     }
     ++turn;
-    if (batch.num_tokens == 0 && reducer == nullptr) {  // this rank's share of a small global batch was empty
+    if (batch.num_tokens == 0 && group == nullptr) {  // this rank's share of a small global batch was empty
       state.cursors[ci] = {batch.epoch, batch.index + 1};
       E3_RETURN_IF_ERROR(client->Ack({batch.batch_id}, std::nullopt).status());
       continue;
     }
     const double lr = schedule.At(state.step);
-    for (auto& group : optimizer.param_groups()) {
-      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-    }
-    optimizer.zero_grad();
-    if (reducer != nullptr) reducer->Prepare();
+    optimizer->BeginStep();
     TttOutput out;
     if (batch.num_tokens > 0) {
       E3_ASSIGN_OR_RETURN(out, RunTtt(*draft, batch.tensors, ttt));
@@ -326,18 +325,12 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
     }
     try {
       out.loss.backward();
-      if (reducer != nullptr) {
-        E3_RETURN_IF_ERROR(reducer->Finish());
-      } else if (master_weights.has_value()) {
-        master_weights->PullGradients();
-      }
-      if (o.grad_clip > 0) torch::nn::utils::clip_grad_norm_(trained.parameters(), o.grad_clip);
-      optimizer.step();
-      if (master_weights.has_value()) master_weights->PushWeights();
     } catch (const c10::Error& e) {
       return absl::InternalError(absl::StrCat("training step ", state.step, ": ", e.what_without_backtrace()));
     }
-    const double loss = out.loss.item<double>();
+    E3_RETURN_IF_ERROR(optimizer->FinishStep(lr));
+    ResolveTttMetrics(&out);
+    const double loss = out.loss_value;
     if (!std::isfinite(loss)) {
       return absl::InternalError(absl::StrCat("loss is ", loss, " at step ", state.step, " (batch ", batch.batch_id, ")"));
     }
@@ -357,7 +350,8 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
     const double step_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     if (step_log.is_open() && batch.num_tokens > 0) {
       step_log << nlohmann::json{{"step", state.step}, {"loss", loss}, {"tau", out.tau}, {"acc", out.acc},
-                                 {"lr", lr}, {"tokens", batch.num_tokens}, {"seconds", step_seconds}}
+                                 {"lr", lr}, {"tokens", batch.num_tokens}, {"seconds", step_seconds},
+                                 {"data_wait_seconds", wait}}
                       .dump()
                << "\n";
       step_log.flush();

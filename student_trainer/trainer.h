@@ -20,6 +20,9 @@ struct TrainerOptions {
   // --num_data_shards/--data_shard): batches are taken round-robin.
   std::vector<std::string> teachers;
   int ttt_length = 7;
+  // "fast" (the fused step and optimizer, ttt_fast.h and fused_adamw.h) or
+  // "reference" (the plain LibTorch op sequence and torch::optim::AdamW).
+  std::string student_kernels = "fast";
   std::string device = "cpu";  // cpu or cuda:N
   // Data parallelism (client.world_size > 1): a c10d process group meets
   // at master_addr:master_port (rank 0 listens); gradients are averaged

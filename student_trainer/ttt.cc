@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "student_trainer/ttt_batch.h"
+#include "student_trainer/ttt_fast.h"
 
 namespace e3 {
 namespace {
@@ -43,42 +45,6 @@ class MaskedSoftCrossEntropy : public torch::autograd::Function<MaskedSoftCrossE
     return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
-
-absl::Status FieldError(const std::string& field, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat("TTT batch: ", field, ": ", what));
-}
-
-std::string ShapeOf(const at::Tensor& t) {
-  return absl::StrCat("[", absl::StrJoin(t.sizes().vec(), ", "), "]");
-}
-
-absl::Status CheckShape(const std::string& field, const at::Tensor& t,
-                        const std::vector<int64_t>& shape, bool integer) {
-  if (!t.defined()) return FieldError(field, "missing");
-  if (t.sizes().vec() != shape) {
-    return FieldError(
-        field, absl::StrCat("expected shape [", absl::StrJoin(shape, ", "), "], got ", ShapeOf(t)));
-  }
-  if (integer && (t.is_floating_point() || t.is_complex() || t.scalar_type() == at::kBool)) {
-    return FieldError(
-        field, absl::StrCat("expected an integer dtype, got ", c10::toString(t.scalar_type())));
-  }
-  if (!integer && !t.is_floating_point()) {
-    return FieldError(
-        field, absl::StrCat("expected a floating dtype, got ", c10::toString(t.scalar_type())));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckIdRange(const std::string& field, const at::Tensor& ids, int64_t vocab) {
-  const int64_t lo = ids.min().item<int64_t>();
-  const int64_t hi = ids.max().item<int64_t>();
-  if (lo < 0 || hi >= vocab) {
-    return FieldError(field,
-                      absl::StrCat("ids must lie in [0, ", vocab, "), got min ", lo, ", max ", hi));
-  }
-  return absl::OkStatus();
-}
 
 // Shifts within samples: Shift(x, k)[t] = x[t + k] when t + k is in t's
 // sample, else zero (false, id 0). `end[t]` is the end of t's sample.
@@ -117,39 +83,9 @@ class SampleShifter {
 absl::StatusOr<TttOutput> RunTttImpl(Eagle3DraftImpl& draft, const TttBatch& batch,
                                      const TttOptions& options) {
   const Eagle3DraftConfig& c = draft.config();
-  if (options.length < 1)
-    return absl::InvalidArgumentError("TTT options: length must be at least 1");
-  if (!std::isfinite(options.step_weight))
-    return absl::InvalidArgumentError("TTT options: step_weight must be finite");
-
-  if (!batch.input_ids.defined() || batch.input_ids.dim() != 1 || batch.input_ids.size(0) == 0) {
-    return FieldError("input_ids", "expected a non-empty 1-D tensor");
-  }
-  const int64_t total = batch.input_ids.size(0);
-  E3_RETURN_IF_ERROR(CheckShape("input_ids", batch.input_ids, {total}, /*integer=*/true));
-  if (!batch.cu_seqlens.defined() || batch.cu_seqlens.dim() != 1 || batch.cu_seqlens.size(0) < 2) {
-    return FieldError("cu_seqlens", "expected a 1-D tensor of at least 2 offsets");
-  }
-  E3_RETURN_IF_ERROR(
-      CheckShape("cu_seqlens", batch.cu_seqlens, {batch.cu_seqlens.size(0)}, /*integer=*/true));
-  at::Tensor cu_cpu = batch.cu_seqlens.to(at::kCPU, at::kLong).contiguous();
-  std::vector<int64_t> cu(cu_cpu.data_ptr<int64_t>(), cu_cpu.data_ptr<int64_t>() + cu_cpu.numel());
-  if (cu.front() != 0 || cu.back() != total) {
-    return FieldError("cu_seqlens", absl::StrCat("must start at 0 and end at T = ", total,
-                                                 ", got [", absl::StrJoin(cu, ", "), "]"));
-  }
-  for (size_t i = 1; i < cu.size(); ++i) {
-    if (cu[i] < cu[i - 1]) return FieldError("cu_seqlens", absl::StrCat("decreases at index ", i));
-  }
-  if (!batch.loss_mask.defined() || batch.loss_mask.sizes().vec() != std::vector<int64_t>{total}) {
-    return FieldError("loss_mask", absl::StrCat("expected shape [", total, "]"));
-  }
-  E3_RETURN_IF_ERROR(CheckShape("aux_hidden", batch.aux_hidden,
-                                {total, c.num_aux * c.target_hidden_size},
-                                /*integer=*/false));
-  E3_RETURN_IF_ERROR(CheckShape("last_hidden", batch.last_hidden, {total, c.target_hidden_size},
-                                /*integer=*/false));
-  E3_RETURN_IF_ERROR(CheckShape("target_argmax", batch.target_argmax, {total}, /*integer=*/true));
+  E3_RETURN_IF_ERROR(ValidateTttOptions(options));
+  E3_ASSIGN_OR_RETURN(std::vector<int64_t> cu, ValidateTttBatch(c, batch));
+  const int64_t total = cu.back();
 
   const at::Device device = draft.options().device;
   const at::ScalarType loss_type = AtLeastFloat(draft.options().dtype);
@@ -209,21 +145,43 @@ absl::StatusOr<TttOutput> RunTttImpl(Eagle3DraftImpl& draft, const TttBatch& bat
     if (options.keep_token_losses) out.token_losses.push_back(token_loss.detach());
   }
 
-  // One device-to-host copy for all metrics.
-  at::Tensor metrics = torch::stack(host_rows).to(at::kCPU).contiguous();
-  auto m = metrics.accessor<double, 2>();
-  for (int64_t j = 0; j < options.length; ++j) {
-    out.ploss.push_back(m[j][0]);
-    out.correct.push_back(static_cast<int64_t>(m[j][1]));
-    out.loss_tokens.push_back(static_cast<int64_t>(m[j][2]));
-    out.position_tokens.push_back(static_cast<int64_t>(m[j][3]));
-    out.acc.push_back(m[j][1] / std::max(m[j][2], 1e-6));
-  }
-  out.tau = SimulatedAcceptanceLength(out.acc);
+  out.pending_metrics = torch::cat({torch::stack(host_rows).reshape({-1}), out.loss.detach().to(at::kDouble).reshape({1})});
+  if (!options.defer_metrics) ResolveTttMetrics(&out);
   return out;
 }
 
 }  // namespace
+
+absl::StatusOr<TttKernels> ParseTttKernels(std::string_view name) {
+  if (name == "reference") return TttKernels::kReference;
+  if (name == "fast") return TttKernels::kFast;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--student_kernels: expected \"fast\" or \"reference\", got \"", std::string(name), "\""));
+}
+
+void ResolveTttMetrics(TttOutput* out) {
+  if (!out->pending_metrics.defined()) return;
+  // One device-to-host copy for all metrics.
+  const at::Tensor m = out->pending_metrics.to(at::kCPU, at::kDouble).contiguous();
+  out->pending_metrics = at::Tensor();
+  const double* v = m.data_ptr<double>();
+  const int64_t length = (m.numel() - 1) / 4;
+  out->ploss.clear();
+  out->correct.clear();
+  out->loss_tokens.clear();
+  out->position_tokens.clear();
+  out->acc.clear();
+  for (int64_t j = 0; j < length; ++j) {
+    const double* row = v + 4 * j;
+    out->ploss.push_back(row[0]);
+    out->correct.push_back(static_cast<int64_t>(row[1]));
+    out->loss_tokens.push_back(static_cast<int64_t>(row[2]));
+    out->position_tokens.push_back(static_cast<int64_t>(row[3]));
+    out->acc.push_back(row[1] / std::max(row[2], 1e-6));
+  }
+  out->loss_value = v[4 * length];
+  out->tau = SimulatedAcceptanceLength(out->acc);
+}
 
 double SimulatedAcceptanceLength(const std::vector<double>& acc) {
   double tau = 1.0;
@@ -238,6 +196,7 @@ double SimulatedAcceptanceLength(const std::vector<double>& acc) {
 absl::StatusOr<TttOutput> RunTtt(Eagle3DraftImpl& draft, const TttBatch& batch,
                                  const TttOptions& options) {
   try {
+    if (options.kernels == TttKernels::kFast) return RunTttFast(draft, batch, options);
     return RunTttImpl(draft, batch, options);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("TTT forward: ", e.what_without_backtrace()));

@@ -27,6 +27,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -45,17 +46,39 @@ struct TttBatch {
   at::Tensor target_argmax;  // [T] integer, the target's full-vocab argmax
 };
 
+// Which implementation runs the step (same semantics; see ttt_fast.h).
+enum class TttKernels {
+  kReference,  // the plain LibTorch op sequence below
+  kFast,       // fused kernels, flash attention, one head over all steps
+};
+
+// "reference" or "fast"; InvalidArgument naming the flag otherwise.
+absl::StatusOr<TttKernels> ParseTttKernels(std::string_view name);
+
 struct TttOptions {
   int64_t length = 7;              // steps unrolled
   double step_weight = 0.8;        // step j's loss is weighted step_weight^j
   bool keep_logits = false;        // return each step's draft logits (detached)
   bool keep_token_losses = false;  // return each step's masked per-position loss
+  TttKernels kernels = TttKernels::kReference;
+  // Leave the metrics on the device (TttOutput::pending_metrics) until
+  // ResolveTttMetrics: a trainer reads them after the optimizer step, so
+  // the host never waits for the forward before enqueuing the backward.
+  bool defer_metrics = false;
+  // Fast path: rows of head logits alive at a time (memory against GEMM
+  // size); 0 picks T clamped to [2048, 8192], so the buffer stays small
+  // against the step's per-token memory at any T.
+  int64_t head_chunk_rows = 0;
 };
 
 struct TttOutput {
   at::Tensor loss;                      // scalar, differentiable: sum_j w^j ploss_j
-  std::vector<at::Tensor> step_losses;  // differentiable ploss_j (scalars)
-  // Host copies for logging and metrics.
+  std::vector<at::Tensor> step_losses;  // reference path: differentiable ploss_j (scalars)
+  // On the device until resolved: per step (ploss, hits, loss tokens,
+  // position tokens), then the loss; float64 [4 * length + 1].
+  at::Tensor pending_metrics;
+  // Host copies for logging and metrics (filled by ResolveTttMetrics).
+  double loss_value = 0;
   std::vector<double> ploss;
   std::vector<double> acc;
   // acc_j's numerator and denominator, for summing over ranks or batches.
@@ -74,6 +97,11 @@ struct TttOutput {
 // become Internal.
 absl::StatusOr<TttOutput> RunTtt(Eagle3DraftImpl& draft, const TttBatch& batch,
                                  const TttOptions& options = {});
+
+// Copies pending_metrics to the host (one synchronisation) and fills
+// loss_value, ploss, acc, correct, the token counts and tau. A no-op once
+// resolved.
+void ResolveTttMetrics(TttOutput* out);
 
 // Simulated acceptance length 1 + sum_k prod_{i<=k} acc_i.
 double SimulatedAcceptanceLength(const std::vector<double>& acc);

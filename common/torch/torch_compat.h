@@ -40,6 +40,27 @@ inline at::Tensor FlashVarlenAttention(const at::Tensor& q, const at::Tensor& k,
                                                   /*dropout_p=*/0.0, /*is_causal=*/true,
                                                   /*return_debug_mask=*/false, scale));
 }
+// The same forward keeping what its backward needs: the log-sum-exp of
+// each query's scores (fp32 [heads, T]) and the kernel's RNG state.
+struct FlashVarlenResult {
+  at::Tensor out, lse, rng_state, unused;
+};
+inline FlashVarlenResult FlashVarlenAttentionWithLse(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                     const at::Tensor& cu_seqlens, int64_t max_seqlen, double scale) {
+  auto r = at::_flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, /*dropout_p=*/0.0,
+                                        /*is_causal=*/true, /*return_debug_mask=*/false, scale);
+  return {std::get<0>(r), std::get<1>(r), std::get<2>(r), std::get<3>(r)};
+}
+// Its backward, for any `out` and `lse` of the same layout (the TTT step
+// passes its merged output and log-sum-exp, so that these are the causal
+// block's share of the merged softmax's gradients). Returns dq, dk, dv.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> FlashVarlenAttentionBackward(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const at::Tensor& cu_seqlens, int64_t max_seqlen, double scale,
+    const at::Tensor& rng_state, const at::Tensor& unused) {
+  return at::_flash_attention_backward(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                       /*dropout_p=*/0.0, /*is_causal=*/true, rng_state, unused, scale);
+}
 // Causal attention over a batch of equal-length samples with cuDNN's fused
 // kernel: q [B, heads, S, D], k/v [B, kv_heads, S, D] (any strides with a
 // contiguous last dimension; GQA without repeating k/v). Returns
@@ -55,6 +76,18 @@ inline at::Tensor CudnnBatchedAttention(const at::Tensor& q, const at::Tensor& k
 constexpr bool kHasFlashVarlen = false;
 inline at::Tensor FlashVarlenAttention(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                        int64_t, double) {
+  TORCH_CHECK(false, "varlen flash attention needs LibTorch 2.x with CUDA");
+}
+struct FlashVarlenResult {
+  at::Tensor out, lse, rng_state, unused;
+};
+inline FlashVarlenResult FlashVarlenAttentionWithLse(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                     const at::Tensor&, int64_t, double) {
+  TORCH_CHECK(false, "varlen flash attention needs LibTorch 2.x with CUDA");
+}
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> FlashVarlenAttentionBackward(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    const at::Tensor&, int64_t, double, const at::Tensor&, const at::Tensor&) {
   TORCH_CHECK(false, "varlen flash attention needs LibTorch 2.x with CUDA");
 }
 inline at::Tensor CudnnBatchedAttention(const at::Tensor&, const at::Tensor&, const at::Tensor&, double) {

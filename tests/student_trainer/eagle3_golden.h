@@ -114,10 +114,11 @@ struct Tolerance {
 // acc_hits: allowed |hit count difference| per step, as a count; with
 // acc_share > 0 the bound is acc_share x the step's loss tokens instead.
 inline void CompareWithGolden(const std::string& name, at::ScalarType dtype, const Tolerance& tol,
-                              at::Device device = at::kCPU) {
+                              at::Device device = at::kCPU, TttKernels kernels = TttKernels::kReference) {
   Golden g = LoadGolden(name);
   Eagle3Draft draft = MakeGoldenDraft(g, dtype, device);
   TttOptions options;
+  options.kernels = kernels;
   options.length = g.meta["ttt_length"];
   options.step_weight = g.meta["step_weight"];
   options.keep_logits = true;
@@ -166,9 +167,9 @@ inline void CompareWithGolden(const std::string& name, at::ScalarType dtype, con
     ++compared;
   }
   EXPECT_EQ(compared, 13);
-  std::printf("[%s %s] rel inf error: logits %.3g, losses %.3g, grads %.3g; tau %.4f (ref %.4f)\n",
-              name.c_str(), c10::toString(dtype), max_logits, max_loss, max_grad, out->tau,
-              g.t.at("ref.tau").item<double>());
+  std::printf("[%s %s %s] rel inf error: logits %.3g, losses %.3g, grads %.3g; tau %.4f (ref %.4f)\n",
+              name.c_str(), c10::toString(dtype), kernels == TttKernels::kFast ? "fast" : "reference", max_logits,
+              max_loss, max_grad, out->tau, g.t.at("ref.tau").item<double>());
 }
 
 }  // namespace e3::testing

@@ -22,16 +22,20 @@
 namespace e3 {
 namespace {
 
-class Eagle3TttBf16GpuTest : public ::testing::TestWithParam<std::string> {};
+// Both the reference op sequence and the fast step (its kernels and flash
+// attention), within the same bounds.
+class Eagle3TttBf16GpuTest : public ::testing::TestWithParam<std::tuple<std::string, TttKernels>> {};
 
 TEST_P(Eagle3TttBf16GpuTest, MatchesIndependentReferenceWithinBf16Bounds) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a GPU";
-  testing::CompareWithGolden(GetParam(), at::kBFloat16,
+  testing::CompareWithGolden(std::get<0>(GetParam()), at::kBFloat16,
                              {/*logits=*/5e-2, /*loss=*/2e-2, /*grad=*/2e-1, /*acc_hits=*/0, /*acc_share=*/0.05},
-                             at::Device(at::kCUDA, 0));
+                             at::Device(at::kCUDA, 0), std::get<1>(GetParam()));
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, Eagle3TttBf16GpuTest, ::testing::Values("golden", "golden_no_agreement"));
+INSTANTIATE_TEST_SUITE_P(Cases, Eagle3TttBf16GpuTest,
+                         ::testing::Combine(::testing::Values("golden", "golden_no_agreement"),
+                                            ::testing::Values(TttKernels::kReference, TttKernels::kFast)));
 
 }  // namespace
 }  // namespace e3

@@ -40,6 +40,18 @@ TEST_P(Eagle3TttGoldenTest, MatchesIndependentReferenceFp32) {
                     {/*logits=*/2e-5, /*loss=*/2e-5, /*grad=*/1e-4, /*acc_hits=*/1});
 }
 
+// The fast step (ttt_fast.h; its ATen statements on the CPU) against the
+// same fixtures and bounds.
+TEST_P(Eagle3TttGoldenTest, FastStepMatchesIndependentReferenceFp64) {
+  CompareWithGolden(GetParam(), at::kDouble, {/*logits=*/1e-6, /*loss=*/1e-6, /*grad=*/1e-6, /*acc_hits=*/0},
+                    at::kCPU, TttKernels::kFast);
+}
+
+TEST_P(Eagle3TttGoldenTest, FastStepMatchesIndependentReferenceFp32) {
+  CompareWithGolden(GetParam(), at::kFloat, {/*logits=*/2e-5, /*loss=*/2e-5, /*grad=*/1e-4, /*acc_hits=*/1},
+                    at::kCPU, TttKernels::kFast);
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, Eagle3TttGoldenTest,
                          ::testing::Values("golden", "golden_no_agreement"));
 

@@ -1,0 +1,46 @@
+// AdamW's state as checkpoints store it, `optimizer.safetensors`: per
+// trained parameter `exp_avg.<name>` and `exp_avg_sq.<name>` (fp32, the
+// parameter's shape) and the step count in the metadata. Both optimizer
+// implementations (draft_optimizer.h) write and read this one format, so
+// a run may resume with either. Checkpoints from before it hold LibTorch's
+// archive, `optimizer.pt`, which both still read.
+#ifndef E3_STUDENT_TRAINER_ADAMW_STATE_FILE_H_
+#define E3_STUDENT_TRAINER_ADAMW_STATE_FILE_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace e3 {
+
+constexpr char kAdamWStateFile[] = "optimizer.safetensors";
+constexpr char kLegacyOptimizerFile[] = "optimizer.pt";
+
+struct NamedMoments {
+  std::string name;
+  at::Tensor exp_avg, exp_avg_sq;
+};
+
+absl::Status WriteAdamWState(const std::string& path, int64_t step,
+                             const std::vector<NamedMoments>& moments);
+// Copies the file's moments into `into` (every name must be there, with
+// its shape) and returns the step. DataLoss names the file and the tensor.
+absl::StatusOr<int64_t> ReadAdamWState(const std::string& path,
+                                       const std::vector<NamedMoments>& into);
+
+// The per-parameter state of a torch::optim::AdamW over `params`, as moments
+// (zeros and step 0 before its first step), and back.
+absl::StatusOr<std::pair<int64_t, std::vector<NamedMoments>>> MomentsOfTorchAdamW(
+    torch::optim::AdamW& optimizer, const std::vector<std::pair<std::string, at::Tensor>>& params);
+void SetTorchAdamWMoments(torch::optim::AdamW& optimizer,
+                          const std::vector<std::pair<std::string, at::Tensor>>& params,
+                          int64_t step, const std::vector<NamedMoments>& moments);
+
+}  // namespace e3
+
+#endif  // E3_STUDENT_TRAINER_ADAMW_STATE_FILE_H_

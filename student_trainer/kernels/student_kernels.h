@@ -1,0 +1,168 @@
+// The student's fast-path CUDA kernels (nvcc), behind a plain C++
+// interface: no LibTorch in the .cu files, no CUDA headers here. Pointers
+// are device pointers, `stream` is a cudaStream_t. Built only when
+// LibTorch has CUDA (E3_HAS_CUDA); student_trainer/ops/ are the only
+// callers, and each op keeps an ATen statement of the same math that runs
+// on the CPU and wherever a kernel declines its arguments.
+//
+// Every launcher returns false, launching nothing, when the shape, the
+// dtype or the alignment is outside what its kernel handles; the op then
+// takes its ATen path. Arithmetic is fp32; activations are stored in the
+// 16-bit dtype, gradient accumulators in fp32 where noted.
+#ifndef E3_STUDENT_TRAINER_KERNELS_STUDENT_KERNELS_H_
+#define E3_STUDENT_TRAINER_KERNELS_STUDENT_KERNELS_H_
+
+#include <cstdint>
+
+namespace e3::student_kernels {
+
+enum class Dtype { kBFloat16, kFloat16 };
+
+// ---------------------------------------------------------------------------
+// RMSNorm (transformers' LlamaRMSNorm: statistics in fp32, the normalised
+// row rounded to the dtype, then multiplied by the weight in the dtype).
+//
+// Forward: y[r] = dtype(w * dtype(x[r] * rstd[r])), rstd[r] =
+// rsqrt(mean(x[r]^2) + eps), written to rstd (fp32 [rows]). Rows of x and
+// y start `x_stride` / `y_stride` elements apart (y may be a column block
+// of a wider tensor). Requires cols % 8 == 0, cols <= 16384, 16-byte
+// aligned rows.
+bool RmsNormForward(Dtype dtype, const void* x, int64_t x_stride, const void* weight, void* y,
+                    int64_t y_stride, float* rstd, int64_t rows, int64_t cols, float eps,
+                    void* stream);
+// Backward, given dy [rows, cols] (contiguous) and the forward's x and
+// rstd: with g = dy * w in fp32,
+//   dx = dtype(rstd * g - x * rstd^3 * mean(g * x)),
+//   dw_partial[b, c] = sum over the rows block b took of dy * dtype(x * rstd),
+// fp32 [blocks, cols], where blocks = RmsNormBackwardBlocks(rows); the
+// caller sums it over b (a fixed order, so the result is deterministic).
+// dx may alias dy.
+int64_t RmsNormBackwardBlocks(int64_t rows);
+bool RmsNormBackward(Dtype dtype, const void* dy, const void* x, int64_t x_stride,
+                     const void* weight, const float* rstd, void* dx, float* dw_partial,
+                     int64_t rows, int64_t cols, void* stream);
+
+// ---------------------------------------------------------------------------
+// SiLU-mul over a fused gate/up projection: gate_up [rows, 2 * cols]
+// (gate columns, then up columns), contiguous.
+// Forward: out[r, c] = dtype(dtype(silu(gate)) * up).
+// Backward, given dout [rows, cols]: d_gate_up [rows, 2 * cols] with
+//   d_gate = dtype(dout * up * silu'(gate)),  d_up = dtype(dout * dtype(silu(gate))).
+// Requires cols % 8 == 0 and 16-byte aligned tensors.
+bool SiluMulForward(Dtype dtype, const void* gate_up, void* out, int64_t rows, int64_t cols,
+                    void* stream);
+bool SiluMulBackward(Dtype dtype, const void* dout, const void* gate_up, void* d_gate_up,
+                     int64_t rows, int64_t cols, void* stream);
+
+// ---------------------------------------------------------------------------
+// Rotary embedding of a fused q/k/v projection, rotate_half convention
+// (transformers' apply_rotary_pos_emb): qkv [tokens, q_heads + 2 *
+// kv_heads, head_dim] contiguous, q heads, then k heads, then v heads;
+// cos/sin [tokens, rotary_dim] contiguous in the same dtype.
+// Forward: out = qkv with the first rotary_dim features of every q and k
+// head rotated (fp32 arithmetic, one rounding) and the v heads copied.
+// Backward: the transposed rotation (the rotation by -sin) of dq (fp32
+// [tokens, q_heads, head_dim]) and dk (fp32 [tokens, kv_heads, head_dim]),
+// and dv (fp32 [tokens, kv_heads, head_dim]) copied, written as d_qkv in
+// the dtype, laid out as qkv. Requires head_dim % 8 == 0, rotary_dim even
+// and <= head_dim.
+bool RopeQkvForward(Dtype dtype, const void* qkv, void* out, int64_t tokens, int64_t q_heads,
+                    int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, const void* cos,
+                    const void* sin, void* stream);
+bool RopeQkvBackward(Dtype dtype, const float* dq, const float* dk, const float* dv, void* d_qkv,
+                     int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                     int64_t rotary_dim, const void* cos, const void* sin, void* stream);
+
+// ---------------------------------------------------------------------------
+// TTT attention's diagonal keys: at TTT step j the query at t also attends
+// to the keys of steps 1..j at t. The causal block over the step-0 keys
+// comes from flash attention as (o_blk, lse_blk); these kernels merge the
+// diagonal keys into it through the log-sum-exp and give their backward.
+//
+// Layouts: q is the q part of a roped qkv tensor, element (t, h, d) at
+// q + t * qkv_row + h * head_dim + d; key i (i < num_diag) likewise at
+// keys[i] + t * qkv_row + kvh * head_dim + d and value i at values[i] + ...
+// (the k and v parts of step i's roped qkv); query head h reads kv head
+// h / (q_heads / kv_heads). o and o_blk are [tokens, q_heads, head_dim]
+// contiguous; lse and lse_blk are fp32 [q_heads, tokens] (flash
+// attention's varlen layout).
+constexpr int kMaxDiagKeys = 16;
+struct DiagKeys {
+  const void* keys[kMaxDiagKeys];
+  const void* values[kMaxDiagKeys];
+  int num_diag = 0;
+};
+struct TttAttentionShape {
+  int64_t tokens = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t qkv_row = 0;  // elements between a token's rows of qkv
+  float scale = 1.f;    // softmax scale (1 / sqrt(head_dim))
+};
+// s_i = scale * q . k_i, lse = log(exp(lse_blk) + sum_i exp(s_i)),
+// o = dtype(exp(lse_blk - lse) * o_blk + sum_i exp(s_i - lse) * v_i).
+// Requires head_dim a multiple of 32 up to 256, num_diag in [1, 16].
+bool TttDiagForward(Dtype dtype, const TttAttentionShape& shape, const void* q,
+                    const DiagKeys& diag, const void* o_blk, const float* lse_blk, void* o,
+                    float* lse, void* stream);
+// Backward of the merge, given do_ (contiguous like o) and the merged o and
+// lse: with D = do . o and p_i = exp(s_i - lse), ds_i = p_i (do . v_i - D):
+//   dq = dq_blk + scale * sum_i ds_i k_i                       (fp32 out)
+//   dk_i += scale * sum over the query heads of kv head: ds_i q  (fp32 accumulators)
+//   dv_i += sum over the query heads of kv head: p_i do          (fp32 accumulators)
+// dq_blk is flash attention's dq (dtype, [tokens, q_heads, head_dim]);
+// dk[i] and dv[i] are fp32 [tokens, kv_heads, head_dim] contiguous. With
+// num_diag 0 it converts dq_blk to fp32. `scratch` is fp32 [2, 16,
+// tokens, q_heads] (TttDiagScratchFloats).
+int64_t TttDiagScratchFloats(const TttAttentionShape& shape);
+bool TttDiagBackward(Dtype dtype, const TttAttentionShape& shape, const void* q,
+                     const DiagKeys& diag, const void* o, const float* lse, const void* do_,
+                     const void* dq_blk, float* dq, float* const* dk, float* const* dv,
+                     float* scratch, void* stream);
+
+// ---------------------------------------------------------------------------
+// Soft cross-entropy of draft logits against the target distribution, with
+// the gradient written over the logits (the loss is the graph's end, so
+// its gradient is known in the forward; the logits are read twice and
+// never stored in fp32). For row r of logits [rows, cols] (row stride
+// cols), its weight w = row_weight[r], its gradient scale
+// s = row_grad_scale[r] and its target row t = target_row[r] of
+// target_logits (fp32 [*, cols]) with target_lse[t] its log-sum-exp,
+// p = exp(target - lse_t):
+//   loss[r]   = -w * sum_v p_v (z_v - lse(z))
+//   argmax[r] = the first index of max z (at::argmax's choice)
+//   z        <- dtype(s * w * (softmax(z) * sum_v p_v - p))
+// Rows of weight 0 read no target (target_row may be anything there) and
+// get a zero gradient. Requires cols % 8 == 0 and 16-byte aligned rows.
+bool SoftCrossEntropy(Dtype dtype, void* logits, int64_t rows, int64_t cols,
+                      const float* target_logits, const float* target_lse,
+                      const int64_t* target_row, const float* row_weight,
+                      const float* row_grad_scale, float* loss, int64_t* argmax, void* stream);
+
+// ---------------------------------------------------------------------------
+// AdamW over flat buffers, as torch.optim.AdamW computes it (decoupled
+// weight decay, bias corrections), with global-norm clipping folded in and
+// every scalar read on the device, so a step needs no host synchronisation.
+//
+// GradSquaredNormPartials: partial[b] = sum of grad^2 over block b's share,
+// fp32 [AdamWNormBlocks(n)]; the caller sums the partials in a fixed order.
+// The gradients are fp32 (grad_fp32) or of grad_dtype.
+int64_t AdamWNormBlocks(int64_t n);
+bool GradSquaredNormPartials(Dtype grad_dtype, bool grad_fp32, const void* grad, int64_t n,
+                             float* partial, void* stream);
+struct AdamWScalars {
+  const float* lr;         // device: this step's learning rate
+  const float* step;       // device: this step's count (1 for the first)
+  const float* grad_norm;  // device: the global grad norm, or null (no clipping)
+  float max_norm = 0.f;    // clip to this norm (with grad_norm)
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.f;
+};
+// grad is fp32 (grad_fp32) or of the working dtype; work (may be null)
+// receives work_dtype(master) after the update.
+bool AdamWStep(Dtype work_dtype, bool grad_fp32, const void* grad, float* master, float* exp_avg,
+               float* exp_avg_sq, void* work, int64_t n, const AdamWScalars& scalars, void* stream);
+
+// The error of the last launch on this thread (cudaGetLastError), or null.
+const char* TakeLaunchError();
+
+}  // namespace e3::student_kernels
+
+#endif  // E3_STUDENT_TRAINER_KERNELS_STUDENT_KERNELS_H_

@@ -1,0 +1,109 @@
+#include "student_trainer/ops/rms_norm.h"
+
+#include "student_trainer/ops/kernel_switch.h"
+
+namespace e3::ops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+at::ScalarType StatsType(const at::Tensor& x) {
+  return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+bool KernelTakes(const at::Tensor& x, const at::Tensor& weight) {
+  return x.dim() == 2 && x.stride(1) == 1 && weight.is_contiguous() &&
+         weight.scalar_type() == x.scalar_type() && weight.numel() == x.size(1);
+}
+
+RmsNormResult ForwardAten(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor xf = x.to(StatsType(x));
+  const at::Tensor rstd = at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return {weight * (xf * rstd).to(x.scalar_type()), rstd.squeeze(-1)};
+}
+
+std::pair<at::Tensor, at::Tensor> BackwardAten(const at::Tensor& dy, const at::Tensor& x,
+                                               const at::Tensor& rstd, const at::Tensor& weight) {
+  const at::ScalarType f = rstd.scalar_type();
+  const at::Tensor xf = x.to(f), dyf = dy.to(f), r = rstd.unsqueeze(-1);
+  const at::Tensor g = dyf * weight.to(f);
+  const at::Tensor mean_gx = (g * xf).mean(-1, /*keepdim=*/true);
+  const at::Tensor dx = (r * g - xf * (r * r * r) * mean_gx).to(x.scalar_type());
+  const at::Tensor dw = (dyf * (xf * r).to(x.scalar_type()).to(f)).sum(0);
+  return {dx, dw};
+}
+
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& anchor,
+                            const at::Tensor& weight, const at::Tensor& weight_grad, double eps) {
+    (void)anchor;
+    RmsNormResult r = RmsNormForward(x, weight, eps);
+    ctx->save_for_backward({x, r.rstd});
+    ctx->saved_data["weight"] = weight;
+    ctx->saved_data["weight_grad"] = weight_grad;
+    return r.y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor weight = ctx->saved_data["weight"].toTensor();
+    auto [dx, dw] = RmsNormBackward(grads[0], saved[0], saved[1], weight);
+    if (ctx->needs_input_grad(1)) ctx->saved_data["weight_grad"].toTensor().add_(dw);
+    return {ctx->needs_input_grad(0) ? dx : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+}  // namespace
+
+RmsNormResult RmsNormForward(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 1 && weight.size(0) == x.size(1), "RmsNorm: x ",
+              x.sizes(), ", weight ", weight.sizes());
+#ifdef E3_HAS_CUDA
+  student_kernels::Dtype dt;
+  if (StudentKernelDtype(x, &dt) && KernelTakes(x, weight)) {
+    RmsNormResult r;
+    r.y = at::empty(x.sizes(), x.options());
+    r.rstd = at::empty({x.size(0)}, x.options().dtype(at::kFloat));
+    if (student_kernels::RmsNormForward(dt, x.data_ptr(), x.stride(0), weight.data_ptr(),
+                                        r.y.data_ptr(), r.y.stride(0), r.rstd.data_ptr<float>(),
+                                        x.size(0), x.size(1), static_cast<float>(eps),
+                                        StudentKernelStream(x))) {
+      CheckStudentKernelLaunch("RmsNormForward");
+      return r;
+    }
+  }
+#endif
+  return ForwardAten(x, weight, eps);
+}
+
+std::pair<at::Tensor, at::Tensor> RmsNormBackward(const at::Tensor& dy, const at::Tensor& x,
+                                                  const at::Tensor& rstd,
+                                                  const at::Tensor& weight) {
+#ifdef E3_HAS_CUDA
+  student_kernels::Dtype dt;
+  if (StudentKernelDtype(x, &dt) && KernelTakes(x, weight) && rstd.scalar_type() == at::kFloat) {
+    const at::Tensor dyc = dy.contiguous();
+    at::Tensor dx = at::empty(x.sizes(), x.options());
+    at::Tensor partial = at::empty({student_kernels::RmsNormBackwardBlocks(x.size(0)), x.size(1)},
+                                   x.options().dtype(at::kFloat));
+    if (student_kernels::RmsNormBackward(dt, dyc.data_ptr(), x.data_ptr(), x.stride(0),
+                                         weight.data_ptr(), rstd.data_ptr<float>(), dx.data_ptr(),
+                                         partial.data_ptr<float>(), x.size(0), x.size(1),
+                                         StudentKernelStream(x))) {
+      CheckStudentKernelLaunch("RmsNormBackward");
+      return {dx, partial.sum(0)};
+    }
+  }
+#endif
+  return BackwardAten(dy, x, rstd, weight);
+}
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& weight_grad,
+                   const at::Tensor& anchor, double eps) {
+  return RmsNormFunction::apply(x, anchor, weight.detach(), weight_grad.detach(), eps);
+}
+
+}  // namespace e3::ops

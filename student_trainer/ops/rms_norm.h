@@ -1,0 +1,32 @@
+// RMSNorm for the fast TTT step (transformers' LlamaRMSNorm numerics:
+// statistics in fp32, the normalised row rounded to the dtype before the
+// weight), forward and backward in one kernel each on the GPU, with the
+// weight gradient added into the flat gradient buffer.
+#ifndef E3_STUDENT_TRAINER_OPS_RMS_NORM_H_
+#define E3_STUDENT_TRAINER_OPS_RMS_NORM_H_
+
+#include <torch/torch.h>
+
+#include <utility>
+
+namespace e3::ops {
+
+struct RmsNormResult {
+  at::Tensor y;     // [rows, cols], x's dtype
+  at::Tensor rstd;  // [rows], fp32 (fp64 for fp64 x): rsqrt(mean(x^2) + eps)
+};
+
+// No autograd: x [rows, cols] (rows may be strided), weight [cols] in x's dtype.
+RmsNormResult RmsNormForward(const at::Tensor& x, const at::Tensor& weight, double eps);
+// {dx in x's dtype, dw in rstd's dtype} for dy [rows, cols].
+std::pair<at::Tensor, at::Tensor> RmsNormBackward(const at::Tensor& dy, const at::Tensor& x,
+                                                  const at::Tensor& rstd, const at::Tensor& weight);
+
+// Autograd op: y = RmsNormForward(x).y; backward returns dx and adds dw
+// into weight_grad. `anchor` as in ops::LinearAccumulate.
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& weight_grad,
+                   const at::Tensor& anchor, double eps);
+
+}  // namespace e3::ops
+
+#endif  // E3_STUDENT_TRAINER_OPS_RMS_NORM_H_

@@ -1,0 +1,35 @@
+// Checks of a TTT batch and options shared by the reference and the fast
+// TTT step: every error names the field and what was expected.
+#ifndef E3_STUDENT_TRAINER_TTT_BATCH_H_
+#define E3_STUDENT_TRAINER_TTT_BATCH_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "student_trainer/eagle3_draft.h"
+#include "student_trainer/ttt.h"
+
+namespace e3 {
+
+// InvalidArgument "TTT batch: <field>: <what>".
+absl::Status TttBatchError(const std::string& field, const std::string& what);
+
+absl::Status ValidateTttOptions(const TttOptions& options);
+
+// Shapes and dtypes of every field, and the packing: returns cu_seqlens
+// as a host vector (0 = c_0 <= ... <= c_B = T).
+absl::StatusOr<std::vector<int64_t>> ValidateTttBatch(const Eagle3DraftConfig& config,
+                                                      const TttBatch& batch);
+
+// Whether every id lies in [0, vocab): on the ids' device (one host
+// synchronisation), or over a CPU int64 tensor.
+absl::Status CheckIdRange(const std::string& field, const at::Tensor& ids, int64_t vocab);
+
+}  // namespace e3
+
+#endif  // E3_STUDENT_TRAINER_TTT_BATCH_H_

@@ -1,0 +1,288 @@
+#include "student_trainer/ttt_fast.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "student_trainer/ops/draft_head_loss.h"
+#include "student_trainer/ops/linear.h"
+#include "student_trainer/ops/rms_norm.h"
+#include "student_trainer/ops/silu_mul.h"
+#include "student_trainer/ops/ttt_attention.h"
+#include "student_trainer/ttt_batch.h"
+
+namespace e3 {
+namespace {
+
+constexpr char kQ[] = "midlayer.self_attn.q_proj.weight";
+constexpr char kK[] = "midlayer.self_attn.k_proj.weight";
+constexpr char kV[] = "midlayer.self_attn.v_proj.weight";
+constexpr char kO[] = "midlayer.self_attn.o_proj.weight";
+constexpr char kGate[] = "midlayer.mlp.gate_proj.weight";
+constexpr char kUp[] = "midlayer.mlp.up_proj.weight";
+constexpr char kDown[] = "midlayer.mlp.down_proj.weight";
+
+// A weight of the flat parameters and its gradient, as the ops take them.
+struct WeightPair {
+  at::Tensor w, grad;
+};
+
+// The draft's weights as the fast step reads them: fused q/k/v rows split
+// into the embedding half and the hidden half of their input, fused
+// gate/up rows.
+struct FastWeights {
+  WeightPair fc, qkv_embed, qkv_hidden, o, gate_up, down;
+  WeightPair input_norm, hidden_norm, post_norm, norm, lm_head;
+  at::Tensor anchor;
+};
+
+absl::StatusOr<FastWeights> GetWeights(Eagle3DraftImpl& draft) {
+  const FlatParameters& f = draft.flat();
+  const int64_t h = draft.config().hidden_size;
+  auto pair = [&](const char* name) { return WeightPair{f.View(name), f.GradView(name)}; };
+  FastWeights w;
+  w.fc = pair("fc.weight");
+  E3_ASSIGN_OR_RETURN(at::Tensor qkv, f.Rows({kQ, kK, kV}));
+  E3_ASSIGN_OR_RETURN(at::Tensor qkv_grad, f.GradRows({kQ, kK, kV}));
+  // q/k/v read concat(input_layernorm(embed), hidden_norm(h)): the first H
+  // input columns take the embedding.
+  w.qkv_embed = {qkv.narrow(1, 0, h), qkv_grad.narrow(1, 0, h)};
+  w.qkv_hidden = {qkv.narrow(1, h, h), qkv_grad.narrow(1, h, h)};
+  w.o = pair(kO);
+  E3_ASSIGN_OR_RETURN(w.gate_up.w, f.Rows({kGate, kUp}));
+  E3_ASSIGN_OR_RETURN(w.gate_up.grad, f.GradRows({kGate, kUp}));
+  w.down = pair(kDown);
+  w.input_norm = pair("midlayer.input_layernorm.weight");
+  w.hidden_norm = pair("midlayer.hidden_norm.weight");
+  w.post_norm = pair("midlayer.post_attention_layernorm.weight");
+  w.norm = pair("norm.weight");
+  w.lm_head = pair("lm_head.weight");
+  w.anchor = f.anchor();
+  return w;
+}
+
+at::Tensor HostLong(const at::Tensor& t) { return t.to(at::kCPU, at::kLong).contiguous(); }
+
+// Everything the step needs about the batch's positions, computed on the
+// host, then uploaded in one copy.
+struct Plan {
+  int64_t tokens = 0, length = 0;
+  std::vector<int64_t> cu;
+  // int64 upload: [T + 1] ids (the last is the padding id 0); per step [T]
+  // the row of the once-normalised embeddings it reads; [T] positions; per
+  // step the head rows and their target rows; per step its loss and
+  // position token counts; cu_seqlens.
+  std::vector<int64_t> longs;
+  std::vector<double> row_weights;  // per step, one per head row
+  std::vector<int64_t> head_rows;   // per step: how many
+  std::vector<int64_t> loss_tokens, position_tokens;
+};
+
+absl::StatusOr<Plan> MakePlan(const Eagle3DraftImpl& draft, const TttBatch& batch,
+                              std::vector<int64_t> cu, const TttOptions& options) {
+  const Eagle3DraftConfig& c = draft.config();
+  Plan p;
+  p.tokens = cu.back();
+  p.length = options.length;
+  p.cu = std::move(cu);
+  const int64_t T = p.tokens, L = p.length;
+  const at::Tensor ids = HostLong(batch.input_ids), top = HostLong(batch.target_argmax);
+  E3_RETURN_IF_ERROR(CheckIdRange("input_ids", ids, c.vocab_size));
+  E3_RETURN_IF_ERROR(CheckIdRange("target_argmax", top, c.vocab_size));
+  const at::Tensor mask = (batch.loss_mask.to(at::kCPU) != 0).contiguous();
+  const int64_t* id = ids.data_ptr<int64_t>();
+  const int64_t* am = top.data_ptr<int64_t>();
+  const bool* lm = mask.data_ptr<bool>();
+  const std::vector<uint8_t>& t2d = draft.t2d_host();
+
+  std::vector<int64_t> end(T), start(T);
+  for (size_t s = 0; s + 1 < p.cu.size(); ++s) {
+    for (int64_t t = p.cu[s]; t < p.cu[s + 1]; ++t) {
+      start[t] = p.cu[s];
+      end[t] = p.cu[s + 1];
+    }
+  }
+  // Step 0's masks: a sample's last position has no next token, and a
+  // position trains only where the target's next token is in the draft vocab.
+  std::vector<char> loss0(T), pos0(T);
+  for (int64_t t = 0; t < T; ++t) {
+    loss0[t] = lm[t] && t + 1 < end[t];
+    pos0[t] = loss0[t] && t2d[static_cast<size_t>(am[t + 1 < T ? t + 1 : t])] != 0;
+  }
+  auto shifted = [&](const std::vector<char>& m, int64_t t, int64_t k) {
+    return t + k < end[t] && m[t + k];
+  };
+
+  p.longs.insert(p.longs.end(), id, id + T);
+  p.longs.push_back(0);
+  for (int64_t j = 0; j < L; ++j) {
+    for (int64_t t = 0; t < T; ++t) p.longs.push_back(t + j + 1 < end[t] ? t + j + 1 : T);
+  }
+  for (int64_t t = 0; t < T; ++t) p.longs.push_back(t - start[t]);
+  const bool all_rows = options.keep_logits || options.keep_token_losses;
+  for (int64_t j = 0; j < L; ++j) {
+    std::vector<int64_t> rows, targets;
+    int64_t loss_tokens = 0, position_tokens = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const bool trained = shifted(pos0, t, j);
+      loss_tokens += shifted(loss0, t, j);
+      position_tokens += trained;
+      if (!trained && !all_rows) continue;
+      rows.push_back(t);
+      targets.push_back(t + j + 1 < end[t] ? t + j + 1 : t);
+      p.row_weights.push_back(trained ? 1.0 : 0.0);
+    }
+    p.head_rows.push_back(static_cast<int64_t>(rows.size()));
+    p.longs.insert(p.longs.end(), rows.begin(), rows.end());
+    p.longs.insert(p.longs.end(), targets.begin(), targets.end());
+    p.loss_tokens.push_back(loss_tokens);
+    p.position_tokens.push_back(position_tokens);
+  }
+  for (int64_t j = 0; j < L; ++j) {
+    p.longs.push_back(p.loss_tokens[j]);
+    p.longs.push_back(p.position_tokens[j]);
+  }
+  p.longs.insert(p.longs.end(), p.cu.begin(), p.cu.end());
+  return p;
+}
+
+// The plan on the device, as views of the uploaded buffers.
+struct DevicePlan {
+  at::Tensor ext_ids;                  // [T + 1]
+  std::vector<at::Tensor> embed_rows;  // per step [T]
+  at::Tensor positions;                // [T]
+  std::vector<ops::HeadStepRows> head;
+  at::Tensor counts;      // [L, 2] loss and position tokens
+  at::Tensor cu_seqlens;  // [B + 1]
+};
+
+at::Tensor Upload(const at::Tensor& host, const at::Device& device) {
+  if (!device.is_cuda()) return host;
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
+DevicePlan UploadPlan(const Plan& p, const at::Device& device, at::ScalarType weight_type,
+                      double step_weight) {
+  const at::Tensor longs = Upload(torch::tensor(p.longs, torch::kLong), device);
+  const at::Tensor weights =
+      Upload(torch::tensor(p.row_weights, torch::kDouble).to(weight_type), device);
+  const int64_t T = p.tokens;
+  DevicePlan d;
+  int64_t at = 0;
+  auto take = [&](int64_t n) {
+    at::Tensor v = longs.narrow(0, at, n);
+    at += n;
+    return v;
+  };
+  d.ext_ids = take(T + 1);
+  for (int64_t j = 0; j < p.length; ++j) d.embed_rows.push_back(take(T));
+  d.positions = take(T);
+  int64_t w_at = 0;
+  double sw = 1.0;
+  for (int64_t j = 0; j < p.length; ++j) {
+    const int64_t n = p.head_rows[j];
+    ops::HeadStepRows s;
+    s.rows = take(n);
+    s.target_rows = take(n);
+    s.row_weight = weights.narrow(0, w_at, n);
+    s.step_weight = sw;
+    w_at += n;
+    sw *= step_weight;
+    d.head.push_back(std::move(s));
+  }
+  d.counts = take(2 * p.length).view({p.length, 2});
+  d.cu_seqlens = take(static_cast<int64_t>(p.cu.size()));
+  return d;
+}
+
+ops::TargetDistribution Target(Eagle3DraftImpl& draft, const at::Tensor& last_hidden) {
+  torch::NoGradGuard no_grad;
+  ops::TargetDistribution t;
+  t.logits = draft.TargetLogits(last_hidden);
+  t.lse = at::logsumexp(t.logits, -1);
+  t.top = t.logits.argmax(-1);
+  return t;
+}
+
+absl::StatusOr<TttOutput> Run(Eagle3DraftImpl& draft, const TttBatch& batch,
+                              const TttOptions& options) {
+  const Eagle3DraftConfig& c = draft.config();
+  E3_RETURN_IF_ERROR(ValidateTttOptions(options));
+  E3_ASSIGN_OR_RETURN(std::vector<int64_t> cu, ValidateTttBatch(c, batch));
+  E3_ASSIGN_OR_RETURN(FastWeights w, GetWeights(draft));
+  draft.flat().AttachGrads();
+  E3_ASSIGN_OR_RETURN(Plan plan, MakePlan(draft, batch, std::move(cu), options));
+  const at::Device device = draft.options().device;
+  const at::ScalarType dtype = draft.options().dtype;
+  const at::ScalarType f = AtLeastFloat(dtype);
+  const double eps = c.rms_norm_eps;
+  const DevicePlan dp = UploadPlan(plan, device, f, options.step_weight);
+  const ops::TargetDistribution target = Target(draft, batch.last_hidden);
+
+  // Once per batch: the normalised embeddings of every position (and of
+  // the padding id) and their product with the embedding half of q/k/v.
+  const at::Tensor embeds = draft.Embed(dp.ext_ids);
+  const at::Tensor embeds_n =
+      ops::RmsNorm(embeds, w.input_norm.w, w.input_norm.grad, w.anchor, eps);
+  const at::Tensor qkv_embed =
+      ops::LinearAccumulate(embeds_n, w.qkv_embed.w, w.qkv_embed.grad, w.anchor);
+  at::Tensor cos, sin;
+  std::tie(cos, sin) = draft.RopeTables(dp.positions);
+
+  ops::TttAttentionConfig acfg{c.num_heads, c.num_kv_heads, c.head_dim,
+                               1.0 / std::sqrt(static_cast<double>(c.head_dim))};
+  auto cache = std::make_shared<ops::TttAttentionCache>(acfg, plan.cu, dp.cu_seqlens);
+  at::Tensor h =
+      ops::LinearAccumulate(batch.aux_hidden.to(device, dtype), w.fc.w, w.fc.grad, w.anchor);
+  std::vector<at::Tensor> hiddens;
+  for (int64_t j = 0; j < options.length; ++j) {
+    const at::Tensor hn = ops::RmsNorm(h, w.hidden_norm.w, w.hidden_norm.grad, w.anchor, eps);
+    const at::Tensor qkv = ops::LinearAccumulate(hn, w.qkv_hidden.w, w.qkv_hidden.grad, w.anchor,
+                                                 qkv_embed.index_select(0, dp.embed_rows[j]));
+    const at::Tensor attn = ops::TttAttentionStep(cache, qkv, cos, sin);
+    const at::Tensor mid = ops::LinearAccumulate(attn, w.o.w, w.o.grad, w.anchor, h);
+    const at::Tensor y = ops::RmsNorm(mid, w.post_norm.w, w.post_norm.grad, w.anchor, eps);
+    const at::Tensor act =
+        ops::SiluMul(ops::LinearAccumulate(y, w.gate_up.w, w.gate_up.grad, w.anchor));
+    h = ops::LinearAccumulate(act, w.down.w, w.down.grad, w.anchor, mid);
+    hiddens.push_back(h);
+  }
+
+  ops::DraftHeadWeights hw{w.norm.w, w.norm.grad, w.lm_head.w, w.lm_head.grad, w.anchor, eps};
+  ops::DraftHeadOptions ho;
+  ho.chunk_rows = options.head_chunk_rows > 0 ? options.head_chunk_rows
+                                              : std::clamp<int64_t>(plan.tokens, 2048, 8192);
+  ho.keep_logits = options.keep_logits;
+  ho.keep_token_losses = options.keep_token_losses;
+  ops::DraftHeadLossOutput head = ops::DraftHeadLoss(hiddens, dp.head, target, hw, plan.tokens, ho);
+
+  TttOutput out;
+  out.num_tokens = plan.tokens;
+  out.loss = head.loss;
+  out.logits = std::move(head.logits);
+  out.token_losses = std::move(head.token_losses);
+  {
+    torch::NoGradGuard no_grad;
+    const at::Tensor per_step =
+        at::stack({head.step_loss.to(at::kDouble), head.step_hits.to(at::kDouble),
+                   dp.counts.select(1, 0).to(at::kDouble), dp.counts.select(1, 1).to(at::kDouble)},
+                  1);
+    out.pending_metrics =
+        at::cat({per_step.reshape({-1}), head.loss.detach().to(at::kDouble).reshape({1})});
+  }
+  if (!options.defer_metrics) ResolveTttMetrics(&out);
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<TttOutput> RunTttFast(Eagle3DraftImpl& draft, const TttBatch& batch,
+                                     const TttOptions& options) {
+  return Run(draft, batch, options);
+}
+
+}  // namespace e3

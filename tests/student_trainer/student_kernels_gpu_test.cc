@@ -1,0 +1,221 @@
+// The fast path's CUDA kernels against the ATen statements of the same
+// math, on the same GPU and inputs (ops::SetStudentKernelsEnabled(false)
+// runs the ATen path), forward and backward, then the whole fast step
+// against the reference step in bf16.
+//
+// Tolerances: both paths compute in fp32 and store bf16, but round at
+// different points (the kernels once per output, ATen after each op), so
+// outputs differ by a few bf16 ulps: relative bound 2e-2 of each tensor's
+// max |value| (bf16's ulp is 2^-8 = 3.9e-3 relative). fp32 outputs (row
+// losses, norm weight gradients, the attention merge's log-sum-exp) differ
+// by summation order only: 1e-3. Indices (argmax) are exact where the
+// top-2 logits are apart by more than the rounding.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "student_trainer/ops/draft_head_loss.h"
+#include "student_trainer/ops/kernel_switch.h"
+#include "student_trainer/ops/rms_norm.h"
+#include "student_trainer/ops/rope_qkv.h"
+#include "student_trainer/ops/silu_mul.h"
+#include "student_trainer/ops/ttt_attention.h"
+#include "student_trainer/ttt.h"
+#include "tests/student_trainer/tiny_draft.h"
+
+namespace e3 {
+namespace {
+
+double RelInf(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor x = a.detach().to(at::kCPU, at::kDouble),
+                   y = b.detach().to(at::kCPU, at::kDouble);
+  return (x - y).abs().max().item<double>() / std::max(y.abs().max().item<double>(), 1e-30);
+}
+
+class StudentKernelsGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a GPU";
+    torch::manual_seed(5);
+  }
+  void TearDown() override { ops::SetStudentKernelsEnabled(true); }
+
+  // Runs f with the kernels, then with the ATen path; checks the kernels ran.
+  template <typename F>
+  auto BothWays(F&& f) {
+    ops::SetStudentKernelsEnabled(true);
+    const int64_t before = ops::StudentKernelLaunches();
+    auto fast = f();
+    EXPECT_GT(ops::StudentKernelLaunches(), before) << "no kernel ran";
+    ops::SetStudentKernelsEnabled(false);
+    auto aten = f();
+    ops::SetStudentKernelsEnabled(true);
+    return std::make_pair(fast, aten);
+  }
+
+  at::TensorOptions bf16 = torch::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+};
+
+TEST_F(StudentKernelsGpuTest, RmsNormForwardAndBackward) {
+  for (int64_t cols : {256, 2048, 4096}) {
+    SCOPED_TRACE(cols);
+    // x is a column block of a wider tensor: rows are strided.
+    const at::Tensor wide = torch::randn({333, cols + 64}, bf16) * 3;
+    const at::Tensor x = wide.narrow(1, 64, cols);
+    const at::Tensor w = (torch::rand({cols}, bf16) + 0.5);
+    const at::Tensor dy = torch::randn({333, cols}, bf16);
+    auto [k, a] = BothWays([&] {
+      ops::RmsNormResult r = ops::RmsNormForward(x, w, 1e-5);
+      auto [dx, dw] = ops::RmsNormBackward(dy, x, r.rstd, w);
+      return std::vector<at::Tensor>{r.y, r.rstd, dx, dw};
+    });
+    EXPECT_LE(RelInf(k[0], a[0]), 2e-2);
+    EXPECT_LE(RelInf(k[1], a[1]), 1e-5);
+    EXPECT_LE(RelInf(k[2], a[2]), 2e-2);
+    EXPECT_LE(RelInf(k[3], a[3]), 1e-3);
+  }
+}
+
+TEST_F(StudentKernelsGpuTest, SiluMulForwardAndBackward) {
+  const at::Tensor gate_up = torch::randn({517, 2 * 1408}, bf16) * 4;
+  const at::Tensor dout = torch::randn({517, 1408}, bf16);
+  auto [k, a] = BothWays([&] {
+    return std::vector<at::Tensor>{ops::SiluMulForward(gate_up),
+                                   ops::SiluMulBackward(dout, gate_up)};
+  });
+  EXPECT_LE(RelInf(k[0], a[0]), 2e-2);
+  EXPECT_LE(RelInf(k[1], a[1]), 2e-2);
+}
+
+TEST_F(StudentKernelsGpuTest, RopeQkvForwardAndBackward) {
+  for (double partial : {1.0, 0.5}) {
+    SCOPED_TRACE(partial);
+    const int64_t tokens = 301, q_heads = 8, kv_heads = 2, head_dim = 128;
+    const int64_t rotary = static_cast<int64_t>(head_dim * partial);
+    const at::Tensor pos =
+        torch::arange(tokens, torch::TensorOptions().device(at::kCUDA)).to(at::kFloat);
+    const at::Tensor inv =
+        1.0 / at::pow(10000.0, torch::arange(0, rotary, 2, pos.options()) / rotary);
+    const at::Tensor ang = at::cat({at::outer(pos, inv), at::outer(pos, inv)}, 1);
+    const at::Tensor cos = ang.cos().to(at::kBFloat16), sin = ang.sin().to(at::kBFloat16);
+    const at::Tensor qkv = torch::randn({tokens, (q_heads + 2 * kv_heads) * head_dim}, bf16);
+    const auto f32 = torch::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+    const at::Tensor dq = torch::randn({tokens, q_heads, head_dim}, f32);
+    const at::Tensor dk = torch::randn({tokens, kv_heads, head_dim}, f32);
+    const at::Tensor dv = torch::randn({tokens, kv_heads, head_dim}, f32);
+    auto [k, a] = BothWays([&] {
+      return std::vector<at::Tensor>{
+          ops::RopeQkvForward(qkv, q_heads, kv_heads, head_dim, cos, sin),
+          ops::RopeQkvBackward(dq, dk, dv, cos, sin, at::kBFloat16)};
+    });
+    EXPECT_LE(RelInf(k[0], a[0]), 2e-2);
+    EXPECT_LE(RelInf(k[1], a[1]), 2e-2);
+  }
+}
+
+TEST_F(StudentKernelsGpuTest, SoftCrossEntropyRowsAndGradient) {
+  const int64_t rows = 700, vocab = 4000, targets = 300;
+  const auto f32 = torch::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+  ops::TargetDistribution target;
+  target.logits = torch::randn({targets, vocab}, f32) * 3;
+  target.lse = at::logsumexp(target.logits, -1);
+  target.top = target.logits.argmax(-1);
+  const at::Tensor z = torch::randn({rows, vocab}, bf16) * 4;
+  const at::Tensor target_rows = torch::randint(0, targets, {rows}, f32.dtype(at::kLong));
+  const at::Tensor weight = (torch::rand({rows}, f32) > 0.3).to(at::kFloat);
+  const at::Tensor scale = torch::full({rows}, 0.125, f32);
+  auto [k, a] = BothWays([&] {
+    at::Tensor logits = z.clone();
+    auto [loss, argmax] = ops::SoftCrossEntropyInPlace(logits, target, target_rows, weight, scale);
+    return std::vector<at::Tensor>{loss, argmax, logits};
+  });
+  EXPECT_LE(RelInf(k[0], a[0]), 1e-3);
+  EXPECT_LE(RelInf(k[2], a[2]), 2e-2);
+  // argmax: at::argmax over the same bf16 logits.
+  EXPECT_TRUE(k[1].equal(a[1]));
+  EXPECT_TRUE(k[1].equal(z.argmax(-1)));
+}
+
+// A draft large enough for every kernel (head_dim 64, hidden 256).
+Eagle3Draft GpuDraft(at::ScalarType dtype, int64_t kv_heads) {
+  Eagle3DraftConfig c = testing::TinyConfig();
+  c.hidden_size = c.target_hidden_size = 256;
+  c.intermediate_size = 704;
+  c.num_heads = 4;
+  c.num_kv_heads = kv_heads;
+  c.head_dim = 64;
+  c.vocab_size = 1024;
+  c.draft_vocab_size = 512;
+  Eagle3DraftOptions o;
+  o.config = c;
+  o.dtype = dtype;
+  o.device = at::Device(at::kCUDA, 0);
+  o.target_head_dtype = at::kFloat;
+  o.seed = 3;
+  auto frozen = testing::TinyFrozen(c, 11);
+  frozen.embed_tokens = frozen.embed_tokens * 0.3;
+  auto d = CreateEagle3Draft(o, frozen);
+  EXPECT_TRUE(d.ok()) << d.status();
+  return *d;
+}
+
+TttBatch GpuBatch(const Eagle3DraftConfig& c) {
+  TttBatch b = testing::RandomBatch(c, {300, 17, 211, 1, 95}, /*seed=*/8);
+  b.aux_hidden = b.aux_hidden * 0.5;
+  return b;
+}
+
+// The whole fast step with its kernels against the same step in ATen on
+// the same GPU (the attention's diagonal merge included: head_dim 64).
+TEST_F(StudentKernelsGpuTest, FastStepKernelsMatchItsAtenStatement) {
+  for (int64_t kv_heads : {2, 4}) {
+    SCOPED_TRACE(kv_heads);
+    Eagle3Draft draft = GpuDraft(at::kBFloat16, kv_heads);
+    const TttBatch batch = GpuBatch(draft->config());
+    TttOptions options;
+    options.kernels = TttKernels::kFast;
+    auto [k, a] = BothWays([&] {
+      draft->flat().ZeroGrad();
+      auto out = RunTtt(*draft, batch, options);
+      EXPECT_TRUE(out.ok()) << out.status();
+      out->loss.backward();
+      return std::make_pair(*out, draft->flat().grad().clone());
+    });
+    EXPECT_NEAR(k.first.loss_value, a.first.loss_value, 1e-2 * std::abs(a.first.loss_value));
+    for (size_t j = 0; j < k.first.acc.size(); ++j)
+      EXPECT_NEAR(k.first.acc[j], a.first.acc[j], 0.03) << j;
+    EXPECT_LE(RelInf(k.second, a.second), 5e-2);
+  }
+}
+
+// Fast (kernels, flash attention) against the reference op sequence, both
+// in bf16 on the GPU: the bf16 golden test's bounds.
+TEST_F(StudentKernelsGpuTest, FastStepMatchesTheReferenceStepInBf16) {
+  Eagle3Draft ref = GpuDraft(at::kBFloat16, 2), fast = GpuDraft(at::kBFloat16, 2);
+  const TttBatch batch = GpuBatch(ref->config());
+  TttOptions options;
+  auto a = RunTtt(*ref, batch, options);
+  ASSERT_TRUE(a.ok()) << a.status();
+  a->loss.backward();
+  options.kernels = TttKernels::kFast;
+  fast->flat().ZeroGrad();
+  auto b = RunTtt(*fast, batch, options);
+  ASSERT_TRUE(b.ok()) << b.status();
+  b->loss.backward();
+  EXPECT_NEAR(b->loss_value, a->loss_value, 2e-2 * std::abs(a->loss_value));
+  for (size_t j = 0; j < a->acc.size(); ++j) {
+    EXPECT_NEAR(b->ploss[j], a->ploss[j], 2e-2 * std::abs(a->ploss[j]) + 1e-6) << j;
+    EXPECT_NEAR(b->acc[j], a->acc[j], 0.05) << j;
+  }
+  const auto pa = ref->ExportedParameters(), pb = fast->ExportedParameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_LE(RelInf(pb[i].second.grad(), pa[i].second.grad()), 2e-1) << pa[i].first;
+  }
+}
+
+}  // namespace
+}  // namespace e3
