@@ -108,8 +108,10 @@ void SetTorchAdamWMoments(torch::optim::AdamW& optimizer,
     const at::Tensor& p = params[i].second;
     auto s = std::make_unique<torch::optim::AdamWParamState>();
     s->step(step);
-    s->exp_avg(moments[i].exp_avg.to(p.options().dtype(at::kFloat)).clone());
-    s->exp_avg_sq(moments[i].exp_avg_sq.to(p.options().dtype(at::kFloat)).clone());
+    // The parameter's own float type: fp64 drafts keep fp64 moments.
+    const at::ScalarType type = p.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    s->exp_avg(moments[i].exp_avg.to(p.options().dtype(type)).clone());
+    s->exp_avg_sq(moments[i].exp_avg_sq.to(p.options().dtype(type)).clone());
     states[ParamKey<StateKey>(p)] = std::move(s);
   }
 }

@@ -6,10 +6,6 @@
 namespace e3 {
 namespace {
 
-constexpr int64_t kAlignElements = 8;
-
-int64_t AlignUp(int64_t n) { return (n + kAlignElements - 1) / kAlignElements * kAlignElements; }
-
 int64_t Numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -34,7 +30,7 @@ absl::StatusOr<FlatParameters> FlatParameters::Create(
     if (flat.slots_.count(name) != 0)
       return absl::InvalidArgumentError(absl::StrCat("flat parameters: ", name, " twice"));
     flat.slots_[name] = {total, p.sizes().vec(), p};
-    total = AlignUp(total + p.numel());
+    total += p.numel();
   }
   flat.data_ = at::zeros({total}, options);
   flat.grad_ = at::zeros({total}, options);

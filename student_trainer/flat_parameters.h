@@ -15,9 +15,10 @@
 // optimizers work on them; LibTorch 1.13's zero_grad() refuses gradients
 // that are views, so code that attaches them clears them with ZeroGrad().
 //
-// The slices start at multiples of 8 elements (16-byte aligned for the
-// 16-bit dtypes); a parameter whose size is a multiple of 8 leaves no gap
-// before the next, so consecutive rows stay one matrix.
+// The slices follow each other with no gaps, so consecutive parameters of
+// one width always form one matrix. With the draft's shapes (multiples of
+// 8 elements) every slice is 16-byte aligned; the kernels check alignment
+// and take their ATen path where it is not.
 #ifndef E3_STUDENT_TRAINER_FLAT_PARAMETERS_H_
 #define E3_STUDENT_TRAINER_FLAT_PARAMETERS_H_
 

@@ -168,8 +168,14 @@ absl::Status FusedAdamW::Load(const std::string& dir) {
   torch::NoGradGuard no_grad;
   const std::vector<NamedMoments> mine = Moments();
   for (size_t i = 0; i < mine.size(); ++i) {
-    mine[i].exp_avg.copy_(moments.second[i].exp_avg);
-    mine[i].exp_avg_sq.copy_(moments.second[i].exp_avg_sq);
+    const NamedMoments& from = moments.second[i];
+    if (!from.exp_avg.sizes().equals(mine[i].exp_avg.sizes()) ||
+        !from.exp_avg_sq.sizes().equals(mine[i].exp_avg_sq.sizes())) {
+      return absl::DataLossError(
+          absl::StrCat(legacy, ": the state of ", mine[i].name, " has another shape"));
+    }
+    mine[i].exp_avg.copy_(from.exp_avg);
+    mine[i].exp_avg_sq.copy_(from.exp_avg_sq);
   }
   step_ = moments.first;
   return absl::OkStatus();

@@ -74,11 +74,19 @@ void GradientReducer::LaunchReady() {
 
 absl::Status GradientReducer::Finish() {
   armed_ = false;
-  // A parameter backward did not reach contributes zeros, on every rank.
+  // A parameter whose hook did not fire contributes the gradient it holds:
+  // zeros when backward did not reach it (the optimizer cleared it), or
+  // what the fast TTT step accumulated into it outside autograd.
   for (size_t i = 0; i < params_.size(); ++i) {
     if (seen_[i]) continue;
     Bucket& b = buckets_[bucket_of_[i]];
-    b.flat.narrow(0, b.offsets[slot_of_[i]], params_[i].numel()).zero_();
+    at::Tensor slot = b.flat.narrow(0, b.offsets[slot_of_[i]], params_[i].numel());
+    const at::Tensor& held = params_[i].grad();
+    if (held.defined()) {
+      slot.copy_(held.reshape({-1}));
+    } else {
+      slot.zero_();
+    }
     seen_[i] = true;
     ++b.ready;
   }

@@ -33,7 +33,8 @@ class GradientReducer {
 
   // Arms the hooks for one backward pass (clears the buckets).
   void Prepare();
-  // After backward: launches what is left, waits, averages into dest.grad;
+  // After backward: launches what is left (a parameter whose hook did not
+  // fire sends the gradient it holds), waits, averages into dest.grad;
   // the params' own gradients are cleared when they differ from dest.
   absl::Status Finish();
   size_t buckets() const { return buckets_.size(); }

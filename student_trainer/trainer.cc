@@ -329,7 +329,13 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
       return absl::InternalError(absl::StrCat("training step ", state.step, ": ", e.what_without_backtrace()));
     }
     E3_RETURN_IF_ERROR(optimizer->FinishStep(lr));
-    ResolveTttMetrics(&out);
+    try {
+      // The step's one synchronisation: an asynchronous device error of the
+      // step surfaces here.
+      ResolveTttMetrics(&out);
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("training step ", state.step, ": ", e.what_without_backtrace()));
+    }
     const double loss = out.loss_value;
     if (!std::isfinite(loss)) {
       return absl::InternalError(absl::StrCat("loss is ", loss, " at step ", state.step, " (batch ", batch.batch_id, ")"));

@@ -160,7 +160,8 @@ std::pair<at::Tensor, at::Tensor> DiagForward(const TttAttentionCache& c, const 
 #ifdef E3_HAS_CUDA
   student_kernels::Dtype dt;
   const auto& cfg = c.config();
-  if (block.flash && StudentKernelDtype(q, &dt) && step <= student_kernels::kMaxDiagKeys) {
+  if (block.flash && StudentKernelDtype(q, &dt) && step <= student_kernels::kMaxDiagKeys &&
+      block.out.is_contiguous() && block.lse.is_contiguous()) {
     student_kernels::TttAttentionShape shape{c.tokens(),
                                              cfg.q_heads,
                                              cfg.kv_heads,
@@ -219,7 +220,7 @@ at::Tensor DiagBackward(TttAttentionCache& c, const at::Tensor& q, int64_t step,
   student_kernels::Dtype dt;
   const auto& cfg = c.config();
   if (flash && StudentKernelDtype(q, &dt) && step <= student_kernels::kMaxDiagKeys &&
-      dq_blk.is_contiguous()) {
+      dq_blk.is_contiguous() && out.is_contiguous() && lse.is_contiguous()) {
     student_kernels::TttAttentionShape shape{c.tokens(),
                                              cfg.q_heads,
                                              cfg.kv_heads,
