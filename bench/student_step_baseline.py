@@ -49,8 +49,10 @@ def step_loss(m, embed, head_rows, ids, aux, last, L):
     nh, nkv, d = m.nh, m.nkv, m.d
     pos = torch.arange(T, device=ids.device, dtype=torch.float32)
     inv = 1.0 / (500000.0 ** (torch.arange(0, d, 2, device=ids.device).float() / d))
-    ang = torch.cat([pos[:, None] * inv] * 2, -1)
-    cos, sin = ang.cos()[:, None, :].to(torch.bfloat16), ang.sin()[:, None, :].to(torch.bfloat16)
+
+    def rope_tables(offset):  # step j rotates at positions t + j, as the student's default
+        ang = torch.cat([(pos + offset)[:, None] * inv] * 2, -1)
+        return ang.cos()[:, None, :].to(torch.bfloat16), ang.sin()[:, None, :].to(torch.bfloat16)
     with torch.no_grad():
         p = torch.softmax((last.float() @ head_rows.float().T), -1)
     p = torch.cat([p[1:], torch.full_like(p[:1], 1.0 / p.shape[1])])
@@ -62,6 +64,7 @@ def step_loss(m, embed, head_rows, ids, aux, last, L):
     ks, vs = [], []
     total = 0.0
     for j in range(L):
+        cos, sin = rope_tables(j)
         x = torch.cat([m.norm(embed[ids], m.w_in), m.norm(h, m.w_hid)], -1)
         q = rope(m.q(x).view(T, nh, d), cos, sin)
         k = rope(m.k(x).view(T, nkv, d), cos, sin).repeat_interleave(nh // nkv, 1)

@@ -131,9 +131,8 @@ at::Tensor Eagle3AttentionImpl::forward(const at::Tensor& x, const PackedRope& r
   at::Tensor q = q_proj->forward(x).view({total, num_heads_, head_dim_});
   at::Tensor k = k_proj->forward(x).view({total, num_kv_heads_, head_dim_});
   at::Tensor v = v_proj->forward(x).view({total, num_kv_heads_, head_dim_});
-  // Position ids are the same at every step (SpecForge v0.2 rotates with
-  // `position_ids`, not `position_ids + lck`), so a step-j key at t and
-  // the step-j query at t sit at relative distance 0.
+  // The rope tables are this step's (ttt.h: position t + j at step j by
+  // default); keys cached from earlier steps keep their own rotation.
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
   // The softmax scale goes on q ([T, heads, D]) rather than on every score
   // ([heads, T, T] per sample): the same products, one small pass instead
@@ -318,13 +317,13 @@ at::Tensor Eagle3DraftImpl::TargetLogits(const at::Tensor& last_hidden) {
   return at::matmul(last_hidden.to(options_.device, t), target_head.to(t).t());
 }
 
-PackedRope Eagle3DraftImpl::MakePackedRope(const std::vector<int64_t>& cu_seqlens) {
+PackedRope Eagle3DraftImpl::MakePackedRope(const std::vector<int64_t>& cu_seqlens, int64_t offset) {
   PackedRope out;
   out.cu_seqlens = cu_seqlens;
   const int64_t total = cu_seqlens.empty() ? 0 : cu_seqlens.back();
   std::vector<int64_t> positions(static_cast<size_t>(total));
   for (size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
-    for (int64_t t = cu_seqlens[s]; t < cu_seqlens[s + 1]; ++t) positions[t] = t - cu_seqlens[s];
+    for (int64_t t = cu_seqlens[s]; t < cu_seqlens[s + 1]; ++t) positions[t] = t - cu_seqlens[s] + offset;
   }
   std::tie(out.cos, out.sin) = RopeTables(torch::tensor(positions, torch::kLong).to(options_.device));
   return out;

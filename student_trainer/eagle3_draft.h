@@ -177,8 +177,9 @@ class Eagle3DraftImpl : public torch::nn::Module {
   // Target logits over the draft vocab, last_hidden @ target_head^T, in
   // (at least) fp32 and without autograd: [T, N].
   at::Tensor TargetLogits(const at::Tensor& last_hidden);
-  // Packing and rope tables for positions that restart at every sample.
-  PackedRope MakePackedRope(const std::vector<int64_t>& cu_seqlens);
+  // Packing and rope tables for positions that restart at every sample,
+  // plus `offset` (TTT step j's positions are t + j).
+  PackedRope MakePackedRope(const std::vector<int64_t>& cu_seqlens, int64_t offset = 0);
   // cos and sin [T, rotary_dim] in the activation dtype for int64
   // positions [T] on the draft's device.
   std::pair<at::Tensor, at::Tensor> RopeTables(const at::Tensor& positions);

@@ -28,6 +28,9 @@ ABSL_FLAG(int, rank, -1, "data-parallel rank (default: $RANK or 0)");
 ABSL_FLAG(int, world_size, -1, "data-parallel world size (default: $WORLD_SIZE or 1)");
 ABSL_FLAG(std::string, subscriber_id, "", "stable id of this student (default: rank-<rank>)");
 ABSL_FLAG(int, ttt_length, 7, "training-time-test steps");
+ABSL_FLAG(std::string, ttt_positions, "advancing",
+          "rope positions of TTT step j: advancing (t + j, as a serving engine advances each draft step) or fixed "
+          "(t at every step, SpecForge v0.2)");
 ABSL_FLAG(std::string, student_kernels, "fast",
           "fast: fused kernels, flash attention and a fused AdamW (ATen statements of the same math on the CPU); "
           "reference: the plain LibTorch op sequence and torch::optim::AdamW");
@@ -114,6 +117,7 @@ int Main() {
   o.client.host = host;
   o.ttt_length = absl::GetFlag(FLAGS_ttt_length);
   o.student_kernels = absl::GetFlag(FLAGS_student_kernels);
+  o.ttt_positions = absl::GetFlag(FLAGS_ttt_positions);
   o.master_addr = absl::GetFlag(FLAGS_master_addr);
   if (o.master_addr.empty()) o.master_addr = std::getenv("MASTER_ADDR") != nullptr ? std::getenv("MASTER_ADDR") : "127.0.0.1";
   o.master_port = absl::GetFlag(FLAGS_master_port) >= 0 ? absl::GetFlag(FLAGS_master_port) : EnvInt("MASTER_PORT", 29500);

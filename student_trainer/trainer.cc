@@ -243,6 +243,7 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
   TttOptions ttt;
   ttt.length = o.ttt_length;
   ttt.kernels = fast ? TttKernels::kFast : TttKernels::kReference;
+  E3_ASSIGN_OR_RETURN(ttt.positions, ParseTttPositions(o.ttt_positions));
   ttt.defer_metrics = true;  // read after the optimizer step: one synchronisation per step
   std::ofstream step_log;
   if (!o.step_log.empty()) {

@@ -23,6 +23,9 @@ struct TrainerOptions {
   // "fast" (the fused step and optimizer, ttt_fast.h and fused_adamw.h) or
   // "reference" (the plain LibTorch op sequence and torch::optim::AdamW).
   std::string student_kernels = "fast";
+  // "advancing" (TTT step j at positions t + j, as at inference) or
+  // "fixed" (position t at every step, SpecForge v0.2).
+  std::string ttt_positions = "advancing";
   std::string device = "cpu";  // cpu or cuda:N
   // Data parallelism (client.world_size > 1): a c10d process group meets
   // at master_addr:master_port (rank 0 listens); gradients are averaged

@@ -126,6 +126,7 @@ absl::StatusOr<TttOutput> RunTttImpl(Eagle3DraftImpl& draft, const TttBatch& bat
       loss_mask_j = shifter.Shift(loss_mask0, j);
       position_mask_j = shifter.Shift(position_mask0, j);
     }
+    if (j > 0 && options.positions == TttPositions::kAdvancing) rope = draft.MakePackedRope(cu, j);
     hidden = draft.Step(draft.Embed(ids_j), hidden, rope, &cache);
     at::Tensor logits = draft.Logits(hidden).to(loss_type);
     at::Tensor token_loss =
@@ -151,6 +152,13 @@ absl::StatusOr<TttOutput> RunTttImpl(Eagle3DraftImpl& draft, const TttBatch& bat
 }
 
 }  // namespace
+
+absl::StatusOr<TttPositions> ParseTttPositions(std::string_view name) {
+  if (name == "advancing") return TttPositions::kAdvancing;
+  if (name == "fixed") return TttPositions::kFixed;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--ttt_positions: expected \"advancing\" or \"fixed\", got \"", std::string(name), "\""));
+}
 
 absl::StatusOr<TttKernels> ParseTttKernels(std::string_view name) {
   if (name == "reference") return TttKernels::kReference;

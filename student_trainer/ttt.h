@@ -11,8 +11,11 @@
 //   fp32, computed here from the frozen target head rows.
 // - position mask = loss_mask x [target_argmax in draft vocab].
 // - At step j the query at t attends to step-0 keys at positions <= t of
-//   its sample and to the keys of steps 1..j at t; position ids restart per
-//   sample and do not change across steps.
+//   its sample and to the keys of steps 1..j at t. Position ids restart per
+//   sample; step j rotates its queries and keys at position t + j, as a
+//   serving engine does when each draft step advances the position by one
+//   (SpecForge's PR #424 made its training do the same). SpecForge v0.2
+//   kept position t at every step: TttPositions::kFixed.
 // - Between steps ids, loss mask and position mask shift left by one more
 //   (again within samples).
 // - ploss_j = sum_t pmask_j[t] * (-sum_v p[t,v] log q_j[t,v]) / T, i.e. the
@@ -55,12 +58,21 @@ enum class TttKernels {
 // "reference" or "fast"; InvalidArgument naming the flag otherwise.
 absl::StatusOr<TttKernels> ParseTttKernels(std::string_view name);
 
+// The rope positions of TTT step j (see above).
+enum class TttPositions {
+  kAdvancing,  // t + j, as at inference
+  kFixed,      // t at every step (SpecForge v0.2)
+};
+// "advancing" or "fixed"; InvalidArgument naming the flag otherwise.
+absl::StatusOr<TttPositions> ParseTttPositions(std::string_view name);
+
 struct TttOptions {
   int64_t length = 7;              // steps unrolled
   double step_weight = 0.8;        // step j's loss is weighted step_weight^j
   bool keep_logits = false;        // return each step's draft logits (detached)
   bool keep_token_losses = false;  // return each step's masked per-position loss
   TttKernels kernels = TttKernels::kReference;
+  TttPositions positions = TttPositions::kAdvancing;
   // Leave the metrics on the device (TttOutput::pending_metrics) until
   // ResolveTttMetrics: a trainer reads them after the optimizer step, so
   // the host never waits for the forward before enqueuing the backward.

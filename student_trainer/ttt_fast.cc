@@ -243,6 +243,9 @@ absl::StatusOr<TttOutput> Run(Eagle3DraftImpl& draft, const TttBatch& batch,
     const at::Tensor hn = ops::RmsNorm(h, w.hidden_norm.w, w.hidden_norm.grad, w.anchor, eps);
     const at::Tensor qkv = ops::LinearAccumulate(hn, w.qkv_hidden.w, w.qkv_hidden.grad, w.anchor,
                                                  qkv_embed.index_select(0, dp.embed_rows[j]));
+    if (j > 0 && options.positions == TttPositions::kAdvancing) {
+      std::tie(cos, sin) = draft.RopeTables(dp.positions + j);
+    }
     const at::Tensor attn = ops::TttAttentionStep(cache, qkv, cos, sin);
     const at::Tensor mid = ops::LinearAccumulate(attn, w.o.w, w.o.grad, w.anchor, h);
     const at::Tensor y = ops::RmsNorm(mid, w.post_norm.w, w.post_norm.grad, w.anchor, eps);

@@ -10,13 +10,16 @@ where the C++ gathers target rows by index inside a custom autograd
 function, this script shifts tensors segment by segment and lets autograd
 differentiate log_softmax.
 
-Run (CPU only, deterministic; needs torch, nothing else):
+Run (CPU only, deterministic; needs torch, nothing else: Debian's
+python3-torch will do):
     python3 tests/golden/make_eagle3_golden.py tests/fixtures/eagle3
 
-Writes two cases, <out>/golden.safetensors (weights tuned so that draft and
-target often agree: non-trivial acc and tau) and
+Writes three cases, <out>/golden.safetensors (weights tuned so that draft
+and target often agree: non-trivial acc and tau),
 <out>/golden_no_agreement.safetensors (plain random weights: acc ~0, but
-some trained target argmaxes fall outside the draft vocab), each holding
+some trained target argmaxes fall outside the draft vocab) and
+<out>/golden_fixed_positions.safetensors (golden's case with every TTT step
+at the step-0 positions, SpecForge v0.2), each holding
   - the draft weights under their export names (F32), the frozen tensors
     (embed_tokens, the full target lm_head as target_lm_head, d2t, t2d);
   - the packed inputs: input_ids (I32), cu_seqlens (I32), loss_mask (U8),
@@ -49,6 +52,9 @@ CONFIG = dict(
     rope_theta=10000.0,
     ttt_length=7,
     step_weight=0.8,
+    # TTT step j rotates at positions t + j ("advancing", as at inference),
+    # or at t at every step ("fixed", SpecForge v0.2).
+    ttt_positions="advancing",
     lengths=[40, 23, 1, 11],
     seed=20240917,
 )
@@ -196,12 +202,15 @@ def reference(cfg, weights, frozen, inputs):
     head_rows = frozen["target_lm_head"].to(dt)[draft_to_target]
 
     # Rope: HF's LlamaRotaryEmbedding (default type) computes inv_freq and
-    # the angles in fp32; positions restart at 0 in every sample.
+    # the angles in fp32; positions restart at 0 in every sample, and step j
+    # adds j to them when they advance.
     inv_freq = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    pos = torch.cat([torch.arange(n) for n in lengths]).float()
-    ang = pos[:, None] * inv_freq[None, :]
-    emb = torch.cat((ang, ang), dim=-1)
-    cos, sin = emb.cos().to(dt)[:, None, :], emb.sin().to(dt)[:, None, :]
+
+    def rope_tables(offset):
+        pos = torch.cat([torch.arange(n) + offset for n in lengths]).float()
+        ang = pos[:, None] * inv_freq[None, :]
+        emb = torch.cat((ang, ang), dim=-1)
+        return emb.cos().to(dt)[:, None, :], emb.sin().to(dt)[:, None, :]
 
     sample_of = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])
     idx = torch.arange(T)
@@ -232,6 +241,7 @@ def reference(cfg, weights, frozen, inputs):
              rms_norm(h, w["midlayer.hidden_norm.weight"], eps)],
             dim=-1,
         )
+        cos, sin = rope_tables(j if cfg["ttt_positions"] == "advancing" else 0)
         q = (x @ w["midlayer.self_attn.q_proj.weight"].T).view(T, nh, d)
         k = (x @ w["midlayer.self_attn.k_proj.weight"].T).view(T, nkv, d)
         v = (x @ w["midlayer.self_attn.v_proj.weight"].T).view(T, nkv, d)
@@ -382,6 +392,11 @@ def main():
             break
     _, agreement, weights, frozen, inputs, ref = best
     write_case(out_dir, "golden.safetensors", dict(CONFIG, agreement=agreement), weights, frozen, inputs, ref)
+
+    # golden_fixed_positions: the same case with SpecForge v0.2's positions.
+    fixed = dict(CONFIG, agreement=agreement, ttt_positions="fixed")
+    write_case(out_dir, "golden_fixed_positions.safetensors", fixed, weights, frozen, inputs,
+               reference(fixed, weights, frozen, inputs))
 
 
 if __name__ == "__main__":

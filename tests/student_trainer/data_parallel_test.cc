@@ -27,8 +27,8 @@ using testing::TinyConfig;
 
 constexpr int kSteps = 3;
 
-absl::Status Train(Eagle3DraftImpl& draft, const TttBatch& batch, ProcessGroup* group, DraftOptimizerKind kind,
-                   TttKernels kernels) {
+absl::Status Train(Eagle3DraftImpl& draft, const TttBatch& batch, ProcessGroup* group,
+                   DraftOptimizerKind kind, TttKernels kernels) {
   DraftOptimizerOptions o;
   o.weight_decay = 0.0;
   auto opt = CreateDraftOptimizer(kind, draft, nullptr, group, o);
@@ -46,7 +46,8 @@ absl::Status Train(Eagle3DraftImpl& draft, const TttBatch& batch, ProcessGroup* 
   return absl::OkStatus();
 }
 
-std::array<absl::Status, 2> RunTwoRanks(const std::function<absl::Status(int, ProcessGroup*)>& body) {
+std::array<absl::Status, 2> RunTwoRanks(
+    const std::function<absl::Status(int, ProcessGroup*)>& body) {
   const int port = testing::FreePort();
   std::array<absl::Status, 2> status;
   std::thread ranks[2];
@@ -65,7 +66,8 @@ std::array<absl::Status, 2> RunTwoRanks(const std::function<absl::Status(int, Pr
   return status;
 }
 
-class DataParallelTest : public ::testing::TestWithParam<std::tuple<DraftOptimizerKind, TttKernels>> {};
+class DataParallelTest
+    : public ::testing::TestWithParam<std::tuple<DraftOptimizerKind, TttKernels>> {};
 
 TEST_P(DataParallelTest, TwoRanksOnHalvesEqualOneRankOnTheWholeBatch) {
   const auto [kind, kernels] = GetParam();
@@ -78,9 +80,11 @@ TEST_P(DataParallelTest, TwoRanksOnHalvesEqualOneRankOnTheWholeBatch) {
   });
   ASSERT_TRUE(status[0].ok()) << status[0];
   ASSERT_TRUE(status[1].ok()) << status[1];
-  const at::Tensor w0 = drafts[0]->flat().data(), w1 = drafts[1]->flat().data(), ws = single->flat().data();
+  const at::Tensor w0 = drafts[0]->flat().data(), w1 = drafts[1]->flat().data(),
+                   ws = single->flat().data();
   EXPECT_TRUE(w0.equal(w1)) << "ranks must hold bit-identical weights";
-  EXPECT_FALSE(w0.equal(MakeTinyDraft(at::kFloat, 3)->flat().data())) << "the steps must move the weights";
+  EXPECT_FALSE(w0.equal(MakeTinyDraft(at::kFloat, 3)->flat().data()))
+      << "the steps must move the weights";
   // fp32: two half-batch means averaged against one mean, then AdamW's
   // normalised update (see gradient_reducer_test).
   const double err = ((w0 - ws).abs().max() / ws.abs().max()).item<double>();
@@ -90,7 +94,8 @@ TEST_P(DataParallelTest, TwoRanksOnHalvesEqualOneRankOnTheWholeBatch) {
 INSTANTIATE_TEST_SUITE_P(Pairings, DataParallelTest,
                          ::testing::Combine(::testing::Values(DraftOptimizerKind::kReference,
                                                               DraftOptimizerKind::kFused),
-                                            ::testing::Values(TttKernels::kReference, TttKernels::kFast)));
+                                            ::testing::Values(TttKernels::kReference,
+                                                              TttKernels::kFast)));
 
 }  // namespace
 }  // namespace e3

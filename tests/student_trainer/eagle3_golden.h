@@ -119,6 +119,9 @@ inline void CompareWithGolden(const std::string& name, at::ScalarType dtype, con
   Eagle3Draft draft = MakeGoldenDraft(g, dtype, device);
   TttOptions options;
   options.kernels = kernels;
+  // Fixtures written before the positions became a choice used fixed ones.
+  const std::string positions = g.meta.value("ttt_positions", std::string("fixed"));
+  options.positions = positions == "advancing" ? TttPositions::kAdvancing : TttPositions::kFixed;
   options.length = g.meta["ttt_length"];
   options.step_weight = g.meta["step_weight"];
   options.keep_logits = true;

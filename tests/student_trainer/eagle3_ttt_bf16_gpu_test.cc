@@ -34,7 +34,8 @@ TEST_P(Eagle3TttBf16GpuTest, MatchesIndependentReferenceWithinBf16Bounds) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, Eagle3TttBf16GpuTest,
-                         ::testing::Combine(::testing::Values("golden", "golden_no_agreement"),
+                         ::testing::Combine(::testing::Values("golden", "golden_no_agreement",
+                                                              "golden_fixed_positions"),
                                             ::testing::Values(TttKernels::kReference, TttKernels::kFast)));
 
 }  // namespace

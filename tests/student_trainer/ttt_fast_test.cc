@@ -35,6 +35,7 @@ struct Case {
   double partial_rotary = 1.0;
   bool chat_mask = false;  // each sample's first half untrained
   int64_t head_chunk_rows = 8192;
+  TttPositions positions = TttPositions::kAdvancing;
 };
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) { return info.param.name; }
@@ -68,6 +69,7 @@ TEST_P(TttFastTest, MatchesTheReferenceStepInFp64) {
 
   TttOptions options;
   options.length = k.ttt_length;
+  options.positions = k.positions;
   options.keep_logits = true;
   options.keep_token_losses = true;
   auto a = RunTtt(*ref, batch, options);
@@ -188,12 +190,34 @@ TEST(TttFastTest, BadBatchesAreErrorsNamingTheField) {
       << out.status();
 }
 
+TEST(TttFastTest, AdvancingPositionsChangeTheLaterStepsOnly) {
+  // Step 0 sits at the same positions either way; later steps do not.
+  Eagle3Draft draft = MakeTinyDraft(at::kDouble);
+  const TttBatch batch = RandomBatch(draft->config(), {12, 9}, /*seed=*/6);
+  TttOptions options;
+  options.kernels = TttKernels::kFast;
+  options.keep_logits = true;
+  auto advancing = RunTtt(*draft, batch, options);
+  options.positions = TttPositions::kFixed;
+  auto fixed = RunTtt(*draft, batch, options);
+  ASSERT_TRUE(advancing.ok() && fixed.ok());
+  EXPECT_LE(RelInf(advancing->logits[0], fixed->logits[0]), 1e-12);
+  for (int64_t j = 1; j < 7; ++j)
+    EXPECT_GT(RelInf(advancing->logits[j], fixed->logits[j]), 1e-6) << j;
+}
+
 TEST(TttFastTest, KernelNamesParse) {
   EXPECT_EQ(*ParseTttKernels("fast"), TttKernels::kFast);
   EXPECT_EQ(*ParseTttKernels("reference"), TttKernels::kReference);
   auto bad = ParseTttKernels("fused");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(std::string(bad.status().message()).find("--student_kernels"), std::string::npos);
+  EXPECT_EQ(*ParseTttPositions("advancing"), TttPositions::kAdvancing);
+  EXPECT_EQ(*ParseTttPositions("fixed"), TttPositions::kFixed);
+  auto bad_positions = ParseTttPositions("t+j");
+  ASSERT_FALSE(bad_positions.ok());
+  EXPECT_NE(std::string(bad_positions.status().message()).find("--ttt_positions"),
+            std::string::npos);
 }
 
 }  // namespace
