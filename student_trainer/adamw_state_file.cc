@@ -27,6 +27,11 @@ Key ParamKey(const at::Tensor& p) {
   }
 }
 
+// Moments keep the parameter's own float type: fp64 drafts, fp64 moments.
+at::ScalarType MomentType(const at::Tensor& p) {
+  return p.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
 using StateKey = std::decay_t<decltype(std::declval<torch::optim::AdamW&>().state())>::key_type;
 
 }  // namespace
@@ -82,20 +87,27 @@ absl::StatusOr<int64_t> ReadAdamWState(const std::string& path,
   return step;
 }
 
-absl::StatusOr<std::pair<int64_t, std::vector<NamedMoments>>> MomentsOfTorchAdamW(
-    torch::optim::AdamW& optimizer, const std::vector<std::pair<std::string, at::Tensor>>& params) {
-  std::pair<int64_t, std::vector<NamedMoments>> out{0, {}};
-  auto& states = optimizer.state();
+std::vector<NamedMoments> ZeroMoments(
+    const std::vector<std::pair<std::string, at::Tensor>>& params) {
+  std::vector<NamedMoments> out;
   for (const auto& [name, p] : params) {
-    auto it = states.find(ParamKey<StateKey>(p));
-    if (it == states.end()) {
-      out.second.push_back(NamedMoments{name, at::zeros_like(p, p.options().dtype(at::kFloat)),
-                                        at::zeros_like(p, p.options().dtype(at::kFloat))});
-      continue;
-    }
+    const auto options = p.options().dtype(MomentType(p));
+    out.push_back(NamedMoments{name, at::zeros_like(p, options), at::zeros_like(p, options)});
+  }
+  return out;
+}
+
+std::pair<int64_t, std::vector<NamedMoments>> MomentsOfTorchAdamW(
+    torch::optim::AdamW& optimizer, const std::vector<std::pair<std::string, at::Tensor>>& params) {
+  std::pair<int64_t, std::vector<NamedMoments>> out{0, ZeroMoments(params)};
+  auto& states = optimizer.state();
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto it = states.find(ParamKey<StateKey>(params[i].second));
+    if (it == states.end()) continue;
     auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
     out.first = std::max<int64_t>(out.first, s.step());
-    out.second.push_back(NamedMoments{name, s.exp_avg(), s.exp_avg_sq()});
+    out.second[i].exp_avg = s.exp_avg();
+    out.second[i].exp_avg_sq = s.exp_avg_sq();
   }
   return out;
 }
@@ -108,10 +120,9 @@ void SetTorchAdamWMoments(torch::optim::AdamW& optimizer,
     const at::Tensor& p = params[i].second;
     auto s = std::make_unique<torch::optim::AdamWParamState>();
     s->step(step);
-    // The parameter's own float type: fp64 drafts keep fp64 moments.
-    const at::ScalarType type = p.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    s->exp_avg(moments[i].exp_avg.to(p.options().dtype(type)).clone());
-    s->exp_avg_sq(moments[i].exp_avg_sq.to(p.options().dtype(type)).clone());
+    const auto options = p.options().dtype(MomentType(p));
+    s->exp_avg(moments[i].exp_avg.to(options).clone());
+    s->exp_avg_sq(moments[i].exp_avg_sq.to(options).clone());
     states[ParamKey<StateKey>(p)] = std::move(s);
   }
 }

@@ -33,9 +33,12 @@ absl::Status WriteAdamWState(const std::string& path, int64_t step,
 absl::StatusOr<int64_t> ReadAdamWState(const std::string& path,
                                        const std::vector<NamedMoments>& into);
 
+// Zero moments (fp32, or fp64 for fp64 parameters) shaped as `params`.
+std::vector<NamedMoments> ZeroMoments(const std::vector<std::pair<std::string, at::Tensor>>& params);
+
 // The per-parameter state of a torch::optim::AdamW over `params`, as moments
 // (zeros and step 0 before its first step), and back.
-absl::StatusOr<std::pair<int64_t, std::vector<NamedMoments>>> MomentsOfTorchAdamW(
+std::pair<int64_t, std::vector<NamedMoments>> MomentsOfTorchAdamW(
     torch::optim::AdamW& optimizer, const std::vector<std::pair<std::string, at::Tensor>>& params);
 void SetTorchAdamWMoments(torch::optim::AdamW& optimizer,
                           const std::vector<std::pair<std::string, at::Tensor>>& params,

@@ -13,12 +13,6 @@
 namespace e3 {
 namespace {
 
-std::vector<at::Tensor> Tensors(const std::vector<std::pair<std::string, at::Tensor>>& named) {
-  std::vector<at::Tensor> out;
-  for (const auto& [name, t] : named) out.push_back(t);
-  return out;
-}
-
 // LibTorch's AdamW and clip_grad_norm_ over the named parameters.
 class ReferenceOptimizer : public DraftOptimizer {
  public:
@@ -30,10 +24,10 @@ class ReferenceOptimizer : public DraftOptimizer {
         params_(trained_.ExportedParameters()),
         options_(options),
         master_weights_(std::move(master_weights)),
-        optimizer_(Tensors(params_), torch::optim::AdamWOptions(1e-4)
-                                         .betas({options.beta1, options.beta2})
-                                         .eps(options.eps)
-                                         .weight_decay(options.weight_decay)) {
+        optimizer_(trained_.parameters(), torch::optim::AdamWOptions(1e-4)
+                                              .betas({options.beta1, options.beta2})
+                                              .eps(options.eps)
+                                              .weight_decay(options.weight_decay)) {
     if (group != nullptr && group->world_size() > 1) {
       reducer_ = std::make_unique<GradientReducer>(group, work.parameters(), trained_.parameters());
     }
@@ -71,18 +65,14 @@ class ReferenceOptimizer : public DraftOptimizer {
   }
 
   absl::Status Save(const std::string& dir) override {
-    E3_ASSIGN_OR_RETURN(auto moments, MomentsOfTorchAdamW(optimizer_, params_));
+    const auto moments = MomentsOfTorchAdamW(optimizer_, params_);
     return WriteAdamWState(JoinPath(dir, kAdamWStateFile), moments.first, moments.second);
   }
 
   absl::Status Load(const std::string& dir) override {
     const std::string path = JoinPath(dir, kAdamWStateFile);
     if (PathExists(path)) {
-      std::vector<NamedMoments> moments;
-      for (const auto& [name, p] : params_) {
-        moments.push_back({name, at::zeros_like(p, p.options().dtype(at::kFloat)),
-                           at::zeros_like(p, p.options().dtype(at::kFloat))});
-      }
+      const std::vector<NamedMoments> moments = ZeroMoments(params_);
       E3_ASSIGN_OR_RETURN(int64_t step, ReadAdamWState(path, moments));
       if (step > 0) SetTorchAdamWMoments(optimizer_, params_, step, moments);
       return absl::OkStatus();

@@ -151,10 +151,7 @@ absl::Status FusedAdamW::Load(const std::string& dir) {
   // A checkpoint in LibTorch's archive: read it through a torch AdamW over
   // the same parameters, then take its per-parameter state.
   const std::string legacy = JoinPath(dir, kLegacyOptimizerFile);
-  const auto params = trained_.ExportedParameters();
-  std::vector<at::Tensor> tensors;
-  for (const auto& [name, p] : params) tensors.push_back(p);
-  torch::optim::AdamW reader(tensors, torch::optim::AdamWOptions(1e-4));
+  torch::optim::AdamW reader(trained_.parameters(), torch::optim::AdamWOptions(1e-4));
   try {
     torch::serialize::InputArchive archive;
     archive.load_from(legacy);
@@ -164,7 +161,7 @@ absl::Status FusedAdamW::Load(const std::string& dir) {
                                             kLegacyOptimizerFile, ": ",
                                             e.what_without_backtrace()));
   }
-  E3_ASSIGN_OR_RETURN(auto moments, MomentsOfTorchAdamW(reader, params));
+  const auto moments = MomentsOfTorchAdamW(reader, trained_.ExportedParameters());
   torch::NoGradGuard no_grad;
   const std::vector<NamedMoments> mine = Moments();
   for (size_t i = 0; i < mine.size(); ++i) {

@@ -38,10 +38,8 @@ template <typename T, int N>
 struct alignas(sizeof(T) * N) Pack {
   T v[N];
 };
-using FloatPack = float4;
 
 inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-inline bool Aligned16(int64_t elements_of_2_bytes) { return elements_of_2_bytes % kVec == 0; }
 
 __device__ __forceinline__ float WarpSum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -19,6 +19,15 @@ struct DiagGrads {
   float* dv[kMaxDiagKeys];
 };
 
+// This thread's warp among the grid's: one (token, head) row each.
+__device__ __forceinline__ int64_t WarpIndex() {
+  return static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+}
+// The kv head query head h reads (GQA).
+__device__ __forceinline__ int64_t KvHeadOf(const TttAttentionShape& s, int64_t h) {
+  return h / (s.q_heads / s.kv_heads);
+}
+
 template <typename T, int kPerLane>
 __device__ __forceinline__ void LoadLane(const T* p, float (&v)[kPerLane]) {
   const int lane = threadIdx.x & 31;
@@ -38,10 +47,10 @@ template <typename T, int kPerLane>
 __global__ void DiagForwardKernel(TttAttentionShape s, const T* __restrict__ q, DiagKeys diag,
                                   const T* __restrict__ o_blk, const float* __restrict__ lse_blk,
                                   T* __restrict__ o, float* __restrict__ lse) {
-  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int64_t warp = WarpIndex();
   if (warp >= s.tokens * s.q_heads) return;
   const int64_t t = warp / s.q_heads, h = warp % s.q_heads;
-  const int64_t kvh = h / (s.q_heads / s.kv_heads);
+  const int64_t kvh = KvHeadOf(s, h);
   float qv[kPerLane];
   LoadLane<T, kPerLane>(q + t * s.qkv_row + h * s.head_dim, qv);
   float scores[kMaxDiagKeys];
@@ -97,10 +106,10 @@ __global__ void DiagBackwardQueryKernel(TttAttentionShape s, const T* __restrict
                                         const T* __restrict__ o, const float* __restrict__ lse,
                                         const T* __restrict__ d_o, const T* __restrict__ dq_blk,
                                         float* __restrict__ dq, float* __restrict__ scratch) {
-  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int64_t warp = WarpIndex();
   if (warp >= s.tokens * s.q_heads) return;
   const int64_t t = warp / s.q_heads, h = warp % s.q_heads;
-  const int64_t kvh = h / (s.q_heads / s.kv_heads);
+  const int64_t kvh = KvHeadOf(s, h);
   const int64_t row = (t * s.q_heads + h) * s.head_dim;
   float dov[kPerLane], acc[kPerLane];
   LoadLane<T, kPerLane>(d_o + row, dov);
@@ -136,7 +145,7 @@ template <typename T, int kPerLane>
 __global__ void DiagBackwardKeyKernel(TttAttentionShape s, const T* __restrict__ q,
                                       const T* __restrict__ d_o, int num_diag, DiagGrads grads,
                                       const float* __restrict__ scratch) {
-  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int64_t warp = WarpIndex();
   if (warp >= s.tokens * s.kv_heads) return;
   const int64_t t = warp / s.kv_heads, kvh = warp % s.kv_heads;
   const int64_t group = s.q_heads / s.kv_heads;

@@ -155,25 +155,38 @@ std::pair<at::Tensor, at::Tensor> DiagForwardAten(const TttAttentionCache& c, co
   return {out.to(q.scalar_type()), lse.t().contiguous()};
 }
 
+#ifdef E3_HAS_CUDA
+// Step j's layout and its diagonal keys and values (steps 1..j), as the
+// merge kernels take them.
+student_kernels::TttAttentionShape KernelShape(const TttAttentionCache& c, int64_t step) {
+  const auto& cfg = c.config();
+  return {c.tokens(),
+          cfg.q_heads,
+          cfg.kv_heads,
+          cfg.head_dim,
+          c.roped(step).stride(0),
+          static_cast<float>(cfg.scale)};
+}
+
+student_kernels::DiagKeys KernelDiagKeys(const TttAttentionCache& c, int64_t step) {
+  student_kernels::DiagKeys diag;
+  diag.num_diag = static_cast<int>(step);
+  for (int64_t i = 1; i <= step; ++i) {
+    diag.keys[i - 1] = c.Key(i).data_ptr();
+    diag.values[i - 1] = c.Value(i).data_ptr();
+  }
+  return diag;
+}
+#endif
+
 std::pair<at::Tensor, at::Tensor> DiagForward(const TttAttentionCache& c, const at::Tensor& q,
                                               int64_t step, const BlockResult& block) {
 #ifdef E3_HAS_CUDA
   student_kernels::Dtype dt;
-  const auto& cfg = c.config();
   if (block.flash && StudentKernelDtype(q, &dt) && step <= student_kernels::kMaxDiagKeys &&
       block.out.is_contiguous() && block.lse.is_contiguous()) {
-    student_kernels::TttAttentionShape shape{c.tokens(),
-                                             cfg.q_heads,
-                                             cfg.kv_heads,
-                                             cfg.head_dim,
-                                             c.roped(step).stride(0),
-                                             static_cast<float>(cfg.scale)};
-    student_kernels::DiagKeys diag;
-    diag.num_diag = static_cast<int>(step);
-    for (int64_t i = 1; i <= step; ++i) {
-      diag.keys[i - 1] = c.Key(i).data_ptr();
-      diag.values[i - 1] = c.Value(i).data_ptr();
-    }
+    const student_kernels::TttAttentionShape shape = KernelShape(c, step);
+    const student_kernels::DiagKeys diag = KernelDiagKeys(c, step);
     at::Tensor out = at::empty_like(block.out);
     at::Tensor lse = at::empty_like(block.lse);
     if (student_kernels::TttDiagForward(dt, shape, q.data_ptr(), diag, block.out.data_ptr(),
@@ -218,21 +231,12 @@ at::Tensor DiagBackward(TttAttentionCache& c, const at::Tensor& q, int64_t step,
   const at::ScalarType f = MathType(q.scalar_type());
 #ifdef E3_HAS_CUDA
   student_kernels::Dtype dt;
-  const auto& cfg = c.config();
   if (flash && StudentKernelDtype(q, &dt) && step <= student_kernels::kMaxDiagKeys &&
       dq_blk.is_contiguous() && out.is_contiguous() && lse.is_contiguous()) {
-    student_kernels::TttAttentionShape shape{c.tokens(),
-                                             cfg.q_heads,
-                                             cfg.kv_heads,
-                                             cfg.head_dim,
-                                             c.roped(step).stride(0),
-                                             static_cast<float>(cfg.scale)};
-    student_kernels::DiagKeys diag;
-    diag.num_diag = static_cast<int>(step);
+    const student_kernels::TttAttentionShape shape = KernelShape(c, step);
+    const student_kernels::DiagKeys diag = KernelDiagKeys(c, step);
     std::vector<float*> dk(static_cast<size_t>(std::max<int64_t>(step, 1))), dv(dk.size());
     for (int64_t i = 1; i <= step; ++i) {
-      diag.keys[i - 1] = c.Key(i).data_ptr();
-      diag.values[i - 1] = c.Value(i).data_ptr();
       dk[i - 1] = c.KeyGrad(i, at::kFloat).data_ptr<float>();
       dv[i - 1] = c.ValueGrad(i, at::kFloat).data_ptr<float>();
     }

@@ -6,22 +6,20 @@
 // one rank training on the whole batch.
 #include <gtest/gtest.h>
 
-#include <array>
-#include <functional>
-#include <thread>
 #include <tuple>
 
 #include "common/torch/process_group.h"
 #include "student_trainer/draft_optimizer.h"
 #include "student_trainer/ttt.h"
-#include "tests/free_port.h"
 #include "tests/student_trainer/tiny_draft.h"
+#include "tests/student_trainer/two_ranks.h"
 
 namespace e3 {
 namespace {
 
 using testing::MakeTinyDraft;
 using testing::RandomBatch;
+using testing::RunTwoRanks;
 using testing::SliceSample;
 using testing::TinyConfig;
 
@@ -44,26 +42,6 @@ absl::Status Train(Eagle3DraftImpl& draft, const TttBatch& batch, ProcessGroup* 
     if (!st.ok()) return st;
   }
   return absl::OkStatus();
-}
-
-std::array<absl::Status, 2> RunTwoRanks(
-    const std::function<absl::Status(int, ProcessGroup*)>& body) {
-  const int port = testing::FreePort();
-  std::array<absl::Status, 2> status;
-  std::thread ranks[2];
-  for (int r = 0; r < 2; ++r) {
-    ranks[r] = std::thread([&, r] {
-      ProcessGroupOptions o;
-      o.master_port = port;
-      o.rank = r;
-      o.world_size = 2;
-      o.timeout = absl::Seconds(60);
-      auto group = ProcessGroup::Create(o);
-      status[r] = group.ok() ? body(r, group->get()) : group.status();
-    });
-  }
-  for (auto& t : ranks) t.join();
-  return status;
 }
 
 class DataParallelTest

@@ -7,14 +7,10 @@
 
 #include <gtest/gtest.h>
 
-#include <array>
-#include <functional>
-#include <thread>
-
 #include "common/torch/process_group.h"
 #include "student_trainer/ttt.h"
-#include "tests/free_port.h"
 #include "tests/student_trainer/tiny_draft.h"
+#include "tests/student_trainer/two_ranks.h"
 
 namespace e3 {
 namespace {
@@ -22,18 +18,21 @@ namespace {
 using testing::FreePort;
 using testing::MakeTinyDraft;
 using testing::RandomBatch;
+using testing::RunTwoRanks;
 using testing::SliceSample;
 using testing::TinyConfig;
 
 constexpr int kSteps = 3;
 
 // Trains `draft` kSteps on `batch`; with a group, gradients are averaged.
-void Train(Eagle3DraftImpl& draft, const TttBatch& batch, ProcessGroup* group, absl::Status* status) {
+void Train(Eagle3DraftImpl& draft, const TttBatch& batch, ProcessGroup* group,
+           absl::Status* status) {
   torch::optim::AdamW opt(draft.parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0));
   std::unique_ptr<GradientReducer> reducer;
   if (group != nullptr) {
     // Small buckets, so that several all-reduces overlap backward.
-    reducer = std::make_unique<GradientReducer>(group, draft.parameters(), draft.parameters(), 8 << 10);
+    reducer =
+        std::make_unique<GradientReducer>(group, draft.parameters(), draft.parameters(), 8 << 10);
   }
   for (int s = 0; s < kSteps; ++s) {
     opt.zero_grad();
@@ -53,28 +52,6 @@ void Train(Eagle3DraftImpl& draft, const TttBatch& batch, ProcessGroup* group, a
   if (reducer) {
     EXPECT_GT(reducer->buckets(), 2u);
   }
-}
-
-// Runs `body(rank, group)` on two ranks, each a thread with its own Gloo
-// process group meeting on a loopback store; returns each rank's status
-// (a failed rendezvous, or what `body` returned).
-std::array<absl::Status, 2> RunTwoRanks(const std::function<absl::Status(int, ProcessGroup*)>& body) {
-  const int port = FreePort();
-  std::array<absl::Status, 2> status;
-  std::thread ranks[2];
-  for (int r = 0; r < 2; ++r) {
-    ranks[r] = std::thread([&, r] {
-      ProcessGroupOptions o;
-      o.master_port = port;
-      o.rank = r;
-      o.world_size = 2;
-      o.timeout = absl::Seconds(60);
-      auto group = ProcessGroup::Create(o);
-      status[r] = group.ok() ? body(r, group->get()) : group.status();
-    });
-  }
-  for (auto& t : ranks) t.join();
-  return status;
 }
 
 TEST(GradientReducerTest, TwoRanksOnHalvesEqualOneRankOnTheWholeBatch) {
@@ -108,7 +85,8 @@ TEST(GradientReducerTest, TwoRanksOnHalvesEqualOneRankOnTheWholeBatch) {
     // amplify it on near-zero gradients. Measured 2.9e-7 after 3 steps.
     EXPECT_LT(err, 1e-5);
   }
-  std::printf("DDP 2 ranks vs 1 rank on the doubled batch, %d steps: worst rel error %.3g\n", kSteps, worst);
+  std::printf("DDP 2 ranks vs 1 rank on the doubled batch, %d steps: worst rel error %.3g\n",
+              kSteps, worst);
 }
 
 // A rank whose share of a global batch is empty runs the step without a
@@ -139,7 +117,8 @@ TEST(GradientReducerTest, AnEmptyShareContributesZerosInLockstep) {
     auto p = drafts[r]->parameters();
     for (size_t i = 0; i < p.size(); ++i) {
       ASSERT_TRUE(p[i].grad().defined());
-      EXPECT_TRUE(p[i].grad().allclose(pr[i].grad() * 0.5, 1e-6, 1e-9)) << "rank " << r << " parameter " << i;
+      EXPECT_TRUE(p[i].grad().allclose(pr[i].grad() * 0.5, 1e-6, 1e-9))
+          << "rank " << r << " parameter " << i;
     }
   }
 }
@@ -154,7 +133,8 @@ TEST(ProcessGroupTest, RejectsBadRanksAndReportsAnUnreachableMaster) {
   o.timeout = absl::Seconds(2);
   auto g = ProcessGroup::Create(o);
   ASSERT_FALSE(g.ok());
-  EXPECT_NE(std::string(g.status().message()).find("rendezvous at 127.0.0.1"), std::string::npos) << g.status();
+  EXPECT_NE(std::string(g.status().message()).find("rendezvous at 127.0.0.1"), std::string::npos)
+      << g.status();
 }
 
 }  // namespace
