@@ -123,13 +123,17 @@ student() {
 
 # Long sequences on the 8B shape (one sample, TTT 7): step time, peak
 # memory and what the step adds per token, fast path only (the reference
-# path's [heads, T, T] scores fill the GPU at 8k).
+# path's [heads, T, T] scores fill the GPU at 8k); from 4096 tokens with
+# cuDNN's attention and with varlen flash's, in the same run.
 student_long() {
-  for tokens in ${LONG_TOKENS:-2048 8192 16384 32768}; do
+  for tokens in ${LONG_TOKENS:-2048 4096 8192 16384 32768}; do
     out=$("$BUILD/bench/student_step_bench" --shape=llama-8b --device=cuda:0 --student_kernels=fast --tokens=$tokens \
-      --warmup=1 --steps=3 | json)
-    echo "student 8B, $tokens tokens in one sample: $(field "$out" ms_per_step) ms/step, $(field "$out" tok_per_s) tok/s," \
-         "peak $(field "$out" peak_gb) GB, $(field "$out" step_kb_per_token) KB per token"
+      --warmup=2 --steps=3 | json)
+    flash=$("$BUILD/bench/student_step_bench" --shape=llama-8b --device=cuda:0 --student_kernels=fast --tokens=$tokens \
+      --warmup=2 --steps=3 --cudnn_attention=false | json)
+    echo "student 8B, $tokens tokens in one sample: $(field "$out" ms_per_step) ms/step (varlen flash" \
+         "$(field "$flash" ms_per_step): $(ratio $(field "$flash" ms_per_step) $(field "$out" ms_per_step))x)," \
+         "$(field "$out" tok_per_s) tok/s, peak $(field "$out" peak_gb) GB, $(field "$out" step_kb_per_token) KB per token"
   done
 }
 

@@ -33,6 +33,7 @@
 #include "common/torch/process_group.h"
 #include "student_trainer/eagle3_draft.h"
 #include "student_trainer/draft_optimizer.h"
+#include "student_trainer/ops/ttt_attention.h"
 #include "student_trainer/ttt.h"
 
 ABSL_FLAG(std::string, shape, "llama-8b", "target shape: llama-1b (Llama-3.2-1B), llama-8b (Llama-3.1-8B), tiny");
@@ -50,6 +51,8 @@ ABSL_FLAG(int, rank, 0, "this process's rank (uses cuda:<rank> when --world_size
 ABSL_FLAG(int, master_port, 29710, "c10d store port of rank 0");
 ABSL_FLAG(int, steps, 10, "timed steps (median reported)");
 ABSL_FLAG(std::string, student_kernels, "fast", "fast or reference (as the trainer's flag)");
+ABSL_FLAG(bool, cudnn_attention, true,
+          "fast path: one sequence of 4096+ tokens runs its causal attention in cuDNN (false: varlen flash)");
 ABSL_FLAG(std::string, loss_mask, "all",
           "all: every position trained; chat: each sample's first 40% is a prompt (loss mask 0), as in chat data");
 
@@ -188,6 +191,7 @@ int Main() {
     return 2;
   }
   const bool fast = *kernels == TttKernels::kFast;
+  ops::SetTttCudnnAttention(absl::GetFlag(FLAGS_cudnn_attention));
   // The trainer's optimizer settings (student_trainer_main.cc defaults).
   DraftOptimizerOptions adam;
   adam.beta1 = 0.9;
@@ -294,12 +298,13 @@ int Main() {
               "\"loss_mask\":\"%s\",\"ttt_length\":%d,\"draft_vocab\":%ld,\"world_size\":%d,\"ms_per_step\":%.3f,"
               "\"tok_per_s\":%.1f,\"forward_ms\":%.2f,\"backward_ms\":%.2f,\"optimizer_ms\":%.2f,\"tflop\":%.3f,"
               "\"mfu\":%.4f,\"peak_gb\":%.3f,\"resident_gb\":%.3f,\"step_kb_per_token\":%.1f,\"device\":\"%s\","
-              "\"dtype\":\"%s\"}\n",
+              "\"dtype\":\"%s\",\"cudnn_attention\":%s}\n",
               absl::GetFlag(FLAGS_student_kernels).c_str(), absl::GetFlag(FLAGS_shape).c_str(), static_cast<long>(T),
               static_cast<long>(samples), absl::GetFlag(FLAGS_loss_mask).c_str(), static_cast<int>(ttt.length),
               static_cast<long>(N), world, med, world * T / med * 1e3, phase_ms[0] / kPhaseSteps,
               phase_ms[1] / kPhaseSteps, phase_ms[2] / kPhaseSteps, flops / 1e12, mfu, during.peak / 1e9,
-              before.allocated / 1e9, act_per_token / 1024, device.str().c_str(), dtype_name.c_str());
+              before.allocated / 1e9, act_per_token / 1024, device.str().c_str(), dtype_name.c_str(),
+              absl::GetFlag(FLAGS_cudnn_attention) ? "true" : "false");
   return 0;
 }
 

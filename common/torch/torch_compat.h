@@ -72,6 +72,31 @@ inline at::Tensor CudnnBatchedAttention(const at::Tensor& q, const at::Tensor& k
                                                              /*is_causal=*/true, /*return_debug_mask=*/false,
                                                              scale));
 }
+// The same kernel keeping what its backward needs, for q/k/v [B, heads, S,
+// D] views: out [B, heads, S, D] and the log-sum-exp of each query's scores
+// (fp32 [B, heads, S, 1]), plus the kernel's RNG state.
+struct CudnnAttentionResult {
+  at::Tensor out, lse, philox_seed, philox_offset;
+};
+inline CudnnAttentionResult CudnnCausalAttentionWithLse(const at::Tensor& q, const at::Tensor& k,
+                                                        const at::Tensor& v, double scale) {
+  auto r = at::_scaled_dot_product_cudnn_attention(q, k, v, /*attn_bias=*/c10::nullopt, /*compute_log_sumexp=*/true,
+                                                   /*dropout_p=*/0.0, /*is_causal=*/true,
+                                                   /*return_debug_mask=*/false, scale);
+  return {std::get<0>(r), std::get<1>(r), std::get<6>(r), std::get<7>(r)};
+}
+// Its backward for any `out` and `lse` of those layouts (as for flash's,
+// the TTT step passes its merged ones). Returns dq, dk, dv as [B, heads,
+// S, D].
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> CudnnCausalAttentionBackward(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const CudnnAttentionResult& forward, double scale) {
+  const int64_t s = q.size(2);
+  return at::_scaled_dot_product_cudnn_attention_backward(dout, q, k, v, out, lse, forward.philox_seed,
+                                                          forward.philox_offset, /*attn_bias=*/at::Tensor(),
+                                                          /*cum_seq_q=*/at::Tensor(), /*cum_seq_k=*/at::Tensor(), s, s,
+                                                          /*dropout_p=*/0.0, /*is_causal=*/true, scale);
+}
 #else
 constexpr bool kHasFlashVarlen = false;
 inline at::Tensor FlashVarlenAttention(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
@@ -91,6 +116,18 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> FlashVarlenAttentionBackwa
   TORCH_CHECK(false, "varlen flash attention needs LibTorch 2.x with CUDA");
 }
 inline at::Tensor CudnnBatchedAttention(const at::Tensor&, const at::Tensor&, const at::Tensor&, double) {
+  TORCH_CHECK(false, "cuDNN attention needs LibTorch 2.x with CUDA");
+}
+struct CudnnAttentionResult {
+  at::Tensor out, lse, philox_seed, philox_offset;
+};
+inline CudnnAttentionResult CudnnCausalAttentionWithLse(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                        double) {
+  TORCH_CHECK(false, "cuDNN attention needs LibTorch 2.x with CUDA");
+}
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> CudnnCausalAttentionBackward(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    const CudnnAttentionResult&, double) {
   TORCH_CHECK(false, "cuDNN attention needs LibTorch 2.x with CUDA");
 }
 #endif

@@ -1,7 +1,11 @@
 #include "student_trainer/ops/ttt_attention.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <limits>
+#include <optional>
+#include <string>
 
 #include "common/torch/torch_compat.h"
 #include "student_trainer/ops/autograd_capsule.h"
@@ -16,11 +20,16 @@ using torch::autograd::variable_list;
 
 at::ScalarType MathType(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
+// Which kernel computed the causal block (its backward runs the same one).
+enum class BlockKernel { kAten = 0, kFlash = 1, kCudnn = 2 };
+
 // The causal block's result: output [T, H, D] and log-sum-exp [H, T]
-// (fp32; fp64 for fp64 drafts), and flash attention's RNG state when it ran.
+// (fp32; fp64 for fp64 drafts), and the RNG state the kernel's backward
+// takes (flash: rng_state and unused; cuDNN: philox seed and offset).
 struct BlockResult {
-  at::Tensor out, lse, rng_state, unused;
-  bool flash = false;
+  at::Tensor out, lse, state_a, state_b;
+  BlockKernel kernel = BlockKernel::kAten;
+  bool fused() const { return kernel != BlockKernel::kAten; }
 };
 
 bool FlashTakes(const at::Tensor& q) {
@@ -29,6 +38,46 @@ bool FlashTakes(const at::Tensor& q) {
   return (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) && d % 8 == 0 &&
          d <= 256;
 }
+
+// One long sequence runs cuDNN's fused attention instead: on an H200 it
+// computes the causal block at about twice varlen flash's rate from 8k
+// tokens on (bench/README.md). cuDNN builds a graph per shape (50-110 ms),
+// so the rows are padded to a multiple of kCudnnRowStep: zero queries and
+// keys after the last token, which no real query attends to (causal) and
+// whose output gradient is zero, so they change nothing.
+constexpr int64_t kCudnnMinTokens = 4096;
+constexpr int64_t kCudnnRowStep = 512;
+std::atomic<bool> g_cudnn_ttt{true};
+std::atomic<int64_t> g_cudnn_ttt_calls{0};
+
+void DisableCudnnTtt(const std::string& why) {
+  if (g_cudnn_ttt.exchange(false)) {
+    std::fprintf(stderr, "TTT attention: cuDNN's kernel failed (%s); using varlen flash attention\n",
+                 why.substr(0, 300).c_str());
+  }
+}
+
+bool CudnnTakes(const TttAttentionCache& c, const at::Tensor& q) {
+  return g_cudnn_ttt.load(std::memory_order_relaxed) && FlashTakes(q) && c.cu_host().size() == 2 &&
+         c.tokens() >= kCudnnMinTokens && q.size(-1) <= 128;
+}
+
+int64_t PaddedRows(int64_t t) { return (t + kCudnnRowStep - 1) / kCudnnRowStep * kCudnnRowStep; }
+
+// x [n, ...] in `rows` rows, zeros after the first n.
+at::Tensor PadRows(const at::Tensor& x, int64_t rows) {
+  if (x.size(0) == rows) return x;
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[0] = rows;
+  at::Tensor out = at::zeros(shape, x.options());
+  out.narrow(0, 0, x.size(0)).copy_(x);
+  return out;
+}
+
+// [rows, heads, D] -> [1, heads, rows, D], the layout cuDNN takes (a view).
+at::Tensor Bhsd(const at::Tensor& x) { return x.unsqueeze(0).transpose(1, 2); }
+// And back, keeping the first t rows: [1, heads, rows, D] -> [t, heads, D].
+at::Tensor Thd(const at::Tensor& x, int64_t t) { return x.squeeze(0).transpose(0, 1).narrow(0, 0, t).contiguous(); }
 
 // Query head h reads kv head h / group: [n, kv_heads, D] -> [n, heads, D].
 at::Tensor RepeatHeads(const at::Tensor& x, int64_t group) {
@@ -70,18 +119,64 @@ BlockResult BlockForwardAten(const TttAttentionCache& c, const at::Tensor& q, co
     outs.push_back(at::bmm(probs, vh).transpose(0, 1));  // [n, H, D]
     lses.push_back(lse);
   }
-  return {at::cat(outs, 0), at::cat(lses, 1), {}, {}, false};
+  return {at::cat(outs, 0), at::cat(lses, 1), {}, {}, BlockKernel::kAten};
 }
 
-BlockResult BlockForward(const TttAttentionCache& c, const at::Tensor& q, const at::Tensor& k,
-                         const at::Tensor& v) {
+// The block through cuDNN over the step's padded rows; nullopt (and cuDNN
+// off for the process, said once) where cuDNN refuses.
+std::optional<BlockResult> BlockForwardCudnn(const TttAttentionCache& c, int64_t step) {
+  const auto& cfg = c.config();
+  const int64_t t = c.tokens();
+  const at::Tensor padded = c.padded(step), padded0 = c.padded(0);
+  try {
+    compat::CudnnAttentionResult r = compat::CudnnCausalAttentionWithLse(
+        Bhsd(padded.narrow(1, 0, cfg.q_heads)), Bhsd(padded0.narrow(1, cfg.q_heads, cfg.kv_heads)),
+        Bhsd(padded0.narrow(1, cfg.q_heads + cfg.kv_heads, cfg.kv_heads)), cfg.scale);
+    g_cudnn_ttt_calls.fetch_add(1, std::memory_order_relaxed);
+    at::Tensor lse = r.lse.reshape({cfg.q_heads, padded.size(0)}).narrow(1, 0, t).contiguous();
+    return BlockResult{Thd(r.out, t), lse, r.philox_seed, r.philox_offset, BlockKernel::kCudnn};
+  } catch (const c10::OutOfMemoryError&) {
+    throw;  // transient: the step fails, cuDNN stays in use
+  } catch (const c10::Error& e) {
+    DisableCudnnTtt(e.what_without_backtrace());
+    return std::nullopt;
+  }
+}
+
+BlockResult BlockForward(const TttAttentionCache& c, int64_t step) {
+  const at::Tensor q = c.Query(step), k = c.Key(0), v = c.Value(0);
   if (!FlashTakes(q)) return BlockForwardAten(c, q, k, v);
+  if (CudnnTakes(c, q)) {
+    if (auto r = BlockForwardCudnn(c, step)) return *r;
+  }
   compat::FlashVarlenResult r =
       compat::FlashVarlenAttentionWithLse(q, k, v, c.cu_device(), c.max_seqlen(), c.config().scale);
   TORCH_CHECK(r.lse.dim() == 2 && r.lse.size(0) == q.size(1) && r.lse.size(1) == q.size(0),
               "flash attention returned a log-sum-exp of shape ", r.lse.sizes(),
               "; the TTT merge expects [", q.size(1), ", ", q.size(0), "] (the varlen layout)");
-  return {r.out, r.lse, r.rng_state, r.unused, true};
+  return {r.out, r.lse, r.rng_state, r.unused, BlockKernel::kFlash};
+}
+
+// The causal block's gradients through cuDNN over the padded rows: the
+// padding's output gradient is zero (and its log-sum-exp 0, finite over
+// its zero scores), so its rows add nothing.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> BlockBackwardCudnn(const TttAttentionCache& c, int64_t step,
+                                                                  const at::Tensor& d_o, const at::Tensor& out,
+                                                                  const at::Tensor& lse,
+                                                                  const compat::CudnnAttentionResult& state) {
+  const auto& cfg = c.config();
+  const int64_t t = c.tokens();
+  const at::Tensor padded = c.padded(step), padded0 = c.padded(0);
+  const int64_t rows = padded.size(0);
+  at::Tensor lse_padded = at::zeros({cfg.q_heads, rows}, lse.options());
+  lse_padded.narrow(1, 0, t).copy_(lse);
+  auto [dq, dk, dv] = compat::CudnnCausalAttentionBackward(
+      Bhsd(PadRows(d_o, rows)), Bhsd(padded.narrow(1, 0, cfg.q_heads)),
+      Bhsd(padded0.narrow(1, cfg.q_heads, cfg.kv_heads)),
+      Bhsd(padded0.narrow(1, cfg.q_heads + cfg.kv_heads, cfg.kv_heads)), Bhsd(PadRows(out, rows)),
+      lse_padded.view({1, cfg.q_heads, rows, 1}), state, cfg.scale);
+  g_cudnn_ttt_calls.fetch_add(1, std::memory_order_relaxed);
+  return {Thd(dq, t), Thd(dk, t), Thd(dv, t)};
 }
 
 // The causal block's gradients given the merged output and log-sum-exp:
@@ -164,7 +259,7 @@ student_kernels::TttAttentionShape KernelShape(const TttAttentionCache& c, int64
           cfg.q_heads,
           cfg.kv_heads,
           cfg.head_dim,
-          c.roped(step).stride(0),
+          c.padded(step).stride(0),
           static_cast<float>(cfg.scale)};
 }
 
@@ -183,7 +278,7 @@ std::pair<at::Tensor, at::Tensor> DiagForward(const TttAttentionCache& c, const 
                                               int64_t step, const BlockResult& block) {
 #ifdef E3_HAS_CUDA
   student_kernels::Dtype dt;
-  if (block.flash && StudentKernelDtype(q, &dt) && step <= student_kernels::kMaxDiagKeys &&
+  if (block.fused() && StudentKernelDtype(q, &dt) && step <= student_kernels::kMaxDiagKeys &&
       block.out.is_contiguous() && block.lse.is_contiguous()) {
     const student_kernels::TttAttentionShape shape = KernelShape(c, step);
     const student_kernels::DiagKeys diag = KernelDiagKeys(c, step);
@@ -261,23 +356,28 @@ class TttAttentionFunction : public torch::autograd::Function<TttAttentionFuncti
     auto cache = FromCapsule<TttAttentionCache>(capsule);
     const auto& cfg = cache->config();
     const int64_t step = cache->steps();
-    cache->Append(RopeQkvForward(qkv, cfg.q_heads, cfg.kv_heads, cfg.head_dim, cos, sin));
+    at::Tensor roped = RopeQkvForward(qkv, cfg.q_heads, cfg.kv_heads, cfg.head_dim, cos, sin);
+    // Step 0 decides for every step: the keys all attend to are its rows.
+    if (step == 0 ? CudnnTakes(*cache, roped) : cache->padded(0).size(0) > cache->tokens()) {
+      roped = PadRows(roped, PaddedRows(cache->tokens()));
+    }
+    cache->Append(std::move(roped));
     const at::Tensor q = cache->Query(step);
-    BlockResult block = BlockForward(*cache, q, cache->Key(0), cache->Value(0));
+    BlockResult block = BlockForward(*cache, step);
     at::Tensor out = block.out, lse = block.lse;
     if (step > 0) std::tie(out, lse) = DiagForward(*cache, q, step, block);
-    if (!block.flash) out = out.to(qkv.scalar_type());
+    if (!block.fused()) out = out.to(qkv.scalar_type());
     ctx->saved_data["capsule"] = capsule;
     ctx->saved_data["step"] = step;
-    ctx->saved_data["flash"] = block.flash;
-    ctx->save_for_backward({out, lse, cos, sin, block.rng_state, block.unused});
+    ctx->saved_data["kernel"] = static_cast<int64_t>(block.kernel);
+    ctx->save_for_backward({out, lse, cos, sin, block.state_a, block.state_b});
     return out.reshape({qkv.size(0), cfg.q_heads * cfg.head_dim});
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto cache = FromCapsule<TttAttentionCache>(ctx->saved_data["capsule"].toTensor());
     const int64_t step = ctx->saved_data["step"].toInt();
-    const bool flash = ctx->saved_data["flash"].toBool();
+    const auto kernel = static_cast<BlockKernel>(ctx->saved_data["kernel"].toInt());
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &out = saved[0], &lse = saved[1], &cos = saved[2], &sin = saved[3];
     const auto& cfg = cache->config();
@@ -286,7 +386,9 @@ class TttAttentionFunction : public torch::autograd::Function<TttAttentionFuncti
     const at::Tensor q = cache->Query(step), k0 = cache->Key(0), v0 = cache->Value(0);
     const at::ScalarType f = MathType(q.scalar_type());
     at::Tensor dq_blk, dk0, dv0;
-    if (flash) {
+    if (kernel == BlockKernel::kCudnn) {
+      std::tie(dq_blk, dk0, dv0) = BlockBackwardCudnn(*cache, step, d_o, out, lse, {{}, {}, saved[4], saved[5]});
+    } else if (kernel == BlockKernel::kFlash) {
       std::tie(dq_blk, dk0, dv0) =
           compat::FlashVarlenAttentionBackward(d_o, q, k0, v0, out, lse, cache->cu_device(),
                                                cache->max_seqlen(), cfg.scale, saved[4], saved[5]);
@@ -296,7 +398,7 @@ class TttAttentionFunction : public torch::autograd::Function<TttAttentionFuncti
     }
     cache->KeyGrad(0, f).add_(dk0);
     cache->ValueGrad(0, f).add_(dv0);
-    const at::Tensor dq = DiagBackward(*cache, q, step, out, lse, d_o, dq_blk, flash);
+    const at::Tensor dq = DiagBackward(*cache, q, step, out, lse, d_o, dq_blk, kernel != BlockKernel::kAten);
     at::Tensor d_qkv = RopeQkvBackward(dq.to(f).contiguous(), cache->KeyGrad(step, f),
                                        cache->ValueGrad(step, f), cos, sin, out.scalar_type());
     cache->FinishBackward(step);
@@ -317,13 +419,13 @@ TttAttentionCache::TttAttentionCache(const TttAttentionConfig& config,
 }
 
 at::Tensor TttAttentionCache::Query(int64_t step) const {
-  return roped_[step].narrow(1, 0, config_.q_heads);
+  return roped_[step].narrow(0, 0, tokens()).narrow(1, 0, config_.q_heads);
 }
 at::Tensor TttAttentionCache::Key(int64_t step) const {
-  return roped_[step].narrow(1, config_.q_heads, config_.kv_heads);
+  return roped_[step].narrow(0, 0, tokens()).narrow(1, config_.q_heads, config_.kv_heads);
 }
 at::Tensor TttAttentionCache::Value(int64_t step) const {
-  return roped_[step].narrow(1, config_.q_heads + config_.kv_heads, config_.kv_heads);
+  return roped_[step].narrow(0, 0, tokens()).narrow(1, config_.q_heads + config_.kv_heads, config_.kv_heads);
 }
 
 at::Tensor& TttAttentionCache::KeyGrad(int64_t step, at::ScalarType type) {
@@ -357,6 +459,9 @@ void TttAttentionCache::FinishBackward(int64_t step) {
   // projection is needed by no earlier one.
   if (step > 0) roped_[step] = at::Tensor();
 }
+
+void SetTttCudnnAttention(bool on) { g_cudnn_ttt.store(on); }
+int64_t TttCudnnAttentionCalls() { return g_cudnn_ttt_calls.load(); }
 
 at::Tensor TttAttentionStep(const std::shared_ptr<TttAttentionCache>& cache, const at::Tensor& qkv,
                             const at::Tensor& cos, const at::Tensor& sin) {

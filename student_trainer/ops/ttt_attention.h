@@ -50,9 +50,10 @@ class TttAttentionCache {
   int64_t tokens() const { return cu_host_.back(); }
 
   // The steps' roped projections [T, q_heads + 2 kv_heads, head_dim] and
-  // views of their parts.
+  // views of their parts. A projection may carry zero rows after the T
+  // tokens (cuDNN's padding; padded() has them, the views do not).
   void Append(at::Tensor roped) { roped_.push_back(std::move(roped)); }
-  const at::Tensor& roped(int64_t step) const { return roped_[step]; }
+  const at::Tensor& padded(int64_t step) const { return roped_[step]; }
   at::Tensor Query(int64_t step) const;
   at::Tensor Key(int64_t step) const;
   at::Tensor Value(int64_t step) const;
@@ -78,6 +79,13 @@ class TttAttentionCache {
   std::vector<at::Tensor> key_grads_, value_grads_;
   std::vector<bool> backward_done_;
 };
+
+// Whether one long sequence (4096+ tokens) may run cuDNN's fused attention
+// for the causal block (default on; where cuDNN refuses, the process says
+// so once and uses varlen flash). For benchmarks and tests; the number of
+// cuDNN forward and backward calls so far.
+void SetTttCudnnAttention(bool on);
+int64_t TttCudnnAttentionCalls();
 
 // One TTT step: ropes the step's raw projection qkv [T, (q_heads + 2
 // kv_heads) * head_dim] with this step's cos/sin [T, rotary_dim], appends

@@ -18,6 +18,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/torch/torch_compat.h"
 #include "student_trainer/ops/draft_head_loss.h"
 #include "student_trainer/ops/kernel_switch.h"
 #include "student_trainer/ops/rms_norm.h"
@@ -190,6 +191,36 @@ TEST_F(StudentKernelsGpuTest, FastStepKernelsMatchItsAtenStatement) {
       EXPECT_NEAR(k.first.acc[j], a.first.acc[j], 0.03) << j;
     EXPECT_LE(RelInf(k.second, a.second), 5e-2);
   }
+}
+
+// One long sequence runs the causal block in cuDNN over rows padded to a
+// multiple of 512 (4100 -> 4608): the same step with varlen flash
+// attention instead gives the same loss, accuracies and gradients, within
+// the bf16 kernels' bounds above.
+TEST_F(StudentKernelsGpuTest, LongSequenceCudnnAttentionMatchesFlash) {
+  if (!compat::kHasFlashVarlen) GTEST_SKIP() << "needs LibTorch 2.5+ with CUDA";
+  Eagle3Draft draft = GpuDraft(at::kBFloat16, 2);
+  TttBatch batch = testing::RandomBatch(draft->config(), {4100}, /*seed=*/9);
+  batch.aux_hidden = batch.aux_hidden * 0.5;
+  TttOptions options;
+  options.kernels = TttKernels::kFast;
+  auto run = [&](bool cudnn) {
+    ops::SetTttCudnnAttention(cudnn);
+    draft->flat().ZeroGrad();
+    auto out = RunTtt(*draft, batch, options);
+    EXPECT_TRUE(out.ok()) << out.status();
+    out->loss.backward();
+    ResolveTttMetrics(&*out);
+    return std::make_pair(*out, draft->flat().grad().clone());
+  };
+  const int64_t before = ops::TttCudnnAttentionCalls();
+  auto [c, f] = std::make_pair(run(true), run(false));
+  ops::SetTttCudnnAttention(true);
+  // Seven steps, a forward and a backward each.
+  EXPECT_EQ(ops::TttCudnnAttentionCalls() - before, 14) << "cuDNN did not run (or failed and switched off)";
+  EXPECT_NEAR(c.first.loss_value, f.first.loss_value, 1e-2 * std::abs(f.first.loss_value));
+  for (size_t j = 0; j < c.first.acc.size(); ++j) EXPECT_NEAR(c.first.acc[j], f.first.acc[j], 0.03) << j;
+  EXPECT_LE(RelInf(c.second, f.second), 5e-2);
 }
 
 // Fast (kernels, flash attention) against the reference op sequence, both
