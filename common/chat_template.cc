@@ -416,4 +416,10 @@ absl::StatusOr<TokenizedChat> TokenizeChat(const Tokenizer& tokenizer,
   return out;
 }
 
+absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const Tokenizer& tokenizer, const ChatTemplate& chat_template,
+                                                    const std::vector<ChatMessage>& messages) {
+  E3_ASSIGN_OR_RETURN(const RenderedChat rendered, chat_template.Render(messages, /*add_generation_prompt=*/true));
+  return std::move(tokenizer.Encode(rendered.text).ids);
+}
+
 }  // namespace e3

@@ -65,6 +65,11 @@ absl::StatusOr<TokenizedChat> TokenizeChat(const Tokenizer& tokenizer, const Cha
                                            const std::vector<ChatMessage>& messages,
                                            bool train_on_all_tokens);
 
+// The prompt a serving engine would send for `messages`: rendered with the
+// generation prompt (the assistant header) and tokenized; no loss mask.
+absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const Tokenizer& tokenizer, const ChatTemplate& chat_template,
+                                                    const std::vector<ChatMessage>& messages);
+
 }  // namespace e3
 
 #endif  // E3_COMMON_CHAT_TEMPLATE_H_

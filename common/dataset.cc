@@ -44,6 +44,7 @@ struct LineContext {
   const ChatTemplate* chat_template;
   int64_t vocab_size;
   bool train_on_all_tokens;
+  bool prompts_only;
 };
 
 // Records where and why a line failed to parse. The DOM parser with
@@ -111,6 +112,38 @@ bool TurnString(const Json& turn, const char* field, size_t index, std::string* 
   return true;
 }
 
+// The turns up to the last user turn, as a serving engine's prompt.
+ParsedLine PromptOfConversation(std::vector<ChatMessage> messages, const LineContext& ctx) {
+  size_t last_user = messages.size();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (messages[i].role == "user") last_user = i;
+  }
+  if (last_user == messages.size()) return Malformed("has no user turn to take a prompt from");
+  messages.resize(last_user + 1);
+  auto ids = TokenizePrompt(*ctx.tokenizer, *ctx.chat_template, messages);
+  if (!ids.ok()) {
+    return Malformed(absl::StrCat("chat template \"", ctx.chat_template->name(),
+                                  "\" rejected the prompt: ", ids.status().message()));
+  }
+  ParsedLine out;
+  out.kind = LineKind::kChat;
+  out.input_ids = std::move(ids).value();
+  out.loss_mask.assign(out.input_ids.size(), 0);
+  return out;
+}
+
+// A pre-tokenized line's prompt: the ids before its last run of trained
+// tokens (the last assistant turn), or all of them.
+void KeepPromptOfPretokenized(ParsedLine* line) {
+  size_t end = line->loss_mask.size();
+  while (end > 0 && line->loss_mask[end - 1] == 0) --end;
+  if (end > 0) {
+    while (end > 0 && line->loss_mask[end - 1] == 1) --end;
+    line->input_ids.resize(end);
+  }
+  line->loss_mask.assign(line->input_ids.size(), 0);
+}
+
 ParsedLine ParseConversation(const Json& conversations, const LineContext& ctx) {
   if (!conversations.is_array()) {
     return Malformed(absl::StrCat("\"conversations\" is ", TypeName(conversations),
@@ -151,6 +184,7 @@ ParsedLine ParseConversation(const Json& conversations, const LineContext& ctx) 
     }
     messages.push_back(std::move(message));
   }
+  if (ctx.prompts_only) return PromptOfConversation(std::move(messages), ctx);
   auto tokenized =
       TokenizeChat(*ctx.tokenizer, *ctx.chat_template, messages, ctx.train_on_all_tokens);
   if (!tokenized.ok()) {
@@ -230,7 +264,11 @@ ParsedLine ParseLine(std::string_view line, const LineContext& ctx) {
     return Malformed("has both \"conversations\" and \"input_ids\"; expected one of them");
   }
   if (has_chat) return ParseConversation(object["conversations"], ctx);
-  if (has_ids) return ParsePretokenized(object, ctx);
+  if (has_ids) {
+    ParsedLine line = ParsePretokenized(object, ctx);
+    if (ctx.prompts_only && line.kind == LineKind::kPretokenized) KeepPromptOfPretokenized(&line);
+    return line;
+  }
   return Malformed("expected a \"conversations\" array, or \"input_ids\" and \"loss_mask\" arrays");
 }
 
@@ -321,6 +359,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Load(const DatasetOptions& opt
   ctx.chat_template = &chat_template;
   ctx.vocab_size = options.vocab_size > 0 ? options.vocab_size : tokenizer.vocab_size();
   ctx.train_on_all_tokens = options.train_on_all_tokens;
+  ctx.prompts_only = options.prompts_only;
   const unsigned threads = ThreadCount(options.num_threads);
 
   auto dataset = std::unique_ptr<Dataset>(new Dataset());

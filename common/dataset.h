@@ -51,6 +51,12 @@ struct DatasetOptions {
   int num_threads = 0;
   // How many malformed-line messages to keep when skipping.
   int max_error_messages = 5;
+  // Read prompts for generation (an eval set) instead of training samples:
+  // a conversation's turns up to its last user turn, rendered with the
+  // generation prompt; a pre-tokenized line's ids before its last run of
+  // trained tokens (all of them when none is trained). No token is
+  // trained; set drop_empty_loss_mask = false with it.
+  bool prompts_only = false;
 };
 
 // Every line read lands in exactly one of empty_lines, malformed,

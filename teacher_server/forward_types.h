@@ -13,6 +13,8 @@
 
 namespace e3 {
 
+class KvCache;  // layers/kv_cache.h
+
 struct PackedBatch {
   at::Tensor input_ids;              // [T] int64, on the model's device
   std::vector<int64_t> cu_seqlens;   // B + 1 offsets, cu_seqlens[0] = 0, back() = T
@@ -43,6 +45,10 @@ struct ForwardOptions {
   // so that all ranks issue the same collectives whatever flags each was
   // started with. -1: the model decides from its own options.
   int64_t micro_batch_split = -1;
+  // Generation (teacher_server/generation.h): the batch's samples extend
+  // the cache's sequences named in its BeginAppend, and attend over what
+  // those cached. One process only (no tensor parallelism).
+  KvCache* kv_cache = nullptr;
 };
 
 struct ForwardOutput {

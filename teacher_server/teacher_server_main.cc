@@ -36,6 +36,8 @@
 #include "teacher_server/engine.h"
 #include "teacher_server/parallel/tp_control.h"
 #include "teacher_server/teacher_metrics.h"
+#include "teacher_server/eval_set.h"
+#include "teacher_server/serialized_model.h"
 #include "teacher_server/teacher_service.h"
 
 ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory (config.json, safetensors, tokenizer.json)");
@@ -96,6 +98,12 @@ ABSL_FLAG(int, ep_size, 1, "expert-parallel groups of a MoE model's experts; div
 ABSL_FLAG(int, tp_rank, -1, "this process's tensor-parallel rank (-1: $RANK, else 0)");
 ABSL_FLAG(std::string, tp_master_addr, "", "rank 0's address for the group rendezvous (empty: $MASTER_ADDR, else 127.0.0.1)");
 ABSL_FLAG(int, tp_master_port, -1, "rendezvous port (-1: $MASTER_PORT, else 29600)");
+ABSL_FLAG(std::string, eval_prompts, "",
+          "acceptance eval set, jsonl in a training data format: each line's conversation up to its last user turn "
+          "is a prompt; the teacher generates its greedy continuation (KV cache, in the background) and serves "
+          "prompt + continuation with aux states to students (student --eval_every)");
+ABSL_FLAG(int64_t, eval_max_new_tokens, 256, "tokens the teacher generates per eval prompt (stops at EOS)");
+ABSL_FLAG(int64_t, eval_samples, 0, "use at most this many eval prompts (0: all)");
 ABSL_FLAG(int, data_shard, 0, "this teacher's shard in [0, num_data_shards)");
 
 namespace e3 {
@@ -224,6 +232,37 @@ std::string GemmTuningCachePath() {
 // The sgl backend's startup GEMM tuning (layers/gemm_tuning.h) for this
 // rank's shard at the token budget. A failure is logged, not fatal: the
 // forward then keeps cuBLASLt's heuristic choices, which compute the same.
+// The eval set of --eval_prompts (null without it), generating in the
+// background from now on. Bad flags or an unreadable file end the process.
+std::unique_ptr<EvalSet> StartEvalSet(CausalLM* model, const Tokenizer& tokenizer, const ChatTemplate& tmpl,
+                                      const EngineOptions& eopts, bool sharded) {
+  const std::string path = absl::GetFlag(FLAGS_eval_prompts);
+  if (path.empty()) return nullptr;
+  if (sharded) {
+    Fail(absl::UnimplementedError("--eval_prompts: generation with a KV cache runs in one process; "
+                                  "start the eval teacher with --tp_size=1"));
+  }
+  DatasetOptions d;
+  d.path = path;
+  d.prompts_only = true;
+  d.drop_empty_loss_mask = false;
+  d.min_length = 1;
+  d.skip_malformed = absl::GetFlag(FLAGS_skip_malformed);
+  d.max_samples = absl::GetFlag(FLAGS_eval_samples);
+  d.vocab_size = model->config().vocab_size;
+  auto prompts = Dataset::Load(d, tokenizer, tmpl);
+  if (!prompts.ok()) Fail(prompts.status());
+  std::printf("teacher: eval prompts %s\n", (*prompts)->Summary().c_str());
+  EvalSetOptions o;
+  o.max_new_tokens = absl::GetFlag(FLAGS_eval_max_new_tokens);
+  for (int64_t id : model->config().eos_token_ids) o.stop_ids.push_back(static_cast<int32_t>(id));
+  o.aux_layer_ids = eopts.aux_layer_ids;
+  o.tokens_per_batch = eopts.tokens_per_batch;
+  std::vector<std::vector<int32_t>> ids;
+  for (const Sample& s : (*prompts)->samples()) ids.push_back(s.input_ids);
+  return EvalSet::Start(model, std::move(ids), o);
+}
+
 void TuneGemmsOrWarn(CausalLM& model) {
   if (model.options().gemm != GemmPath::kCublasLtTuned || !model.options().device.is_cuda()) return;
   GemmTuningOptions o;
@@ -397,15 +436,20 @@ int Main() {
     }
   }
   RemoveStaleShm(eopts.shm_prefix);
-  auto engine = Engine::Create(model->get(), dataset->get(), eopts);
+  // One forward at a time, in arrival order: the engine, the eval set's
+  // generation and Generate calls share the model (serialized_model.h).
+  SerializedCausalLM serialized(model->get());
+  auto engine = Engine::Create(&serialized, dataset->get(), eopts);
   if (!engine.ok()) Fail(engine.status());
+  std::unique_ptr<EvalSet> eval_set = StartEvalSet(&serialized, **tokenizer, *tmpl, eopts, mopts.tp != nullptr);
 
   TeacherMetrics metrics;
   ServiceOptions sopts;
   sopts.backend = BackendName(model->get()->options().device);
   sopts.hostname = HostName();
-  auto service = TeacherServiceImpl::Create(engine->get(), model->get(), &vocab, dataset->get(), &metrics, sopts);
+  auto service = TeacherServiceImpl::Create(engine->get(), &serialized, &vocab, dataset->get(), &metrics, sopts);
   if (!service.ok()) Fail(service.status());
+  (*service)->SetEvalSet(eval_set.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

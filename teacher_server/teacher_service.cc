@@ -2,7 +2,6 @@
 
 #include <cstring>
 #include <mutex>
-#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +9,7 @@
 #include "common/status_macros.h"
 #include "common/torch/tensor_convert.h"
 #include "proto/wire_codec.h"
+#include "teacher_server/generation.h"
 
 namespace e3 {
 namespace {
@@ -201,6 +201,52 @@ class WeightsReactor : public grpc::ServerWriteReactor<v1::WeightChunk> {
   v1::WeightChunk msg_;
 };
 
+// Streams the eval set: its progress while it is being generated, else
+// one chunk per batch.
+class EvalSetReactor : public grpc::ServerWriteReactor<v1::EvalSetChunk> {
+ public:
+  EvalSetReactor(const EvalSetProgress& progress, std::vector<std::shared_ptr<const PayloadBuffer>> batches)
+      : progress_(progress), batches_(std::move(batches)) {
+    Next();
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream broken"));
+      return;
+    }
+    Next();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Next() {
+    const bool ready = progress_.ready;
+    if ((ready && next_ >= batches_.size()) || (!ready && next_ > 0)) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    msg_.Clear();
+    msg_.set_prompts(static_cast<int32_t>(progress_.prompts));
+    msg_.set_generated(static_cast<int32_t>(progress_.generated));
+    msg_.set_ready(ready);
+    msg_.set_batch_count(static_cast<int32_t>(batches_.size()));
+    if (ready) {
+      msg_.set_batch_index(static_cast<int32_t>(next_));
+      v1::BatchDescriptor* d = msg_.mutable_batch();
+      d->set_version(v1::PROTOCOL_VERSION_CURRENT);
+      d->set_batch_id(static_cast<int64_t>(next_));
+      DescribePayload(*batches_[next_], d);
+      d->set_num_tokens(batches_[next_]->tensors().front().shape.front());
+    }
+    ++next_;
+    StartWrite(&msg_);
+  }
+  EvalSetProgress progress_;
+  std::vector<std::shared_ptr<const PayloadBuffer>> batches_;
+  size_t next_ = 0;
+  v1::EvalSetChunk msg_;
+};
+
 }  // namespace
 
 TeacherServiceImpl::~TeacherServiceImpl() {
@@ -355,6 +401,22 @@ grpc::ServerWriteReactor<v1::WeightChunk>* TeacherServiceImpl::GetWeights(grpc::
   return new WeightsReactor(blobs);
 }
 
+grpc::ServerWriteReactor<v1::EvalSetChunk>* TeacherServiceImpl::GetEvalSet(grpc::CallbackServerContext*,
+                                                                           const v1::GetEvalSetRequest* req) {
+  auto version = CheckProtocolVersion(req->version(), "client");
+  if (!version.ok()) return new ErrorWriteReactor<v1::EvalSetChunk>(ToGrpcStatus(version));
+  if (eval_set_ == nullptr) {
+    return new ErrorWriteReactor<v1::EvalSetChunk>(grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION, "this teacher has no eval set (start it with --eval_prompts)"));
+  }
+  const EvalSetProgress progress = eval_set_->progress();
+  if (!progress.error.ok()) {
+    return new ErrorWriteReactor<v1::EvalSetChunk>(
+        ToGrpcStatus(absl::Status(progress.error.code(), absl::StrCat("the eval set failed: ", progress.error.message()))));
+  }
+  return new EvalSetReactor(progress, progress.ready ? eval_set_->batches() : std::vector<std::shared_ptr<const PayloadBuffer>>{});
+}
+
 grpc::ServerUnaryReactor* TeacherServiceImpl::Generate(grpc::CallbackServerContext* ctx, const v1::GenerateRequest* req,
                                                        v1::GenerateResponse* resp) {
   auto version = CheckProtocolVersion(req->version(), "client");
@@ -377,8 +439,8 @@ grpc::ServerUnaryReactor* TeacherServiceImpl::Generate(grpc::CallbackServerConte
   }
   auto* reactor = ctx->DefaultReactor();
   std::vector<int32_t> ids(req->input_ids().begin(), req->input_ids().end());
-  // Greedy decoding recomputes the prefix each step (no KV cache): this
-  // RPC serves acceptance measurement, not production serving.
+  // Greedy decoding with a KV cache (generation.h), on its own thread: the
+  // model serialises it with the engine's forwards (serialized_model.h).
   std::thread([this, reactor, resp, ids, max_new, &c]() mutable {
     // Counted so the service outlives every Generate thread.
     struct Done {
@@ -389,25 +451,15 @@ grpc::ServerUnaryReactor* TeacherServiceImpl::Generate(grpc::CallbackServerConte
         s->generate_cv_.notify_all();
       }
     } done{this};
-    std::set<int64_t> eos(c.eos_token_ids.begin(), c.eos_token_ids.end());
-    for (int64_t step = 0; step < max_new; ++step) {
-      auto batch = PackSamples({ids}, c.vocab_size, model_->options().device);
-      if (!batch.ok()) {
-        reactor->Finish(ToGrpcStatus(batch.status()));
-        return;
-      }
-      ForwardOptions fwd;
-      fwd.return_argmax = true;
-      auto out = model_->Forward(*batch, fwd);
-      if (!out.ok()) {
-        reactor->Finish(ToGrpcStatus(out.status()));
-        return;
-      }
-      int32_t next = out->target_argmax[-1].item<int32_t>();
-      ids.push_back(next);
-      resp->add_output_ids(next);
-      if (eos.count(next)) break;
+    GreedyOptions g;
+    g.max_new_tokens = max_new;
+    g.stop_ids.assign(c.eos_token_ids.begin(), c.eos_token_ids.end());
+    auto out = GreedyContinuations(*model_, {ids}, g);
+    if (!out.ok()) {
+      reactor->Finish(ToGrpcStatus(out.status()));
+      return;
     }
+    for (int32_t t : out->front()) resp->add_output_ids(t);
     reactor->Finish(grpc::Status::OK);
   }).detach();
   return reactor;

@@ -17,6 +17,7 @@
 #include "proto/teacher.grpc.pb.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/engine.h"
+#include "teacher_server/eval_set.h"
 #include "teacher_server/nccl_sender.h"
 #include "teacher_server/teacher_metrics.h"
 
@@ -54,6 +55,10 @@ class TeacherServiceImpl final : public v1::TeacherService::CallbackService {
                                                         const v1::GetWeightsRequest* req) override;
   grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* ctx, const v1::GenerateRequest* req,
                                      v1::GenerateResponse* resp) override;
+  grpc::ServerWriteReactor<v1::EvalSetChunk>* GetEvalSet(grpc::CallbackServerContext* ctx,
+                                                         const v1::GetEvalSetRequest* req) override;
+  // Serves `eval_set` (not owned; null: GetEvalSet says there is none).
+  void SetEvalSet(const EvalSet* eval_set) { eval_set_ = eval_set; }
 
   int open_streams() const { return open_streams_; }
   // Waits for Generate calls still running on their threads.
@@ -66,6 +71,7 @@ class TeacherServiceImpl final : public v1::TeacherService::CallbackService {
   const VocabMap* vocab_ = nullptr;
   const Dataset* dataset_ = nullptr;
   TeacherMetrics* metrics_ = nullptr;
+  const EvalSet* eval_set_ = nullptr;
   ServiceOptions options_;
   std::vector<WeightBlob> weights_;
   std::atomic<int> open_streams_{0};

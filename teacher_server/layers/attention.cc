@@ -9,6 +9,7 @@
 
 #include "common/torch/torch_compat.h"
 #include "teacher_server/layers/fused_ops.h"
+#include "teacher_server/layers/kv_cache.h"
 #include "teacher_server/layers/rms_norm.h"
 #include "teacher_server/layers/rotary.h"
 
@@ -132,7 +133,7 @@ void FuseQkv(AttentionWeights* w) {
 
 at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const AttentionShape& shape,
                          const at::Tensor& cos, const at::Tensor& sin, const PackedLayout& layout,
-                         const AttentionOptions& options, const at::Tensor& residual) {
+                         const AttentionOptions& options, const at::Tensor& residual, KvCacheSlot cache) {
   const int64_t T = x.size(0);
   at::Tensor q, k, v;
   at::Tensor qk_heads;  // q's heads then k's, [T, heads + kv heads, D], where the qkv product is fused
@@ -173,7 +174,8 @@ at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const A
     k = RopeOnPrefix(k, cos, sin, shape.rotary_dim);
   }
   const double scaling = 1.0 / std::sqrt(static_cast<double>(shape.head_dim));
-  at::Tensor o = PackedCausalAttention(q, k, v, layout, scaling, options.kernel);
+  at::Tensor o = cache.cache != nullptr ? cache.cache->Attend(cache.layer, q, k, v, scaling, layout, options.kernel)
+                                        : PackedCausalAttention(q, k, v, layout, scaling, options.kernel);
   return Gemm(o.reshape({T, shape.num_heads * shape.head_dim}), w.o_proj, w.o_bias, residual, options.gemm);
 }
 

@@ -77,11 +77,22 @@ struct AttentionWeights {
 // Concatenates q/k/v into qkv_proj (rows q, then k, then v).
 void FuseQkv(AttentionWeights* w);
 
+class KvCache;  // layers/kv_cache.h
+// A generation's cache and this layer's index in it (no cache: a plain
+// prefill).
+struct KvCacheSlot {
+  KvCache* cache = nullptr;
+  int64_t layer = 0;
+};
+
 // x: [T, H]; cos/sin: [T, rotary_dim]. Returns [T, H]: the attention
 // output, plus `residual` when that is defined (added in the o_proj GEMM).
+// With a cache the new tokens' keys and values are stored there and the
+// tokens attend over their sequences' cached ones too.
 at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const AttentionShape& shape,
                          const at::Tensor& cos, const at::Tensor& sin, const PackedLayout& layout,
-                         const AttentionOptions& options, const at::Tensor& residual = at::Tensor());
+                         const AttentionOptions& options, const at::Tensor& residual = at::Tensor(),
+                         KvCacheSlot cache = {});
 
 // q: [T, heads, D], k/v: [T, kv_heads, D] (last dimension contiguous).
 // Returns [T, heads, D].

@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/gemm.h"
+#include "teacher_server/layers/kv_cache.h"
 #include "teacher_server/parallel/micro_batches.h"
 #include "teacher_server/weight_loader.h"
 
@@ -184,6 +185,16 @@ absl::Status DecoderLM::CheckForward(const PackedBatch& batch, const ForwardOpti
                                                    " is not a sample boundary inside a batch of ",
                                                    batch.num_samples(), " samples"));
   }
+  if (options.kv_cache != nullptr) {
+    if (plan_.sharded()) {
+      return absl::UnimplementedError("generation with a KV cache runs in one process; this teacher is sharded (--tp_size > 1)");
+    }
+    if (!options.kv_cache->appending() || options.kv_cache->layers() != config_.num_hidden_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("the KV cache holds ", options.kv_cache->layers(),
+                                                     " layers and must be between BeginAppend and CommitAppend; ",
+                                                     config_.source, " has ", config_.num_hidden_layers));
+    }
+  }
   if (config_.sliding_window > 0) {
     for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s) {
       const int64_t n = batch.cu_seqlens[s + 1] - batch.cu_seqlens[s];
@@ -281,7 +292,7 @@ absl::StatusOr<ForwardOutput> DecoderLM::Forward(const PackedBatch& batch, const
     // forward uses plain no-grad mode instead.
     c10::InferenceMode inference(!plan_.sharded());
     torch::NoGradGuard no_grad;
-    if (graphs_) {
+    if (graphs_ && options.kv_cache == nullptr) {
       auto run = [this](const PackedBatch& b, const PackedLayout& l, const ForwardOptions& o) { return Run(b, l, o); };
       std::optional<ForwardOutput> out = graphs_->Run(batch, options, run);
       if (out) return std::move(*out);
@@ -341,11 +352,12 @@ ForwardOutput DecoderLM::Run(const PackedBatch& batch, const PackedLayout& layou
     const Layer& layer = layers_[i];
     at::Tensor x = AddRmsNorm(&h, pending, layer.input_layernorm, eps, fused);
     if (i > 0) aux.Capture(i - 1, h);
+    const KvCacheSlot cache{options.kv_cache, i};
     if (add_in_gemm) {
-      h = SelfAttention(x, layer.attn, attn_shape_, cos, sin, layout, attn, /*residual=*/h);
+      h = SelfAttention(x, layer.attn, attn_shape_, cos, sin, layout, attn, /*residual=*/h, cache);
       x = AddRmsNorm(&h, at::Tensor(), layer.post_attention_layernorm, eps, fused);
     } else {
-      x = SelfAttention(x, layer.attn, attn_shape_, cos, sin, layout, attn);
+      x = SelfAttention(x, layer.attn, attn_shape_, cos, sin, layout, attn, at::Tensor(), cache);
       x = AddRmsNorm(&h, x, layer.post_attention_layernorm, eps, fused);
     }
     if (layer.is_moe) {

@@ -141,6 +141,46 @@ TEST_F(DatasetTest, RoleContentAndFromValueAgree) {
   EXPECT_EQ(Sum((**everything)[0].loss_mask), static_cast<int64_t>(n));
 }
 
+// Eval prompts: a conversation up to its last user turn with the
+// generation prompt, as a serving engine renders it; a pre-tokenized
+// line's ids before its last trained run; nothing trained.
+TEST_F(DatasetTest, PromptsOnlyKeepWhatPrecedesTheLastAnswer) {
+  const std::string path = Write(
+      "prompts.jsonl",
+      R"({"conversations": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},)"
+      R"( {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]})"
+      "\n"
+      R"({"conversations": [{"role": "user", "content": "only a question"}]})"
+      "\n"
+      R"({"input_ids": [5, 6, 7, 8, 9, 10, 11], "loss_mask": [0, 0, 1, 1, 0, 1, 1]})"
+      "\n"
+      R"({"input_ids": [5, 6], "loss_mask": [0, 0]})"
+      "\n"
+      R"({"conversations": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "x"}]})"
+      "\n");
+  DatasetOptions o = Options(path);
+  o.prompts_only = true;
+  o.drop_empty_loss_mask = false;
+  o.min_length = 1;
+  auto dataset = Load(o);
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  const Dataset& d = **dataset;
+  ASSERT_EQ(d.size(), 4);
+  auto prompt = TokenizePrompt(*tokenizer_, *template_,
+                               {{"user", "a"}, {"assistant", "b"}, {"user", "c"}});
+  ASSERT_TRUE(prompt.ok()) << prompt.status();
+  EXPECT_EQ(d[0].input_ids, *prompt);
+  auto rendered = template_->Render({{"user", "a"}, {"assistant", "b"}, {"user", "c"}}, true);
+  ASSERT_TRUE(rendered.ok());
+  EXPECT_EQ(tokenizer_->Decode(d[0].input_ids), rendered->text);  // ends with the assistant header
+  EXPECT_THAT(d[2].input_ids, ElementsAre(5, 6, 7, 8, 9));
+  EXPECT_THAT(d[3].input_ids, ElementsAre(5, 6));
+  for (const Sample& sample : d.samples()) EXPECT_EQ(Sum(sample.loss_mask), 0);
+  EXPECT_EQ(d.stats().malformed, 1);
+  ASSERT_EQ(d.stats().first_errors.size(), 1u);
+  EXPECT_THAT(d.stats().first_errors[0], HasSubstr("no user turn"));
+}
+
 TEST_F(DatasetTest, PretokenizedLines) {
   const std::string path =
       Write("ids.jsonl", R"({"input_ids": [1, 2, 3, 8191], "loss_mask": [0, 0, 1, 1]})"

@@ -29,6 +29,9 @@
 #include "common/shm_segment.h"
 #include "common/vocab_map.h"
 #include "proto/wire_codec.h"
+#include "teacher_server/eval_set.h"
+#include "teacher_server/generation.h"
+#include "teacher_server/serialized_model.h"
 #include "tests/teacher_server/golden_fixture.h"
 #include "tests/teacher_server/synthetic_dataset.h"
 
@@ -761,6 +764,87 @@ TEST_F(TeacherServiceTest, GenerateIsGreedyArgmaxOfTheForward) {
     EXPECT_FALSE(s.ok());
     EXPECT_EQ(r.output_ids_size(), 0);
   }
+}
+
+// The eval set: progress while the teacher generates (sharing the model
+// with the engine's batches through SerializedCausalLM), then each prompt
+// with its greedy continuation, the continuation marked in loss_mask, and
+// the aux states of the whole sample; without one, a clear refusal.
+TEST_F(TeacherServiceTest, GetEvalSetServesGreedyContinuationsWithTheirAuxStates) {
+  auto t = StartTeacher(DefaultEngineOptions());
+  ASSERT_NE(t, nullptr);
+  auto get = [&](std::vector<v1::EvalSetChunk>* chunks) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    v1::GetEvalSetRequest req;
+    req.set_version(v1::PROTOCOL_VERSION_CURRENT);
+    auto reader = t->stub->GetEvalSet(&ctx, req);
+    v1::EvalSetChunk chunk;
+    while (reader->Read(&chunk)) chunks->push_back(chunk);
+    return reader->Finish();
+  };
+  std::vector<v1::EvalSetChunk> none;
+  grpc::Status st = get(&none);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(st.error_message().find("--eval_prompts"), std::string::npos) << st.error_message();
+
+  SerializedCausalLM serialized(model_);
+  const std::vector<std::vector<int32_t>> prompts = {{3, 17, 42}, {7, 8, 9, 10, 11, 12}, {100}, {55, 66}};
+  EvalSetOptions eo;
+  eo.max_new_tokens = 6;
+  eo.aux_layer_ids = {0, 2, 4};
+  eo.tokens_per_batch = 16;  // several batches
+  eo.generate_batch = 3;
+  auto eval = EvalSet::Start(&serialized, prompts, eo);
+  t->service->SetEvalSet(eval.get());
+  std::vector<v1::EvalSetChunk> chunks;
+  for (int i = 0; i < 500; ++i) {
+    chunks.clear();
+    st = get(&chunks);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    ASSERT_FALSE(chunks.empty());
+    EXPECT_EQ(chunks[0].prompts(), 4);
+    if (chunks[0].ready()) break;
+    EXPECT_EQ(chunks.size(), 1u);  // progress only
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(chunks[0].ready());
+  GreedyOptions g;
+  g.max_new_tokens = 6;
+  auto want = GreedyContinuations(*model_, prompts, g);
+  ASSERT_TRUE(want.ok()) << want.status();
+  size_t next_prompt = 0;
+  for (const auto& chunk : chunks) {
+    EXPECT_EQ(chunk.batch_count(), static_cast<int>(chunks.size()));
+    auto rb = ReceivedBatch::Resolve(chunk.batch());
+    ASSERT_TRUE(rb.ok()) << rb.status();
+    auto ids = (*rb)->Get("input_ids"), cu = (*rb)->Get("cu_seqlens"), mask = (*rb)->Get("loss_mask"),
+         aux = (*rb)->Get("aux_hidden");
+    ASSERT_TRUE(ids.ok() && cu.ok() && mask.ok() && aux.ok());
+    const auto* id = reinterpret_cast<const int32_t*>(ids->data);
+    const auto* off = reinterpret_cast<const int32_t*>(cu->data);
+    std::vector<std::vector<int32_t>> samples;
+    for (int64_t s = 0; s + 1 < cu->shape[0]; ++s, ++next_prompt) {
+      ASSERT_LT(next_prompt, prompts.size());
+      std::vector<int32_t> expect = prompts[next_prompt];
+      expect.insert(expect.end(), (*want)[next_prompt].begin(), (*want)[next_prompt].end());
+      EXPECT_EQ(std::vector<int32_t>(id + off[s], id + off[s + 1]), expect) << "prompt " << next_prompt;
+      for (int32_t k = off[s]; k < off[s + 1]; ++k) {
+        EXPECT_EQ(mask->data[k], k - off[s] >= static_cast<int32_t>(prompts[next_prompt].size()) ? 1 : 0);
+      }
+      samples.push_back(expect);
+    }
+    auto batch = PackSamples(samples, 256, at::kCPU);
+    ForwardOptions fwd;
+    fwd.aux_layer_ids = {0, 2, 4};
+    auto out = model_->Forward(*batch, fwd);
+    ASSERT_TRUE(out.ok());
+    at::Tensor got = torch::from_blob(const_cast<uint8_t*>(aux->data), {ids->shape[0], 192}, torch::kFloat);
+    EXPECT_TRUE(torch::allclose(got, out->aux_hidden, 1e-5, 1e-5));
+  }
+  EXPECT_EQ(next_prompt, prompts.size());
+  EXPECT_GT(chunks.size(), 1u);
+  t->service->SetEvalSet(nullptr);
 }
 
 // The student's side of the wire: a corrupt descriptor is an error that
