@@ -110,8 +110,8 @@ def main():
     ids = torch.randint(0, 128256, (T,), device=dev)
     aux = torch.randn(T, 3 * s["H"], device=dev, dtype=torch.bfloat16)
     last = torch.randn(T, s["H"], device=dev, dtype=torch.bfloat16)
-    # The trainer's settings: AdamW betas (0.9, 0.95), no weight decay.
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0)
+    # The trainer's settings: AdamW betas (0.9, 0.999), no weight decay.
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4, betas=(0.9, 0.999), weight_decay=0.0)
 
     def one():
         opt.zero_grad(set_to_none=True)

@@ -195,7 +195,7 @@ int Main() {
   // The trainer's optimizer settings (student_trainer_main.cc defaults).
   DraftOptimizerOptions adam;
   adam.beta1 = 0.9;
-  adam.beta2 = 0.95;
+  adam.beta2 = 0.999;
   adam.weight_decay = 0.0;
   adam.grad_clip = 0.5;
   auto created = CreateDraftOptimizer(fast ? DraftOptimizerKind::kFused : DraftOptimizerKind::kReference, **draft,

@@ -22,7 +22,7 @@
 namespace e3 {
 
 struct DraftOptimizerOptions {
-  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double weight_decay = 0.0;
   double grad_clip = 0.5;  // max global gradient norm; 0 disables
 };

@@ -16,6 +16,11 @@ StudentMetrics::StudentMetrics(int rank, int ttt_length) : registry_(std::make_s
   lr_ = &BuildGauge().Name("e3_student_learning_rate").Help("Learning rate of the last step.").Register(*registry_).Add(base);
   tau_ = &BuildGauge().Name("e3_student_tau").Help("Simulated acceptance length 1 + sum_k prod_{i<=k} acc_i.")
               .Register(*registry_).Add(base);
+  eval_tau_ = &BuildGauge()
+                   .Name("e3_student_eval_acceptance_length")
+                   .Help("Real acceptance length (tokens per verify round) of chain drafting on the eval set.")
+                   .Register(*registry_);
+  base_ = base;
   auto& acc = BuildGauge().Name("e3_student_acc").Help("Top-1 agreement with the target at TTT step j.").Register(*registry_);
   auto& ploss = BuildGauge().Name("e3_student_ploss").Help("Soft cross-entropy at TTT step j.").Register(*registry_);
   for (int j = 0; j < ttt_length; ++j) {
@@ -36,6 +41,14 @@ void StudentMetrics::Record(const StepReport& r) {
   tau_->Set(r.tau);
   for (size_t j = 0; j < acc_.size() && j < r.acc.size(); ++j) acc_[j]->Set(r.acc[j]);
   for (size_t j = 0; j < ploss_.size() && j < r.ploss.size(); ++j) ploss_[j]->Set(r.ploss[j]);
+}
+
+void StudentMetrics::RecordAcceptance(const std::vector<int64_t>& chain_lengths, const std::vector<double>& tau) {
+  for (size_t i = 0; i < chain_lengths.size() && i < tau.size(); ++i) {
+    prometheus::Labels l = base_;
+    l["chain"] = std::to_string(chain_lengths[i]);
+    eval_tau_->Add(l).Set(tau[i]);
+  }
 }
 
 }  // namespace e3

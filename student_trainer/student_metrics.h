@@ -2,6 +2,7 @@
 #ifndef E3_STUDENT_TRAINER_STUDENT_METRICS_H_
 #define E3_STUDENT_TRAINER_STUDENT_METRICS_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,9 @@ class StudentMetrics {
   StudentMetrics(int rank, int ttt_length);
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
   void Record(const StepReport& r);
+  // The real acceptance length measured on the eval set
+  // (e3_student_eval_acceptance_length, labelled by chain length).
+  void RecordAcceptance(const std::vector<int64_t>& chain_lengths, const std::vector<double>& tau);
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
@@ -40,6 +44,8 @@ class StudentMetrics {
   prometheus::Gauge* tau_;
   std::vector<prometheus::Gauge*> acc_;
   std::vector<prometheus::Gauge*> ploss_;
+  prometheus::Family<prometheus::Gauge>* eval_tau_;
+  prometheus::Labels base_;
 };
 
 }  // namespace e3

@@ -39,10 +39,12 @@ ABSL_FLAG(int, master_port, -1, "data parallelism: rank 0's c10d store port (def
 ABSL_FLAG(std::string, device, "", "cpu or cuda:N (default: cuda:$LOCAL_RANK when LOCAL_RANK is set and CUDA is available, else cpu)");
 ABSL_FLAG(std::string, dtype, "", "draft compute dtype; default bfloat16 on GPU (fp32 master weights), float32 on CPU");
 ABSL_FLAG(double, lr, 1e-4, "peak learning rate (AdamW)");
-ABSL_FLAG(double, min_lr_ratio, 0.1, "cosine floor as a fraction of the peak");
+ABSL_FLAG(double, min_lr_ratio, 0.5, "cosine floor as a fraction of the peak");
 ABSL_FLAG(double, warmup_ratio, 0.02, "warmup steps as a fraction of the planned steps");
 ABSL_FLAG(int64_t, warmup_steps, -1, "warmup steps (overrides --warmup_ratio when >= 0)");
 ABSL_FLAG(double, weight_decay, 0.0, "AdamW weight decay");
+ABSL_FLAG(double, adam_beta1, 0.9, "AdamW beta1");
+ABSL_FLAG(double, adam_beta2, 0.999, "AdamW beta2");
 ABSL_FLAG(double, grad_clip, 0.5, "max global gradient norm (0: off)");
 ABSL_FLAG(int64_t, max_steps, 0, "stop after this many steps (0: when the teacher's data ends)");
 ABSL_FLAG(int64_t, intermediate_size, 0, "draft MLP width (0: the target's)");
@@ -56,8 +58,16 @@ ABSL_FLAG(int, metrics_port, 0, "port of /metrics (0 picks one, -1 disables)");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address /metrics binds");
 ABSL_FLAG(std::string, summary_json, "", "write the run summary (JSON) here");
 ABSL_FLAG(std::string, step_log, "",
-          "append one JSON line per training step here (step, loss, tau, acc per TTT step, lr, tokens); with "
-          "several ranks, to <path>.rank<r>");
+          "append one JSON line per training step here (step, loss, simulated_tau, acc per TTT step, lr, tokens) "
+          "and one per acceptance measurement (step, eval); with several ranks, to <path>.rank<r>");
+ABSL_FLAG(int64_t, eval_every, 0,
+          "measure the real acceptance length on the teacher's eval set (teacher --eval_prompts) every this many "
+          "steps; 0: only at the end. Without an eval set at the teacher nothing is measured");
+ABSL_FLAG(int64_t, eval_chain, 7, "draft tokens per verify round (chain length K); 3 and 5 are reported too");
+ABSL_FLAG(double, eval_wait_s, 600, "at the end, wait this long for the teacher to finish generating its eval set");
+ABSL_FLAG(bool, eval_untrained, true, "at the end, also measure the draft as initialised, for comparison");
+ABSL_FLAG(std::string, eval_dump, "",
+          "write the eval set and the final acceptance here (safetensors), for tools/acceptance_crosscheck.py");
 ABSL_FLAG(std::string, transports, "",
           "transports accepted (default: nccl,cuda_ipc,shm,inline on a GPU, shm,inline on the CPU)");
 ABSL_FLAG(int, credit_window, 4, "batches in flight / prefetched");
@@ -127,6 +137,8 @@ int Main() {
   o.warmup_ratio = absl::GetFlag(FLAGS_warmup_ratio);
   o.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
   o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  o.beta1 = absl::GetFlag(FLAGS_adam_beta1);
+  o.beta2 = absl::GetFlag(FLAGS_adam_beta2);
   o.grad_clip = absl::GetFlag(FLAGS_grad_clip);
   o.max_steps = absl::GetFlag(FLAGS_max_steps);
   o.intermediate_size = absl::GetFlag(FLAGS_intermediate_size);
@@ -138,6 +150,11 @@ int Main() {
   o.log_every = absl::GetFlag(FLAGS_log_every);
   o.summary_json = absl::GetFlag(FLAGS_summary_json);
   o.step_log = absl::GetFlag(FLAGS_step_log);
+  o.eval.every = absl::GetFlag(FLAGS_eval_every);
+  o.eval.chain = absl::GetFlag(FLAGS_eval_chain);
+  o.eval.wait_s = absl::GetFlag(FLAGS_eval_wait_s);
+  o.eval.untrained = absl::GetFlag(FLAGS_eval_untrained);
+  o.eval.dump = absl::GetFlag(FLAGS_eval_dump);
   o.stop = &g_stop;
 
   StudentMetrics metrics(o.client.rank, o.ttt_length);
@@ -167,10 +184,18 @@ int Main() {
               o.client.rank, static_cast<long>(s.steps), static_cast<long>(s.tokens), s.train_seconds,
               s.train_seconds > 0 ? s.tokens / s.train_seconds : 0.0,
               s.train_seconds > 0 ? 100 * s.data_wait_seconds / s.train_seconds : 0.0, s.seconds);
-  std::printf("  first %3ld steps: loss %.3f  tau %.3f  acc_0..%zu%s\n", static_cast<long>(s.first.steps), s.first.loss,
-              s.first.tau, s.first.acc.empty() ? 0 : s.first.acc.size() - 1, acc(s.first.acc).c_str());
-  std::printf("  last  %3ld steps: loss %.3f  tau %.3f  acc_0..%zu%s\n", static_cast<long>(s.last.steps), s.last.loss,
-              s.last.tau, s.last.acc.empty() ? 0 : s.last.acc.size() - 1, acc(s.last.acc).c_str());
+  std::printf("  first %3ld steps: loss %.3f  simulated tau %.3f  acc_0..%zu%s\n", static_cast<long>(s.first.steps),
+              s.first.loss, s.first.tau, s.first.acc.empty() ? 0 : s.first.acc.size() - 1, acc(s.first.acc).c_str());
+  std::printf("  last  %3ld steps: loss %.3f  simulated tau %.3f  acc_0..%zu%s\n", static_cast<long>(s.last.steps),
+              s.last.loss, s.last.tau, s.last.acc.empty() ? 0 : s.last.acc.size() - 1, acc(s.last.acc).c_str());
+  if (s.eval.has_value()) {
+    std::printf("  real acceptance length on the eval set (%ld prompts), trained draft: %s\n",
+                static_cast<long>(s.eval->samples), s.eval->Summary().c_str());
+  }
+  if (s.eval_untrained.has_value()) {
+    std::printf("                                                    untrained draft: %s\n",
+                s.eval_untrained->Summary().c_str());
+  }
   if (!s.export_dir.empty()) std::printf("  exported draft: %s\n", s.export_dir.c_str());
   if (!s.last_checkpoint.empty()) std::printf("  last checkpoint: %s\n", s.last_checkpoint.c_str());
   if (s.stopped_by_signal) std::printf("  stopped by signal after checkpointing\n");

@@ -112,6 +112,48 @@ TeacherClient::~TeacherClient() {
   if (reader_.joinable()) reader_.join();
 }
 
+absl::StatusOr<EvalSetFetch> TeacherClient::FetchEvalSet() {
+  v1::GetEvalSetRequest req;
+  req.set_version(v1::PROTOCOL_VERSION_CURRENT);
+  // The whole set in one stream (about 100 MB per batch on an 8B target):
+  // a generous deadline of its own instead of the per-call one.
+  auto ctx = NewContext(false);
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+  auto reader = stub_->GetEvalSet(ctx.get(), req);
+  EvalSetFetch out;
+  v1::EvalSetChunk chunk;
+  std::vector<v1::EvalSetChunk> chunks;
+  while (reader->Read(&chunk)) chunks.push_back(chunk);
+  grpc::Status st = reader->Finish();
+  if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION) return out;  // no eval set there
+  if (!st.ok()) return FromGrpc(st, absl::StrCat("GetEvalSet from ", options_.address));
+  if (chunks.empty()) return absl::DataLossError(absl::StrCat("GetEvalSet from ", options_.address, ": no message"));
+  out.available = true;
+  out.prompts = chunks[0].prompts();
+  out.generated = chunks[0].generated();
+  out.ready = chunks[0].ready();
+  if (!out.ready) return out;
+  for (const v1::EvalSetChunk& c : chunks) {
+    E3_RETURN_IF_ERROR(CheckProtocolVersion(c.batch().version(), "teacher"));
+    E3_ASSIGN_OR_RETURN(auto received, ReceivedBatch::Resolve(c.batch()));
+    auto get = [&](const char* name) -> absl::StatusOr<at::Tensor> {
+      E3_ASSIGN_OR_RETURN(ReceivedTensor t, received->Get(name));
+      return ToTensor(t);
+    };
+    E3_ASSIGN_OR_RETURN(at::Tensor ids, get("input_ids"));
+    E3_ASSIGN_OR_RETURN(at::Tensor cu, get("cu_seqlens"));
+    E3_ASSIGN_OR_RETURN(at::Tensor mask, get("loss_mask"));
+    E3_ASSIGN_OR_RETURN(at::Tensor aux, get("aux_hidden"));
+    E3_ASSIGN_OR_RETURN(EvalBatch b, EvalBatchFromWire(ids, cu, mask, aux));
+    out.batches.push_back(std::move(b));
+  }
+  if (static_cast<int>(out.batches.size()) != chunks[0].batch_count()) {
+    return absl::DataLossError(absl::StrCat("GetEvalSet from ", options_.address, ": ", out.batches.size(),
+                                            " batches of ", chunks[0].batch_count()));
+  }
+  return out;
+}
+
 absl::StatusOr<FrozenWeights> TeacherClient::FetchWeights() {
   v1::GetWeightsRequest req;
   req.set_version(v1::PROTOCOL_VERSION_CURRENT);

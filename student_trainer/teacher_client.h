@@ -26,6 +26,7 @@
 #include "common/transport.h"
 #include "common/vocab_map.h"
 #include "proto/teacher.grpc.pb.h"
+#include "student_trainer/acceptance.h"
 #include "student_trainer/ttt.h"
 
 namespace e3 {
@@ -80,6 +81,13 @@ struct StudentBatch {
   TransportKind transport = TransportKind::kInline;
 };
 
+struct EvalSetFetch {
+  bool available = false;  // false: the teacher was started without --eval_prompts
+  bool ready = false;
+  int prompts = 0, generated = 0;
+  std::vector<EvalBatch> batches;  // when ready
+};
+
 class TeacherClient {
  public:
   // GetInfo with retries; a protocol mismatch fails at once.
@@ -88,6 +96,9 @@ class TeacherClient {
 
   const TeacherInfo& info() const { return info_; }
   absl::StatusOr<FrozenWeights> FetchWeights();
+  // The teacher's acceptance eval set (teacher --eval_prompts): whether it
+  // has one, how far its generation is, and once ready its batches.
+  absl::StatusOr<EvalSetFetch> FetchEvalSet();
 
   // Starts streaming from `resume` on the background thread.
   absl::Status Start(StreamCursor resume);

@@ -63,7 +63,18 @@ class Window {
 };
 
 nlohmann::json WindowJson(const WindowStats& w) {
-  return {{"steps", w.steps}, {"loss", w.loss}, {"tau", w.tau}, {"acc", w.acc}};
+  return {{"steps", w.steps}, {"loss", w.loss}, {"simulated_tau", w.tau}, {"acc", w.acc}};
+}
+
+// {"chains": [3, 5, 7], "tau": {"3": ...}, "rounds": {...}, "prompts": n}
+nlohmann::json AcceptanceJson(const AcceptanceReport& r) {
+  nlohmann::json j = {{"chains", r.chain_lengths}, {"prompts", r.samples}, {"seconds", r.seconds}};
+  for (size_t i = 0; i < r.chain_lengths.size(); ++i) {
+    const std::string k = std::to_string(r.chain_lengths[i]);
+    j["tau"][k] = r.counts[i].tau();
+    j["rounds"][k] = r.counts[i].rounds;
+  }
+  return j;
 }
 
 std::string AccString(const std::vector<double>& acc) {
@@ -92,6 +103,8 @@ std::string TrainSummary::ToJson() const {
                       {"device", device},
                       {"dtype", dtype},
                       {"transport", transport}};
+  if (eval.has_value()) j["eval"] = AcceptanceJson(*eval);
+  if (eval_untrained.has_value()) j["eval_untrained"] = AcceptanceJson(*eval_untrained);
   return j.dump(2);
 }
 
@@ -237,6 +250,13 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
   schedule.total_steps = planned;
   schedule.warmup_steps = o.warmup_steps >= 0 ? o.warmup_steps : static_cast<int64_t>(o.warmup_ratio * planned);
 
+  E3_ASSIGN_OR_RETURN(std::unique_ptr<AcceptanceEval> acceptance,
+                      AcceptanceEval::Create(clients[0].get(), o.eval, group.get(), rank, world, device));
+  if (acceptance->enabled() && rank == 0) {
+    const std::string when = o.eval.every > 0 ? absl::StrCat("every ", o.eval.every, " steps and at the end") : "at the end";
+    std::printf("student[0]: real acceptance length on %s's eval set %s (chains %s)\n", addresses[0].c_str(),
+                when.c_str(), absl::StrJoin(acceptance->chain_lengths(), ", ").c_str());
+  }
   for (size_t i = 0; i < clients.size(); ++i) E3_RETURN_IF_ERROR(clients[i]->Start(state.cursors[i]));
   std::vector<bool> ended(clients.size(), false);
   size_t turn = 0;
@@ -264,6 +284,23 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
   // What each teacher has been told is committed: a teacher that saw its
   // whole shard committed may exit (--exit_when_done), so it is not asked
   // again, and a final checkpoint identical to the last one is skipped.
+  // A measurement goes to the log, the step log and Prometheus.
+  auto report_acceptance = [&](const AcceptanceReport& r, const char* what) {
+    if (rank == 0) {
+      std::printf("student[0]: step %ld acceptance%s: %s\n", static_cast<long>(state.step), what, r.Summary().c_str());
+      std::fflush(stdout);
+    }
+    if (step_log.is_open()) {
+      step_log << nlohmann::json{{"step", state.step}, {"eval", AcceptanceJson(r)}}.dump() << "\n";
+      step_log.flush();
+    }
+    if (metrics != nullptr) {
+      std::vector<double> tau;
+      for (const AcceptanceCounts& c : r.counts) tau.push_back(c.tau());
+      metrics->RecordAcceptance(r.chain_lengths, tau);
+    }
+  };
+
   std::vector<StreamCursor> committed = state.cursors;
   int64_t checkpointed_step = summary.resumed ? state.step : -1;
   auto checkpoint = [&]() -> absl::Status {
@@ -356,7 +393,7 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
     }
     const double step_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     if (step_log.is_open() && batch.num_tokens > 0) {
-      step_log << nlohmann::json{{"step", state.step}, {"loss", loss}, {"tau", out.tau}, {"acc", out.acc},
+      step_log << nlohmann::json{{"step", state.step}, {"loss", loss}, {"simulated_tau", out.tau}, {"acc", out.acc},
                                  {"lr", lr}, {"tokens", batch.num_tokens}, {"seconds", step_seconds},
                                  {"data_wait_seconds", wait}}
                       .dump()
@@ -377,7 +414,7 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
     }
     if (o.log_every > 0 && state.step % o.log_every == 0) {
       const double dt = std::chrono::duration<double>(Clock::now() - last_log).count();
-      std::printf("student[%d]: step %ld/%ld | loss %.3f | acc %s | tau %.2f | lr %.2e | %.0f tok/s | wait %.0f%%\n",
+      std::printf("student[%d]: step %ld/%ld | loss %.3f | acc %s | simulated tau %.2f | lr %.2e | %.0f tok/s | wait %.0f%%\n",
                   o.client.rank, static_cast<long>(state.step), static_cast<long>(planned), loss,
                   AccString(out.acc).c_str(), out.tau, lr, (run_tokens - tokens_at_log) / std::max(dt, 1e-9),
                   100.0 * (run_wait - wait_at_log) / std::max(dt, 1e-9));
@@ -387,8 +424,25 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
       wait_at_log = run_wait;
     }
     if (o.checkpoint_every > 0 && state.step % o.checkpoint_every == 0) E3_RETURN_IF_ERROR(checkpoint());
+    E3_ASSIGN_OR_RETURN(std::optional<AcceptanceReport> measured, acceptance->AtStep(state.step, trained));
+    if (measured.has_value()) report_acceptance(*measured, "");
   }
   E3_RETURN_IF_ERROR(checkpoint());
+  E3_ASSIGN_OR_RETURN(summary.eval, acceptance->Final(state.step, trained));
+  if (summary.eval.has_value()) {
+    if (acceptance->measured_at() != state.step) report_acceptance(*summary.eval, " (final)");
+    E3_RETURN_IF_ERROR(acceptance->Dump(trained, *summary.eval));
+    if (o.eval.untrained) {
+      // The same seed rebuilds the draft as it started.
+      Eagle3DraftOptions initial = dopts;
+      initial.dtype = trained.options().dtype;
+      E3_ASSIGN_OR_RETURN(Eagle3Draft untrained, CreateEagle3Draft(initial, ft));
+      E3_ASSIGN_OR_RETURN(summary.eval_untrained, acceptance->Measure(*untrained));
+      if (summary.eval_untrained.has_value() && rank == 0) {
+        std::printf("student[0]: acceptance of the untrained draft: %s\n", summary.eval_untrained->Summary().c_str());
+      }
+    }
+  }
   if (!o.output_dir.empty() && rank == 0) {
     DraftExportOptions exp;
     E3_ASSIGN_OR_RETURN(exp.dtype, ParseComputeScalarType(o.export_dtype));

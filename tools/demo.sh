@@ -2,11 +2,15 @@
 # The README's main-job command: installs dependencies, builds the two
 # services, starts a teacher on the bundled tiny-code-llama and its training
 # conversations, trains one student against it for a few minutes, and
-# prints the summary (loss, acc_0..acc_6 and tau at the start and the end,
-# tokens/s, where the exported draft is).
+# prints the summary (loss, acc_0..acc_6 and the simulated tau at the start
+# and the end, tokens/s, the real acceptance length tau of the trained draft
+# against the untrained one on the bundled eval prompts, where the exported
+# draft is).
 #
 # Knobs (environment): DEMO_STEPS (default 80), DEMO_TOKENS_PER_BATCH (1024),
-# DEMO_LR (1e-3), DEMO_DIR (run directory, default ./demo-run).
+# DEMO_LR (1e-3), DEMO_DIR (run directory, default ./demo-run), DEMO_EVAL_PROMPTS
+# (eval prompts the teacher continues, default 32 of the 100), DEMO_EVAL_TOKENS
+# (tokens it generates for each, default 128).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./tools/install_deps.sh
@@ -25,6 +29,8 @@ rm -rf "$RUN" && mkdir -p "$RUN"
   --data=examples/data/train_conversations.jsonl \
   --max_seq_len=512 --tokens_per_batch="$TOKENS" --draft_vocab_size=2048 \
   --listen=127.0.0.1:0 --port_file="$RUN/teacher.port" --ledger="$RUN/ledger.jsonl" \
+  --eval_prompts=examples/data/eval_prompts.jsonl --eval_samples="${DEMO_EVAL_PROMPTS:-32}" \
+  --eval_max_new_tokens="${DEMO_EVAL_TOKENS:-128}" \
   --threads=1 >"$RUN/teacher.log" 2>&1 &
 TEACHER=$!
 trap 'kill $TEACHER 2>/dev/null || true' EXIT
@@ -40,7 +46,7 @@ echo "demo: training $STEPS steps of ~$TOKENS tokens against the teacher on 127.
   --teacher="127.0.0.1:$PORT" --max_steps="$STEPS" --lr="$LR" --warmup_steps=4 \
   --checkpoint_dir="$RUN/checkpoints" --checkpoint_every=40 \
   --output_dir="$RUN/draft" --summary_json="$RUN/summary.json" \
-  --log_every=10 --threads=1
+  --log_every=10 --threads=1 --step_log="$RUN/steps.jsonl"
 
 kill -TERM $TEACHER 2>/dev/null || true
 wait $TEACHER 2>/dev/null || true

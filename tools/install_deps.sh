@@ -7,6 +7,9 @@ PKGS=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libtorch-dev prometheus-cpp-dev libcpp-httplib-dev nlohmann-json3-dev libgloo-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  # PyTorch for Python (CPU): the golden generators and the independent
+  # acceptance cross-check (tools/acceptance_crosscheck.py) that CI runs.
+  python3-torch
   # The BLAS LibTorch runs on: BLIS (OpenMP). Never OpenBLAS's threaded
   # builds: they break civetweb threads, and the reference BLAS is 30x slower.
   libblis4-openmp

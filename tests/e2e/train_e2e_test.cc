@@ -85,8 +85,8 @@ TEST(TrainE2eTest, StudentLearnsFromALiveTeacherAndExports) {
   const double first_loss = summary["first"]["loss"], last_loss = summary["last"]["loss"];
   const double first_acc0 = summary["first"]["acc"][0], last_acc0 = summary["last"]["acc"][0];
   std::printf("e2e: %ld steps, loss %.3f -> %.3f, acc_0 %.3f -> %.3f, tau %.3f -> %.3f\n", static_cast<long>(steps),
-              first_loss, last_loss, first_acc0, last_acc0, summary["first"]["tau"].get<double>(),
-              summary["last"]["tau"].get<double>());
+              first_loss, last_loss, first_acc0, last_acc0, summary["first"]["simulated_tau"].get<double>(),
+              summary["last"]["simulated_tau"].get<double>());
   EXPECT_GE(steps, 30);
   EXPECT_LT(last_loss, first_loss);
   EXPECT_GT(last_acc0, first_acc0);
