@@ -144,46 +144,51 @@ void KeepPromptOfPretokenized(ParsedLine* line) {
   line->loss_mask.assign(line->input_ids.size(), 0);
 }
 
-ParsedLine ParseConversation(const Json& conversations, const LineContext& ctx) {
+// The turns of a "conversations" array; the error names the turn and field.
+absl::StatusOr<std::vector<ChatMessage>> MessagesOf(const Json& conversations) {
+  auto bad = [](std::string why) { return absl::InvalidArgumentError(std::move(why)); };
   if (!conversations.is_array()) {
-    return Malformed(absl::StrCat("\"conversations\" is ", TypeName(conversations),
-                                  "; expected an array of turns"));
+    return bad(absl::StrCat("\"conversations\" is ", TypeName(conversations), "; expected an array of turns"));
   }
-  if (conversations.empty()) return Malformed("\"conversations\" is empty; expected turns");
+  if (conversations.empty()) return bad("\"conversations\" is empty; expected turns");
   std::vector<ChatMessage> messages;
   messages.reserve(conversations.size());
   for (size_t i = 0; i < conversations.size(); ++i) {
     const Json& turn = conversations[i];
     if (!turn.is_object()) {
-      return Malformed(
-          absl::StrCat("conversations[", i, "] is ", TypeName(turn), "; expected an object"));
+      return bad(absl::StrCat("conversations[", i, "] is ", TypeName(turn), "; expected an object"));
     }
     ChatMessage message;
     std::string error;
     if (turn.contains("role")) {
-      if (!TurnString(turn, "role", i, &message.role, &error)) return Malformed(error);
+      if (!TurnString(turn, "role", i, &message.role, &error)) return bad(error);
       if (message.role != "system" && message.role != "user" && message.role != "assistant") {
-        return Malformed(absl::StrCat("conversations[", i, "].role is ", Quote(turn["role"]),
-                                      "; expected \"system\", \"user\" or \"assistant\""));
+        return bad(absl::StrCat("conversations[", i, "].role is ", Quote(turn["role"]),
+                                "; expected \"system\", \"user\" or \"assistant\""));
       }
-      if (!TurnString(turn, "content", i, &message.content, &error)) return Malformed(error);
+      if (!TurnString(turn, "content", i, &message.content, &error)) return bad(error);
     } else if (turn.contains("from")) {
       std::string from;
-      if (!TurnString(turn, "from", i, &from, &error)) return Malformed(error);
+      if (!TurnString(turn, "from", i, &from, &error)) return bad(error);
       const char* role = RoleFromShareGpt(from);
       if (role == nullptr) {
-        return Malformed(
-            absl::StrCat("conversations[", i, "].from is ", Quote(turn["from"]),
-                         "; expected human/user, gpt/assistant/chatgpt/bot or system"));
+        return bad(absl::StrCat("conversations[", i, "].from is ", Quote(turn["from"]),
+                                "; expected human/user, gpt/assistant/chatgpt/bot or system"));
       }
       message.role = role;
-      if (!TurnString(turn, "value", i, &message.content, &error)) return Malformed(error);
+      if (!TurnString(turn, "value", i, &message.content, &error)) return bad(error);
     } else {
-      return Malformed(absl::StrCat("conversations[", i,
-                                    "] has neither \"role\"/\"content\" nor \"from\"/\"value\""));
+      return bad(absl::StrCat("conversations[", i, "] has neither \"role\"/\"content\" nor \"from\"/\"value\""));
     }
     messages.push_back(std::move(message));
   }
+  return messages;
+}
+
+ParsedLine ParseConversation(const Json& conversations, const LineContext& ctx) {
+  auto parsed = MessagesOf(conversations);
+  if (!parsed.ok()) return Malformed(std::string(parsed.status().message()));
+  std::vector<ChatMessage> messages = std::move(parsed).value();
   if (ctx.prompts_only) return PromptOfConversation(std::move(messages), ctx);
   auto tokenized =
       TokenizeChat(*ctx.tokenizer, *ctx.chat_template, messages, ctx.train_on_all_tokens);
@@ -453,6 +458,39 @@ std::vector<int64_t> Dataset::Lengths() const {
   lengths.reserve(samples_.size());
   for (const Sample& sample : samples_) lengths.push_back(sample.size());
   return lengths;
+}
+
+absl::StatusOr<std::vector<ChatLine>> ReadChatLines(const std::string& path, bool skip_malformed,
+                                                    int64_t* malformed) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open dataset file ", path, ": ", std::strerror(errno)));
+  std::vector<ChatLine> out;
+  *malformed = 0;
+  std::string text;
+  for (int64_t number = 1; std::getline(in, text); ++number) {
+    if (!text.empty() && text.back() == '\r') text.pop_back();
+    if (text.find_first_not_of(" \t") == std::string::npos) continue;
+    Json object = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+    absl::Status bad;
+    ChatLine line;
+    line.line = number;
+    if (object.is_object() && object.contains("conversations")) {
+      auto messages = MessagesOf(object["conversations"]);
+      if (messages.ok()) line.messages = std::move(messages).value();
+      bad = messages.status();
+    } else if (object.is_object() && object.contains("input_ids")) {
+      line.pretokenized = text;
+    } else {
+      bad = absl::InvalidArgumentError("expected a \"conversations\" array or \"input_ids\"");
+    }
+    if (!bad.ok()) {
+      if (!skip_malformed) return absl::InvalidArgumentError(absl::StrCat(path, ":", number, ": ", bad.message()));
+      ++*malformed;
+      continue;
+    }
+    out.push_back(std::move(line));
+  }
+  return out;
 }
 
 std::string Dataset::Summary() const {

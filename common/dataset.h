@@ -108,6 +108,21 @@ class Dataset {
   DatasetStats stats_;
 };
 
+// One line of a training file, kept as written for regeneration
+// (teacher_server/regenerate.h): a conversation's turns, or a
+// pre-tokenized line's text (messages empty), which cannot be regenerated.
+struct ChatLine {
+  int64_t line = 0;  // 1-based
+  std::vector<ChatMessage> messages;
+  std::string pretokenized;  // the raw JSON of an input_ids/loss_mask line
+};
+
+// The kept lines of a jsonl training file, in order. Empty lines are
+// skipped; a malformed line is skipped (counted in *malformed) or, with
+// skip_malformed false, an error naming path:line.
+absl::StatusOr<std::vector<ChatLine>> ReadChatLines(const std::string& path, bool skip_malformed,
+                                                    int64_t* malformed);
+
 }  // namespace e3
 
 #endif  // E3_COMMON_DATASET_H_

@@ -68,7 +68,7 @@ void EvalSet::Run() {
 
 absl::Status EvalSet::Generate() {
   const auto t0 = Clock::now();
-  GreedyOptions g;
+  GenerationOptions g;
   g.max_new_tokens = options_.max_new_tokens;
   g.stop_ids = options_.stop_ids;
   g.max_sequences = options_.generate_batch;
@@ -81,7 +81,7 @@ absl::Status EvalSet::Generate() {
                 static_cast<long>(total));
     std::fflush(stdout);
   };
-  E3_ASSIGN_OR_RETURN(continuations_, GreedyContinuations(*model_, prompts_, g));
+  E3_ASSIGN_OR_RETURN(continuations_, GenerateContinuations(*model_, prompts_, g));
   std::lock_guard<std::mutex> lock(mu_);
   progress_.generate_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   for (const auto& c : continuations_) progress_.continuation_tokens += static_cast<int64_t>(c.size());

@@ -1,6 +1,9 @@
 #include "teacher_server/generation.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -10,11 +13,32 @@
 namespace e3 {
 namespace {
 
+// Picks each sequence's next token from its logits row: a draw from
+// softmax(logits / temperature) on one seeded generator.
+class Sampler {
+ public:
+  Sampler(double temperature, uint64_t seed)
+      : temperature_(temperature), generator_(at::make_generator<at::CPUGeneratorImpl>(seed)) {}
+  std::vector<int32_t> Draw(const at::Tensor& logits) {  // [n, V]
+    const at::Tensor probs = at::softmax(logits.to(at::kCPU, at::kFloat) / temperature_, -1);
+    const at::Tensor picked = at::multinomial(probs, 1, /*replacement=*/false, generator_).view({-1});
+    std::vector<int32_t> out;
+    for (int64_t i = 0; i < picked.numel(); ++i) out.push_back(static_cast<int32_t>(picked[i].item<int64_t>()));
+    return out;
+  }
+
+ private:
+  double temperature_;
+  at::Generator generator_;
+};
+
 // One forward that appends `tokens[s]` to cache sequence `sequences[s]`
-// and returns the model's argmax after each sample's last token.
+// and returns the token after each sample's last one: the argmax, or a
+// draw by `sampler` (which needs logits: callers keep its forwards short).
 absl::StatusOr<std::vector<int32_t>> AppendAndPredict(CausalLM& model, KvCache& cache,
                                                       const std::vector<int64_t>& sequences,
-                                                      const std::vector<std::vector<int32_t>>& tokens) {
+                                                      const std::vector<std::vector<int32_t>>& tokens,
+                                                      Sampler* sampler) {
   std::vector<int64_t> ids, positions, cu{0};
   for (size_t s = 0; s < sequences.size(); ++s) {
     const int64_t past = cache.lengths()[sequences[s]];
@@ -30,22 +54,30 @@ absl::StatusOr<std::vector<int32_t>> AppendAndPredict(CausalLM& model, KvCache& 
   batch.position_ids = torch::tensor(positions, torch::kLong).to(device);
   E3_RETURN_IF_ERROR(cache.BeginAppend(sequences, cu));
   ForwardOptions fwd;
-  fwd.return_argmax = true;
+  fwd.return_argmax = sampler == nullptr;
+  fwd.return_logits = sampler != nullptr;
   fwd.kv_cache = &cache;
   auto out = model.Forward(batch, fwd);
   cache.CommitAppend();
   if (!out.ok()) return out.status();
+  std::vector<int64_t> last;
+  for (size_t s = 0; s < sequences.size(); ++s) last.push_back(cu[s + 1] - 1);
+  if (sampler != nullptr) {
+    return sampler->Draw(out->logits.index_select(0, torch::tensor(last, torch::kLong).to(out->logits.device())));
+  }
   const at::Tensor argmax = out->target_argmax.to(at::kCPU, at::kInt);
   std::vector<int32_t> next;
-  for (size_t s = 0; s < sequences.size(); ++s) next.push_back(argmax[cu[s + 1] - 1].item<int32_t>());
+  for (int64_t row : last) next.push_back(argmax[row].item<int32_t>());
   return next;
 }
 
 // Prefills the prompts of one group in forwards of about prefill_tokens,
-// returning each one's first generated token.
+// returning each one's first generated token. When sampling, every prompt
+// but its last token is prefilled first, and the last tokens then go in
+// one forward whose few rows of logits the sampler reads.
 absl::StatusOr<std::vector<int32_t>> Prefill(CausalLM& model, KvCache& cache,
                                              const std::vector<std::vector<int32_t>>& prompts,
-                                             const GreedyOptions& options) {
+                                             const GenerationOptions& options, Sampler* sampler) {
   std::vector<int32_t> first(prompts.size());
   size_t begin = 0;
   while (begin < prompts.size()) {
@@ -59,16 +91,30 @@ absl::StatusOr<std::vector<int32_t>> Prefill(CausalLM& model, KvCache& cache,
       tokens.push_back(prompts[s]);
       budget += n;
     }
-    E3_ASSIGN_OR_RETURN(std::vector<int32_t> next, AppendAndPredict(model, cache, sequences, tokens));
-    for (size_t i = 0; i < sequences.size(); ++i) first[sequences[i]] = next[i];
     begin += sequences.size();
+    if (sampler == nullptr) {
+      E3_ASSIGN_OR_RETURN(std::vector<int32_t> next, AppendAndPredict(model, cache, sequences, tokens, nullptr));
+      for (size_t i = 0; i < sequences.size(); ++i) first[sequences[i]] = next[i];
+      continue;
+    }
+    std::vector<int64_t> heads;
+    std::vector<std::vector<int32_t>> head_tokens, last_tokens;
+    for (size_t i = 0; i < sequences.size(); ++i) {
+      last_tokens.push_back({tokens[i].back()});
+      if (tokens[i].size() < 2) continue;
+      heads.push_back(sequences[i]);
+      head_tokens.emplace_back(tokens[i].begin(), tokens[i].end() - 1);
+    }
+    if (!heads.empty()) E3_RETURN_IF_ERROR(AppendAndPredict(model, cache, heads, head_tokens, nullptr).status());
+    E3_ASSIGN_OR_RETURN(std::vector<int32_t> next, AppendAndPredict(model, cache, sequences, last_tokens, sampler));
+    for (size_t i = 0; i < sequences.size(); ++i) first[sequences[i]] = next[i];
   }
   return first;
 }
 
 absl::StatusOr<std::vector<std::vector<int32_t>>> GenerateGroup(CausalLM& model,
                                                                 const std::vector<std::vector<int32_t>>& prompts,
-                                                                const GreedyOptions& options) {
+                                                                const GenerationOptions& options, Sampler* sampler) {
   const ModelConfig& c = model.config();
   int64_t longest = 0;
   for (const auto& p : prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
@@ -76,7 +122,7 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> GenerateGroup(CausalLM& model,
                 c.num_key_value_heads, c.head_dim,
                 torch::TensorOptions().dtype(model.options().dtype).device(model.options().device));
   std::vector<std::vector<int32_t>> out(prompts.size());
-  E3_ASSIGN_OR_RETURN(std::vector<int32_t> next, Prefill(model, cache, prompts, options));
+  E3_ASSIGN_OR_RETURN(std::vector<int32_t> next, Prefill(model, cache, prompts, options, sampler));
   const std::set<int32_t> stop(options.stop_ids.begin(), options.stop_ids.end());
   std::vector<int64_t> active;
   for (size_t s = 0; s < prompts.size(); ++s) active.push_back(static_cast<int64_t>(s));
@@ -93,26 +139,28 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> GenerateGroup(CausalLM& model,
     }
     active = std::move(still);
     if (active.empty()) break;
-    E3_ASSIGN_OR_RETURN(next, AppendAndPredict(model, cache, active, feed));
+    E3_ASSIGN_OR_RETURN(next, AppendAndPredict(model, cache, active, feed, sampler));
   }
   return out;
 }
 
 }  // namespace
 
-absl::StatusOr<std::vector<std::vector<int32_t>>> GreedyContinuations(CausalLM& model,
+absl::StatusOr<std::vector<std::vector<int32_t>>> GenerateContinuations(CausalLM& model,
                                                                       const std::vector<std::vector<int32_t>>& prompts,
-                                                                      const GreedyOptions& options) {
+                                                                      const GenerationOptions& options) {
   for (size_t s = 0; s < prompts.size(); ++s) {
     if (prompts[s].empty()) return absl::InvalidArgumentError(absl::StrCat("prompt ", s, " is empty"));
   }
   std::vector<std::vector<int32_t>> out;
   if (options.max_new_tokens <= 0) return std::vector<std::vector<int32_t>>(prompts.size());
   const size_t group = static_cast<size_t>(std::max<int64_t>(1, options.max_sequences));
+  std::optional<Sampler> sampler;
+  if (options.temperature > 0) sampler.emplace(options.temperature, options.seed);
   for (size_t begin = 0; begin < prompts.size(); begin += group) {
     const size_t end = std::min(prompts.size(), begin + group);
     std::vector<std::vector<int32_t>> part(prompts.begin() + begin, prompts.begin() + end);
-    auto done = GenerateGroup(model, part, options);
+    auto done = GenerateGroup(model, part, options, sampler ? &*sampler : nullptr);
     if (!done.ok()) {
       return absl::Status(done.status().code(), absl::StrCat("generating prompts ", begin, "..", end - 1, ": ",
                                                             done.status().message()));

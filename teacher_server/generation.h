@@ -1,8 +1,9 @@
-// Greedy generation by the teacher itself, with a KV cache (layers/
-// kv_cache.h): prompts are prefilled in batches, then every unfinished
-// sequence decodes one token per forward, so a continuation costs one
-// token's forward per step instead of its whole prefix's. It serves the
-// eval set's ground truth (eval_set.h) and the Generate RPC.
+// Generation by the teacher itself, greedy or sampled, with a KV cache
+// (layers/kv_cache.h): prompts are prefilled in batches, then every
+// unfinished sequence decodes one token per forward, so a continuation
+// costs one token's forward per step instead of its whole prefix's. It
+// serves the eval set's ground truth (eval_set.h), data regeneration
+// (regenerate.h) and the Generate RPC.
 #ifndef E3_TEACHER_SERVER_GENERATION_H_
 #define E3_TEACHER_SERVER_GENERATION_H_
 
@@ -16,7 +17,7 @@
 
 namespace e3 {
 
-struct GreedyOptions {
+struct GenerationOptions {
   int64_t max_new_tokens = 256;
   // A generated stop id ends its sequence; it is kept as its last token.
   std::vector<int32_t> stop_ids;
@@ -28,15 +29,20 @@ struct GreedyOptions {
   std::function<void(int64_t, int64_t)> on_progress;
   // Set to stop early; the call then returns Cancelled.
   const std::atomic<bool>* cancel = nullptr;
+  // 0: greedy (the argmax). Above 0: each token is drawn from
+  // softmax(logits / temperature), from one generator seeded with `seed`
+  // (the same prompts in the same order give the same tokens).
+  double temperature = 0;
+  uint64_t seed = 0;
 };
 
-// The greedy continuation of each prompt (without the prompt): the
-// model's argmax token after the prompt, then after each token it chose,
-// until a stop id or max_new_tokens. Prompts must be non-empty, with ids
-// inside the vocabulary. Errors name the prompt.
-absl::StatusOr<std::vector<std::vector<int32_t>>> GreedyContinuations(CausalLM& model,
+// The continuation of each prompt (without the prompt): the model's token
+// after the prompt (its argmax, or a draw at `temperature`), then after
+// each token it chose, until a stop id or max_new_tokens. Prompts must be
+// non-empty, with ids inside the vocabulary. Errors name the prompts.
+absl::StatusOr<std::vector<std::vector<int32_t>>> GenerateContinuations(CausalLM& model,
                                                                       const std::vector<std::vector<int32_t>>& prompts,
-                                                                      const GreedyOptions& options);
+                                                                      const GenerationOptions& options);
 
 }  // namespace e3
 

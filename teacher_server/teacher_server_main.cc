@@ -37,6 +37,7 @@
 #include "teacher_server/parallel/tp_control.h"
 #include "teacher_server/teacher_metrics.h"
 #include "teacher_server/eval_set.h"
+#include "teacher_server/regenerate.h"
 #include "teacher_server/serialized_model.h"
 #include "teacher_server/teacher_service.h"
 
@@ -104,6 +105,14 @@ ABSL_FLAG(std::string, eval_prompts, "",
           "prompt + continuation with aux states to students (student --eval_every)");
 ABSL_FLAG(int64_t, eval_max_new_tokens, 256, "tokens the teacher generates per eval prompt (stops at EOS)");
 ABSL_FLAG(int64_t, eval_samples, 0, "use at most this many eval prompts (0: all)");
+ABSL_FLAG(bool, regenerate, false,
+          "replace each assistant turn of --data with the teacher's own continuation of the conversation so far "
+          "(KV cache, batched) before training; the result is cached (--regen_cache) and reused on restart");
+ABSL_FLAG(double, regen_temperature, 0.0, "--regenerate: sampling temperature (0: greedy); draws are seeded by --seed");
+ABSL_FLAG(int64_t, regen_max_new_tokens, 1024, "--regenerate: most tokens per assistant turn (stops at EOS)");
+ABSL_FLAG(std::string, regen_cache, "",
+          "--regenerate: the regenerated data (jsonl), with <path>.fingerprint beside it; default "
+          "regenerated-<fingerprint>.jsonl in the working directory");
 ABSL_FLAG(int, data_shard, 0, "this teacher's shard in [0, num_data_shards)");
 
 namespace e3 {
@@ -232,6 +241,44 @@ std::string GemmTuningCachePath() {
 // The sgl backend's startup GEMM tuning (layers/gemm_tuning.h) for this
 // rank's shard at the token budget. A failure is logged, not fatal: the
 // forward then keeps cuBLASLt's heuristic choices, which compute the same.
+// --regenerate: the path of the regenerated data (made now, or reused from
+// its cache). Anything that fails ends the process, naming it.
+std::string RegenerateOrDie(CausalLM* model, const Tokenizer& tokenizer, const ChatTemplate& tmpl,
+                            const std::string& model_path, bool sharded) {
+  if (sharded) {
+    Fail(absl::UnimplementedError("--regenerate: generation with a KV cache runs in one process; use --tp_size=1"));
+  }
+  RegenerateOptions o;
+  o.generation.max_new_tokens = absl::GetFlag(FLAGS_regen_max_new_tokens);
+  o.generation.temperature = absl::GetFlag(FLAGS_regen_temperature);
+  o.generation.seed = absl::GetFlag(FLAGS_seed);
+  for (int64_t id : model->config().eos_token_ids) o.generation.stop_ids.push_back(static_cast<int32_t>(id));
+  o.skip_malformed = absl::GetFlag(FLAGS_skip_malformed);
+  o.max_lines = absl::GetFlag(FLAGS_max_samples);
+  auto config = ReadFileToString(model_path + "/config.json");
+  if (!config.ok()) Fail(config.status());
+  auto fingerprint =
+      RegenerationFingerprint(absl::GetFlag(FLAGS_data), *config, tmpl.name(), o.generation, o.max_lines);
+  if (!fingerprint.ok()) Fail(fingerprint.status());
+  o.cache_path = absl::GetFlag(FLAGS_regen_cache);
+  if (o.cache_path.empty()) o.cache_path = absl::StrCat("regenerated-", *fingerprint, ".jsonl");
+  auto report = RegenerateData(*model, tokenizer, tmpl, absl::GetFlag(FLAGS_data), *fingerprint, o);
+  if (!report.ok()) Fail(report.status());
+  if (report->reused) {
+    std::printf("teacher: --regenerate: reusing %s (fingerprint %s)\n", o.cache_path.c_str(), fingerprint->c_str());
+  } else {
+    std::printf("teacher: --regenerate: %ld assistant turns of %ld conversations in %.1f s, %ld tokens (%.0f tok/s); "
+                "%ld turns kept (no room within the model's positions), %ld pre-tokenized lines copied, %ld "
+                "malformed skipped; wrote %s\n",
+                static_cast<long>(report->turns), static_cast<long>(report->conversations), report->seconds,
+                static_cast<long>(report->tokens), report->tokens / std::max(report->seconds, 1e-9),
+                static_cast<long>(report->kept_turns), static_cast<long>(report->pretokenized),
+                static_cast<long>(report->malformed), o.cache_path.c_str());
+  }
+  std::fflush(stdout);
+  return o.cache_path;
+}
+
 // The eval set of --eval_prompts (null without it), generating in the
 // background from now on. Bad flags or an unreadable file end the process.
 std::unique_ptr<EvalSet> StartEvalSet(CausalLM* model, const Tokenizer& tokenizer, const ChatTemplate& tmpl,
@@ -359,6 +406,7 @@ int Main() {
   if (!tmpl.ok()) Fail(tmpl.status());
   DatasetOptions dopts;
   dopts.path = absl::GetFlag(FLAGS_data);
+  if (absl::GetFlag(FLAGS_regenerate)) dopts.path = RegenerateOrDie(model->get(), **tokenizer, *tmpl, model_path, mopts.tp != nullptr);
   dopts.skip_malformed = absl::GetFlag(FLAGS_skip_malformed);
   dopts.max_length = absl::GetFlag(FLAGS_max_seq_len);
   dopts.train_on_all_tokens = absl::GetFlag(FLAGS_train_on_all_tokens);

@@ -451,10 +451,10 @@ grpc::ServerUnaryReactor* TeacherServiceImpl::Generate(grpc::CallbackServerConte
         s->generate_cv_.notify_all();
       }
     } done{this};
-    GreedyOptions g;
+    GenerationOptions g;
     g.max_new_tokens = max_new;
     g.stop_ids.assign(c.eos_token_ids.begin(), c.eos_token_ids.end());
-    auto out = GreedyContinuations(*model_, {ids}, g);
+    auto out = GenerateContinuations(*model_, {ids}, g);
     if (!out.ok()) {
       reactor->Finish(ToGrpcStatus(out.status()));
       return;

@@ -69,14 +69,14 @@ TEST_P(GenerationTest, KvCacheGreedyEqualsRecomputingThePrefix) {
   // A stop id the recompute path will meet in some sequence: its third
   // token of the first prompt.
   const std::vector<int32_t> probe = GreedyByRecompute(*model, prompts[0], 3, {});
-  GreedyOptions g;
+  GenerationOptions g;
   g.max_new_tokens = 9;
   g.stop_ids = {probe.back()};
   g.max_sequences = 2;   // groups of 2, 2, 1
   g.prefill_tokens = 6;  // prefill over several forwards
   std::vector<std::pair<int64_t, int64_t>> progress;
   g.on_progress = [&](int64_t done, int64_t total) { progress.emplace_back(done, total); };
-  auto got = GreedyContinuations(*model, prompts, g);
+  auto got = GenerateContinuations(*model, prompts, g);
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_EQ(got->size(), prompts.size());
   const std::set<int32_t> stop(g.stop_ids.begin(), g.stop_ids.end());

@@ -770,7 +770,7 @@ TEST_F(TeacherServiceTest, GenerateIsGreedyArgmaxOfTheForward) {
 // with the engine's batches through SerializedCausalLM), then each prompt
 // with its greedy continuation, the continuation marked in loss_mask, and
 // the aux states of the whole sample; without one, a clear refusal.
-TEST_F(TeacherServiceTest, GetEvalSetServesGreedyContinuationsWithTheirAuxStates) {
+TEST_F(TeacherServiceTest, GetEvalSetServesGenerateContinuationsWithTheirAuxStates) {
   auto t = StartTeacher(DefaultEngineOptions());
   ASSERT_NE(t, nullptr);
   auto get = [&](std::vector<v1::EvalSetChunk>* chunks) {
@@ -809,9 +809,9 @@ TEST_F(TeacherServiceTest, GetEvalSetServesGreedyContinuationsWithTheirAuxStates
     std::this_thread::sleep_for(20ms);
   }
   ASSERT_TRUE(chunks[0].ready());
-  GreedyOptions g;
+  GenerationOptions g;
   g.max_new_tokens = 6;
-  auto want = GreedyContinuations(*model_, prompts, g);
+  auto want = GenerateContinuations(*model_, prompts, g);
   ASSERT_TRUE(want.ok()) << want.status();
   size_t next_prompt = 0;
   for (const auto& chunk : chunks) {

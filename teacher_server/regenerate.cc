@@ -1,0 +1,137 @@
+#include "teacher_server/regenerate.h"
+
+#include <chrono>
+#include <cstdio>
+#include <set>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/dataset.h"
+#include "common/file_util.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace e3 {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// FNV-1a, 64 bits: a fingerprint, not a security boundary.
+uint64_t Fnv1a(const std::string& bytes, uint64_t h = 1469598103934665603ull) {
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Index of the k-th assistant turn of `messages`, or -1.
+int64_t AssistantTurn(const std::vector<ChatMessage>& messages, int64_t k) {
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (messages[i].role == "assistant" && k-- == 0) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+std::string ConversationLine(const std::vector<ChatMessage>& messages) {
+  nlohmann::json turns = nlohmann::json::array();
+  for (const ChatMessage& m : messages) turns.push_back({{"role", m.role}, {"content", m.content}});
+  return nlohmann::json{{"conversations", turns}}.dump();
+}
+
+// Replaces the k-th assistant turn of every conversation that has one, in
+// one batched generation. Returns false when none has a k-th turn.
+absl::StatusOr<bool> RegenerateTurn(CausalLM& model, const Tokenizer& tokenizer, const ChatTemplate& chat_template,
+                                    int64_t k, const GenerationOptions& generation, std::vector<ChatLine>* lines,
+                                    RegenerateReport* report) {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::pair<size_t, int64_t>> where;  // (line, message index)
+  const int64_t max_prompt = model.config().max_position_embeddings - generation.max_new_tokens;
+  bool any = false;
+  for (size_t i = 0; i < lines->size(); ++i) {
+    std::vector<ChatMessage>& messages = (*lines)[i].messages;
+    const int64_t turn = AssistantTurn(messages, k);
+    if (turn < 0) continue;
+    any = true;
+    std::vector<ChatMessage> context(messages.begin(), messages.begin() + turn);
+    auto ids = TokenizePrompt(tokenizer, chat_template, context);
+    if (!ids.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("line ", (*lines)[i].line, ": the chat template refused turn ",
+                                                     turn, ": ", ids.status().message()));
+    }
+    if (static_cast<int64_t>(ids->size()) > max_prompt || ids->empty()) {
+      report->kept_turns += 1;  // no room for a continuation within the model's positions
+      continue;
+    }
+    prompts.push_back(std::move(ids).value());
+    where.emplace_back(i, turn);
+  }
+  if (!any) return false;
+  E3_ASSIGN_OR_RETURN(auto continuations, GenerateContinuations(model, prompts, generation));
+  const std::set<int32_t> stop(generation.stop_ids.begin(), generation.stop_ids.end());
+  for (size_t j = 0; j < where.size(); ++j) {
+    std::vector<int32_t>& c = continuations[j];
+    report->tokens += static_cast<int64_t>(c.size());
+    // The template writes the turn's terminator itself.
+    if (!c.empty() && stop.count(c.back())) c.pop_back();
+    (*lines)[where[j].first].messages[where[j].second].content = tokenizer.Decode(c);
+    report->turns += 1;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> RegenerationFingerprint(const std::string& data_path, const std::string& model_config_json,
+                                                    const std::string& template_name,
+                                                    const GenerationOptions& generation, int64_t max_lines) {
+  E3_ASSIGN_OR_RETURN(std::string data, ReadFileToString(data_path));
+  uint64_t h = Fnv1a(data);
+  h = Fnv1a(model_config_json, h);
+  h = Fnv1a(absl::StrCat(template_name, "|", generation.max_new_tokens, "|", generation.temperature, "|",
+                         generation.seed, "|", max_lines, "|", generation.stop_ids.size()),
+            h);
+  for (int32_t id : generation.stop_ids) h = Fnv1a(absl::StrCat(id, ","), h);
+  return absl::StrFormat("%016x", h);
+}
+
+absl::StatusOr<RegenerateReport> RegenerateData(CausalLM& model, const Tokenizer& tokenizer,
+                                                const ChatTemplate& chat_template, const std::string& data_path,
+                                                const std::string& fingerprint, const RegenerateOptions& options) {
+  RegenerateReport report;
+  report.fingerprint = fingerprint;
+  const std::string stamp_path = options.cache_path + ".fingerprint";
+  auto stamp = ReadFileToString(stamp_path);
+  if (stamp.ok() && *stamp == fingerprint + "\n" && ReadFileToString(options.cache_path).ok()) {
+    report.reused = true;
+    return report;
+  }
+  const auto t0 = Clock::now();
+  E3_ASSIGN_OR_RETURN(std::vector<ChatLine> lines, ReadChatLines(data_path, options.skip_malformed, &report.malformed));
+  if (options.max_lines > 0 && static_cast<int64_t>(lines.size()) > options.max_lines) lines.resize(options.max_lines);
+  for (const ChatLine& l : lines) {
+    if (l.messages.empty()) ++report.pretokenized;
+    else if (AssistantTurn(l.messages, 0) >= 0) ++report.conversations;
+  }
+  for (int64_t k = 0;; ++k) {
+    E3_ASSIGN_OR_RETURN(bool more, RegenerateTurn(model, tokenizer, chat_template, k, options.generation, &lines,
+                                                  &report));
+    if (!more) break;
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::printf("teacher: regenerated assistant turn %ld of the conversations: %ld turns, %ld tokens (%.0f tok/s)\n",
+                static_cast<long>(k + 1), static_cast<long>(report.turns), static_cast<long>(report.tokens),
+                report.tokens / std::max(secs, 1e-9));
+    std::fflush(stdout);
+  }
+  std::string text;
+  for (const ChatLine& l : lines) absl::StrAppend(&text, l.messages.empty() ? l.pretokenized : ConversationLine(l.messages), "\n");
+  // The data first, then its stamp: a crash in between leaves no stamp, so
+  // the next start regenerates instead of trusting a partial file.
+  E3_RETURN_IF_ERROR(WriteFileAtomically(options.cache_path, text));
+  E3_RETURN_IF_ERROR(WriteFileAtomically(stamp_path, fingerprint + "\n"));
+  report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return report;
+}
+
+}  // namespace e3
