@@ -160,20 +160,30 @@ class SubscribeReactor : public grpc::ServerWriteReactor<v1::BatchDescriptor> {
   bool last_written_ = false;
 };
 
-class WeightsReactor : public grpc::ServerWriteReactor<v1::WeightChunk> {
+// A server stream that writes one message at a time: Next() writes the
+// next one or finishes; a failed write ends the stream.
+template <typename T>
+class OneAtATimeWriter : public grpc::ServerWriteReactor<T> {
  public:
-  WeightsReactor(const std::vector<const WeightBlob*>& blobs) : blobs_(blobs) { Next(); }
   void OnWriteDone(bool ok) override {
     if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream broken"));
+      this->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream broken"));
       return;
     }
     Next();
   }
   void OnDone() override { delete this; }
 
+ protected:
+  virtual void Next() = 0;
+};
+
+class WeightsReactor : public OneAtATimeWriter<v1::WeightChunk> {
+ public:
+  WeightsReactor(const std::vector<const WeightBlob*>& blobs) : blobs_(blobs) { Next(); }
+
  private:
-  void Next() {
+  void Next() override {
     if (blob_ >= blobs_.size()) {
       Finish(grpc::Status::OK);
       return;
@@ -203,23 +213,14 @@ class WeightsReactor : public grpc::ServerWriteReactor<v1::WeightChunk> {
 
 // Streams the eval set: its progress while it is being generated, else
 // one chunk per batch.
-class EvalSetReactor : public grpc::ServerWriteReactor<v1::EvalSetChunk> {
+class EvalSetReactor : public OneAtATimeWriter<v1::EvalSetChunk> {
  public:
   EvalSetReactor(const EvalSetProgress& progress, std::vector<std::shared_ptr<const PayloadBuffer>> batches)
       : progress_(progress), batches_(std::move(batches)) {
     Next();
   }
-  void OnWriteDone(bool ok) override {
-    if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream broken"));
-      return;
-    }
-    Next();
-  }
-  void OnDone() override { delete this; }
-
  private:
-  void Next() {
+  void Next() override {
     const bool ready = progress_.ready;
     if ((ready && next_ >= batches_.size()) || (!ready && next_ > 0)) {
       Finish(grpc::Status::OK);
