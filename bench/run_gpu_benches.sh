@@ -7,6 +7,7 @@
 #   2. hidden-state transfer per transport vs c10d ProcessGroupNCCL
 #   3. student training step (fast and reference paths) vs a PyTorch eager
 #      EAGLE-3 step; student_long: the 8B step at 2k-32k tokens
+#   student_skip: chat-masked batches, untrained rows skipped or not
 #   4. end to end on the 1B shape: teacher GPU 0 -> student GPU 1
 #   tp:  teacher forward on the 8B shape, TP=2 over both GPUs vs TP=1
 #   ddp: student step on the 8B shape, DDP=2 over both GPUs vs DDP=1
@@ -118,6 +119,21 @@ student() {
       echo "  $layout: fast $(field "$f2" ms_per_step) ms ($(field "$f2" tok_per_s) tok/s), reference" \
            "$(field "$r2" ms_per_step) ms: $(ratio $(field "$r2" ms_per_step) $(field "$f2" ms_per_step))x"
     done
+  done
+}
+
+# Chat data (the first 40% of each sample a prompt, --loss_mask=chat): the
+# fast step with rows no later TTT step trains left out of the midlayer
+# from step 1 on, against the same step over every row, same run.
+student_skip() {
+  for layout in "--samples=8 --tokens=4096" "--samples=1 --tokens=16384"; do
+    on=$("$BUILD/bench/student_step_bench" --shape=llama-8b --device=cuda:0 --student_kernels=fast --loss_mask=chat \
+      $layout --warmup=2 --steps=5 --skip_untrained_rows=true | json)
+    off=$("$BUILD/bench/student_step_bench" --shape=llama-8b --device=cuda:0 --student_kernels=fast --loss_mask=chat \
+      $layout --warmup=2 --steps=5 --skip_untrained_rows=false | json)
+    echo "student 8B chat $layout: skipping $(field "$on" ms_per_step) ms (midlayer rows" \
+         "$(field "$on" midlayer_row_fraction) of all), every row $(field "$off" ms_per_step) ms:" \
+         "$(ratio $(field "$off" ms_per_step) $(field "$on" ms_per_step))x"
   done
 }
 

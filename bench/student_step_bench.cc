@@ -53,6 +53,8 @@ ABSL_FLAG(int, steps, 10, "timed steps (median reported)");
 ABSL_FLAG(std::string, student_kernels, "fast", "fast or reference (as the trainer's flag)");
 ABSL_FLAG(bool, cudnn_attention, true,
           "fast path: one sequence of 4096+ tokens runs its causal attention in cuDNN (false: varlen flash)");
+ABSL_FLAG(bool, skip_untrained_rows, true,
+          "fast path: from TTT step 1 on, run the midlayer only over rows a later step still trains");
 ABSL_FLAG(std::string, loss_mask, "all",
           "all: every position trained; chat: each sample's first 40% is a prompt (loss mask 0), as in chat data");
 
@@ -225,6 +227,8 @@ int Main() {
   ttt.length = absl::GetFlag(FLAGS_ttt_length);
   ttt.kernels = *kernels;
   ttt.defer_metrics = true;
+  ttt.skip_untrained_rows = absl::GetFlag(FLAGS_skip_untrained_rows);
+  int64_t midlayer_rows = 0;
 
   // With `phases`, each phase is synchronised and timed on its own
   // (forward, backward, optimizer incl. master-weight copies and clipping).
@@ -247,6 +251,7 @@ int Main() {
       std::fprintf(stderr, "%s\n", std::string(out.status().message()).c_str());
       std::exit(1);
     }
+    midlayer_rows = out->midlayer_rows;
     lap(0);
     out->loss.backward();
     lap(1);
@@ -298,13 +303,14 @@ int Main() {
               "\"loss_mask\":\"%s\",\"ttt_length\":%d,\"draft_vocab\":%ld,\"world_size\":%d,\"ms_per_step\":%.3f,"
               "\"tok_per_s\":%.1f,\"forward_ms\":%.2f,\"backward_ms\":%.2f,\"optimizer_ms\":%.2f,\"tflop\":%.3f,"
               "\"mfu\":%.4f,\"peak_gb\":%.3f,\"resident_gb\":%.3f,\"step_kb_per_token\":%.1f,\"device\":\"%s\","
-              "\"dtype\":\"%s\",\"cudnn_attention\":%s}\n",
+              "\"dtype\":\"%s\",\"cudnn_attention\":%s,\"midlayer_row_fraction\":%.4f}\n",
               absl::GetFlag(FLAGS_student_kernels).c_str(), absl::GetFlag(FLAGS_shape).c_str(), static_cast<long>(T),
               static_cast<long>(samples), absl::GetFlag(FLAGS_loss_mask).c_str(), static_cast<int>(ttt.length),
               static_cast<long>(N), world, med, world * T / med * 1e3, phase_ms[0] / kPhaseSteps,
               phase_ms[1] / kPhaseSteps, phase_ms[2] / kPhaseSteps, flops / 1e12, mfu, during.peak / 1e9,
               before.allocated / 1e9, act_per_token / 1024, device.str().c_str(), dtype_name.c_str(),
-              absl::GetFlag(FLAGS_cudnn_attention) ? "true" : "false");
+              absl::GetFlag(FLAGS_cudnn_attention) ? "true" : "false",
+              static_cast<double>(midlayer_rows) / static_cast<double>(T * ttt.length));
   return 0;
 }
 

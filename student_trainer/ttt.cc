@@ -97,6 +97,7 @@ absl::StatusOr<TttOutput> RunTttImpl(Eagle3DraftImpl& draft, const TttBatch& bat
   SampleShifter shifter(cu, device);
   TttOutput out;
   out.num_tokens = total;
+  out.midlayer_rows = total * options.length;
 
   // Step-0 masks and targets (no autograd).
   at::Tensor loss_mask0, position_mask0, target_p, target_top;

@@ -81,6 +81,12 @@ struct TttOptions {
   // size); 0 picks T clamped to [2048, 8192], so the buffer stays small
   // against the step's per-token memory at any T.
   int64_t head_chunk_rows = 0;
+  // Fast path: from step 1 on, run the midlayer only over positions that
+  // some step from this one on still trains (a row at step j >= 1 feeds
+  // only its own row at later steps), when that leaves out at least 5% of
+  // the rows. Gradients are unchanged; prompt tokens of chat data cost
+  // one step instead of `length`. Off for A/B measurement.
+  bool skip_untrained_rows = true;
 };
 
 struct TttOutput {
@@ -101,6 +107,9 @@ struct TttOutput {
   int64_t num_tokens = 0;                // T, the loss normaliser
   std::vector<at::Tensor> logits;        // [T, N] fp32 per step, when keep_logits
   std::vector<at::Tensor> token_losses;  // [T] per step (before / T), when keep_token_losses
+  // Rows the midlayer ran over, summed over steps (length * T unless the
+  // fast path skipped untrained rows).
+  int64_t midlayer_rows = 0;
 };
 
 // Runs the TTT forward for `batch` and returns the loss with its autograd

@@ -72,15 +72,60 @@ at::Tensor HostLong(const at::Tensor& t) { return t.to(at::kCPU, at::kLong).cont
 struct Plan {
   int64_t tokens = 0, length = 0;
   std::vector<int64_t> cu;
-  // int64 upload: [T + 1] ids (the last is the padding id 0); per step [T]
-  // the row of the once-normalised embeddings it reads; [T] positions; per
-  // step the head rows and their target rows; per step its loss and
-  // position token counts; cu_seqlens.
+  // int64 upload: [T + 1] ids (the last is the padding id 0); per step the
+  // row of the once-normalised embeddings each midlayer row reads; [T]
+  // positions; per step the head rows (indices into the step's midlayer
+  // rows) and their target rows; per compacted step its midlayer rows'
+  // positions and their indices among the previous step's rows; per step
+  // its loss and position token counts; cu_seqlens.
   std::vector<int64_t> longs;
   std::vector<double> row_weights;  // per step, one per head row
   std::vector<int64_t> head_rows;   // per step: how many
+  std::vector<int64_t> mid_rows;    // per step: how many rows its midlayer runs over
   std::vector<int64_t> loss_tokens, position_tokens;
+  bool compacted(int64_t step) const { return mid_rows[step] < tokens; }
 };
+
+// The positions each step's midlayer runs over. Step 0 runs over all of
+// them: its keys form every later query's causal block. A row at step j >= 1
+// feeds only its own row at later steps, so from step 1 on a position no
+// step from j on trains can be left out, once that leaves out enough rows
+// to pay for the gathers (the rows then shrink step by step, each step's a
+// subset of the previous one's). A step never runs empty: one that trains
+// nothing keeps the previous step's first row.
+std::vector<std::vector<int64_t>> MidlayerRows(const std::vector<std::vector<char>>& trained,
+                                               int64_t tokens, bool skip) {
+  constexpr double kMaxKeptFraction = 0.95;
+  const int64_t steps = static_cast<int64_t>(trained.size());
+  std::vector<std::vector<char>> later(steps);  // some step >= j trains t
+  std::vector<char> any(tokens, 0);
+  for (int64_t j = steps - 1; j >= 0; --j) {
+    for (int64_t t = 0; t < tokens; ++t) any[t] = any[t] || trained[j][t];
+    later[j] = any;
+  }
+  std::vector<std::vector<int64_t>> rows(steps);
+  bool compact = false;
+  for (int64_t j = 0; j < steps; ++j) {
+    const int64_t kept = std::count(later[j].begin(), later[j].end(), 1);
+    compact = compact || (skip && j > 0 && kept <= kMaxKeptFraction * tokens);
+    for (int64_t t = 0; t < tokens; ++t) {
+      if (!compact || later[j][t]) rows[j].push_back(t);
+    }
+    if (rows[j].empty()) rows[j].push_back(rows[j - 1].front());
+  }
+  return rows;
+}
+
+// For each of `rows`, its index in `among` (a superset, sorted).
+std::vector<int64_t> IndicesAmong(const std::vector<int64_t>& rows, const std::vector<int64_t>& among,
+                                  int64_t tokens) {
+  std::vector<int64_t> index_of(tokens, -1);
+  for (size_t i = 0; i < among.size(); ++i) index_of[among[i]] = static_cast<int64_t>(i);
+  std::vector<int64_t> out;
+  out.reserve(rows.size());
+  for (int64_t t : rows) out.push_back(index_of[t]);
+  return out;
+}
 
 absl::StatusOr<Plan> MakePlan(const Eagle3DraftImpl& draft, const TttBatch& batch,
                               std::vector<int64_t> cu, const TttOptions& options) {
@@ -117,30 +162,44 @@ absl::StatusOr<Plan> MakePlan(const Eagle3DraftImpl& draft, const TttBatch& batc
     return t + k < end[t] && m[t + k];
   };
 
+  std::vector<std::vector<char>> trained(L, std::vector<char>(T));
+  for (int64_t j = 0; j < L; ++j) {
+    for (int64_t t = 0; t < T; ++t) trained[j][t] = shifted(pos0, t, j);
+  }
+  const bool all_rows = options.keep_logits || options.keep_token_losses;
+  const std::vector<std::vector<int64_t>> mid =
+      MidlayerRows(trained, T, options.skip_untrained_rows && !all_rows);
+
   p.longs.insert(p.longs.end(), id, id + T);
   p.longs.push_back(0);
   for (int64_t j = 0; j < L; ++j) {
-    for (int64_t t = 0; t < T; ++t) p.longs.push_back(t + j + 1 < end[t] ? t + j + 1 : T);
+    p.mid_rows.push_back(static_cast<int64_t>(mid[j].size()));
+    for (int64_t t : mid[j]) p.longs.push_back(t + j + 1 < end[t] ? t + j + 1 : T);
   }
   for (int64_t t = 0; t < T; ++t) p.longs.push_back(t - start[t]);
-  const bool all_rows = options.keep_logits || options.keep_token_losses;
   for (int64_t j = 0; j < L; ++j) {
     std::vector<int64_t> rows, targets;
     int64_t loss_tokens = 0, position_tokens = 0;
     for (int64_t t = 0; t < T; ++t) {
-      const bool trained = shifted(pos0, t, j);
       loss_tokens += shifted(loss0, t, j);
-      position_tokens += trained;
-      if (!trained && !all_rows) continue;
+      position_tokens += trained[j][t];
+      if (!trained[j][t] && !all_rows) continue;
       rows.push_back(t);
       targets.push_back(t + j + 1 < end[t] ? t + j + 1 : t);
-      p.row_weights.push_back(trained ? 1.0 : 0.0);
+      p.row_weights.push_back(trained[j][t] ? 1.0 : 0.0);
     }
+    if (p.compacted(j)) rows = IndicesAmong(rows, mid[j], T);
     p.head_rows.push_back(static_cast<int64_t>(rows.size()));
     p.longs.insert(p.longs.end(), rows.begin(), rows.end());
     p.longs.insert(p.longs.end(), targets.begin(), targets.end());
     p.loss_tokens.push_back(loss_tokens);
     p.position_tokens.push_back(position_tokens);
+  }
+  for (int64_t j = 1; j < L; ++j) {
+    if (!p.compacted(j)) continue;
+    const std::vector<int64_t> from_prev = IndicesAmong(mid[j], mid[j - 1], T);
+    p.longs.insert(p.longs.end(), mid[j].begin(), mid[j].end());
+    p.longs.insert(p.longs.end(), from_prev.begin(), from_prev.end());
   }
   for (int64_t j = 0; j < L; ++j) {
     p.longs.push_back(p.loss_tokens[j]);
@@ -153,9 +212,12 @@ absl::StatusOr<Plan> MakePlan(const Eagle3DraftImpl& draft, const TttBatch& batc
 // The plan on the device, as views of the uploaded buffers.
 struct DevicePlan {
   at::Tensor ext_ids;                  // [T + 1]
-  std::vector<at::Tensor> embed_rows;  // per step [T]
+  std::vector<at::Tensor> embed_rows;  // per step, one per midlayer row
   at::Tensor positions;                // [T]
   std::vector<ops::HeadStepRows> head;
+  // Compacted steps (undefined elsewhere): the midlayer rows' positions
+  // and their indices among the previous step's rows.
+  std::vector<at::Tensor> mid_positions, mid_from_prev;
   at::Tensor counts;      // [L, 2] loss and position tokens
   at::Tensor cu_seqlens;  // [B + 1]
 };
@@ -179,7 +241,7 @@ DevicePlan UploadPlan(const Plan& p, const at::Device& device, at::ScalarType we
     return v;
   };
   d.ext_ids = take(T + 1);
-  for (int64_t j = 0; j < p.length; ++j) d.embed_rows.push_back(take(T));
+  for (int64_t j = 0; j < p.length; ++j) d.embed_rows.push_back(take(p.mid_rows[j]));
   d.positions = take(T);
   int64_t w_at = 0;
   double sw = 1.0;
@@ -194,9 +256,23 @@ DevicePlan UploadPlan(const Plan& p, const at::Device& device, at::ScalarType we
     sw *= step_weight;
     d.head.push_back(std::move(s));
   }
+  d.mid_positions.resize(p.length);
+  d.mid_from_prev.resize(p.length);
+  for (int64_t j = 1; j < p.length; ++j) {
+    if (!p.compacted(j)) continue;
+    d.mid_positions[j] = take(p.mid_rows[j]);
+    d.mid_from_prev[j] = take(p.mid_rows[j]);
+  }
   d.counts = take(2 * p.length).view({p.length, 2});
   d.cu_seqlens = take(static_cast<int64_t>(p.cu.size()));
   return d;
+}
+
+// x's rows placed at `positions` of a [tokens, ...] tensor of zeros.
+at::Tensor ScatterRows(const at::Tensor& x, const at::Tensor& positions, int64_t tokens) {
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[0] = tokens;
+  return at::zeros(shape, x.options()).index_copy(0, positions, x);
 }
 
 ops::TargetDistribution Target(Eagle3DraftImpl& draft, const at::Tensor& last_hidden) {
@@ -240,13 +316,20 @@ absl::StatusOr<TttOutput> Run(Eagle3DraftImpl& draft, const TttBatch& batch,
       ops::LinearAccumulate(batch.aux_hidden.to(device, dtype), w.fc.w, w.fc.grad, w.anchor);
   std::vector<at::Tensor> hiddens;
   for (int64_t j = 0; j < options.length; ++j) {
+    const bool compacted = plan.compacted(j);
+    if (compacted) h = h.index_select(0, dp.mid_from_prev[j]);
     const at::Tensor hn = ops::RmsNorm(h, w.hidden_norm.w, w.hidden_norm.grad, w.anchor, eps);
-    const at::Tensor qkv = ops::LinearAccumulate(hn, w.qkv_hidden.w, w.qkv_hidden.grad, w.anchor,
-                                                 qkv_embed.index_select(0, dp.embed_rows[j]));
+    at::Tensor qkv = ops::LinearAccumulate(hn, w.qkv_hidden.w, w.qkv_hidden.grad, w.anchor,
+                                           qkv_embed.index_select(0, dp.embed_rows[j]));
     if (j > 0 && options.positions == TttPositions::kAdvancing) {
       std::tie(cos, sin) = draft.RopeTables(dp.positions + j);
     }
-    const at::Tensor attn = ops::TttAttentionStep(cache, qkv, cos, sin);
+    // Attention runs over every position; rows left out carry zero
+    // projections, which no kept row reads (they are later-step diagonal
+    // keys of positions no longer trained) and whose gradient is zero.
+    if (compacted) qkv = ScatterRows(qkv, dp.mid_positions[j], plan.tokens);
+    at::Tensor attn = ops::TttAttentionStep(cache, qkv, cos, sin);
+    if (compacted) attn = attn.index_select(0, dp.mid_positions[j]);
     const at::Tensor mid = ops::LinearAccumulate(attn, w.o.w, w.o.grad, w.anchor, h);
     const at::Tensor y = ops::RmsNorm(mid, w.post_norm.w, w.post_norm.grad, w.anchor, eps);
     const at::Tensor act =
@@ -265,6 +348,7 @@ absl::StatusOr<TttOutput> Run(Eagle3DraftImpl& draft, const TttBatch& batch,
 
   TttOutput out;
   out.num_tokens = plan.tokens;
+  for (int64_t n : plan.mid_rows) out.midlayer_rows += n;
   out.loss = head.loss;
   out.logits = std::move(head.logits);
   out.token_losses = std::move(head.token_losses);

@@ -19,6 +19,9 @@
 // - The head and loss run once over all steps' trained rows, with their
 //   gradient computed in the forward (ops/draft_head_loss.h); positions no
 //   step trains are skipped.
+// - From step 1 on the midlayer runs only over positions some later step
+//   still trains (TttOptions::skip_untrained_rows): in chat data a prompt
+//   token costs one step's midlayer instead of every step's.
 //
 // On the CPU, or where a kernel declines, every op runs its ATen statement
 // of the same math, which the tests hold to the reference path.

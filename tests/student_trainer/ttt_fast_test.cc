@@ -34,6 +34,7 @@ struct Case {
   int64_t kv_heads = 2;
   double partial_rotary = 1.0;
   bool chat_mask = false;  // each sample's first half untrained
+  bool early_mask = false;  // only each sample's first 3 positions trained
   int64_t head_chunk_rows = 8192;
   TttPositions positions = TttPositions::kAdvancing;
 };
@@ -48,12 +49,11 @@ TttBatch CaseBatch(const Eagle3DraftConfig& c, const Case& k) {
   TttBatch b = RandomBatch(c, k.lengths, /*seed=*/21);
   b.target_argmax = b.target_argmax.clone();
   for (int64_t t = 3; t < b.target_argmax.size(0); t += 5) b.target_argmax[t] = 1;
-  if (k.chat_mask) {
-    int64_t begin = 0;
-    for (int64_t n : k.lengths) {
-      b.loss_mask.narrow(0, begin, n / 2).zero_();
-      begin += n;
-    }
+  int64_t begin = 0;
+  for (int64_t n : k.lengths) {
+    if (k.chat_mask) b.loss_mask.narrow(0, begin, n / 2).zero_();
+    if (k.early_mask && n > 3) b.loss_mask.narrow(0, begin + 3, n - 3).zero_();
+    begin += n;
   }
   return b;
 }
@@ -104,16 +104,26 @@ TEST_P(TttFastTest, MatchesTheReferenceStepInFp64) {
 }
 
 TEST_P(TttFastTest, SkippingUntrainedPositionsChangesNothing) {
-  // Without keep_logits the head computes only the rows some step trains.
+  // Without keep_logits or keep_token_losses the head computes only the
+  // rows some step trains, and the midlayer from step 1 on only the rows
+  // some later step trains; against the reference step, and against the
+  // fast step with every row kept.
   const Case& k = GetParam();
   Eagle3DraftConfig config = TinyConfig();
   config.num_kv_heads = k.kv_heads;
+  config.rope.partial_rotary_factor = k.partial_rotary;
+  Eagle3Draft reference = MakeTinyDraft(at::kDouble, /*seed=*/7, config);
   Eagle3Draft all_rows = MakeTinyDraft(at::kDouble, /*seed=*/7, config);
   Eagle3Draft trained_rows = MakeTinyDraft(at::kDouble, /*seed=*/7, config);
   const TttBatch batch = CaseBatch(config, k);
   TttOptions options;
   options.length = k.ttt_length;
+  options.positions = k.positions;
+  auto r = RunTtt(*reference, batch, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  r->loss.backward();
   options.kernels = TttKernels::kFast;
+  options.head_chunk_rows = k.head_chunk_rows;
   options.keep_token_losses = true;
   auto a = RunTtt(*all_rows, batch, options);
   ASSERT_TRUE(a.ok()) << a.status();
@@ -122,11 +132,42 @@ TEST_P(TttFastTest, SkippingUntrainedPositionsChangesNothing) {
   auto b = RunTtt(*trained_rows, batch, options);
   ASSERT_TRUE(b.ok()) << b.status();
   b->loss.backward();
+
+  const int64_t all = a->num_tokens * k.ttt_length;
+  EXPECT_EQ(a->midlayer_rows, all);
+  EXPECT_EQ(r->midlayer_rows, all);
+  if (k.chat_mask || k.early_mask) {
+    EXPECT_LT(b->midlayer_rows, all) << "the chat mask leaves rows out";
+  }
   EXPECT_LE(RelInf(b->loss, a->loss), 1e-12);
+  EXPECT_LE(RelInf(b->loss, r->loss), 1e-10);
   EXPECT_EQ(b->correct, a->correct);
-  const auto pa = all_rows->ExportedParameters(), pb = trained_rows->ExportedParameters();
-  for (size_t i = 0; i < pa.size(); ++i)
-    EXPECT_LE(RelInf(pb[i].second.grad(), pa[i].second.grad()), 1e-12) << pa[i].first;
+  EXPECT_EQ(b->correct, r->correct);
+  const auto pr = reference->ExportedParameters(), pa = all_rows->ExportedParameters(),
+             pb = trained_rows->ExportedParameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    SCOPED_TRACE(pa[i].first);
+    EXPECT_LE(RelInf(pb[i].second.grad(), pa[i].second.grad()), 1e-12);
+    EXPECT_LE(RelInf(pb[i].second.grad(), pr[i].second.grad()), 1e-10);
+  }
+}
+
+TEST(TttFastTest, SkippingCanBeTurnedOff) {
+  Eagle3Draft draft = MakeTinyDraft(at::kDouble);
+  Case k{"chat", {16, 12}, 7, 2, 1.0, /*chat_mask=*/true};
+  const TttBatch batch = CaseBatch(draft->config(), k);
+  TttOptions options;
+  options.kernels = TttKernels::kFast;
+  auto on = RunTtt(*draft, batch, options);
+  ASSERT_TRUE(on.ok()) << on.status();
+  options.skip_untrained_rows = false;
+  auto off = RunTtt(*draft, batch, options);
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->midlayer_rows, 28 * 7);
+  // Steps 1..6 keep the positions some later step trains: the trained
+  // halves and the prompt positions within reach of them.
+  EXPECT_LT(on->midlayer_rows, off->midlayer_rows);
+  EXPECT_NEAR(on->loss_value, off->loss_value, 1e-12 * std::abs(off->loss_value));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -136,8 +177,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"mqa_ttt3", {8, 12}, 3, /*kv_heads=*/1}, Case{"ttt1", {10, 5}, 1},
                       Case{"partial_rotary", {11, 7}, 7, 2, /*partial_rotary=*/0.5},
                       Case{"chat_masks", {16, 12, 9}, 7, 2, 1.0, /*chat_mask=*/true},
-                      Case{
-                          "small_head_chunks", {13, 9, 6}, 7, 2, 1.0, true, /*head_chunk_rows=*/5}),
+                      Case{"small_head_chunks", {13, 9, 6}, 7, 2, 1.0, true, false,
+                           /*head_chunk_rows=*/5},
+                      Case{"early_masks_only", {12, 9}, 7, 2, 1.0, false, /*early_mask=*/true},
+                      Case{"fixed_positions_chat", {14, 10}, 7, 2, 1.0, true, false, 8192,
+                           TttPositions::kFixed}),
     CaseName);
 
 TEST(TttFastTest, GradientsAccumulateUntilZeroed) {
