@@ -1,12 +1,7 @@
-#include "common/file_util.h"
 #include "common/chat_template.h"
 
 #include <cstdint>
-#include <fstream>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <sstream>
+#include <regex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -15,390 +10,354 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/chat_template_env_py.h"
+#include "common/embedded_python.h"
+#include "common/file_util.h"
 #include "common/status_macros.h"
-#include "common/unicode.h"
-#include "nlohmann/json.hpp"
 
 namespace e3 {
 
-// A turn renders as
-//   turn_prefix ROLE role_suffix CONTENT terminator turn_suffix
-// and the generation prompt as turn_prefix "assistant" role_suffix. An
-// assistant turn trains on CONTENT + terminator.
-struct ChatTemplate::Spec {
-  std::string name;
-  // Whether the template renders `bos_token`, and when: up front even for an
-  // empty conversation, or glued to the first message (Meta's Llama 3).
-  bool uses_bos = false;
-  bool bos_with_first_message = false;
-  std::string bos;
-  std::string turn_prefix, role_suffix, terminator, turn_suffix;
-  // Jinja's `| trim` (Python's str.strip()) on the content.
-  bool trim_content = false;
-  // Jinja texts that render exactly this, for detection.
-  std::vector<std::string> known_texts;
+struct ChatTemplate::State {
+  std::string handle;  // the compiled template, in chat_template_env.py
+  std::string origin;
+  nlohmann::ordered_json variables;
+  bool train_reasoning = true;
+  bool generation_blocks = false;
+  std::string fingerprint;
 };
 
 namespace {
 
-using Json = nlohmann::json;
+using Json = nlohmann::ordered_json;
 
-constexpr char kLlama3Bos[] = "<|begin_of_text|>";
+constexpr char kEnvModule[] = "e3_chat_template_env";
+// The special tokens transformers passes to a template (special_tokens_map).
+constexpr const char* kSpecialTokens[] = {"bos_token", "eos_token", "unk_token", "sep_token",
+                                          "pad_token", "cls_token", "mask_token"};
 
-// The bundled tiny-code-llama's template.
-constexpr char kLlama3PlainJinja[] =
-    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
-    "{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
-    "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}";
-// meta-llama/Meta-Llama-3-8B-Instruct's tokenizer_config.json.
-constexpr char kLlama3Jinja[] =
-    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
-    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim "
-    "+ '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
-    "{{ content }}{% endfor %}{% if add_generation_prompt %}"
-    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
-// The plain ChatML template of the transformers chat-templating docs (no
-// default system prompt, unlike Qwen's own, which we do not claim).
-constexpr char kChatMlJinja[] =
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
-    "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
-    "{% endif %}";
-
-const std::vector<const ChatTemplate::Spec*>& Builtins() {
-  static const auto* const kBuiltins = [] {
-    auto* specs = new std::vector<const ChatTemplate::Spec*>();
-    auto* llama3 = new ChatTemplate::Spec;
-    llama3->name = "llama3";
-    llama3->uses_bos = true;
-    llama3->bos_with_first_message = true;
-    llama3->bos = kLlama3Bos;
-    llama3->turn_prefix = "<|start_header_id|>";
-    llama3->role_suffix = "<|end_header_id|>\n\n";
-    llama3->terminator = "<|eot_id|>";
-    llama3->trim_content = true;
-    llama3->known_texts = {kLlama3Jinja};
-    specs->push_back(llama3);
-
-    auto* qwen = new ChatTemplate::Spec;
-    qwen->name = "qwen";
-    qwen->turn_prefix = "<|im_start|>";
-    qwen->role_suffix = "\n";
-    qwen->terminator = "<|im_end|>";
-    qwen->turn_suffix = "\n";
-    qwen->known_texts = {kChatMlJinja};
-    specs->push_back(qwen);
-
-    auto* plain = new ChatTemplate::Spec(*llama3);
-    plain->name = "llama3-plain";
-    plain->bos_with_first_message = false;
-    plain->trim_content = false;
-    plain->known_texts = {kLlama3PlainJinja};
-    specs->push_back(plain);
-    return specs;
-  }();
-  return *kBuiltins;
+absl::StatusOr<std::string> CallEnv(const std::string& function, const std::vector<std::string>& args) {
+  return CallPython(kEnvModule, kChatTemplateEnvPy, function, args);
 }
 
-// A built-in with another BOS text. Specs live for the whole process (the
-// ChatTemplate handle is a plain pointer), so each distinct one is made once.
-const ChatTemplate::Spec* WithBos(const ChatTemplate::Spec* base, const std::string& bos) {
-  if (!base->uses_bos || base->bos == bos) return base;
-  static std::mutex mu;
-  static auto* interned =
-      new std::map<std::pair<std::string, std::string>, std::unique_ptr<ChatTemplate::Spec>>();
-  std::lock_guard<std::mutex> lock(mu);
-  auto& slot = (*interned)[{base->name, bos}];
-  if (!slot) {
-    slot = std::make_unique<ChatTemplate::Spec>(*base);
-    slot->bos = bos;
-  }
-  return slot.get();
+// A token as tokenizer_config.json writes it: a string or an AddedToken
+// object {"content": ...}; null when neither.
+Json TokenText(const Json& value) {
+  if (value.is_string()) return value;
+  if (value.is_object() && value.contains("content") && value["content"].is_string()) return value["content"];
+  return Json();
 }
 
-std::string_view TrimPythonSpace(std::string_view s) {
-  size_t begin = 0;
-  while (begin < s.size()) {
-    const unicode::DecodedChar c = unicode::DecodeUtf8(s, begin);
-    if (!c.valid || !unicode::IsPythonSpace(c.cp)) break;
-    begin += c.len;
+absl::StatusOr<Json> ReadJsonObject(const std::string& path) {
+  if (!IsRegularFile(path)) return Json::object();
+  E3_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
+  Json config = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (config.is_discarded() || !config.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
   }
-  size_t end = s.size();
-  while (end > begin) {
-    size_t start = end - 1;
-    while (start > begin && (static_cast<uint8_t>(s[start]) & 0xC0) == 0x80) --start;
-    const unicode::DecodedChar c = unicode::DecodeUtf8(s, start);
-    if (!c.valid || start + c.len != end || !unicode::IsPythonSpace(c.cp)) break;
-    end = start;
-  }
-  return s.substr(begin, end - begin);
+  return config;
 }
 
-bool IsJinjaSpace(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+// The special tokens as template variables: special_tokens_map.json's,
+// then tokenizer_config.json's over them.
+Json SpecialTokenVariables(const Json& special_map, const Json& config) {
+  Json vars = Json::object();
+  for (const Json* source : {&special_map, &config}) {
+    for (const char* key : kSpecialTokens) {
+      if (!source->contains(key)) continue;
+      const Json text = TokenText((*source)[key]);
+      if (!text.is_null()) vars[key] = text;
+    }
+    const auto extra = source->find("additional_special_tokens");
+    if (extra != source->end() && extra->is_array()) {
+      Json list = Json::array();
+      for (const Json& t : *extra) {
+        if (!TokenText(t).is_null()) list.push_back(TokenText(t));
+      }
+      vars["additional_special_tokens"] = list;
+    }
+  }
+  return vars;
 }
 
-// A canonical form of a Jinja template for comparing two texts: the
-// whitespace rules transformers renders with (trim_blocks, lstrip_blocks,
-// `-` markers, no kept trailing newline) are applied to the literal text,
-// comments are dropped, and inside tags whitespace outside string literals
-// is removed and string escapes are resolved. Two templates with the same
-// canonical form render the same.
-std::string CanonicalJinja(std::string_view t) {
-  struct Part {
-    bool is_tag;
-    char kind;  // '{', '%', '#' for tags
-    bool strip_before, strip_after;
-    std::string text;  // literal text, or canonical tag body
-  };
-  std::vector<Part> parts;
-  size_t i = 0;
-  while (i < t.size()) {
-    const size_t open = t.find('{', i);
-    if (open == std::string_view::npos || open + 1 >= t.size() ||
-        (t[open + 1] != '{' && t[open + 1] != '%' && t[open + 1] != '#')) {
-      const size_t end = open == std::string_view::npos ? t.size() : open + 1;
-      if (parts.empty() || parts.back().is_tag) parts.push_back({false, 0, false, false, ""});
-      parts.back().text.append(t.substr(i, end - i));
-      i = end;
-      continue;
-    }
-    if (open > i) {
-      if (parts.empty() || parts.back().is_tag) parts.push_back({false, 0, false, false, ""});
-      parts.back().text.append(t.substr(i, open - i));
-    }
-    const char kind = t[open + 1];
-    const char close_char = kind == '{' ? '}' : kind;
-    Part tag{true, kind, false, false, ""};
-    size_t j = open + 2;
-    if (j < t.size() && t[j] == '-') {
-      tag.strip_before = true;
-      ++j;
-    } else if (j < t.size() && t[j] == '+') {
-      ++j;
-    }
-    if (kind == '#') {
-      // A comment renders nothing; only its whitespace markers matter.
-      const size_t close = t.find("#}", j);
-      const size_t end = close == std::string_view::npos ? t.size() : close;
-      tag.strip_after = end > j && t[end - 1] == '-';
-      parts.push_back(std::move(tag));
-      i = close == std::string_view::npos ? t.size() : close + 2;
-      continue;
-    }
-    // Scan the body, keeping string literals intact.
-    char quote = 0;
-    std::string body;
-    for (; j < t.size(); ++j) {
-      const char c = t[j];
-      if (quote != 0) {
-        if (c == '\\' && j + 1 < t.size()) {
-          const char e = t[++j];
-          body.push_back(e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e);
-        } else if (c == quote) {
-          body.push_back('\'');
-          quote = 0;
-        } else {
-          body.push_back(c);
-        }
-        continue;
-      }
-      if (c == '\'' || c == '"') {
-        quote = c;
-        body.push_back('\'');
-        continue;
-      }
-      if ((c == '-' || c == '+') && j + 2 < t.size() && t[j + 1] == close_char && t[j + 2] == '}') {
-        tag.strip_after = c == '-';
-        j += 3;
-        break;
-      }
-      if (c == close_char && j + 1 < t.size() && t[j + 1] == '}') {
-        j += 2;
-        break;
-      }
-      if (!IsJinjaSpace(c)) body.push_back(c);
-    }
-    tag.text = std::move(body);
-    parts.push_back(std::move(tag));
-    i = j;
+// tokenizer_config.json's "chat_template": a string, or named templates.
+absl::StatusOr<std::string> TemplateOfConfig(const Json& entry, const std::string& path, const std::string& name) {
+  if (entry.is_string()) return entry.get<std::string>();
+  if (!entry.is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": chat_template is ", entry.type_name(),
+                                                   "; expected a string or a list of {name, template}"));
   }
+  std::vector<std::string> names;
+  for (const Json& e : entry) {
+    if (!e.is_object() || !e.contains("name") || !e["name"].is_string()) continue;
+    names.push_back(e["name"].get<std::string>());
+    if (names.back() == name && e.contains("template") && e["template"].is_string()) {
+      return e["template"].get<std::string>();
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(path, ": no chat template named \"", name,
+                                                 "\"; it has ", absl::StrJoin(names, ", "),
+                                                 " (choose with --chat_template_name)"));
+}
 
-  // Whitespace control, as Jinja applies it to the literal text. Stripping
-  // before tags looks at the source text (a line start is a line start even
-  // when trim_blocks later eats its newline), so it runs first.
-  const auto literal = [&](size_t k) {
-    return k < parts.size() && !parts[k].is_tag ? &parts[k] : nullptr;
-  };
-  for (size_t k = 1; k < parts.size(); ++k) {
-    Part* before = literal(k - 1);
-    if (!parts[k].is_tag || before == nullptr) continue;
-    std::string& s = before->text;
-    if (parts[k].strip_before) {
-      while (!s.empty() && IsJinjaSpace(s.back())) s.pop_back();
-    } else if (parts[k].kind != '{') {
-      // lstrip_blocks: spaces and tabs between a line start and the tag.
-      size_t p = s.size();
-      while (p > 0 && (s[p - 1] == ' ' || s[p - 1] == '\t')) --p;
-      if (p == 0 ? k == 1 : s[p - 1] == '\n') s.resize(p);
-    }
-  }
-  for (size_t k = 0; k + 1 < parts.size(); ++k) {
-    Part* after = literal(k + 1);
-    if (!parts[k].is_tag || after == nullptr) continue;
-    std::string& s = after->text;
-    if (parts[k].strip_after) {
-      size_t p = 0;
-      while (p < s.size() && IsJinjaSpace(s[p])) ++p;
-      s.erase(0, p);
-    } else if (parts[k].kind != '{') {
-      // trim_blocks: the first newline after a block tag.
-      if (s.rfind("\r\n", 0) == 0) {
-        s.erase(0, 2);
-      } else if (!s.empty() && (s[0] == '\n' || s[0] == '\r')) {
-        s.erase(0, 1);
-      }
-    }
-  }
-  if (!parts.empty() && !parts.back().is_tag) {
-    std::string& s = parts.back().text;
-    if (!s.empty() && s.back() == '\n') s.pop_back();
-  }
+bool IsAsciiSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
-  std::string out;
-  for (const Part& p : parts) {
-    if (!p.is_tag) {
-      out += p.text;
-    } else if (p.kind != '#') {
-      // \x01 and \x02 cannot appear in template text, so a tag never
-      // compares equal to literal text.
-      absl::StrAppend(&out, "\x01", std::string(1, p.kind), p.text, "\x02");
+std::string_view TrimRight(std::string_view s) {
+  while (!s.empty() && IsAsciiSpace(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+std::string_view Trim(std::string_view s) {
+  s = TrimRight(s);
+  while (!s.empty() && IsAsciiSpace(s.front())) s.remove_prefix(1);
+  return s;
+}
+
+// What the reader of a turn sees: its content after any inline reasoning
+// (DeepSeek-R1 style "<think>...</think>answer"), trimmed.
+std::string_view VisibleContent(const ChatMessage& m) {
+  std::string_view c = m.content;
+  const size_t think_end = c.rfind("</think>");
+  if (think_end != std::string_view::npos) c.remove_prefix(think_end + 8);
+  return Trim(c);
+}
+
+struct Rendering {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> spans;
+};
+
+absl::StatusOr<std::vector<Rendering>> RenderMany(const ChatTemplate::State& s, const std::vector<ChatMessage>& messages,
+                                                  const Json& tools, const Json& renders) {
+  Json request = {{"variables", s.variables}, {"tools", tools}, {"renders", renders}};
+  Json& list = request["messages"] = Json::array();
+  for (const ChatMessage& m : messages) list.push_back(MessageToJson(m));
+  E3_ASSIGN_OR_RETURN(const std::string reply,
+                      CallEnv("render", {s.handle, request.dump(-1, ' ', false, Json::error_handler_t::replace)}));
+  const Json parsed = Json::parse(reply, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded() || !parsed.contains("renders")) {
+    return absl::InternalError("chat_template_env.render returned no renders");
+  }
+  std::vector<Rendering> out;
+  for (const Json& r : parsed["renders"]) {
+    Rendering one;
+    one.text = r["text"].get<std::string>();
+    for (const Json& span : r["spans"]) one.spans.emplace_back(span[0].get<size_t>(), span[1].get<size_t>());
+    out.push_back(std::move(one));
+  }
+  return out;
+}
+
+// Moves a span's start past the turn's reasoning, to its visible content.
+size_t SkipReasoning(const std::string& text, std::pair<size_t, size_t> span, const ChatMessage& m) {
+  size_t from = span.first;
+  const std::string reasoning = std::string(Trim(ReasoningOf(m)));
+  if (!reasoning.empty()) {
+    const size_t at = text.find(reasoning, from);
+    if (at != std::string::npos && at < span.second) from = at + reasoning.size();
+  }
+  const size_t think_end = text.rfind("</think>", span.second);
+  if (think_end != std::string::npos && think_end >= from && think_end < span.second) from = think_end + 8;
+  const std::string_view visible = VisibleContent(m);
+  if (visible.empty()) return from;
+  const size_t at = text.find(visible, from);
+  return at != std::string::npos && at < span.second ? at : from;
+}
+
+// Where assistant turn `m` lies in the full rendering `text`, at or after
+// `cursor`. `own` is the turn's own rendering: the conversation up to and
+// with it (`alone`) past its common prefix with the conversation before it
+// plus the generation prompt (what the prompt supplies, e.g. a forced
+// "<think>\n", is not the model's to predict). It is found whole where the
+// template renders the turn the same in and out of context; without a
+// leading <think>...</think> block where the template drops earlier turns'
+// reasoning; else the visible content is found, plus the terminator the
+// template writes after it.
+absl::StatusOr<std::pair<size_t, size_t>> LocateTurn(const std::string& text, size_t cursor, std::string_view own,
+                                                     const std::string& alone, const ChatMessage& m, size_t index) {
+  own = TrimRight(own);
+  std::vector<std::string_view> candidates = {own};
+  const size_t think_end = own.find("</think>");
+  if (own.rfind("<think>", 0) == 0 && think_end != std::string_view::npos) {
+    std::string_view rest = own.substr(think_end + 8);
+    while (!rest.empty() && IsAsciiSpace(rest.front())) rest.remove_prefix(1);
+    candidates.push_back(rest);
+  }
+  for (std::string_view c : candidates) {
+    const size_t at = c.empty() ? std::string::npos : text.find(c, cursor);
+    if (at != std::string::npos) return std::make_pair(at, at + c.size());
+  }
+  const std::string_view content = VisibleContent(m);
+  const size_t at = content.empty() ? std::string::npos : text.find(content, cursor);
+  if (at == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("messages[", index,
+                                                   "]: cannot locate the assistant turn in the template's rendering "
+                                                   "(its text is not in the conversation's)"));
+  }
+  size_t end = at + content.size();
+  const size_t in_alone = alone.rfind(content);
+  if (in_alone != std::string::npos) {
+    const std::string_view terminator = TrimRight(std::string_view(alone).substr(in_alone + content.size()));
+    if (text.compare(end, terminator.size(), terminator) == 0) end += terminator.size();
+  }
+  return std::make_pair(at, end);
+}
+
+// The assistant spans of `messages`' rendering, from two renders per
+// assistant turn: the conversation before it with the generation prompt,
+// and with it (where they part is where the model's writing starts).
+absl::StatusOr<RenderedChat> RenderWithTurnSpans(const ChatTemplate::State& s, const std::vector<ChatMessage>& messages,
+                                                 const Json& tools) {
+  Json renders = Json::array({{{"add_generation_prompt", false}}});
+  std::vector<size_t> turns;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (messages[i].role != "assistant") continue;
+    turns.push_back(i);
+    renders.push_back({{"count", i}, {"add_generation_prompt", true}});
+    renders.push_back({{"count", i + 1}, {"add_generation_prompt", false}});
+  }
+  E3_ASSIGN_OR_RETURN(std::vector<Rendering> r, RenderMany(s, messages, tools, renders));
+  RenderedChat out;
+  out.text = std::move(r[0].text);
+  size_t cursor = 0;
+  for (size_t k = 0; k < turns.size(); ++k) {
+    const std::string& before = r[1 + 2 * k].text;
+    const std::string& alone = r[2 + 2 * k].text;
+    size_t common = 0;
+    while (common < before.size() && common < alone.size() && before[common] == alone[common]) ++common;
+    const std::string_view own = std::string_view(alone).substr(common);
+    E3_ASSIGN_OR_RETURN(auto span, LocateTurn(out.text, cursor, own, alone, messages[turns[k]], turns[k]));
+    if (!s.train_reasoning) span.first = SkipReasoning(out.text, span, messages[turns[k]]);
+    cursor = span.second;
+    if (span.second > span.first) out.assistant_spans.push_back(span);
+  }
+  return out;
+}
+
+absl::StatusOr<RenderedChat> RenderWithGenerationBlocks(const ChatTemplate::State& s,
+                                                        const std::vector<ChatMessage>& messages, const Json& tools,
+                                                        bool add_generation_prompt) {
+  E3_ASSIGN_OR_RETURN(std::vector<Rendering> r,
+                      RenderMany(s, messages, tools, Json::array({{{"add_generation_prompt", add_generation_prompt}}})));
+  RenderedChat out;
+  out.text = std::move(r[0].text);
+  out.assistant_spans = std::move(r[0].spans);
+  std::vector<const ChatMessage*> assistants;
+  for (const ChatMessage& m : messages) {
+    if (m.role == "assistant") assistants.push_back(&m);
+  }
+  // One block per assistant turn is the common layout; only then can a
+  // block's reasoning be told from its content.
+  if (!s.train_reasoning && assistants.size() == out.assistant_spans.size()) {
+    for (size_t k = 0; k < assistants.size(); ++k) {
+      out.assistant_spans[k].first = SkipReasoning(out.text, out.assistant_spans[k], *assistants[k]);
     }
   }
   return out;
 }
 
-std::string UnsupportedMessage(const std::string& file) {
-  return absl::StrCat("unsupported chat template in ", file,
-                      "; pass --chat_template=", absl::StrJoin(ChatTemplate::BuiltinNames(), "|"));
+uint64_t Fnv1a(std::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
 }
 
 }  // namespace
 
-std::vector<std::string> ChatTemplate::BuiltinNames() {
-  std::vector<std::string> names;
-  for (const Spec* s : Builtins()) names.push_back(s->name);
-  return names;
-}
-
-absl::StatusOr<ChatTemplate> ChatTemplate::ByName(std::string_view name) {
-  for (const Spec* s : Builtins()) {
-    if (s->name == name) return ChatTemplate(s);
-  }
-  return absl::InvalidArgumentError(absl::StrCat("unknown chat template \"", std::string(name),
-                                                 "\"; expected one of ",
-                                                 absl::StrJoin(BuiltinNames(), ", ")));
-}
-
-absl::StatusOr<ChatTemplate> ChatTemplate::DetectFromModelDir(const std::string& model_dir) {
-  const std::string jinja_path = model_dir + "/chat_template.jinja";
-  const std::string config_path = model_dir + "/tokenizer_config.json";
-  Json config;  // null when there is no tokenizer_config.json
-  if (IsRegularFile(config_path)) {
-    E3_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(config_path));
-    config = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (config.is_discarded() || !config.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat(config_path, ": not a JSON object"));
+absl::StatusOr<Json> ParseTemplateKwargs(const std::string& text) {
+  const std::string_view trimmed = Trim(text);
+  if (trimmed.empty()) return Json::object();
+  if (trimmed.front() == '{') {
+    Json parsed = Json::parse(trimmed, nullptr, /*allow_exceptions=*/false);
+    if (parsed.is_discarded() || !parsed.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat("--chat_template_kwargs \"", text, "\" is not a JSON object"));
     }
+    return parsed;
   }
-
-  // transformers prefers chat_template.jinja over the config's string.
-  std::string source, text;
-  if (IsRegularFile(jinja_path)) {
-    source = jinja_path;
-    E3_ASSIGN_OR_RETURN(text, ReadFileToString(jinja_path));
-  } else if (config.is_object() && config.contains("chat_template")) {
-    source = config_path;
-    const Json& t = config["chat_template"];
-    if (t.is_string()) {
-      text = t.get<std::string>();
-    } else if (t.is_array()) {
-      // Named templates: [{"name": ..., "template": ...}]; "default" is used.
-      for (const Json& entry : t) {
-        if (entry.is_object() && entry.value("name", Json()) == "default" &&
-            entry.contains("template") && entry["template"].is_string()) {
-          text = entry["template"].get<std::string>();
-        }
-      }
-      if (text.empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(config_path, ": chat_template is a list without a \"default\" template"));
-      }
-    } else {
+  Json out = Json::object();
+  const std::vector<std::string> pairs = absl::StrSplit(std::string(trimmed), ',', absl::SkipWhitespace());
+  for (const std::string& pair : pairs) {
+    const size_t eq = pair.find('=');
+    const std::string key(eq == std::string::npos ? std::string_view() : Trim(std::string_view(pair).substr(0, eq)));
+    if (key.empty()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(config_path, ": chat_template is not a string"));
+          absl::StrCat("--chat_template_kwargs: \"", pair, "\" is not key=value (e.g. enable_thinking=false)"));
     }
-  } else {
-    return absl::NotFoundError(
-        absl::StrCat("no chat template in ", model_dir,
-                     " (neither chat_template.jinja nor a \"chat_template\" in "
-                     "tokenizer_config.json); pass --chat_template=",
-                     absl::StrJoin(BuiltinNames(), "|")));
+    const std::string value(Trim(std::string_view(pair).substr(eq + 1)));
+    Json parsed = Json::parse(value, nullptr, /*allow_exceptions=*/false);
+    out[key] = parsed.is_discarded() ? Json(value) : parsed;
   }
-
-  const std::string canonical = CanonicalJinja(text);
-  for (const Spec* s : Builtins()) {
-    for (const std::string& known : s->known_texts) {
-      if (CanonicalJinja(known) != canonical) continue;
-      if (!s->uses_bos || !config.is_object()) return ChatTemplate(s);
-      // transformers passes the config's bos_token; an absent one renders
-      // as Jinja's undefined, the empty string.
-      std::string bos;
-      const auto it = config.find("bos_token");
-      if (it != config.end() && it->is_string()) {
-        bos = it->get<std::string>();
-      } else if (it != config.end() && it->is_object() && it->contains("content") &&
-                 (*it)["content"].is_string()) {
-        bos = (*it)["content"].get<std::string>();
-      }
-      return ChatTemplate(WithBos(s, bos));
-    }
-  }
-  return absl::InvalidArgumentError(UnsupportedMessage(source));
-}
-
-const std::string& ChatTemplate::name() const { return spec_->name; }
-
-absl::StatusOr<RenderedChat> ChatTemplate::Render(const std::vector<ChatMessage>& messages,
-                                                  bool add_generation_prompt) const {
-  const Spec& s = *spec_;
-  RenderedChat out;
-  if (s.uses_bos && !s.bos_with_first_message) out.text += s.bos;
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const ChatMessage& m = messages[i];
-    if (m.role != "system" && m.role != "user" && m.role != "assistant") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("message ", i, ": role \"", m.role,
-                       "\" is not supported; expected system, user or assistant"));
-    }
-    if (i == 0 && s.uses_bos && s.bos_with_first_message) out.text += s.bos;
-    absl::StrAppend(&out.text, s.turn_prefix, m.role, s.role_suffix);
-    const size_t begin = out.text.size();
-    const std::string_view content = s.trim_content ? TrimPythonSpace(m.content) : m.content;
-    out.text.append(content);
-    out.text += s.terminator;
-    if (m.role == "assistant") out.assistant_spans.emplace_back(begin, out.text.size());
-    out.text += s.turn_suffix;
-  }
-  if (add_generation_prompt) absl::StrAppend(&out.text, s.turn_prefix, "assistant", s.role_suffix);
   return out;
 }
 
-absl::StatusOr<TokenizedChat> TokenizeChat(const Tokenizer& tokenizer,
-                                           const ChatTemplate& chat_template,
-                                           const std::vector<ChatMessage>& messages,
-                                           bool train_on_all_tokens) {
+absl::StatusOr<ChatTemplate> ChatTemplate::FromText(const std::string& source, const std::string& origin,
+                                                    Json variables, bool train_reasoning) {
+  auto handle = CallEnv("compile", {source});
+  if (!handle.ok()) {
+    return absl::Status(handle.status().code(), absl::StrCat(origin, ": ", handle.status().message()));
+  }
+  auto state = std::make_shared<State>();
+  state->handle = *std::move(handle);
+  state->origin = origin;
+  state->variables = variables.is_object() ? std::move(variables) : Json::object();
+  state->train_reasoning = train_reasoning;
+  static const std::regex kGenerationTag(R"(\{%-?\s*generation\s*-?%\})");
+  state->generation_blocks = std::regex_search(source, kGenerationTag);
+  state->fingerprint = absl::StrCat(
+      Fnv1a(absl::StrCat(source, "|", state->variables.dump(), "|", train_reasoning ? "reasoning" : "answers")));
+  return ChatTemplate(std::move(state));
+}
+
+absl::StatusOr<ChatTemplate> ChatTemplate::Load(const std::string& model_dir, const ChatTemplateOptions& options) {
+  const std::string config_path = model_dir + "/tokenizer_config.json";
+  const std::string jinja_path = model_dir + "/chat_template.jinja";
+  E3_ASSIGN_OR_RETURN(const Json config, ReadJsonObject(config_path));
+  E3_ASSIGN_OR_RETURN(const Json special_map, ReadJsonObject(model_dir + "/special_tokens_map.json"));
+  std::string origin, source;
+  if (!options.file.empty()) {
+    origin = options.file;
+    if (!IsRegularFile(origin)) return absl::NotFoundError(absl::StrCat("--chat_template file not found: ", origin));
+    E3_ASSIGN_OR_RETURN(source, ReadFileToString(origin));
+  } else if (IsRegularFile(jinja_path)) {  // transformers prefers it to the config's
+    origin = jinja_path;
+    E3_ASSIGN_OR_RETURN(source, ReadFileToString(origin));
+  } else if (config.contains("chat_template")) {
+    origin = config_path;
+    E3_ASSIGN_OR_RETURN(source, TemplateOfConfig(config["chat_template"], config_path, options.name));
+  } else {
+    return absl::NotFoundError(absl::StrCat("no chat template in ", model_dir,
+                                            " (neither chat_template.jinja nor a \"chat_template\" in "
+                                            "tokenizer_config.json); pass --chat_template=FILE"));
+  }
+  Json variables = SpecialTokenVariables(special_map, config);
+  if (!options.kwargs.is_null() && !options.kwargs.is_object()) {
+    return absl::InvalidArgumentError("chat template kwargs must be a JSON object");
+  }
+  for (auto it = options.kwargs.begin(); it != options.kwargs.end(); ++it) variables[it.key()] = it.value();
+  return FromText(source, origin, std::move(variables), options.train_reasoning);
+}
+
+const std::string& ChatTemplate::origin() const { return state_->origin; }
+bool ChatTemplate::has_generation_blocks() const { return state_->generation_blocks; }
+const std::string& ChatTemplate::fingerprint() const { return state_->fingerprint; }
+
+absl::StatusOr<RenderedChat> ChatTemplate::Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                                  const Json& tools) const {
+  if (state_->generation_blocks) return RenderWithGenerationBlocks(*state_, messages, tools, add_generation_prompt);
+  if (!add_generation_prompt) return RenderWithTurnSpans(*state_, messages, tools);
+  // A prompt: nothing in it is trained, so no spans.
+  E3_ASSIGN_OR_RETURN(std::vector<Rendering> r,
+                      RenderMany(*state_, messages, tools, Json::array({{{"add_generation_prompt", true}}})));
+  RenderedChat out;
+  out.text = std::move(r[0].text);
+  return out;
+}
+
+absl::StatusOr<TokenizedChat> TokenizeChat(const Tokenizer& tokenizer, const ChatTemplate& chat_template,
+                                           const std::vector<ChatMessage>& messages, bool train_on_all_tokens,
+                                           const Json& tools) {
   E3_ASSIGN_OR_RETURN(const RenderedChat rendered,
-                      chat_template.Render(messages, /*add_generation_prompt=*/false));
+                      chat_template.Render(messages, /*add_generation_prompt=*/false, tools));
   Encoding enc = tokenizer.Encode(rendered.text);
   TokenizedChat out;
   out.loss_mask.resize(enc.ids.size(), train_on_all_tokens ? 1 : 0);
@@ -407,9 +366,9 @@ absl::StatusOr<TokenizedChat> TokenizeChat(const Tokenizer& tokenizer,
     size_t span = 0;
     const auto& spans = rendered.assistant_spans;
     for (size_t k = 0; k < enc.ids.size(); ++k) {
-      const size_t first_byte = enc.offsets[k].first;
-      while (span < spans.size() && spans[span].second <= first_byte) ++span;
-      if (span < spans.size() && spans[span].first <= first_byte) out.loss_mask[k] = 1;
+      const auto [begin, end] = enc.offsets[k];
+      while (span < spans.size() && spans[span].second <= begin) ++span;
+      if (span < spans.size() && spans[span].first < end && begin < spans[span].second) out.loss_mask[k] = 1;
     }
   }
   out.input_ids = std::move(enc.ids);
@@ -417,9 +376,14 @@ absl::StatusOr<TokenizedChat> TokenizeChat(const Tokenizer& tokenizer,
 }
 
 absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const Tokenizer& tokenizer, const ChatTemplate& chat_template,
-                                                    const std::vector<ChatMessage>& messages) {
-  E3_ASSIGN_OR_RETURN(const RenderedChat rendered, chat_template.Render(messages, /*add_generation_prompt=*/true));
+                                                    const std::vector<ChatMessage>& messages, const Json& tools) {
+  E3_ASSIGN_OR_RETURN(const RenderedChat rendered,
+                      chat_template.Render(messages, /*add_generation_prompt=*/true, tools));
   return std::move(tokenizer.Encode(rendered.text).ids);
+}
+
+absl::Status PinTemplateClockForTesting(const std::string& iso_date) {
+  return CallEnv("set_now", {iso_date}).status();
 }
 
 }  // namespace e3

@@ -6,7 +6,6 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <string_view>
 #include <thread>
@@ -15,12 +14,16 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "common/chat_message.h"
+#include "common/line_reader.h"
 #include "nlohmann/json.hpp"
 
 namespace e3 {
 namespace {
 
-using Json = nlohmann::json;
+using Json = nlohmann::ordered_json;
 
 // Lines tokenized per parallel round. Bounds the raw text held in memory
 // and lets max_samples stop reading early.
@@ -35,6 +38,7 @@ enum class LineKind { kEmpty, kMalformed, kChat, kPretokenized };
 struct ParsedLine {
   LineKind kind = LineKind::kEmpty;
   std::string error;  // kMalformed: what was wrong, without "path:line: "
+  std::string cause;  // kMalformed: its kind, for the counts by cause
   std::vector<int32_t> input_ids;
   std::vector<uint8_t> loss_mask;
 };
@@ -79,51 +83,36 @@ std::string Quote(const Json& value) {
 
 const char* TypeName(const Json& value) { return value.type_name(); }
 
-ParsedLine Malformed(std::string error) {
+ParsedLine Malformed(std::string error, std::string cause) {
   ParsedLine out;
   out.kind = LineKind::kMalformed;
   out.error = std::move(error);
+  out.cause = std::move(cause);
   return out;
 }
 
-// Maps a ShareGPT "from" value to a chat role; nullptr when unknown.
-const char* RoleFromShareGpt(const std::string& from) {
-  if (from == "human" || from == "user") return "user";
-  if (from == "gpt" || from == "assistant" || from == "chatgpt" || from == "bot")
-    return "assistant";
-  if (from == "system") return "system";
-  return nullptr;
-}
-
-// Reads a string field of a turn; the error names the turn and field.
-bool TurnString(const Json& turn, const char* field, size_t index, std::string* out,
-                std::string* error) {
-  auto it = turn.find(field);
-  if (it == turn.end()) {
-    *error = absl::StrCat("conversations[", index, "]: missing \"", field, "\"");
-    return false;
-  }
-  if (!it->is_string()) {
-    *error = absl::StrCat("conversations[", index, "].", field, " is ", TypeName(*it),
-                          "; expected a string");
-    return false;
-  }
-  *out = it->get<std::string>();
-  return true;
-}
+// The causes a line is counted under in DatasetStats::malformed_by_cause.
+constexpr char kCauseJson[] = "invalid JSON";
+constexpr char kCauseFormat[] = "neither a conversation nor input_ids";
+constexpr char kCauseTurns[] = "bad turns";
+constexpr char kCauseTemplate[] = "template could not render";
+constexpr char kCauseIds[] = "bad input_ids/loss_mask";
+constexpr char kCauseNoUser[] = "no user turn";
 
 // The turns up to the last user turn, as a serving engine's prompt.
-ParsedLine PromptOfConversation(std::vector<ChatMessage> messages, const LineContext& ctx) {
+ParsedLine PromptOfConversation(std::vector<ChatMessage> messages, const nlohmann::ordered_json& tools,
+                                const LineContext& ctx) {
   size_t last_user = messages.size();
   for (size_t i = 0; i < messages.size(); ++i) {
     if (messages[i].role == "user") last_user = i;
   }
-  if (last_user == messages.size()) return Malformed("has no user turn to take a prompt from");
+  if (last_user == messages.size()) return Malformed("has no user turn to take a prompt from", kCauseNoUser);
   messages.resize(last_user + 1);
-  auto ids = TokenizePrompt(*ctx.tokenizer, *ctx.chat_template, messages);
+  auto ids = TokenizePrompt(*ctx.tokenizer, *ctx.chat_template, messages, tools);
   if (!ids.ok()) {
-    return Malformed(absl::StrCat("chat template \"", ctx.chat_template->name(),
-                                  "\" rejected the prompt: ", ids.status().message()));
+    return Malformed(absl::StrCat("the chat template (", ctx.chat_template->origin(),
+                                  ") could not render the prompt: ", ids.status().message()),
+                     kCauseTemplate);
   }
   ParsedLine out;
   out.kind = LineKind::kChat;
@@ -144,57 +133,18 @@ void KeepPromptOfPretokenized(ParsedLine* line) {
   line->loss_mask.assign(line->input_ids.size(), 0);
 }
 
-// The turns of a "conversations" array; the error names the turn and field.
-absl::StatusOr<std::vector<ChatMessage>> MessagesOf(const Json& conversations) {
-  auto bad = [](std::string why) { return absl::InvalidArgumentError(std::move(why)); };
-  if (!conversations.is_array()) {
-    return bad(absl::StrCat("\"conversations\" is ", TypeName(conversations), "; expected an array of turns"));
-  }
-  if (conversations.empty()) return bad("\"conversations\" is empty; expected turns");
-  std::vector<ChatMessage> messages;
-  messages.reserve(conversations.size());
-  for (size_t i = 0; i < conversations.size(); ++i) {
-    const Json& turn = conversations[i];
-    if (!turn.is_object()) {
-      return bad(absl::StrCat("conversations[", i, "] is ", TypeName(turn), "; expected an object"));
-    }
-    ChatMessage message;
-    std::string error;
-    if (turn.contains("role")) {
-      if (!TurnString(turn, "role", i, &message.role, &error)) return bad(error);
-      if (message.role != "system" && message.role != "user" && message.role != "assistant") {
-        return bad(absl::StrCat("conversations[", i, "].role is ", Quote(turn["role"]),
-                                "; expected \"system\", \"user\" or \"assistant\""));
-      }
-      if (!TurnString(turn, "content", i, &message.content, &error)) return bad(error);
-    } else if (turn.contains("from")) {
-      std::string from;
-      if (!TurnString(turn, "from", i, &from, &error)) return bad(error);
-      const char* role = RoleFromShareGpt(from);
-      if (role == nullptr) {
-        return bad(absl::StrCat("conversations[", i, "].from is ", Quote(turn["from"]),
-                                "; expected human/user, gpt/assistant/chatgpt/bot or system"));
-      }
-      message.role = role;
-      if (!TurnString(turn, "value", i, &message.content, &error)) return bad(error);
-    } else {
-      return bad(absl::StrCat("conversations[", i, "] has neither \"role\"/\"content\" nor \"from\"/\"value\""));
-    }
-    messages.push_back(std::move(message));
-  }
-  return messages;
-}
-
-ParsedLine ParseConversation(const Json& conversations, const LineContext& ctx) {
-  auto parsed = MessagesOf(conversations);
-  if (!parsed.ok()) return Malformed(std::string(parsed.status().message()));
+ParsedLine ParseConversation(const Json& line, const LineContext& ctx) {
+  auto parsed = MessagesOfLine(line);
+  if (!parsed.ok()) return Malformed(std::string(parsed.status().message()), kCauseTurns);
+  auto tools = ToolsOfLine(line);
+  if (!tools.ok()) return Malformed(std::string(tools.status().message()), kCauseTurns);
   std::vector<ChatMessage> messages = std::move(parsed).value();
-  if (ctx.prompts_only) return PromptOfConversation(std::move(messages), ctx);
-  auto tokenized =
-      TokenizeChat(*ctx.tokenizer, *ctx.chat_template, messages, ctx.train_on_all_tokens);
+  if (ctx.prompts_only) return PromptOfConversation(std::move(messages), *tools, ctx);
+  auto tokenized = TokenizeChat(*ctx.tokenizer, *ctx.chat_template, messages, ctx.train_on_all_tokens, *tools);
   if (!tokenized.ok()) {
-    return Malformed(absl::StrCat("chat template \"", ctx.chat_template->name(),
-                                  "\" rejected the conversation: ", tokenized.status().message()));
+    return Malformed(absl::StrCat("the chat template (", ctx.chat_template->origin(),
+                                  ") could not render the conversation: ", tokenized.status().message()),
+                     kCauseTemplate);
   }
   ParsedLine out;
   out.kind = LineKind::kChat;
@@ -206,17 +156,18 @@ ParsedLine ParseConversation(const Json& conversations, const LineContext& ctx) 
 ParsedLine ParsePretokenized(const Json& object, const LineContext& ctx) {
   auto ids_it = object.find("input_ids");
   auto mask_it = object.find("loss_mask");
-  if (mask_it == object.end()) return Malformed("has \"input_ids\" but no \"loss_mask\"");
+  const auto bad = [](std::string error) { return Malformed(std::move(error), kCauseIds); };
+  if (mask_it == object.end()) return bad("has \"input_ids\" but no \"loss_mask\"");
   if (!ids_it->is_array()) {
-    return Malformed(
+    return bad(
         absl::StrCat("\"input_ids\" is ", TypeName(*ids_it), "; expected an array of token ids"));
   }
   if (!mask_it->is_array()) {
-    return Malformed(
+    return bad(
         absl::StrCat("\"loss_mask\" is ", TypeName(*mask_it), "; expected an array of 0/1"));
   }
   if (ids_it->size() != mask_it->size()) {
-    return Malformed(absl::StrCat("\"input_ids\" has ", ids_it->size(),
+    return bad(absl::StrCat("\"input_ids\" has ", ids_it->size(),
                                   " values but \"loss_mask\" has ", mask_it->size(),
                                   "; expected the same length"));
   }
@@ -235,7 +186,7 @@ ParsedLine ParsePretokenized(const Json& object, const LineContext& ctx) {
       value = id.get<int64_t>();
     }
     if (!id.is_number_integer() || value < 0 || value >= ctx.vocab_size) {
-      return Malformed(absl::StrCat("input_ids[", t, "] is ", Quote(id),
+      return bad(absl::StrCat("input_ids[", t, "] is ", Quote(id),
                                     "; expected an integer in [0, ", ctx.vocab_size, ")"));
     }
     out.input_ids.push_back(static_cast<int32_t>(value));
@@ -245,7 +196,7 @@ ParsedLine ParsePretokenized(const Json& object, const LineContext& ctx) {
     } else if (mask.is_number_integer() && (mask.get<int64_t>() == 0 || mask.get<int64_t>() == 1)) {
       out.loss_mask.push_back(static_cast<uint8_t>(mask.get<int64_t>()));
     } else {
-      return Malformed(absl::StrCat("loss_mask[", t, "] is ", Quote(mask), "; expected 0 or 1"));
+      return bad(absl::StrCat("loss_mask[", t, "] is ", Quote(mask), "; expected 0 or 1"));
     }
   }
   return out;
@@ -258,23 +209,24 @@ ParsedLine ParseLine(std::string_view line, const LineContext& ctx) {
   if (object.is_discarded()) {
     ErrorLocator locator;
     Json::sax_parse(line.begin(), line.end(), &locator);
-    return Malformed(locator.message);
+    return Malformed(locator.message, kCauseJson);
   }
   if (!object.is_object()) {
-    return Malformed(absl::StrCat("line is a JSON ", TypeName(object), "; expected an object"));
+    return Malformed(absl::StrCat("line is a JSON ", TypeName(object), "; expected an object"), kCauseFormat);
   }
-  const bool has_chat = object.contains("conversations");
+  const bool has_chat = HasConversation(object);
   const bool has_ids = object.contains("input_ids");
   if (has_chat && has_ids) {
-    return Malformed("has both \"conversations\" and \"input_ids\"; expected one of them");
+    return Malformed("has both a conversation and \"input_ids\"; expected one of them", kCauseFormat);
   }
-  if (has_chat) return ParseConversation(object["conversations"], ctx);
+  if (has_chat) return ParseConversation(object, ctx);
   if (has_ids) {
     ParsedLine line = ParsePretokenized(object, ctx);
     if (ctx.prompts_only && line.kind == LineKind::kPretokenized) KeepPromptOfPretokenized(&line);
     return line;
   }
-  return Malformed("expected a \"conversations\" array, or \"input_ids\" and \"loss_mask\" arrays");
+  return Malformed("expected a \"messages\" or \"conversations\" array, or \"input_ids\" and \"loss_mask\" arrays",
+                   kCauseFormat);
 }
 
 // Parses lines[i] into results[i] over `threads` workers. Each slot is
@@ -346,18 +298,12 @@ absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Load(const DatasetOptions& opt
                                                        const Tokenizer& tokenizer,
                                                        const ChatTemplate& chat_template) {
   if (absl::Status valid = ValidateOptions(options); !valid.ok()) return valid;
-  if (!PathExists(options.path)) {
-    return absl::NotFoundError(absl::StrCat("dataset file not found: ", options.path));
+  auto opened = LineReader::Open(options.path);
+  if (!opened.ok()) {
+    return absl::Status(opened.status().code(), absl::StrCat("dataset: ", opened.status().message(),
+                                                             " (expected a .jsonl or .jsonl.gz file)"));
   }
-  if (IsDirectory(options.path)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dataset path is a directory: ", options.path, "; expected a .jsonl file"));
-  }
-  std::ifstream in(options.path, std::ios::binary);
-  if (!in) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot open dataset file ", options.path, ": ", std::strerror(errno)));
-  }
+  LineReader& in = **opened;
 
   LineContext ctx;
   ctx.tokenizer = &tokenizer;
@@ -374,10 +320,11 @@ absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Load(const DatasetOptions& opt
   std::vector<ParsedLine> parsed;
   int64_t line_number = 0;
   bool done = false;
-  while (!done && in) {
+  bool more = true;
+  while (!done && more) {
     lines.clear();
     std::string line;
-    while (lines.size() < kBlockLines && std::getline(in, line)) lines.push_back(std::move(line));
+    while (lines.size() < kBlockLines && (more = in.Next(&line))) lines.push_back(std::move(line));
     if (lines.empty()) break;
     if (line_number == 0 && lines[0].rfind("\xEF\xBB\xBF", 0) == 0) lines[0].erase(0, 3);  // BOM
     ParseBlock(lines, ctx, threads, &parsed);
@@ -395,6 +342,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Load(const DatasetOptions& opt
                 absl::StrCat(message, " (set skip_malformed to skip and count such lines)"));
           }
           ++stats.malformed;
+          ++stats.malformed_by_cause[p.cause];
           if (static_cast<int>(stats.first_errors.size()) < options.max_error_messages) {
             stats.first_errors.push_back(std::move(message));
           }
@@ -432,9 +380,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Load(const DatasetOptions& opt
       }
     }
   }
-  if (in.bad()) {
-    return absl::DataLossError(
-        absl::StrCat("read error in dataset file ", options.path, " after line ", line_number));
+  if (!in.status().ok()) {
+    return absl::DataLossError(absl::StrCat(in.status().message(), " (after line ", line_number, ")"));
   }
   return dataset;
 }
@@ -462,26 +409,27 @@ std::vector<int64_t> Dataset::Lengths() const {
 
 absl::StatusOr<std::vector<ChatLine>> ReadChatLines(const std::string& path, bool skip_malformed,
                                                     int64_t* malformed) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open dataset file ", path, ": ", std::strerror(errno)));
+  E3_ASSIGN_OR_RETURN(std::unique_ptr<LineReader> in, LineReader::Open(path));
   std::vector<ChatLine> out;
   *malformed = 0;
   std::string text;
-  for (int64_t number = 1; std::getline(in, text); ++number) {
+  for (int64_t number = 1; in->Next(&text); ++number) {
     if (!text.empty() && text.back() == '\r') text.pop_back();
     if (text.find_first_not_of(" \t") == std::string::npos) continue;
     Json object = Json::parse(text, nullptr, /*allow_exceptions=*/false);
     absl::Status bad;
     ChatLine line;
     line.line = number;
-    if (object.is_object() && object.contains("conversations")) {
-      auto messages = MessagesOf(object["conversations"]);
+    if (HasConversation(object)) {
+      auto messages = MessagesOfLine(object);
+      auto tools = ToolsOfLine(object);
       if (messages.ok()) line.messages = std::move(messages).value();
-      bad = messages.status();
+      if (tools.ok()) line.tools = std::move(tools).value();
+      bad = messages.ok() ? tools.status() : messages.status();
     } else if (object.is_object() && object.contains("input_ids")) {
       line.pretokenized = text;
     } else {
-      bad = absl::InvalidArgumentError("expected a \"conversations\" array or \"input_ids\"");
+      bad = absl::InvalidArgumentError("expected a \"messages\" or \"conversations\" array, or \"input_ids\"");
     }
     if (!bad.ok()) {
       if (!skip_malformed) return absl::InvalidArgumentError(absl::StrCat(path, ":", number, ": ", bad.message()));
@@ -490,6 +438,7 @@ absl::StatusOr<std::vector<ChatLine>> ReadChatLines(const std::string& path, boo
     }
     out.push_back(std::move(line));
   }
+  if (!in->status().ok()) return in->status();
   return out;
 }
 
@@ -508,6 +457,11 @@ std::string Dataset::Summary() const {
   absl::StrAppend(&out, ", ", s.loss_tokens, " trained");
   if (s.total_tokens > 0) {
     absl::StrAppend(&out, absl::StrFormat(" (%.1f%%)", 100.0 * s.loss_tokens / s.total_tokens));
+  }
+  if (!s.malformed_by_cause.empty()) {
+    std::vector<std::string> causes;
+    for (const auto& [cause, n] : s.malformed_by_cause) causes.push_back(absl::StrCat(n, " ", cause));
+    absl::StrAppend(&out, "; malformed by cause: ", absl::StrJoin(causes, ", "));
   }
   if (!s.first_errors.empty()) absl::StrAppend(&out, "; first malformed: ", s.first_errors[0]);
   return out;

@@ -1,12 +1,14 @@
-// The training data reader: chat jsonl (role/content or ShareGPT from/value
-// turns) tokenized through the model's chat template, or pre-tokenized
-// input_ids/loss_mask lines. Bad lines are skipped and counted, or fatal,
+// The training data reader: chat jsonl or .jsonl.gz (OpenAI "messages",
+// "conversations" with role/content or ShareGPT from/value turns; see
+// common/chat_message.h) tokenized through the model's chat template, or
+// pre-tokenized input_ids/loss_mask lines. Bad lines are skipped and counted, or fatal,
 // as the options say; either way the error names file:line and what was
 // expected.
 #ifndef E3_COMMON_DATASET_H_
 #define E3_COMMON_DATASET_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,7 +29,7 @@ struct Sample {
 };
 
 struct DatasetOptions {
-  std::string path;  // jsonl
+  std::string path;  // .jsonl, or .jsonl.gz
   // true: skip malformed lines, count them and keep the first few messages;
   // false: the first malformed line is an error naming file:line.
   bool skip_malformed = true;
@@ -74,6 +76,9 @@ struct DatasetStats {
   int64_t total_tokens = 0;   // over kept samples, after the cut
   int64_t loss_tokens = 0;    // tokens with loss_mask == 1
   int64_t max_sample_length = 0;
+  // Malformed lines by cause ("invalid JSON", "bad turns", "template
+  // could not render", ...); the counts sum to `malformed`.
+  std::map<std::string, int64_t> malformed_by_cause;
   // "file:line: what", the first max_error_messages malformed lines.
   std::vector<std::string> first_errors;
 };
@@ -114,6 +119,7 @@ class Dataset {
 struct ChatLine {
   int64_t line = 0;  // 1-based
   std::vector<ChatMessage> messages;
+  nlohmann::ordered_json tools;      // the line's "tools", null when none
   std::string pretokenized;  // the raw JSON of an input_ids/loss_mask line
 };
 

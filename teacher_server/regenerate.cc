@@ -34,10 +34,13 @@ int64_t AssistantTurn(const std::vector<ChatMessage>& messages, int64_t k) {
   return -1;
 }
 
-std::string ConversationLine(const std::vector<ChatMessage>& messages) {
-  nlohmann::json turns = nlohmann::json::array();
-  for (const ChatMessage& m : messages) turns.push_back({{"role", m.role}, {"content", m.content}});
-  return nlohmann::json{{"conversations", turns}}.dump();
+// The line as training data, every turn's fields and the tools kept.
+std::string ConversationLine(const ChatLine& line) {
+  nlohmann::ordered_json turns = nlohmann::ordered_json::array();
+  for (const ChatMessage& m : line.messages) turns.push_back(MessageToJson(m));
+  nlohmann::ordered_json out = {{"messages", turns}};
+  if (!line.tools.is_null()) out["tools"] = line.tools;
+  return out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 // Replaces the k-th assistant turn of every conversation that has one, in
@@ -55,7 +58,7 @@ absl::StatusOr<bool> RegenerateTurn(CausalLM& model, const Tokenizer& tokenizer,
     if (turn < 0) continue;
     any = true;
     std::vector<ChatMessage> context(messages.begin(), messages.begin() + turn);
-    auto ids = TokenizePrompt(tokenizer, chat_template, context);
+    auto ids = TokenizePrompt(tokenizer, chat_template, context, (*lines)[i].tools);
     if (!ids.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("line ", (*lines)[i].line, ": the chat template refused turn ",
                                                      turn, ": ", ids.status().message()));
@@ -75,7 +78,12 @@ absl::StatusOr<bool> RegenerateTurn(CausalLM& model, const Tokenizer& tokenizer,
     report->tokens += static_cast<int64_t>(c.size());
     // The template writes the turn's terminator itself.
     if (!c.empty() && stop.count(c.back())) c.pop_back();
-    (*lines)[where[j].first].messages[where[j].second].content = tokenizer.Decode(c);
+    // The continuation is the whole turn as the model writes it (its
+    // thinking and tool calls in the text), so the data's are dropped.
+    ChatMessage& turn = (*lines)[where[j].first].messages[where[j].second];
+    turn.content = tokenizer.Decode(c);
+    turn.content_is_null = false;
+    for (const char* key : {"reasoning_content", "thinking", "tool_calls"}) turn.fields.erase(key);
     report->turns += 1;
   }
   return true;
@@ -84,12 +92,12 @@ absl::StatusOr<bool> RegenerateTurn(CausalLM& model, const Tokenizer& tokenizer,
 }  // namespace
 
 absl::StatusOr<std::string> RegenerationFingerprint(const std::string& data_path, const std::string& model_config_json,
-                                                    const std::string& template_name,
+                                                    const std::string& template_fingerprint,
                                                     const GenerationOptions& generation, int64_t max_lines) {
   E3_ASSIGN_OR_RETURN(std::string data, ReadFileToString(data_path));
   uint64_t h = Fnv1a(data);
   h = Fnv1a(model_config_json, h);
-  h = Fnv1a(absl::StrCat(template_name, "|", generation.max_new_tokens, "|", generation.temperature, "|",
+  h = Fnv1a(absl::StrCat(template_fingerprint, "|", generation.max_new_tokens, "|", generation.temperature, "|",
                          generation.seed, "|", max_lines, "|", generation.stop_ids.size()),
             h);
   for (int32_t id : generation.stop_ids) h = Fnv1a(absl::StrCat(id, ","), h);
@@ -125,7 +133,7 @@ absl::StatusOr<RegenerateReport> RegenerateData(CausalLM& model, const Tokenizer
     std::fflush(stdout);
   }
   std::string text;
-  for (const ChatLine& l : lines) absl::StrAppend(&text, l.messages.empty() ? l.pretokenized : ConversationLine(l.messages), "\n");
+  for (const ChatLine& l : lines) absl::StrAppend(&text, l.messages.empty() ? l.pretokenized : ConversationLine(l), "\n");
   // The data first, then its stamp: a crash in between leaves no stamp, so
   // the next start regenerates instead of trusting a partial file.
   E3_RETURN_IF_ERROR(WriteFileAtomically(options.cache_path, text));

@@ -50,7 +50,7 @@ struct RegenerateReport {
 // What defines a regeneration: the data file's bytes, the model directory's
 // config, the chat template and the generation settings (hex).
 absl::StatusOr<std::string> RegenerationFingerprint(const std::string& data_path, const std::string& model_config_json,
-                                                    const std::string& template_name,
+                                                    const std::string& template_fingerprint,
                                                     const GenerationOptions& generation, int64_t max_lines = 0);
 
 // Regenerates `data_path` into options.cache_path, or reuses the cache

@@ -43,7 +43,15 @@
 
 ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory (config.json, safetensors, tokenizer.json)");
 ABSL_FLAG(std::string, data, "", "training data, jsonl (conversations or input_ids/loss_mask)");
-ABSL_FLAG(std::string, chat_template, "auto", "auto (detect from model_dir), llama3, llama3-plain or qwen");
+ABSL_FLAG(std::string, chat_template, "",
+          "a .jinja file to render conversations with instead of model_dir's template (chat_template.jinja, "
+          "else tokenizer_config.json's chat_template)");
+ABSL_FLAG(std::string, chat_template_name, "default",
+          "which of tokenizer_config.json's named chat templates to use, when it has a list");
+ABSL_FLAG(std::string, chat_template_kwargs, "",
+          "template variables, as a JSON object or key=value,... (e.g. enable_thinking=false)");
+ABSL_FLAG(bool, train_reasoning, true,
+          "train on assistant turns' reasoning (thinking) as well as their answers");
 ABSL_FLAG(std::string, aux_layer_ids, "", "comma-separated decoder layers to capture; empty: [1, L/2-1, L-4]");
 ABSL_FLAG(int64_t, tokens_per_batch, 4096, "token budget of one rank's batch");
 ABSL_FLAG(int64_t, max_seq_len, 2048, "samples are cut to this many tokens");
@@ -258,7 +266,7 @@ std::string RegenerateOrDie(CausalLM* model, const Tokenizer& tokenizer, const C
   auto config = ReadFileToString(model_path + "/config.json");
   if (!config.ok()) Fail(config.status());
   auto fingerprint =
-      RegenerationFingerprint(absl::GetFlag(FLAGS_data), *config, tmpl.name(), o.generation, o.max_lines);
+      RegenerationFingerprint(absl::GetFlag(FLAGS_data), *config, tmpl.fingerprint(), o.generation, o.max_lines);
   if (!fingerprint.ok()) Fail(fingerprint.status());
   o.cache_path = absl::GetFlag(FLAGS_regen_cache);
   if (o.cache_path.empty()) o.cache_path = absl::StrCat("regenerated-", *fingerprint, ".jsonl");
@@ -401,8 +409,14 @@ int Main() {
 
   auto tokenizer = Tokenizer::FromFile(model_path + "/tokenizer.json");
   if (!tokenizer.ok()) Fail(tokenizer.status());
-  const std::string tmpl_name = absl::GetFlag(FLAGS_chat_template);
-  auto tmpl = tmpl_name == "auto" ? ChatTemplate::DetectFromModelDir(model_path) : ChatTemplate::ByName(tmpl_name);
+  ChatTemplateOptions topts;
+  topts.file = absl::GetFlag(FLAGS_chat_template);
+  topts.name = absl::GetFlag(FLAGS_chat_template_name);
+  topts.train_reasoning = absl::GetFlag(FLAGS_train_reasoning);
+  auto kwargs = ParseTemplateKwargs(absl::GetFlag(FLAGS_chat_template_kwargs));
+  if (!kwargs.ok()) Fail(kwargs.status());
+  topts.kwargs = *std::move(kwargs);
+  auto tmpl = ChatTemplate::Load(model_path, topts);
   if (!tmpl.ok()) Fail(tmpl.status());
   DatasetOptions dopts;
   dopts.path = absl::GetFlag(FLAGS_data);
@@ -414,7 +428,7 @@ int Main() {
   dopts.vocab_size = cfg.vocab_size;
   auto dataset = Dataset::Load(dopts, **tokenizer, *tmpl);
   if (!dataset.ok()) Fail(dataset.status());
-  std::printf("teacher: data %s (template %s)\n", (*dataset)->Summary().c_str(), tmpl->name().c_str());
+  std::printf("teacher: data %s (template %s)\n", (*dataset)->Summary().c_str(), tmpl->origin().c_str());
   for (const auto& e : (*dataset)->stats().first_errors) std::printf("teacher:   skipped: %s\n", e.c_str());
 
   VocabMap vocab;

@@ -10,6 +10,9 @@ PKGS=(
   # PyTorch for Python (CPU): the golden generators and the independent
   # acceptance cross-check (tools/acceptance_crosscheck.py) that CI runs.
   python3-torch
+  # Chat templates render in embedded CPython with Jinja2, as transformers
+  # renders them; .jsonl.gz datasets read through zlib.
+  libpython3-dev python3-jinja2 zlib1g-dev
   # The BLAS LibTorch runs on: BLIS (OpenMP). Never OpenBLAS's threaded
   # builds: they break civetweb threads, and the reference BLAS is 30x slower.
   libblis4-openmp

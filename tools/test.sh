@@ -21,6 +21,7 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DE3_SANITIZE=ON -DE3
   -DE3_BUILD_BENCH=OFF
 cmake --build build-asan -j"$JOBS"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  LSAN_OPTIONS=suppressions=$PWD/tools/lsan.supp \
   ctest --test-dir build-asan --output-on-failure -j"$JOBS" -L notorch -LE gpu --timeout 900
 
 echo "tools/test.sh: all CPU tests passed in $(( $(date +%s) - start ))s"

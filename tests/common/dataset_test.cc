@@ -1,6 +1,7 @@
 #include "common/dataset.h"
 
 #include <unistd.h>
+#include <zlib.h>
 
 #include <chrono>
 #include <filesystem>
@@ -36,7 +37,7 @@ class DatasetTest : public ::testing::Test {
     auto tokenizer = Tokenizer::FromFile(std::string(kModelDir) + "/tokenizer.json");
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
     tokenizer_ = std::move(tokenizer).value().release();
-    auto chat_template = ChatTemplate::DetectFromModelDir(kModelDir);
+    auto chat_template = ChatTemplate::Load(kModelDir, {});
     ASSERT_TRUE(chat_template.ok()) << chat_template.status();
     template_ = new ChatTemplate(*chat_template);
   }
@@ -226,23 +227,24 @@ const std::vector<MalformedCase>& MalformedCases() {
       {"bad_json", R"({"conversations": [)", "invalid JSON at byte"},
       {"not_object", R"([1, 2, 3])", "line is a JSON array; expected an object"},
       {"no_known_key", R"({"text": "hello"})",
-       "expected a \"conversations\" array, or \"input_ids\" and \"loss_mask\" arrays"},
+       "expected a \"messages\" or \"conversations\" array, or \"input_ids\" and \"loss_mask\" arrays"},
       {"conversations_not_array", R"({"conversations": "hi"})",
        "\"conversations\" is string; expected an array of turns"},
       {"conversations_empty", R"({"conversations": []})", "\"conversations\" is empty"},
       {"turn_not_object", R"({"conversations": ["hi"]})",
        "conversations[0] is string; expected an object"},
       {"missing_content", R"({"conversations": [{"role": "user"}]})",
-       "conversations[0]: missing \"content\""},
-      {"content_null", R"({"conversations": [{"role": "user", "content": null}]})",
-       "conversations[0].content is null; expected a string"},
+       "conversations[0] has no \"content\""},
+      {"content_number", R"({"conversations": [{"role": "user", "content": 5}]})",
+       "conversations[0].content is number; expected a string, null or a list of text parts"},
+      {"image_part", R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})",
+       "messages[0].content[0].type is \"image_url\"; expected \"text\""},
       {"missing_value", R"({"conversations": [{"from": "human", "value": "a"}, {"from": "gpt"}]})",
-       "conversations[1]: missing \"value\""},
+       "conversations[1] has no \"value\""},
       {"unknown_role", R"({"conversations": [{"role": "robot", "content": "beep"}]})",
-       "conversations[0].role is \"robot\"; expected \"system\", \"user\" or \"assistant\""},
+       "conversations[0].role is \"robot\"; expected system, developer, user, assistant or tool"},
       {"unknown_from", R"({"conversations": [{"from": "narrator", "value": "once"}]})",
-       "conversations[0].from is \"narrator\"; expected human/user, gpt/assistant/chatgpt/bot or "
-       "system"},
+       "conversations[0].from is \"narrator\"; expected human/user, gpt/assistant, system or tool/observation"},
       {"no_role_or_from", R"({"conversations": [{"speaker": "user", "text": "x"}]})",
        "conversations[0] has neither \"role\"/\"content\" nor \"from\"/\"value\""},
       {"mismatched_lengths", R"({"input_ids": [1, 2, 3], "loss_mask": [1, 1]})",
@@ -261,7 +263,7 @@ const std::vector<MalformedCase>& MalformedCases() {
        "\"input_ids\" is number; expected an array of token ids"},
       {"both_kinds",
        R"({"conversations": [{"role": "user", "content": "x"}], "input_ids": [1], "loss_mask": [1]})",
-       "has both \"conversations\" and \"input_ids\""},
+       "has both a conversation and \"input_ids\""},
   };
   return *cases;
 }
@@ -291,6 +293,14 @@ TEST_F(DatasetTest, MalformedLinesSkippedAndCounted) {
     EXPECT_THAT(error, HasSubstr(MalformedCases()[i].expected)) << MalformedCases()[i].name;
   }
   EXPECT_THAT(d.Summary(), HasSubstr(std::to_string(num_bad) + " malformed"));
+  // Counted by cause, the counts summing to the total.
+  int64_t by_cause = 0;
+  for (const auto& [cause, n] : d.stats().malformed_by_cause) by_cause += n;
+  EXPECT_EQ(by_cause, num_bad);
+  EXPECT_EQ(d.stats().malformed_by_cause.at("invalid JSON"), 1);
+  EXPECT_EQ(d.stats().malformed_by_cause.at("bad input_ids/loss_mask"), 8);
+  EXPECT_THAT(d.Summary(), HasSubstr("malformed by cause: "));
+  EXPECT_THAT(d.Summary(), HasSubstr("1 invalid JSON"));
   EXPECT_THAT(d.Summary(), HasSubstr("first malformed: " + path + ":2: "));
 
   // Only the first few messages are kept; the count stays exact.
@@ -313,6 +323,61 @@ TEST_F(DatasetTest, MalformedLineIsFatalWithFileAndLine) {
     EXPECT_THAT(Msg(dataset.status()), StartsWith(path + ":2: ")) << c.name;
     EXPECT_THAT(Msg(dataset.status()), HasSubstr(c.expected)) << c.name;
   }
+}
+
+// The same conversations as OpenAI messages, ShareGPT turns and inside a
+// .jsonl.gz give the same samples; a cut-off gzip stream is an error.
+TEST_F(DatasetTest, MessagesShareGptAndGzipAgree) {
+  const std::string messages =
+      R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]})";
+  const std::string share_gpt =
+      R"({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]})";
+  const std::string text = messages + "\n" + share_gpt + "\n" + kGoodIds + "\n";
+  const std::string plain = Write("mixed.jsonl", text);
+  const std::string gz = (dir_ / "mixed.jsonl.gz").string();
+  gzFile f = gzopen(gz.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(gzwrite(f, text.data(), static_cast<unsigned>(text.size())), static_cast<int>(text.size()));
+  ASSERT_EQ(gzclose(f), Z_OK);
+  auto a = Load(Options(plain));
+  auto b = Load(Options(gz));
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ((**a).size(), 3);
+  ASSERT_EQ((**b).size(), 3);
+  for (int64_t i = 0; i < 3; ++i) {
+    EXPECT_EQ((**a)[i].input_ids, (**b)[i].input_ids);
+    EXPECT_EQ((**a)[i].loss_mask, (**b)[i].loss_mask);
+  }
+  EXPECT_EQ((**a)[0].input_ids, (**a)[1].input_ids);
+  EXPECT_EQ((**a)[0].loss_mask, (**a)[1].loss_mask);
+
+  std::ifstream in(gz, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string cut = Write("cut.jsonl.gz", bytes.substr(0, bytes.size() - 12));
+  auto truncated = Load(Options(cut));
+  ASSERT_FALSE(truncated.ok());
+  EXPECT_EQ(truncated.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Msg(truncated.status()), HasSubstr(cut));
+}
+
+// A conversation the template refuses is counted under its own cause.
+TEST_F(DatasetTest, TemplateRefusalIsCountedByCause) {
+  auto t = ChatTemplate::FromText("{% if messages[0].role == 'system' %}{{ raise_exception('no system turns') }}{% endif %}"
+                                  "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}",
+                                  "strict.jinja", nlohmann::ordered_json::object());
+  ASSERT_TRUE(t.ok()) << t.status();
+  const std::string path = Write("refused.jsonl",
+                                 R"({"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]})"
+                                 "\n" R"({"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]})"
+                                 "\n");
+  auto d = Dataset::Load(Options(path), *tokenizer_, *t);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((**d).size(), 1);
+  EXPECT_EQ((**d).stats().malformed_by_cause.at("template could not render"), 1);
+  ASSERT_EQ((**d).stats().first_errors.size(), 1u);
+  EXPECT_THAT((**d).stats().first_errors[0], HasSubstr("strict.jinja) could not render the conversation: "
+                                                       "TemplateError: no system turns"));
 }
 
 TEST_F(DatasetTest, EmptyLinesAreNotMalformed) {

@@ -105,7 +105,7 @@ TEST_F(TinyCodeLlamaTest, VocabSizeAndTokenLookup) {
 
 // Every training conversation: token count and hash of the ids.
 TEST_F(TinyCodeLlamaTest, ParityWithHfOnAllTrainConversations) {
-  auto chat = ChatTemplate::DetectFromModelDir(SourcePath("examples/tiny-code-llama"));
+  auto chat = ChatTemplate::Load(SourcePath("examples/tiny-code-llama"), {});
   ASSERT_TRUE(chat.ok()) << chat.status();
   const std::vector<std::string> convs =
       ReadLines(SourcePath("examples/data/train_conversations.jsonl"));
@@ -153,7 +153,7 @@ TEST_F(TinyCodeLlamaTest, ParityWithHfOnAllTrainConversations) {
 
 // Full ids for the first conversations and eval prompts, for readable diffs.
 TEST_F(TinyCodeLlamaTest, HeadFixtureIdsMatchHf) {
-  auto chat = ChatTemplate::DetectFromModelDir(SourcePath("examples/tiny-code-llama"));
+  auto chat = ChatTemplate::Load(SourcePath("examples/tiny-code-llama"), {});
   ASSERT_TRUE(chat.ok()) << chat.status();
   const std::vector<std::string> train =
       ReadLines(SourcePath("examples/data/train_conversations.jsonl"));

@@ -32,7 +32,7 @@ class RegenerateTest : public ::testing::Test {
     dir_ = ModelDir::Open(kModel).value().release();
     model_ = LoadCausalLM(*dir_, ModelOptions{}).value().release();
     tokenizer_ = Tokenizer::FromFile(kModel + "/tokenizer.json").value().release();
-    template_ = new ChatTemplate(ChatTemplate::DetectFromModelDir(kModel).value());
+    template_ = new ChatTemplate(ChatTemplate::Load(kModel, {}).value());
   }
   static void TearDownTestSuite() {
     delete template_;
@@ -86,7 +86,7 @@ class RegenerateTest : public ::testing::Test {
 TEST_F(RegenerateTest, EachAssistantTurnBecomesTheModelsContinuation) {
   const std::string data = WriteData("data.jsonl");
   const RegenerateOptions o = Options("greedy.jsonl");
-  auto fp = RegenerationFingerprint(data, "cfg", template_->name(), o.generation);
+  auto fp = RegenerationFingerprint(data, "cfg", template_->fingerprint(), o.generation);
   ASSERT_TRUE(fp.ok()) << fp.status();
   auto report = RegenerateData(*model_, *tokenizer_, *template_, data, *fp, o);
   ASSERT_TRUE(report.ok()) << report.status();
@@ -126,7 +126,7 @@ TEST_F(RegenerateTest, EachAssistantTurnBecomesTheModelsContinuation) {
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(again->reused);
   std::ofstream(data, std::ios::app) << R"({"conversations": [{"role": "user", "content": "x"}]})" << "\n";
-  auto changed = RegenerationFingerprint(data, "cfg", template_->name(), o.generation);
+  auto changed = RegenerationFingerprint(data, "cfg", template_->fingerprint(), o.generation);
   ASSERT_TRUE(changed.ok());
   EXPECT_NE(*changed, *fp);
   auto redone = RegenerateData(*model_, *tokenizer_, *template_, data, *changed, o);
@@ -138,8 +138,8 @@ TEST_F(RegenerateTest, EachAssistantTurnBecomesTheModelsContinuation) {
 TEST_F(RegenerateTest, SamplingIsReproducibleFromItsSeed) {
   const std::string data = WriteData("data2.jsonl");
   const RegenerateOptions greedy = Options("g.jsonl"), s1 = Options("s1.jsonl", 1.5), s2 = Options("s2.jsonl", 1.5);
-  auto fg = RegenerationFingerprint(data, "cfg", template_->name(), greedy.generation);
-  auto fs = RegenerationFingerprint(data, "cfg", template_->name(), s1.generation);
+  auto fg = RegenerationFingerprint(data, "cfg", template_->fingerprint(), greedy.generation);
+  auto fs = RegenerationFingerprint(data, "cfg", template_->fingerprint(), s1.generation);
   ASSERT_TRUE(fg.ok() && fs.ok());
   EXPECT_NE(*fg, *fs);
   ASSERT_TRUE(RegenerateData(*model_, *tokenizer_, *template_, data, *fg, greedy).ok());
