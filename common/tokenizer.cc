@@ -2,12 +2,16 @@
 #include "common/tokenizer.h"
 
 #include <algorithm>
+#include <cctype>
+#include <deque>
 #include <array>
+#include <cstdio>
 #include <cstdint>
 #include <fstream>
 #include <mutex>
 #include <optional>
 #include <queue>
+#include <utility>
 #include <shared_mutex>
 #include <sstream>
 #include <string>
@@ -18,8 +22,12 @@
 #include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "common/normalizer.h"
 #include "common/pretokenizer.h"
+#include "common/regex_split.h"
 #include "common/status_macros.h"
 #include "common/unicode.h"
 #include "nlohmann/json.hpp"
@@ -28,7 +36,6 @@ namespace e3 {
 namespace {
 
 using Json = nlohmann::json;
-using Alignment = std::vector<std::pair<uint32_t, uint32_t>>;
 
 // Words longer than this are not cached: they are rare, and bounding the
 // key length bounds the cache's memory.
@@ -229,10 +236,10 @@ struct OffsetMap {
   }
 };
 
-// One BPE token of a word: its id and its length in the word's bytes.
+// One BPE token of a word: its id and the word's bytes it covers.
 struct WordToken {
   int32_t id;
-  uint32_t len;
+  uint32_t begin, len;
 };
 
 // Bounded, thread-safe cache of BPE results per pre-token word. When a
@@ -289,10 +296,48 @@ class BpeTokenizer final : public Tokenizer {
  private:
   absl::Status LoadModel(const std::string& path, const Json& model);
   absl::Status LoadAddedTokens(const std::string& path, const Json& added);
-  absl::Status LoadNormalizer(const std::string& path, const Json& normalizer);
   absl::Status LoadPreTokenizer(const std::string& path, const Json& pre);
   absl::Status LoadPreTokenizerStep(const std::string& path, const std::string& field,
                                     const Json& step, bool last);
+  absl::Status LoadDecoder(const std::string& path, const std::string& field, const Json& decoder);
+  void BuildDecodingTables();
+
+  // A pre-tokenizer stage: a Split (a known pattern's matcher, or any
+  // pattern through Oniguruma) or Metaspace. ByteLevel, always last, is
+  // add_prefix_space_ and byte_level_regex_.
+  struct PreStep {
+    enum class Kind { kKnownSplit, kRegexSplit, kMetaspace } kind;
+    SplitPattern known = SplitPattern::kGpt2;
+    std::unique_ptr<RegexSplitter> splitter;  // kRegexSplit; kMetaspace with split
+    std::string replacement;                  // kMetaspace
+    enum class Prepend { kAlways, kFirst, kNever } prepend = Prepend::kAlways;
+  };
+  // A piece of text on its way through the pre-tokenizer, and where its
+  // bytes came from.
+  struct Part {
+    std::string_view text;
+    OffsetMap map;
+  };
+  // Metaspace over a part: spaces become the replacement, which is also
+  // prepended as the scheme says; the rewritten text lives in `storage`.
+  Part Metaspace(const Part& part, const PreStep& step, std::deque<std::string>* texts,
+                 std::deque<Alignment>* aligns) const;
+  // ByteLevel's add_prefix_space and GPT-2 split, then BPE of each word.
+  void EncodeByteLevel(const Part& part, std::deque<std::string>* texts, std::deque<Alignment>* aligns,
+                       Encoding* out) const;
+  // The first BPE symbols of a word of a SentencePiece-style model: its
+  // characters, or their <0xNN> byte tokens, or unk.
+  void CharSymbols(std::string_view word, std::vector<std::pair<int32_t, uint32_t>>* symbols) const;
+  std::string DecodeTokens(std::vector<std::string> tokens) const;
+
+  // A decoder stage of a SentencePiece-style model.
+  struct DecodeStep {
+    enum class Kind { kReplace, kByteFallback, kFuse, kStrip, kMetaspace } kind;
+    std::string from, to;  // kReplace; kMetaspace: from = replacement
+    std::string strip;     // kStrip: the character, taken `start` / `stop` times
+    int start = 0, stop = 0;
+    bool strip_first_space = true;  // kMetaspace: prepend_scheme != never
+  };
 
   // Encodes text that holds no non-normalized added token: normalizes it,
   // splits out the normalized added tokens, pre-tokenizes the rest.
@@ -324,10 +369,18 @@ class BpeTokenizer final : public Tokenizer {
   AddedTokenMatcher raw_matcher_;         // normalized=false: matched in the raw text
   AddedTokenMatcher normalized_matcher_;  // normalized=true: after the normalizer
 
-  bool nfc_ = false;
-  std::vector<SplitPattern> splits_;  // Split pre-tokenizers, in order
+  std::unique_ptr<Normalizer> normalizer_;  // null: none
+  std::vector<PreStep> pre_steps_;          // before ByteLevel, in order
+  // Byte-level BPE (GPT-2, Llama 3, Qwen): the pre-tokenizer ends in
+  // ByteLevel and tokens are bytes. Otherwise SentencePiece-style BPE
+  // (Llama 2, Mistral, Gemma): tokens are UTF-8 text ("\u2581" for a space)
+  // with <0xNN> tokens for bytes when byte_fallback is set.
+  bool byte_level_ = false;
   bool add_prefix_space_ = false;
   bool byte_level_regex_ = false;  // ByteLevel's use_regex: the GPT-2 split
+  bool byte_fallback_ = false;
+  std::array<int32_t, 256> fallback_ids_{};  // <0xNN> token ids, -1 where absent
+  std::vector<DecodeStep> decoders_;         // SentencePiece-style models
 
   // Decoding: each id's bytes and whether it is a special token.
   absl::flat_hash_map<int32_t, std::string> id_bytes_;
@@ -341,6 +394,10 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Load(const std::string&
                                                               const Json& root) {
   if (!root.is_object()) return FieldError(path, "top level", "is not a JSON object");
   auto tok = std::make_unique<BpeTokenizer>();
+  // The pre-tokenizer first: whether it ends in ByteLevel says how the
+  // model's tokens are written.
+  const auto pre = root.find("pre_tokenizer");
+  if (pre != root.end() && !pre->is_null()) E3_RETURN_IF_ERROR(tok->LoadPreTokenizer(path, *pre));
   const auto model = root.find("model");
   if (model == root.end() || !model->is_object()) return FieldError(path, "model", "is missing");
   E3_RETURN_IF_ERROR(tok->LoadModel(path, *model));
@@ -348,34 +405,93 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Load(const std::string&
   if (added != root.end() && !added->is_null())
     E3_RETURN_IF_ERROR(tok->LoadAddedTokens(path, *added));
   const auto normalizer = root.find("normalizer");
-  if (normalizer != root.end()) E3_RETURN_IF_ERROR(tok->LoadNormalizer(path, *normalizer));
-  const auto pre = root.find("pre_tokenizer");
-  if (pre == root.end() || pre->is_null()) {
-    return FieldError(path, "pre_tokenizer", "is missing; expected ByteLevel (byte-level BPE)");
+  if (normalizer != root.end()) {
+    E3_ASSIGN_OR_RETURN(tok->normalizer_, Normalizer::FromJson(path, "normalizer", *normalizer));
   }
-  E3_RETURN_IF_ERROR(tok->LoadPreTokenizer(path, *pre));
   const auto decoder = root.find("decoder");
-  if (decoder == root.end() || !decoder->is_object() || TypeOf(*decoder) != "ByteLevel") {
-    return FieldError(path, "decoder",
-                      absl::StrCat("is ", decoder == root.end() ? "missing" : Show(*decoder),
-                                   "; expected {\"type\": \"ByteLevel\"}"));
-  }
+  E3_RETURN_IF_ERROR(tok->LoadDecoder(path, "decoder", decoder == root.end() ? Json() : *decoder));
+  tok->BuildDecodingTables();
+  return std::unique_ptr<Tokenizer>(std::move(tok));
+}
 
-  // Decoding tables: added tokens override the model's entries, as in HF.
-  for (const auto& [id, token] : tok->id_to_token_) {
-    std::optional<std::string> bytes = ByteLevelToBytes(token);
+void BpeTokenizer::BuildDecodingTables() {
+  // Added tokens override the model's entries, as in HF.
+  for (const auto& [id, token] : id_to_token_) {
+    std::optional<std::string> bytes = byte_level_ ? ByteLevelToBytes(token) : std::nullopt;
     // HF's ByteLevel decoder passes through the UTF-8 of a token that has a
     // character outside the byte alphabet.
-    tok->id_bytes_[id] = bytes ? *std::move(bytes) : token;
-    tok->vocab_size_ = std::max<int64_t>(tok->vocab_size_, int64_t{id} + 1);
+    id_bytes_[id] = bytes ? *std::move(bytes) : token;
+    vocab_size_ = std::max<int64_t>(vocab_size_, int64_t{id} + 1);
   }
-  for (const AddedToken& a : tok->added_) {
-    std::optional<std::string> bytes = ByteLevelToBytes(a.content);
-    tok->id_bytes_[a.id] = bytes ? *std::move(bytes) : a.content;
-    if (a.special) tok->special_ids_[a.id] = true;
-    tok->vocab_size_ = std::max<int64_t>(tok->vocab_size_, int64_t{a.id} + 1);
+  for (const AddedToken& a : added_) {
+    std::optional<std::string> bytes = byte_level_ ? ByteLevelToBytes(a.content) : std::nullopt;
+    id_bytes_[a.id] = bytes ? *std::move(bytes) : a.content;
+    if (a.special) special_ids_[a.id] = true;
+    vocab_size_ = std::max<int64_t>(vocab_size_, int64_t{a.id} + 1);
   }
-  return std::unique_ptr<Tokenizer>(std::move(tok));
+}
+
+absl::Status BpeTokenizer::LoadDecoder(const std::string& path, const std::string& field, const Json& decoder) {
+  const std::string type = TypeOf(decoder);
+  if (byte_level_) {
+    if (type == "ByteLevel") return absl::OkStatus();
+    return FieldError(path, field,
+                      absl::StrCat("is ", decoder.is_null() ? "missing" : Show(decoder),
+                                   "; expected {\"type\": \"ByteLevel\"} (the pre-tokenizer is ByteLevel)"));
+  }
+  if (decoder.is_null()) return absl::OkStatus();  // tokens joined by spaces, as HF does
+  if (type == "Sequence") {
+    const auto list = decoder.find("decoders");
+    if (list == decoder.end() || !list->is_array()) return FieldError(path, field + ".decoders", "is missing");
+    for (size_t i = 0; i < list->size(); ++i) {
+      E3_RETURN_IF_ERROR(LoadDecoder(path, absl::StrCat(field, ".decoders[", i, "]"), (*list)[i]));
+    }
+    return absl::OkStatus();
+  }
+  DecodeStep step;
+  if (type == "Replace") {
+    const auto pattern = decoder.find("pattern");
+    const auto content = decoder.find("content");
+    if (pattern == decoder.end() || !pattern->is_object() || !pattern->contains("String") ||
+        !(*pattern)["String"].is_string() || content == decoder.end() || !content->is_string()) {
+      return FieldError(path, field, absl::StrCat("is ", Show(decoder), "; expected a Replace of a String"));
+    }
+    step.kind = DecodeStep::Kind::kReplace;
+    step.from = (*pattern)["String"].get<std::string>();
+    step.to = content->get<std::string>();
+  } else if (type == "ByteFallback") {
+    step.kind = DecodeStep::Kind::kByteFallback;
+  } else if (type == "Fuse") {
+    step.kind = DecodeStep::Kind::kFuse;
+  } else if (type == "Strip") {
+    const auto content = decoder.find("content");
+    if (content == decoder.end() || !content->is_string()) return FieldError(path, field + ".content", "is missing");
+    step.kind = DecodeStep::Kind::kStrip;
+    step.strip = content->get<std::string>();
+    const auto count = [&](const char* key) {
+      const auto it = decoder.find(key);
+      return it != decoder.end() && it->is_number_integer() ? static_cast<int>(it->get<int64_t>()) : 0;
+    };
+    step.start = count("start");
+    step.stop = count("stop");
+  } else if (type == "Metaspace") {
+    step.kind = DecodeStep::Kind::kMetaspace;
+    step.from = decoder.contains("replacement") && decoder["replacement"].is_string()
+                    ? decoder["replacement"].get<std::string>()
+                    : "\u2581";
+    const auto scheme = decoder.find("prepend_scheme");
+    const auto add = decoder.find("add_prefix_space");
+    step.strip_first_space = scheme != decoder.end() && scheme->is_string()
+                                 ? *scheme != "never"
+                                 : add == decoder.end() || !add->is_boolean() || add->get<bool>();
+  } else {
+    return FieldError(path, field,
+                      absl::StrCat("is ", Show(decoder),
+                                   "; supported decoders: ByteLevel, Metaspace, or a Sequence of Replace, "
+                                   "ByteFallback, Fuse, Strip and Metaspace"));
+  }
+  decoders_.push_back(std::move(step));
+  return absl::OkStatus();
 }
 
 absl::Status BpeTokenizer::LoadModel(const std::string& path, const Json& model) {
@@ -386,10 +502,7 @@ absl::Status BpeTokenizer::LoadModel(const std::string& path, const Json& model)
                       absl::StrCat("is ", model.contains("type") ? Show(model["type"]) : "missing",
                                    "; expected \"BPE\""));
   }
-  E3_ASSIGN_OR_RETURN(const bool byte_fallback,
-                      GetBool(path, model, "model", "byte_fallback", false));
-  if (byte_fallback)
-    return FieldError(path, "model.byte_fallback", "is true; only false is supported");
+  E3_ASSIGN_OR_RETURN(byte_fallback_, GetBool(path, model, "model", "byte_fallback", false));
   E3_ASSIGN_OR_RETURN(ignore_merges_, GetBool(path, model, "model", "ignore_merges", false));
   E3_ASSIGN_OR_RETURN(fuse_unk_, GetBool(path, model, "model", "fuse_unk", false));
   if (const auto it = model.find("dropout"); it != model.end() && !it->is_null()) {
@@ -417,15 +530,24 @@ absl::Status BpeTokenizer::LoadModel(const std::string& path, const Json& model)
     const auto i = static_cast<int32_t>(id.get<int64_t>());
     vocab_[token] = i;
     id_to_token_[i] = token;
-    if (std::optional<std::string> bytes = ByteLevelToBytes(token))
+    // Words reach BPE as raw bytes: a byte-level token's text maps back
+    // to them; a SentencePiece-style token is its text.
+    if (!byte_level_) {
+      bytes_to_id_.emplace(token, i);
+    } else if (std::optional<std::string> bytes = ByteLevelToBytes(token)) {
       bytes_to_id_.emplace(*std::move(bytes), i);
+    }
   }
   const std::array<char32_t, 256> byte_chars = ByteToUnicode();
   for (int b = 0; b < 256; ++b) {
     std::string ch;
     unicode::AppendUtf8(byte_chars[b], &ch);
     const auto it = vocab_.find(ch);
-    byte_ids_[b] = it == vocab_.end() ? -1 : it->second;
+    byte_ids_[b] = it == vocab_.end() || !byte_level_ ? -1 : it->second;
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    const auto fb = vocab_.find(name);
+    fallback_ids_[b] = fb == vocab_.end() ? -1 : fb->second;
   }
   if (const auto it = model.find("unk_token"); it != model.end() && !it->is_null()) {
     const auto unk = it->is_string() ? vocab_.find(it->get<std::string>()) : vocab_.end();
@@ -527,29 +649,6 @@ absl::Status BpeTokenizer::LoadAddedTokens(const std::string& path, const Json& 
   return absl::OkStatus();
 }
 
-absl::Status BpeTokenizer::LoadNormalizer(const std::string& path, const Json& normalizer) {
-  if (normalizer.is_null()) return absl::OkStatus();
-  const std::string type = TypeOf(normalizer);
-  if (type == "NFC") {
-    nfc_ = true;
-    return absl::OkStatus();
-  }
-  // An empty Sequence, or one holding only NFC, is the same thing.
-  if (type == "Sequence" && normalizer.contains("normalizers") &&
-      normalizer["normalizers"].is_array()) {
-    for (const Json& n : normalizer["normalizers"]) {
-      if (TypeOf(n) != "NFC") {
-        return FieldError(path, "normalizer.normalizers",
-                          absl::StrCat("holds ", Show(n), "; only NFC is supported"));
-      }
-      nfc_ = true;
-    }
-    return absl::OkStatus();
-  }
-  return FieldError(path, "normalizer",
-                    absl::StrCat("is ", Show(normalizer), "; expected null or NFC"));
-}
-
 absl::Status BpeTokenizer::LoadPreTokenizer(const std::string& path, const Json& pre) {
   if (TypeOf(pre) != "Sequence") return LoadPreTokenizerStep(path, "pre_tokenizer", pre, true);
   const auto steps = pre.find("pretokenizers");
@@ -569,44 +668,74 @@ absl::Status BpeTokenizer::LoadPreTokenizerStep(const std::string& path, const s
   const std::string type = TypeOf(step);
   if (type == "ByteLevel") {
     if (!last) return FieldError(path, field, "is ByteLevel but not the last pre-tokenizer");
+    byte_level_ = true;
     E3_ASSIGN_OR_RETURN(add_prefix_space_, GetBool(path, step, field, "add_prefix_space", false));
     E3_ASSIGN_OR_RETURN(byte_level_regex_, GetBool(path, step, field, "use_regex", true));
     return absl::OkStatus();
   }
-  if (last) {
-    return FieldError(
-        path, field, absl::StrCat("is ", Show(step), "; the last pre-tokenizer must be ByteLevel"));
+  PreStep pre;
+  if (type == "Metaspace") {
+    pre.kind = PreStep::Kind::kMetaspace;
+    const auto replacement = step.find("replacement");
+    pre.replacement = replacement != step.end() && replacement->is_string() ? replacement->get<std::string>() : "\u2581";
+    const auto scheme = step.find("prepend_scheme");
+    if (scheme != step.end() && scheme->is_string()) {
+      const std::string v = scheme->get<std::string>();
+      if (v != "always" && v != "first" && v != "never") {
+        return FieldError(path, field + ".prepend_scheme", absl::StrCat("is ", Show(*scheme), "; expected always, first or never"));
+      }
+      pre.prepend = v == "always" ? PreStep::Prepend::kAlways : v == "first" ? PreStep::Prepend::kFirst : PreStep::Prepend::kNever;
+    } else {  // files before prepend_scheme: add_prefix_space
+      E3_ASSIGN_OR_RETURN(const bool add, GetBool(path, step, field, "add_prefix_space", true));
+      pre.prepend = add ? PreStep::Prepend::kAlways : PreStep::Prepend::kNever;
+    }
+    E3_ASSIGN_OR_RETURN(const bool split, GetBool(path, step, field, "split", true));
+    if (split) {
+      E3_ASSIGN_OR_RETURN(pre.splitter, RegexSplitter::Create(pre.replacement, false, SplitBehavior::kMergedWithNext, false));
+    }
+    pre_steps_.push_back(std::move(pre));
+    return absl::OkStatus();
   }
   if (type != "Split") {
     return FieldError(path, field,
-                      absl::StrCat("is ", Show(step), "; expected Split or ByteLevel"));
+                      absl::StrCat("is ", Show(step), "; supported pre-tokenizers: Split, Metaspace, and ByteLevel last"));
   }
-  const auto behavior = step.find("behavior");
-  if (behavior == step.end() || *behavior != "Isolated") {
-    return FieldError(path, field + ".behavior",
-                      absl::StrCat("is ", behavior == step.end() ? "missing" : Show(*behavior),
-                                   "; expected \"Isolated\""));
+  const auto behavior_name = step.find("behavior");
+  if (behavior_name == step.end() || !behavior_name->is_string()) {
+    return FieldError(path, field + ".behavior", "is missing");
   }
+  auto behavior = SplitBehaviorFromName(behavior_name->get<std::string>());
+  if (!behavior.ok()) return FieldError(path, field + ".behavior", absl::StrCat("is ", behavior.status().message()));
   E3_ASSIGN_OR_RETURN(const bool invert, GetBool(path, step, field, "invert", false));
-  if (invert) return FieldError(path, field + ".invert", "is true; expected false");
   const auto pattern = step.find("pattern");
-  const Json* regex = nullptr;
+  std::string text;
+  bool is_regex = false;
   if (pattern != step.end() && pattern->is_object()) {
-    const auto it = pattern->find("Regex");
-    if (it != pattern->end() && it->is_string()) regex = &*it;
+    if (pattern->contains("Regex") && (*pattern)["Regex"].is_string()) {
+      text = (*pattern)["Regex"].get<std::string>();
+      is_regex = true;
+    } else if (pattern->contains("String") && (*pattern)["String"].is_string()) {
+      text = (*pattern)["String"].get<std::string>();
+    }
   }
-  if (regex == nullptr) {
+  if (text.empty()) {
     return FieldError(path, field + ".pattern",
                       absl::StrCat("is ", pattern == step.end() ? "missing" : Show(*pattern),
-                                   "; expected {\"Regex\": <a known pattern>}"));
+                                   "; expected {\"Regex\": ...} or {\"String\": ...}"));
   }
-  const std::optional<SplitPattern> known = SplitPatternFromRegex(regex->get<std::string>());
-  if (!known) {
-    return FieldError(path, field + ".pattern.Regex",
-                      absl::StrCat("is an unsupported pattern: ", Show(*regex),
-                                   " (supported: the GPT-2, Llama 3 and Qwen2 patterns)"));
+  // The known patterns, split the way the hand-written matchers do.
+  const std::optional<SplitPattern> known =
+      is_regex && *behavior == SplitBehavior::kIsolated && !invert ? SplitPatternFromRegex(text) : std::nullopt;
+  if (known) {
+    pre.kind = PreStep::Kind::kKnownSplit;
+    pre.known = *known;
+  } else {
+    pre.kind = PreStep::Kind::kRegexSplit;
+    auto splitter = RegexSplitter::Create(text, is_regex, *behavior, invert);
+    if (!splitter.ok()) return FieldError(path, field + ".pattern", std::string(splitter.status().message()));
+    pre.splitter = *std::move(splitter);
   }
-  splits_.push_back(*known);
+  pre_steps_.push_back(std::move(pre));
   return absl::OkStatus();
 }
 
@@ -631,13 +760,15 @@ Encoding BpeTokenizer::Encode(std::string_view text) const {
 }
 
 void BpeTokenizer::EncodeNormalizable(std::string_view text, size_t base, Encoding* out) const {
-  std::string normalized;
-  Alignment align;
   OffsetMap map{base};
-  if (nfc_ && unicode::MayNeedNfc(text)) {
-    normalized = unicode::Nfc(text, &align);
-    text = normalized;
-    map.align = &align;
+  std::optional<NormalizedText> normalized;
+  if (normalizer_) {
+    normalized.emplace(text);
+    normalizer_->Apply(&*normalized);
+    if (!normalized->identity) {
+      text = normalized->text;
+      map.align = &normalized->align;
+    }
   }
   if (normalized_matcher_.empty()) {
     EncodePiece(text, map, out);
@@ -655,52 +786,97 @@ void BpeTokenizer::EncodeNormalizable(std::string_view text, size_t base, Encodi
 }
 
 void BpeTokenizer::EncodePiece(std::string_view piece, const OffsetMap& map, Encoding* out) const {
-  // Apply the Split stages in turn; each piece of one is split by the next.
-  std::vector<std::pair<size_t, size_t>> ranges{{0, piece.size()}};
-  std::vector<std::pair<size_t, size_t>> next;
-  for (SplitPattern pattern : splits_) {
+  // Each stage splits (or rewrites) every part the previous one made.
+  // Rewritten text lives in `texts`/`aligns` until the piece is encoded.
+  std::deque<std::string> texts;
+  std::deque<Alignment> aligns;
+  std::vector<Part> parts{{piece, map}}, next;
+  std::vector<std::pair<size_t, size_t>> ranges;
+  for (const PreStep& step : pre_steps_) {
     next.clear();
-    for (const auto& [b, e] : ranges) {
-      const size_t first = next.size();
-      SplitByPattern(pattern, piece.substr(b, e - b), &next);
-      for (size_t k = first; k < next.size(); ++k) {
-        next[k].first += b;
-        next[k].second += b;
+    for (const Part& part : parts) {
+      Part p = step.kind == PreStep::Kind::kMetaspace ? Metaspace(part, step, &texts, &aligns) : part;
+      if (step.kind == PreStep::Kind::kMetaspace && !step.splitter) {
+        next.push_back(p);
+        continue;
+      }
+      ranges.clear();
+      if (step.kind == PreStep::Kind::kKnownSplit) {
+        SplitByPattern(step.known, p.text, &ranges);
+      } else {
+        step.splitter->Split(p.text, &ranges);
+      }
+      for (const auto& [b, e] : ranges) {
+        if (e > b) next.push_back({p.text.substr(b, e - b), p.map.Sub(b)});
       }
     }
-    ranges.swap(next);
+    parts.swap(next);
   }
+  for (const Part& part : parts) {
+    if (part.text.empty()) continue;
+    if (byte_level_) {
+      EncodeByteLevel(part, &texts, &aligns, out);
+    } else {
+      EncodeWord(part.text, part.map, out);
+    }
+  }
+}
 
-  std::vector<std::pair<size_t, size_t>> words;
-  std::string prefixed;
-  Alignment prefixed_align;
-  for (const auto& [b, e] : ranges) {
-    if (b == e) continue;
-    std::string_view part = piece.substr(b, e - b);
-    OffsetMap part_map = map.Sub(b);
-    // ByteLevel's add_prefix_space: HF prepends to each piece, the new space
-    // aligned with the piece's first character.
-    if (add_prefix_space_ && part[0] != ' ') {
-      prefixed.assign(1, ' ');
-      prefixed.append(part);
-      prefixed_align.resize(prefixed.size());
-      const auto rel = [&](size_t v) { return static_cast<uint32_t>(v - map.base); };
-      const unicode::DecodedChar first = unicode::DecodeUtf8(part, 0);
-      prefixed_align[0] = {rel(part_map.Begin(0)), rel(part_map.End(first.len - 1))};
-      for (size_t i = 0; i < part.size(); ++i) {
-        prefixed_align[i + 1] = {rel(part_map.Begin(i)), rel(part_map.End(i))};
-      }
-      part = prefixed;
-      part_map = OffsetMap{map.base, &prefixed_align, 0};
-    }
-    if (!byte_level_regex_) {
-      EncodeWord(part, part_map, out);
-      continue;
-    }
-    words.clear();
-    SplitByPattern(SplitPattern::kGpt2, part, &words);
-    for (const auto& [wb, we] : words) EncodeWord(part.substr(wb, we - wb), part_map.Sub(wb), out);
+BpeTokenizer::Part BpeTokenizer::Metaspace(const Part& part, const PreStep& step, std::deque<std::string>* texts,
+                                           std::deque<Alignment>* aligns) const {
+  // HF replaces the spaces first, then prepends unless the text now starts
+  // with the replacement; "first" only for the input's first part.
+  const auto rel = [&](size_t v) { return static_cast<uint32_t>(v - part.map.base); };
+  const bool starts_with_space = !part.text.empty() && part.text[0] == ' ';
+  const bool starts_with_replacement = part.text.rfind(step.replacement, 0) == 0;
+  const bool prepend = !part.text.empty() && !starts_with_space && !starts_with_replacement &&
+                       (step.prepend == PreStep::Prepend::kAlways ||
+                        (step.prepend == PreStep::Prepend::kFirst && part.map.Begin(0) == 0));
+  std::string& text = texts->emplace_back();
+  Alignment& align = aligns->emplace_back();
+  if (prepend) {
+    const unicode::DecodedChar first = unicode::DecodeUtf8(part.text, 0);
+    const std::pair<uint32_t, uint32_t> from = {rel(part.map.Begin(0)), rel(part.map.End((first.valid ? first.len : 1) - 1))};
+    text += step.replacement;
+    align.insert(align.end(), step.replacement.size(), from);
   }
+  for (size_t i = 0; i < part.text.size(); ++i) {
+    const std::pair<uint32_t, uint32_t> from = {rel(part.map.Begin(i)), rel(part.map.End(i))};
+    if (part.text[i] == ' ') {
+      text += step.replacement;
+      align.insert(align.end(), step.replacement.size(), from);
+    } else {
+      text.push_back(part.text[i]);
+      align.push_back(from);
+    }
+  }
+  return Part{text, OffsetMap{part.map.base, &align, 0}};
+}
+
+void BpeTokenizer::EncodeByteLevel(const Part& part, std::deque<std::string>* texts, std::deque<Alignment>* aligns,
+                                   Encoding* out) const {
+  std::string_view text = part.text;
+  OffsetMap map = part.map;
+  // ByteLevel's add_prefix_space: HF prepends to each piece, the new space
+  // aligned with the piece's first character.
+  if (add_prefix_space_ && text[0] != ' ') {
+    std::string& prefixed = texts->emplace_back(1, ' ');
+    prefixed.append(text);
+    Alignment& align = aligns->emplace_back(prefixed.size());
+    const auto rel = [&](size_t v) { return static_cast<uint32_t>(v - part.map.base); };
+    const unicode::DecodedChar first = unicode::DecodeUtf8(text, 0);
+    align[0] = {rel(part.map.Begin(0)), rel(part.map.End((first.valid ? first.len : 1) - 1))};
+    for (size_t i = 0; i < text.size(); ++i) align[i + 1] = {rel(part.map.Begin(i)), rel(part.map.End(i))};
+    text = prefixed;
+    map = OffsetMap{part.map.base, &align, 0};
+  }
+  if (!byte_level_regex_) {
+    EncodeWord(text, map, out);
+    return;
+  }
+  std::vector<std::pair<size_t, size_t>> words;
+  SplitByPattern(SplitPattern::kGpt2, text, &words);
+  for (const auto& [wb, we] : words) EncodeWord(text.substr(wb, we - wb), map.Sub(wb), out);
 }
 
 void BpeTokenizer::EncodeWord(std::string_view word, const OffsetMap& map, Encoding* out) const {
@@ -708,43 +884,93 @@ void BpeTokenizer::EncodeWord(std::string_view word, const OffsetMap& map, Encod
   std::vector<WordToken> tokens;
   if (ignore_merges_) {
     if (const auto it = bytes_to_id_.find(AbslView(word)); it != bytes_to_id_.end()) {
-      tokens.push_back({it->second, static_cast<uint32_t>(word.size())});
+      tokens.push_back({it->second, 0, static_cast<uint32_t>(word.size())});
     }
   }
   if (tokens.empty() && !cache_.Lookup(word, &tokens)) {
     BpeWord(word, &tokens);
     cache_.Insert(word, tokens.data(), tokens.size());
   }
-  size_t pos = 0;
   for (const WordToken& t : tokens) {
     out->ids.push_back(t.id);
-    out->offsets.emplace_back(map.Begin(pos), map.End(pos + t.len - 1));
-    pos += t.len;
+    out->offsets.emplace_back(map.Begin(t.begin), map.End(t.begin + t.len - 1));
   }
+}
+
+void BpeTokenizer::CharSymbols(std::string_view word, std::vector<std::pair<int32_t, uint32_t>>* symbols) const {
+  // HF's BPE::merge_word: each character is its token, else its bytes'
+  // <0xNN> tokens (byte_fallback), else unk (runs fused when fuse_unk). A
+  // pending unk goes out before the next known character, but after byte
+  // tokens, as HF orders them. Lengths are UTF-8 bytes; a character with
+  // neither is dropped.
+  std::optional<std::pair<int32_t, uint32_t>> unk;
+  for (size_t i = 0; i < word.size();) {
+    const unicode::DecodedChar c = unicode::DecodeUtf8(word, i);
+    const size_t len = c.valid ? c.len : 1;
+    const auto known = bytes_to_id_.find(AbslView(word.substr(i, len)));
+    if (known != bytes_to_id_.end()) {
+      if (unk) symbols->push_back(*std::exchange(unk, std::nullopt));
+      symbols->push_back({known->second, static_cast<uint32_t>(len)});
+      i += len;
+      continue;
+    }
+    bool all_bytes = byte_fallback_;
+    for (size_t k = 0; all_bytes && k < len; ++k) all_bytes = fallback_ids_[static_cast<uint8_t>(word[i + k])] >= 0;
+    if (all_bytes) {
+      for (size_t k = 0; k < len; ++k) symbols->push_back({fallback_ids_[static_cast<uint8_t>(word[i + k])], 1});
+    } else if (unk_id_) {
+      if (unk && fuse_unk_) {
+        unk->second += static_cast<uint32_t>(len);
+      } else {
+        if (unk) symbols->push_back(*unk);
+        unk = std::make_pair(*unk_id_, static_cast<uint32_t>(len));
+      }
+    } else {
+      symbols->push_back({-1, static_cast<uint32_t>(len)});  // dropped, keeps the offsets
+    }
+    i += len;
+  }
+  if (unk) symbols->push_back(*unk);
 }
 
 void BpeTokenizer::BpeWord(std::string_view word, std::vector<WordToken>* out) const {
   struct Symbol {
     int32_t id;
     int32_t prev, next;
-    uint32_t len;  // bytes; 0 once merged into its left neighbour
+    uint32_t begin, len;  // bytes; len 0 once merged into its left neighbour
   };
-  std::vector<Symbol> symbols;
-  symbols.reserve(word.size());
-  for (size_t i = 0; i < word.size(); ++i) {
-    int32_t id = byte_ids_[static_cast<uint8_t>(word[i])];
-    if (id < 0) {
-      // A byte without a token: HF emits unk when there is one (fusing runs
-      // when asked), else drops the byte.
-      if (!unk_id_) continue;
-      if (fuse_unk_ && !symbols.empty() && symbols.back().id == *unk_id_) {
-        ++symbols.back().len;
-        continue;
+  std::vector<std::pair<int32_t, uint32_t>> initial;
+  initial.reserve(word.size());
+  if (!byte_level_) {
+    CharSymbols(word, &initial);
+  } else {
+    for (size_t i = 0; i < word.size(); ++i) {
+      int32_t id = byte_ids_[static_cast<uint8_t>(word[i])];
+      if (id < 0) {
+        // A byte without a token: HF emits unk when there is one (fusing
+        // runs when asked), else drops the byte.
+        if (!unk_id_) {
+          initial.push_back({-1, 1});
+          continue;
+        }
+        if (fuse_unk_ && !initial.empty() && initial.back().first == *unk_id_) {
+          ++initial.back().second;
+          continue;
+        }
+        id = *unk_id_;
       }
-      id = *unk_id_;
+      initial.push_back({id, 1});
     }
-    const auto n = static_cast<int32_t>(symbols.size());
-    symbols.push_back({id, n - 1, n + 1, 1});
+  }
+  std::vector<Symbol> symbols;
+  symbols.reserve(initial.size());
+  uint32_t at = 0;
+  for (const auto& [id, len] : initial) {
+    if (id >= 0) {
+      const auto n = static_cast<int32_t>(symbols.size());
+      symbols.push_back({id, n - 1, n + 1, at, len});
+    }
+    at += len;
   }
   if (symbols.empty()) return;
   symbols.back().next = -1;
@@ -776,7 +1002,7 @@ void BpeTokenizer::BpeWord(std::string_view word, std::vector<WordToken>* out) c
     const auto it = merges_.find(PairKey(left.id, right.id));
     if (it == merges_.end() || it->second.new_id != top.new_id) continue;
     left.id = top.new_id;
-    left.len += right.len;
+    left.len = right.begin + right.len - left.begin;
     right.len = 0;
     left.next = right.next;
     if (left.next >= 0) symbols[left.next].prev = top.pos;
@@ -784,11 +1010,84 @@ void BpeTokenizer::BpeWord(std::string_view word, std::vector<WordToken>* out) c
     push_pair(top.pos);
   }
   for (const Symbol& s : symbols) {
-    if (s.len > 0) out->push_back({s.id, s.len});
+    if (s.len > 0) out->push_back({s.id, s.begin, s.len});
   }
 }
 
+// HF's decoders over the token strings, in order, then joined.
+std::string BpeTokenizer::DecodeTokens(std::vector<std::string> tokens) const {
+  if (decoders_.empty()) return absl::StrJoin(tokens, " ");  // HF without a decoder
+  for (const DecodeStep& d : decoders_) {
+    std::vector<std::string> next;
+    switch (d.kind) {
+      case DecodeStep::Kind::kReplace:
+        for (std::string& t : tokens) t = absl::StrReplaceAll(t, {{d.from, d.to}});
+        continue;
+      case DecodeStep::Kind::kByteFallback: {
+        // Runs of <0xNN> tokens become their bytes when those are UTF-8,
+        // else one U+FFFD per byte.
+        std::string run;
+        size_t run_tokens = 0;
+        const auto flush = [&] {
+          if (run_tokens == 0) return;
+          if (unicode::ToValidUtf8Lossy(run) == run) {
+            next.push_back(run);
+          } else {
+            for (size_t k = 0; k < run_tokens; ++k) next.push_back("\xEF\xBF\xBD");
+          }
+          run.clear();
+          run_tokens = 0;
+        };
+        for (std::string& t : tokens) {
+          unsigned value = 0;
+          if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && std::isxdigit(static_cast<unsigned char>(t[3])) &&
+              std::isxdigit(static_cast<unsigned char>(t[4])) && std::sscanf(t.c_str() + 3, "%2x", &value) == 1) {
+            run.push_back(static_cast<char>(value));
+            ++run_tokens;
+            continue;
+          }
+          flush();
+          next.push_back(std::move(t));
+        }
+        flush();
+        break;
+      }
+      case DecodeStep::Kind::kFuse:
+        next.push_back(absl::StrJoin(tokens, ""));
+        break;
+      case DecodeStep::Kind::kStrip:
+        for (std::string& t : tokens) {
+          for (int k = 0; k < d.start && t.rfind(d.strip, 0) == 0; ++k) t.erase(0, d.strip.size());
+          for (int k = 0; k < d.stop && t.size() >= d.strip.size() &&
+                          t.compare(t.size() - d.strip.size(), d.strip.size(), d.strip) == 0;
+               ++k) {
+            t.resize(t.size() - d.strip.size());
+          }
+        }
+        continue;
+      case DecodeStep::Kind::kMetaspace:
+        // Every replacement becomes a space, except in the first token,
+        // where HF drops them when a prefix was prepended.
+        for (size_t i = 0; i < tokens.size(); ++i) {
+          tokens[i] = absl::StrReplaceAll(tokens[i], {{d.from, i == 0 && d.strip_first_space ? "" : " "}});
+        }
+        continue;
+    }
+    tokens.swap(next);
+  }
+  return unicode::ToValidUtf8Lossy(absl::StrJoin(tokens, ""));
+}
+
 std::string BpeTokenizer::Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const {
+  if (!byte_level_) {
+    std::vector<std::string> tokens;
+    for (int32_t id : ids) {
+      if (skip_special_tokens && special_ids_.contains(id)) continue;
+      const auto it = id_bytes_.find(id);
+      if (it != id_bytes_.end()) tokens.push_back(it->second);  // HF skips ids it does not know
+    }
+    return DecodeTokens(std::move(tokens));
+  }
   std::string bytes;
   for (int32_t id : ids) {
     const auto it = id_bytes_.find(id);

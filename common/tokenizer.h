@@ -1,7 +1,11 @@
-// Byte-level BPE tokenizer read from a Hugging Face `tokenizer.json`
-// (the scheme GPT-2, Llama 3 and Qwen use). Encodes and decodes with the
-// same ids as the `tokenizers` library; added/special tokens are matched
-// in the raw text before pre-tokenization, as `tokenizers` does.
+// BPE tokenizers read from a Hugging Face `tokenizer.json`: byte-level
+// (GPT-2, Llama 3, Qwen, DeepSeek-V3, GPT-OSS: Split pre-tokenizers on any
+// regex, then ByteLevel) and SentencePiece-style (Llama 2, Mistral, Gemma:
+// Prepend/Replace normalizers or Metaspace, byte_fallback, their
+// decoders). Encodes and decodes with the same ids as the `tokenizers`
+// library; added/special tokens are matched in the raw text before
+// normalization, as `tokenizers` does. A component it does not know is an
+// error naming the file and the field.
 #ifndef E3_COMMON_TOKENIZER_H_
 #define E3_COMMON_TOKENIZER_H_
 

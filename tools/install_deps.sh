@@ -13,6 +13,8 @@ PKGS=(
   # Chat templates render in embedded CPython with Jinja2, as transformers
   # renders them; .jsonl.gz datasets read through zlib.
   libpython3-dev python3-jinja2 zlib1g-dev
+  # Any Split regex of a tokenizer.json, on the engine HF tokenizers uses.
+  libonig-dev
   # The BLAS LibTorch runs on: BLIS (OpenMP). Never OpenBLAS's threaded
   # builds: they break civetweb threads, and the reference BLAS is 30x slower.
   libblis4-openmp

@@ -21,6 +21,7 @@ and hashes of the ids, offsets (UTF-8 bytes) and decoded text, the first
 lines in full, and HF's encode time. Run on the GPU machine:
 
     python3 tests/golden/make_tokenizer_families.py
+    python3 tests/golden/make_tokenizer_families.py --time_only   # HF's speed alone
 """
 import gzip
 import json
@@ -206,7 +207,29 @@ def expectations(tok, lines):
             "tokens": sum(len(e.ids) for e in encodings)}
 
 
+def time_only():
+    """HF's encode speed on the committed corpus and files, best of three,
+    for the same-machine comparison in bench/README.md."""
+    with gzip.open(os.path.join(OUT, "corpus.jsonl.gz"), "rt", encoding="utf-8") as f:
+        lines = [json.loads(l) for l in f]
+    chars = sum(map(len, lines))
+    for name in ("llama2", "metaspace_first", "metaspace_split", "gemma", "deepseek_v3", "gpt_oss"):
+        with gzip.open(os.path.join(OUT, f"{name}.json.gz"), "rt", encoding="utf-8") as f:
+            tok = tokenizers.Tokenizer.from_str(f.read())
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            for t in lines:
+                tok.encode(t, add_special_tokens=False)
+            best = min(best, time.perf_counter() - start)
+        print(json.dumps({"bench": "tokenizer_encode", "family": name, "impl": "hf_tokenizers",
+                          "version": tokenizers.__version__, "chars": chars, "seconds": best,
+                          "m_chars_per_s": chars / best / 1e6}))
+
+
 def main():
+    if "--time_only" in sys.argv:
+        return time_only()
     os.makedirs(OUT, exist_ok=True)
     lines = corpus()
     with gzip.open(os.path.join(OUT, "corpus.jsonl.gz"), "wt", encoding="utf-8", compresslevel=9) as f:
@@ -224,9 +247,8 @@ def main():
         expected["families"][name] = expectations(tok, lines)
         e = expected["families"][name]
         print(f"{name}: {e['tokens']} tokens, HF encode {chars / e['hf_encode_seconds'] / 1e6:.2f} M chars/s")
-    with open(os.path.join(OUT, "expected.json"), "w", encoding="utf-8") as f:
-        json.dump(expected, f, ensure_ascii=False, indent=0)
-        f.write("\n")
+    with gzip.open(os.path.join(OUT, "expected.json.gz"), "wt", encoding="utf-8", compresslevel=9) as f:
+        json.dump(expected, f, ensure_ascii=False, separators=(",", ":"))
     print(f"tokenizers {tokenizers.__version__}: {len(lines)} lines, {chars} chars")
 
 

@@ -1,0 +1,165 @@
+// Tokenizer families beyond byte-level BPE with known splits, against HF
+// tokenizers: SentencePiece-style BPE (Llama 2's normalizer pipeline,
+// Metaspace "first" and "always"+split, Gemma's), and byte-level BPE
+// behind DeepSeek-V3's and o200k's Split regexes (Oniguruma). The
+// tokenizer.json files and the expected encodings of a million-character
+// corpus come from tests/golden/make_tokenizer_families.py, run with
+// `tokenizers` on the GPU machine.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/line_reader.h"
+#include "common/tokenizer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace e3 {
+namespace {
+
+using Json = nlohmann::json;
+
+const std::string kDir = std::string(E3_SOURCE_DIR) + "/tests/fixtures/tokenizers/";
+
+std::vector<std::string> ReadLines(const std::string& path) {
+  auto reader = LineReader::Open(path);
+  EXPECT_TRUE(reader.ok()) << reader.status();
+  std::vector<std::string> out;
+  if (!reader.ok()) return out;
+  std::string line;
+  while ((*reader)->Next(&line)) out.push_back(line);
+  EXPECT_TRUE((*reader)->status().ok()) << (*reader)->status();
+  return out;
+}
+
+uint64_t Fnv(const std::string& s, uint64_t h) {
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+std::string Hex(uint64_t h) {
+  char buf[20];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// Offsets widened to whole characters: HF reports character offsets, so a
+// token holding part of a character (a byte-fallback or byte-level token)
+// covers all of it there.
+std::vector<std::pair<size_t, size_t>> CharOffsets(const std::string& text, const Encoding& enc) {
+  std::vector<std::pair<size_t, size_t>> out;
+  for (auto [b, e] : enc.offsets) {
+    while (b > 0 && b < text.size() && (static_cast<uint8_t>(text[b]) & 0xC0) == 0x80) --b;
+    while (e < text.size() && (static_cast<uint8_t>(text[e]) & 0xC0) == 0x80) ++e;
+    out.emplace_back(b, e);
+  }
+  return out;
+}
+
+// The family's tokenizer.json, unpacked to a temporary file for FromFile.
+std::unique_ptr<Tokenizer> LoadFamily(const std::string& name) {
+  std::string text;
+  for (const std::string& line : ReadLines(kDir + name + ".json.gz")) text += line + "\n";
+  const std::string path = ::testing::TempDir() + "/e3_" + name + "_tokenizer.json";
+  std::ofstream(path, std::ios::binary) << text;
+  auto tok = Tokenizer::FromFile(path);
+  std::remove(path.c_str());
+  EXPECT_TRUE(tok.ok()) << name << ": " << tok.status();
+  return tok.ok() ? std::move(tok).value() : nullptr;
+}
+
+class TokenizerFamiliesTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  static void SetUpTestSuite() {
+    std::string text;
+    for (const std::string& line : ReadLines(kDir + "expected.json.gz")) text += line + "\n";
+    expected_ = new Json(Json::parse(text));
+    corpus_ = new std::vector<std::string>();
+    for (const std::string& line : ReadLines(kDir + "corpus.jsonl.gz")) {
+      corpus_->push_back(Json::parse(line).get<std::string>());
+    }
+  }
+  static Json* expected_;
+  static std::vector<std::string>* corpus_;
+};
+Json* TokenizerFamiliesTest::expected_ = nullptr;
+std::vector<std::string>* TokenizerFamiliesTest::corpus_ = nullptr;
+
+TEST_P(TokenizerFamiliesTest, CorpusMatchesHfTokenizers) {
+  const std::string name = GetParam();
+  ASSERT_TRUE(expected_->at("families").contains(name)) << name;
+  const Json& want = (*expected_)["families"][name];
+  std::unique_ptr<Tokenizer> tok = LoadFamily(name);
+  ASSERT_NE(tok, nullptr);
+  const std::vector<std::string>& lines = *corpus_;
+  ASSERT_EQ(static_cast<int64_t>(lines.size()), expected_->at("lines").get<int64_t>());
+
+  // Whole first lines, for a readable diff.
+  const Json& full = want["full"];
+  for (size_t i = 0; i < full.size(); ++i) {
+    const Encoding enc = tok->Encode(lines[i]);
+    EXPECT_EQ(enc.ids, full[i]["ids"].get<std::vector<int32_t>>()) << name << " line " << i << ": " << lines[i];
+    std::vector<std::vector<size_t>> offsets;
+    for (const auto& [b, e] : CharOffsets(lines[i], enc)) offsets.push_back({b, e});
+    EXPECT_EQ(offsets, full[i]["offsets"].get<std::vector<std::vector<size_t>>>()) << name << " line " << i;
+    EXPECT_EQ(tok->Decode(enc.ids), full[i]["decoded"].get<std::string>()) << name << " line " << i;
+    EXPECT_EQ(tok->Decode(enc.ids, /*skip_special_tokens=*/true), full[i]["decoded_skip"].get<std::string>())
+        << name << " line " << i;
+  }
+
+  // Every line, by hashes per chunk; encoding timed alone.
+  std::vector<Encoding> encodings;
+  double seconds = 1e30;
+  for (int round = 0; round < 3; ++round) {  // best of three, as the HF timing
+    encodings.clear();
+    encodings.reserve(lines.size());
+    const auto start = std::chrono::steady_clock::now();
+    for (const std::string& line : lines) encodings.push_back(tok->Encode(line));
+    seconds = std::min(seconds, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  const size_t chunk = expected_->at("chunk").get<size_t>();
+  const Json& chunks = want["chunks"];
+  ASSERT_EQ(chunks.size(), (lines.size() + chunk - 1) / chunk);
+  int bad_chunks = 0;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    uint64_t h_ids = 0xcbf29ce484222325ull, h_off = h_ids, h_dec = h_ids;
+    int64_t n = 0;
+    for (size_t i = c * chunk; i < std::min(lines.size(), (c + 1) * chunk); ++i) {
+      const Encoding& enc = encodings[i];
+      const auto offsets = CharOffsets(lines[i], enc);
+      n += static_cast<int64_t>(enc.ids.size());
+      std::string ids, offs;
+      for (size_t k = 0; k < enc.ids.size(); ++k) {
+        ids += (k ? "," : "") + std::to_string(enc.ids[k]);
+        offs += (k ? "," : "") + std::to_string(offsets[k].first) + "-" + std::to_string(offsets[k].second);
+      }
+      h_ids = Fnv(ids + ";", h_ids);
+      h_off = Fnv(offs + ";", h_off);
+      h_dec = Fnv(tok->Decode(enc.ids) + ";", h_dec);
+    }
+    const bool same = n == chunks[c][0].get<int64_t>() && Hex(h_ids) == chunks[c][1] && Hex(h_off) == chunks[c][2] &&
+                      Hex(h_dec) == chunks[c][3];
+    if (!same && ++bad_chunks <= 3) {
+      ADD_FAILURE() << name << ": lines " << c * chunk << ".." << (c + 1) * chunk - 1 << " differ from HF (tokens "
+                    << n << " vs " << chunks[c][0] << ", ids " << (Hex(h_ids) == chunks[c][1] ? "same" : "differ")
+                    << ", offsets " << (Hex(h_off) == chunks[c][2] ? "same" : "differ") << ", decoded "
+                    << (Hex(h_dec) == chunks[c][3] ? "same" : "differ") << ")";
+    }
+  }
+  EXPECT_EQ(bad_chunks, 0) << name;
+  const double chars = expected_->at("chars").get<double>();
+  std::printf("{\"bench\": \"tokenizer_encode\", \"family\": \"%s\", \"impl\": \"e3\", \"lines\": %zu, "
+              "\"chars\": %.0f, \"tokens\": %ld, \"seconds\": %.4f, \"m_chars_per_s\": %.3f}\n",
+              name.c_str(), lines.size(), chars, static_cast<long>(want["tokens"].get<int64_t>()), seconds,
+              chars / seconds / 1e6);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, TokenizerFamiliesTest,
+                         ::testing::Values("llama2", "metaspace_first", "metaspace_split", "gemma", "deepseek_v3",
+                                           "gpt_oss"));
+
+}  // namespace
+}  // namespace e3
