@@ -10,7 +10,8 @@
 # at a time with a KV cache) on the same device.
 #
 #   bench/acceptance_choices.sh BUILD_DIR [cuda:0]
-# Results: $OUT (or ./acceptance-choices) holds choices.tar.gz: each run's
+# The teacher waits for a --regenerate pass before it serves (its log says
+# how long and how fast). Results: $OUT (or ./acceptance-choices) holds choices.tar.gz: each run's
 # summary and step log, the teacher log and the cross-check's JSON; the
 # table is printed at the end. bench/plot_acceptance.py draws the curve.
 set -euo pipefail
@@ -25,14 +26,16 @@ mkdir -p "$RES"
 # Packs what exists so far: a run cut short still brings back its results.
 pack() { tar -czf "$RES/choices.tar.gz" -C "$RUN" $(cd "$RUN" && ls *.json *.jsonl *.log 2>/dev/null); }
 
+# $TEACHER_ARGS: extra teacher flags (e.g. --regenerate); its data is $DATA.
+# shellcheck disable=SC2086
 "$BUILD/teacher_server/teacher_server" --model_dir="$SRC/examples/tiny-code-llama" \
-  --data="$SRC/examples/data/train_conversations.jsonl" --device="$DEVICE" --max_seq_len=2048 \
+  --data="${DATA:-$SRC/examples/data/train_conversations.jsonl}" --device="$DEVICE" --max_seq_len=2048 ${TEACHER_ARGS:-} \
   --tokens_per_batch=2048 --draft_vocab_size=2048 --epochs=20 \
   --eval_prompts="$SRC/examples/data/eval_prompts.jsonl" --eval_max_new_tokens="${EVAL_TOKENS:-256}" --eval_samples="${EVAL_PROMPTS:-0}" \
   --listen=127.0.0.1:0 --port_file="$RUN/port" --metrics_port=-1 > "$RUN/teacher.log" 2>&1 &
 TEACHER=$!
 trap 'kill $TEACHER 2>/dev/null || true' EXIT
-for _ in $(seq 600); do [ -s "$RUN/port" ] && break; sleep 0.2; done
+for _ in $(seq $((${PORT_WAIT_S:-120} * 5))); do [ -s "$RUN/port" ] && break; sleep 0.2; done
 [ -s "$RUN/port" ] || { echo "teacher did not start:"; tail -20 "$RUN/teacher.log"; exit 1; }
 PORT=$(head -1 "$RUN/port")
 
@@ -46,6 +49,9 @@ CHOICES=(
   "floor_0|--min_lr_ratio=0"
   "floor_0.5|--min_lr_ratio=0.5"
 )
+# $CHOICES_OVERRIDE: "name|flags;name|flags" replaces the list (the first
+# is the baseline of the table).
+if [ -n "${CHOICES_OVERRIDE:-}" ]; then IFS=';' read -ra CHOICES <<< "$CHOICES_OVERRIDE"; fi
 for choice in "${CHOICES[@]}"; do
   name=${choice%%|*}
   flags=${choice#*|}
@@ -69,8 +75,12 @@ for choice in "${CHOICES[@]}"; do
 done
 grep -E "eval set ready" "$RUN/teacher.log" || true
 
-if [ -n "$CROSS" ] && wait "$CROSS"; then echo "cross-check passed"; else echo "cross-check FAILED (or not run)"; fi
-tail -5 "$RUN/crosscheck.log"
+if [ -n "$CROSS" ]; then
+  if wait "$CROSS"; then echo "cross-check passed"; else echo "cross-check FAILED"; fi
+  tail -5 "$RUN/crosscheck.log"
+else
+  echo "cross-check not run (no \"default\" choice)"
+fi
 
 "${PYTHON:-python3}" - "$RUN" "${CHOICES[@]}" <<'PY'
 import json, sys, os
