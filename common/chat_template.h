@@ -68,6 +68,11 @@ class ChatTemplate {
   // A fingerprint of what renders: the template text and its variables.
   const std::string& fingerprint() const;
 
+  // The conversation's text and its assistant spans. With the generation
+  // prompt (a prompt, nothing in it trained) spans come only from
+  // generation blocks; without it, from blocks or each turn's rendering.
+  // A template error (raise_exception, a bad field) is InvalidArgument
+  // with Jinja's message.
   absl::StatusOr<RenderedChat> Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                                       const nlohmann::ordered_json& tools = nullptr) const;
 
