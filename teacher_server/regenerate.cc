@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "common/dataset.h"
 #include "common/file_util.h"
+#include "common/fnv1a.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -16,15 +17,6 @@ namespace e3 {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// FNV-1a, 64 bits: a fingerprint, not a security boundary.
-uint64_t Fnv1a(const std::string& bytes, uint64_t h = 1469598103934665603ull) {
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 // Index of the k-th assistant turn of `messages`, or -1.
 int64_t AssistantTurn(const std::vector<ChatMessage>& messages, int64_t k) {
@@ -95,7 +87,7 @@ absl::StatusOr<std::string> RegenerationFingerprint(const std::string& data_path
                                                     const std::string& template_fingerprint,
                                                     const GenerationOptions& generation, int64_t max_lines) {
   E3_ASSIGN_OR_RETURN(std::string data, ReadFileToString(data_path));
-  uint64_t h = Fnv1a(data);
+  uint64_t h = Fnv1a(data, kFingerprintSeed);
   h = Fnv1a(model_config_json, h);
   h = Fnv1a(absl::StrCat(template_fingerprint, "|", generation.max_new_tokens, "|", generation.temperature, "|",
                          generation.seed, "|", max_lines, "|", generation.stop_ids.size()),

@@ -11,8 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "common/fnv1a.h"
 #include "common/line_reader.h"
 #include "common/tokenizer.h"
+#include "tests/common/char_offsets.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -35,28 +37,10 @@ std::vector<std::string> ReadLines(const std::string& path) {
   return out;
 }
 
-uint64_t Fnv(const std::string& s, uint64_t h) {
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
-
 std::string Hex(uint64_t h) {
   char buf[20];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
   return buf;
-}
-
-// Offsets widened to whole characters: HF reports character offsets, so a
-// token holding part of a character (a byte-fallback or byte-level token)
-// covers all of it there.
-std::vector<std::pair<size_t, size_t>> CharOffsets(const std::string& text, const Encoding& enc) {
-  std::vector<std::pair<size_t, size_t>> out;
-  for (auto [b, e] : enc.offsets) {
-    while (b > 0 && b < text.size() && (static_cast<uint8_t>(text[b]) & 0xC0) == 0x80) --b;
-    while (e < text.size() && (static_cast<uint8_t>(text[e]) & 0xC0) == 0x80) ++e;
-    out.emplace_back(b, e);
-  }
-  return out;
 }
 
 // The family's tokenizer.json, unpacked to a temporary file for FromFile.
@@ -103,7 +87,7 @@ TEST_P(TokenizerFamiliesTest, CorpusMatchesHfTokenizers) {
     const Encoding enc = tok->Encode(lines[i]);
     EXPECT_EQ(enc.ids, full[i]["ids"].get<std::vector<int32_t>>()) << name << " line " << i << ": " << lines[i];
     std::vector<std::vector<size_t>> offsets;
-    for (const auto& [b, e] : CharOffsets(lines[i], enc)) offsets.push_back({b, e});
+    for (const auto& [b, e] : testing::CharOffsets(lines[i], enc)) offsets.push_back({b, e});
     EXPECT_EQ(offsets, full[i]["offsets"].get<std::vector<std::vector<size_t>>>()) << name << " line " << i;
     EXPECT_EQ(tok->Decode(enc.ids), full[i]["decoded"].get<std::string>()) << name << " line " << i;
     EXPECT_EQ(tok->Decode(enc.ids, /*skip_special_tokens=*/true), full[i]["decoded_skip"].get<std::string>())
@@ -125,20 +109,20 @@ TEST_P(TokenizerFamiliesTest, CorpusMatchesHfTokenizers) {
   ASSERT_EQ(chunks.size(), (lines.size() + chunk - 1) / chunk);
   int bad_chunks = 0;
   for (size_t c = 0; c < chunks.size(); ++c) {
-    uint64_t h_ids = 0xcbf29ce484222325ull, h_off = h_ids, h_dec = h_ids;
+    uint64_t h_ids = kFnv1aOffset, h_off = h_ids, h_dec = h_ids;
     int64_t n = 0;
     for (size_t i = c * chunk; i < std::min(lines.size(), (c + 1) * chunk); ++i) {
       const Encoding& enc = encodings[i];
-      const auto offsets = CharOffsets(lines[i], enc);
+      const auto offsets = testing::CharOffsets(lines[i], enc);
       n += static_cast<int64_t>(enc.ids.size());
       std::string ids, offs;
       for (size_t k = 0; k < enc.ids.size(); ++k) {
         ids += (k ? "," : "") + std::to_string(enc.ids[k]);
         offs += (k ? "," : "") + std::to_string(offsets[k].first) + "-" + std::to_string(offsets[k].second);
       }
-      h_ids = Fnv(ids + ";", h_ids);
-      h_off = Fnv(offs + ";", h_off);
-      h_dec = Fnv(tok->Decode(enc.ids) + ";", h_dec);
+      h_ids = Fnv1a(ids + ";", h_ids);
+      h_off = Fnv1a(offs + ";", h_off);
+      h_dec = Fnv1a(tok->Decode(enc.ids) + ";", h_dec);
     }
     const bool same = n == chunks[c][0].get<int64_t>() && Hex(h_ids) == chunks[c][1] && Hex(h_off) == chunks[c][2] &&
                       Hex(h_dec) == chunks[c][3];

@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "common/chat_template.h"
+#include "common/fnv1a.h"
+#include "tests/common/char_offsets.h"
 #include "common/pretokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -52,15 +54,12 @@ std::vector<ChatMessage> ParseConversation(const std::string& line) {
 
 // FNV-1a-64 of the ids as little-endian int32 bytes, as the fixture hashes.
 uint64_t Fnv1a64(const std::vector<int32_t>& ids) {
-  uint64_t h = 0xcbf29ce484222325ULL;
+  std::string bytes;
   for (int32_t id : ids) {
     const auto u = static_cast<uint32_t>(id);
-    for (int b = 0; b < 4; ++b) {
-      h ^= (u >> (8 * b)) & 0xFF;
-      h *= 0x100000001b3ULL;
-    }
+    for (int b = 0; b < 4; ++b) bytes.push_back(static_cast<char>((u >> (8 * b)) & 0xFF));
   }
-  return h;
+  return e3::Fnv1a(bytes);
 }
 
 // A scratch file that removes itself.
@@ -584,16 +583,8 @@ TEST(VariantsTest, MatchHf) {
     EXPECT_EQ(tok->Decode(enc.ids), row["decoded"].get<std::string>()) << variant << ": " << text;
     EXPECT_EQ(tok->Decode(enc.ids, true), row["decoded_skip"].get<std::string>())
         << variant << ": " << text;
-    // HF's offsets count characters; ours count bytes, so a token holding
-    // part of a character covers only those bytes. Widened to whole
-    // characters, they must agree.
-    std::vector<std::pair<size_t, size_t>> widened;
-    for (auto [b, e] : enc.offsets) {
-      while (b > 0 && b < text.size() && (static_cast<uint8_t>(text[b]) & 0xC0) == 0x80) --b;
-      while (e < text.size() && (static_cast<uint8_t>(text[e]) & 0xC0) == 0x80) ++e;
-      widened.emplace_back(b, e);
-    }
-    EXPECT_EQ(widened, (row["offsets"].get<std::vector<std::pair<size_t, size_t>>>()))
+    // Widened to whole characters, our byte offsets must agree with HF's.
+    EXPECT_EQ(testing::CharOffsets(text, enc), (row["offsets"].get<std::vector<std::pair<size_t, size_t>>>()))
         << variant << ": " << text;
     ++texts;
   }
