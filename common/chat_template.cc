@@ -14,6 +14,7 @@
 #include "common/chat_template_env_py.h"
 #include "common/embedded_python.h"
 #include "common/file_util.h"
+#include "common/fnv1a.h"
 #include "common/status_macros.h"
 
 namespace e3 {
@@ -107,18 +108,22 @@ std::string_view TrimRight(std::string_view s) {
   return s;
 }
 
-std::string_view Trim(std::string_view s) {
-  s = TrimRight(s);
+std::string_view TrimLeft(std::string_view s) {
   while (!s.empty() && IsAsciiSpace(s.front())) s.remove_prefix(1);
   return s;
 }
+
+std::string_view Trim(std::string_view s) { return TrimLeft(TrimRight(s)); }
+
+// Where inline reasoning ends (DeepSeek-R1, Qwen3).
+constexpr std::string_view kThinkEnd = "</think>";
 
 // What the reader of a turn sees: its content after any inline reasoning
 // (DeepSeek-R1 style "<think>...</think>answer"), trimmed.
 std::string_view VisibleContent(const ChatMessage& m) {
   std::string_view c = m.content;
-  const size_t think_end = c.rfind("</think>");
-  if (think_end != std::string_view::npos) c.remove_prefix(think_end + 8);
+  const size_t think_end = c.rfind(kThinkEnd);
+  if (think_end != std::string_view::npos) c.remove_prefix(think_end + kThinkEnd.size());
   return Trim(c);
 }
 
@@ -156,8 +161,8 @@ size_t SkipReasoning(const std::string& text, std::pair<size_t, size_t> span, co
     const size_t at = text.find(reasoning, from);
     if (at != std::string::npos && at < span.second) from = at + reasoning.size();
   }
-  const size_t think_end = text.rfind("</think>", span.second);
-  if (think_end != std::string::npos && think_end >= from && think_end < span.second) from = think_end + 8;
+  const size_t think_end = text.rfind(kThinkEnd, span.second);
+  if (think_end != std::string::npos && think_end >= from && think_end < span.second) from = think_end + kThinkEnd.size();
   const std::string_view visible = VisibleContent(m);
   if (visible.empty()) return from;
   const size_t at = text.find(visible, from);
@@ -177,11 +182,9 @@ absl::StatusOr<std::pair<size_t, size_t>> LocateTurn(const std::string& text, si
                                                      const std::string& alone, const ChatMessage& m, size_t index) {
   own = TrimRight(own);
   std::vector<std::string_view> candidates = {own};
-  const size_t think_end = own.find("</think>");
+  const size_t think_end = own.find(kThinkEnd);
   if (own.rfind("<think>", 0) == 0 && think_end != std::string_view::npos) {
-    std::string_view rest = own.substr(think_end + 8);
-    while (!rest.empty() && IsAsciiSpace(rest.front())) rest.remove_prefix(1);
-    candidates.push_back(rest);
+    candidates.push_back(TrimLeft(own.substr(think_end + kThinkEnd.size())));
   }
   for (std::string_view c : candidates) {
     const size_t at = c.empty() ? std::string::npos : text.find(c, cursor);
@@ -256,12 +259,6 @@ absl::StatusOr<RenderedChat> RenderWithGenerationBlocks(const ChatTemplate::Stat
   return out;
 }
 
-uint64_t Fnv1a(std::string_view s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
 }  // namespace
 
 absl::StatusOr<Json> ParseTemplateKwargs(const std::string& text) {
@@ -304,7 +301,8 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromText(const std::string& source, c
   static const std::regex kGenerationTag(R"(\{%-?\s*generation\s*-?%\})");
   state->generation_blocks = std::regex_search(source, kGenerationTag);
   state->fingerprint = absl::StrCat(
-      Fnv1a(absl::StrCat(source, "|", state->variables.dump(), "|", train_reasoning ? "reasoning" : "answers")));
+      Fnv1a(absl::StrCat(source, "|", state->variables.dump(), "|", train_reasoning ? "reasoning" : "answers"),
+            kFingerprintSeed));
   return ChatTemplate(std::move(state));
 }
 

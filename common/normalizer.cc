@@ -144,18 +144,6 @@ absl::StatusOr<std::string> StringField(const std::string& path, const std::stri
   return it->get<std::string>();
 }
 
-// A Replace or Split "pattern": {"String": s} or {"Regex": r}.
-absl::StatusOr<std::pair<std::string, bool>> PatternOf(const std::string& path, const std::string& field,
-                                                       const Json& j) {
-  const auto it = j.find("pattern");
-  if (it != j.end() && it->is_object()) {
-    if (it->contains("String") && (*it)["String"].is_string()) return std::make_pair((*it)["String"].get<std::string>(), false);
-    if (it->contains("Regex") && (*it)["Regex"].is_string()) return std::make_pair((*it)["Regex"].get<std::string>(), true);
-  }
-  return FieldError(path, field + ".pattern",
-                    absl::StrCat("is ", it == j.end() ? "missing" : Show(*it), "; expected {\"String\": ...} or {\"Regex\": ...}"));
-}
-
 }  // namespace
 
 void NormalizedText::Materialize() {
@@ -178,11 +166,12 @@ absl::StatusOr<std::unique_ptr<Normalizer>> Normalizer::FromJson(const std::stri
     return std::unique_ptr<Normalizer>(new PrependNormalizer(*std::move(prefix)));
   }
   if (type == "Replace") {
-    auto pattern = PatternOf(path, field, config);
-    if (!pattern.ok()) return pattern.status();
+    const auto it = config.find("pattern");
+    auto pattern = PatternFromJson(it == config.end() ? Json() : *it);
+    if (!pattern.ok()) return FieldError(path, field + ".pattern", std::string(pattern.status().message()));
     auto content = StringField(path, field, config, "content");
     if (!content.ok()) return content.status();
-    auto splitter = RegexSplitter::Create(pattern->first, pattern->second, SplitBehavior::kIsolated, false);
+    auto splitter = RegexSplitter::Create(pattern->text, pattern->is_regex, SplitBehavior::kIsolated, false);
     if (!splitter.ok()) return FieldError(path, field + ".pattern", std::string(splitter.status().message()));
     return std::unique_ptr<Normalizer>(new ReplaceNormalizer(*std::move(splitter), *std::move(content)));
   }

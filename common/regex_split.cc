@@ -112,6 +112,25 @@ absl::StatusOr<SplitBehavior> SplitBehaviorFromName(const std::string& name) {
       "\"", name, "\"; expected Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous"));
 }
 
+absl::StatusOr<PatternSpec> PatternFromJson(const nlohmann::json& pattern) {
+  PatternSpec spec;
+  if (pattern.is_object()) {
+    for (const char* key : {"Regex", "String"}) {
+      const auto it = pattern.find(key);
+      if (it == pattern.end() || !it->is_string()) continue;
+      spec.text = it->get<std::string>();
+      spec.is_regex = std::string(key) == "Regex";
+      break;
+    }
+  }
+  if (spec.text.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("is ", pattern.is_null() ? "missing" : pattern.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                     "; expected {\"Regex\": ...} or {\"String\": ...}"));
+  }
+  return spec;
+}
+
 absl::StatusOr<std::unique_ptr<RegexSplitter>> RegexSplitter::Create(const std::string& pattern, bool is_regex,
                                                                     SplitBehavior behavior, bool invert) {
   auto s = std::unique_ptr<RegexSplitter>(new RegexSplitter());

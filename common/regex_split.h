@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
 
 namespace e3 {
 
@@ -23,6 +24,16 @@ enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWith
 // "Removed", "Isolated", ... as tokenizer.json writes them; anything else
 // is InvalidArgument saying what is expected.
 absl::StatusOr<SplitBehavior> SplitBehaviorFromName(const std::string& name);
+
+// A tokenizer.json "pattern" ({"String": s} or {"Regex": r}), as the
+// Split pre-tokenizer and the Replace normalizer write it.
+struct PatternSpec {
+  std::string text;
+  bool is_regex = false;
+};
+// InvalidArgument "is <json>; expected ..." (the caller names the field)
+// for anything else, an empty string included.
+absl::StatusOr<PatternSpec> PatternFromJson(const nlohmann::json& pattern);
 
 class RegexSplitter {
  public:

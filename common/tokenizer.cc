@@ -108,6 +108,36 @@ std::string TypeOf(const Json& component) {
   return it != component.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
+// When Metaspace puts its replacement before a piece.
+enum class MetaspacePrepend { kAlways, kFirst, kNever };
+
+struct MetaspaceSettings {
+  std::string replacement;
+  MetaspacePrepend prepend = MetaspacePrepend::kAlways;
+};
+
+// Metaspace's settings, written alike by its pre-tokenizer and decoder:
+// the replacement (default U+2581) and prepend_scheme, or add_prefix_space
+// in files from before prepend_scheme.
+absl::StatusOr<MetaspaceSettings> MetaspaceSettingsOf(const std::string& path, const std::string& field,
+                                                      const Json& config) {
+  MetaspaceSettings m;
+  const auto replacement = config.find("replacement");
+  m.replacement = replacement != config.end() && replacement->is_string() ? replacement->get<std::string>() : "\u2581";
+  const auto scheme = config.find("prepend_scheme");
+  if (scheme == config.end() || !scheme->is_string()) {
+    E3_ASSIGN_OR_RETURN(const bool add, GetBool(path, config, field, "add_prefix_space", true));
+    m.prepend = add ? MetaspacePrepend::kAlways : MetaspacePrepend::kNever;
+    return m;
+  }
+  const std::string v = scheme->get<std::string>();
+  if (v != "always" && v != "first" && v != "never") {
+    return FieldError(path, field + ".prepend_scheme", absl::StrCat("is ", Show(*scheme), "; expected always, first or never"));
+  }
+  m.prepend = v == "always" ? MetaspacePrepend::kAlways : v == "first" ? MetaspacePrepend::kFirst : MetaspacePrepend::kNever;
+  return m;
+}
+
 struct AddedToken {
   int32_t id;
   std::string content;
@@ -309,8 +339,7 @@ class BpeTokenizer final : public Tokenizer {
     enum class Kind { kKnownSplit, kRegexSplit, kMetaspace } kind;
     SplitPattern known = SplitPattern::kGpt2;
     std::unique_ptr<RegexSplitter> splitter;  // kRegexSplit; kMetaspace with split
-    std::string replacement;                  // kMetaspace
-    enum class Prepend { kAlways, kFirst, kNever } prepend = Prepend::kAlways;
+    MetaspaceSettings metaspace;              // kMetaspace
   };
   // A piece of text on its way through the pre-tokenizer, and where its
   // bytes came from.
@@ -318,8 +347,12 @@ class BpeTokenizer final : public Tokenizer {
     std::string_view text;
     OffsetMap map;
   };
+  // `part` with `prefix` before it (from its first character) and each
+  // space replaced by `space` (kept when empty), stored in texts/aligns.
+  Part Rewrite(const Part& part, std::string_view prefix, std::string_view space, std::deque<std::string>* texts,
+               std::deque<Alignment>* aligns) const;
   // Metaspace over a part: spaces become the replacement, which is also
-  // prepended as the scheme says; the rewritten text lives in `storage`.
+  // prepended as the scheme says.
   Part Metaspace(const Part& part, const PreStep& step, std::deque<std::string>* texts,
                  std::deque<Alignment>* aligns) const;
   // ByteLevel's add_prefix_space and GPT-2 split, then BPE of each word.
@@ -476,14 +509,9 @@ absl::Status BpeTokenizer::LoadDecoder(const std::string& path, const std::strin
     step.stop = count("stop");
   } else if (type == "Metaspace") {
     step.kind = DecodeStep::Kind::kMetaspace;
-    step.from = decoder.contains("replacement") && decoder["replacement"].is_string()
-                    ? decoder["replacement"].get<std::string>()
-                    : "\u2581";
-    const auto scheme = decoder.find("prepend_scheme");
-    const auto add = decoder.find("add_prefix_space");
-    step.strip_first_space = scheme != decoder.end() && scheme->is_string()
-                                 ? *scheme != "never"
-                                 : add == decoder.end() || !add->is_boolean() || add->get<bool>();
+    E3_ASSIGN_OR_RETURN(const MetaspaceSettings m, MetaspaceSettingsOf(path, field, decoder));
+    step.from = m.replacement;
+    step.strip_first_space = m.prepend != MetaspacePrepend::kNever;
   } else {
     return FieldError(path, field,
                       absl::StrCat("is ", Show(decoder),
@@ -676,22 +704,11 @@ absl::Status BpeTokenizer::LoadPreTokenizerStep(const std::string& path, const s
   PreStep pre;
   if (type == "Metaspace") {
     pre.kind = PreStep::Kind::kMetaspace;
-    const auto replacement = step.find("replacement");
-    pre.replacement = replacement != step.end() && replacement->is_string() ? replacement->get<std::string>() : "\u2581";
-    const auto scheme = step.find("prepend_scheme");
-    if (scheme != step.end() && scheme->is_string()) {
-      const std::string v = scheme->get<std::string>();
-      if (v != "always" && v != "first" && v != "never") {
-        return FieldError(path, field + ".prepend_scheme", absl::StrCat("is ", Show(*scheme), "; expected always, first or never"));
-      }
-      pre.prepend = v == "always" ? PreStep::Prepend::kAlways : v == "first" ? PreStep::Prepend::kFirst : PreStep::Prepend::kNever;
-    } else {  // files before prepend_scheme: add_prefix_space
-      E3_ASSIGN_OR_RETURN(const bool add, GetBool(path, step, field, "add_prefix_space", true));
-      pre.prepend = add ? PreStep::Prepend::kAlways : PreStep::Prepend::kNever;
-    }
+    E3_ASSIGN_OR_RETURN(pre.metaspace, MetaspaceSettingsOf(path, field, step));
     E3_ASSIGN_OR_RETURN(const bool split, GetBool(path, step, field, "split", true));
     if (split) {
-      E3_ASSIGN_OR_RETURN(pre.splitter, RegexSplitter::Create(pre.replacement, false, SplitBehavior::kMergedWithNext, false));
+      E3_ASSIGN_OR_RETURN(pre.splitter,
+                          RegexSplitter::Create(pre.metaspace.replacement, false, SplitBehavior::kMergedWithNext, false));
     }
     pre_steps_.push_back(std::move(pre));
     return absl::OkStatus();
@@ -707,22 +724,10 @@ absl::Status BpeTokenizer::LoadPreTokenizerStep(const std::string& path, const s
   auto behavior = SplitBehaviorFromName(behavior_name->get<std::string>());
   if (!behavior.ok()) return FieldError(path, field + ".behavior", absl::StrCat("is ", behavior.status().message()));
   E3_ASSIGN_OR_RETURN(const bool invert, GetBool(path, step, field, "invert", false));
-  const auto pattern = step.find("pattern");
-  std::string text;
-  bool is_regex = false;
-  if (pattern != step.end() && pattern->is_object()) {
-    if (pattern->contains("Regex") && (*pattern)["Regex"].is_string()) {
-      text = (*pattern)["Regex"].get<std::string>();
-      is_regex = true;
-    } else if (pattern->contains("String") && (*pattern)["String"].is_string()) {
-      text = (*pattern)["String"].get<std::string>();
-    }
-  }
-  if (text.empty()) {
-    return FieldError(path, field + ".pattern",
-                      absl::StrCat("is ", pattern == step.end() ? "missing" : Show(*pattern),
-                                   "; expected {\"Regex\": ...} or {\"String\": ...}"));
-  }
+  const auto pattern_json = step.find("pattern");
+  auto pattern = PatternFromJson(pattern_json == step.end() ? Json() : *pattern_json);
+  if (!pattern.ok()) return FieldError(path, field + ".pattern", std::string(pattern.status().message()));
+  const auto& [text, is_regex] = *pattern;
   // The known patterns, split the way the hand-written matchers do.
   const std::optional<SplitPattern> known =
       is_regex && *behavior == SplitBehavior::kIsolated && !invert ? SplitPatternFromRegex(text) : std::nullopt;
@@ -822,61 +827,56 @@ void BpeTokenizer::EncodePiece(std::string_view piece, const OffsetMap& map, Enc
   }
 }
 
-BpeTokenizer::Part BpeTokenizer::Metaspace(const Part& part, const PreStep& step, std::deque<std::string>* texts,
-                                           std::deque<Alignment>* aligns) const {
-  // HF replaces the spaces first, then prepends unless the text now starts
-  // with the replacement; "first" only for the input's first part.
-  const auto rel = [&](size_t v) { return static_cast<uint32_t>(v - part.map.base); };
-  const bool starts_with_space = !part.text.empty() && part.text[0] == ' ';
-  const bool starts_with_replacement = part.text.rfind(step.replacement, 0) == 0;
-  const bool prepend = !part.text.empty() && !starts_with_space && !starts_with_replacement &&
-                       (step.prepend == PreStep::Prepend::kAlways ||
-                        (step.prepend == PreStep::Prepend::kFirst && part.map.Begin(0) == 0));
+BpeTokenizer::Part BpeTokenizer::Rewrite(const Part& part, std::string_view prefix, std::string_view space,
+                                         std::deque<std::string>* texts, std::deque<Alignment>* aligns) const {
+  // Alignments are relative to the part's base, as OffsetMap reads them.
+  const auto from = [&](size_t i) {
+    return std::make_pair(static_cast<uint32_t>(part.map.Begin(i) - part.map.base),
+                          static_cast<uint32_t>(part.map.End(i) - part.map.base));
+  };
   std::string& text = texts->emplace_back();
   Alignment& align = aligns->emplace_back();
-  if (prepend) {
+  if (!prefix.empty()) {
     const unicode::DecodedChar first = unicode::DecodeUtf8(part.text, 0);
-    const std::pair<uint32_t, uint32_t> from = {rel(part.map.Begin(0)), rel(part.map.End((first.valid ? first.len : 1) - 1))};
-    text += step.replacement;
-    align.insert(align.end(), step.replacement.size(), from);
+    const auto whole = std::make_pair(from(0).first, from((first.valid ? first.len : 1) - 1).second);
+    text.append(prefix);
+    align.insert(align.end(), prefix.size(), whole);
   }
   for (size_t i = 0; i < part.text.size(); ++i) {
-    const std::pair<uint32_t, uint32_t> from = {rel(part.map.Begin(i)), rel(part.map.End(i))};
-    if (part.text[i] == ' ') {
-      text += step.replacement;
-      align.insert(align.end(), step.replacement.size(), from);
+    if (part.text[i] == ' ' && !space.empty()) {
+      text.append(space);
+      align.insert(align.end(), space.size(), from(i));
     } else {
       text.push_back(part.text[i]);
-      align.push_back(from);
+      align.push_back(from(i));
     }
   }
   return Part{text, OffsetMap{part.map.base, &align, 0}};
 }
 
+BpeTokenizer::Part BpeTokenizer::Metaspace(const Part& part, const PreStep& step, std::deque<std::string>* texts,
+                                           std::deque<Alignment>* aligns) const {
+  // HF replaces the spaces first, then prepends unless the text now starts
+  // with the replacement; "first" only for the input's first part.
+  const MetaspaceSettings& m = step.metaspace;
+  const bool prepend = !part.text.empty() && part.text[0] != ' ' && part.text.rfind(m.replacement, 0) != 0 &&
+                       (m.prepend == MetaspacePrepend::kAlways ||
+                        (m.prepend == MetaspacePrepend::kFirst && part.map.Begin(0) == 0));
+  return Rewrite(part, prepend ? m.replacement : "", m.replacement, texts, aligns);
+}
+
 void BpeTokenizer::EncodeByteLevel(const Part& part, std::deque<std::string>* texts, std::deque<Alignment>* aligns,
                                    Encoding* out) const {
-  std::string_view text = part.text;
-  OffsetMap map = part.map;
   // ByteLevel's add_prefix_space: HF prepends to each piece, the new space
   // aligned with the piece's first character.
-  if (add_prefix_space_ && text[0] != ' ') {
-    std::string& prefixed = texts->emplace_back(1, ' ');
-    prefixed.append(text);
-    Alignment& align = aligns->emplace_back(prefixed.size());
-    const auto rel = [&](size_t v) { return static_cast<uint32_t>(v - part.map.base); };
-    const unicode::DecodedChar first = unicode::DecodeUtf8(text, 0);
-    align[0] = {rel(part.map.Begin(0)), rel(part.map.End((first.valid ? first.len : 1) - 1))};
-    for (size_t i = 0; i < text.size(); ++i) align[i + 1] = {rel(part.map.Begin(i)), rel(part.map.End(i))};
-    text = prefixed;
-    map = OffsetMap{part.map.base, &align, 0};
-  }
+  const Part p = add_prefix_space_ && part.text[0] != ' ' ? Rewrite(part, " ", "", texts, aligns) : part;
   if (!byte_level_regex_) {
-    EncodeWord(text, map, out);
+    EncodeWord(p.text, p.map, out);
     return;
   }
   std::vector<std::pair<size_t, size_t>> words;
-  SplitByPattern(SplitPattern::kGpt2, text, &words);
-  for (const auto& [wb, we] : words) EncodeWord(text.substr(wb, we - wb), map.Sub(wb), out);
+  SplitByPattern(SplitPattern::kGpt2, p.text, &words);
+  for (const auto& [wb, we] : words) EncodeWord(p.text.substr(wb, we - wb), p.map.Sub(wb), out);
 }
 
 void BpeTokenizer::EncodeWord(std::string_view word, const OffsetMap& map, Encoding* out) const {

@@ -164,6 +164,18 @@ Eagle3Draft GpuDraft(at::ScalarType dtype, int64_t kv_heads) {
   return *d;
 }
 
+// One step from zeroed gradients: its output (metrics resolved) and the
+// gradient it leaves.
+std::pair<TttOutput, at::Tensor> StepAndGradient(Eagle3Draft& draft, const TttBatch& batch,
+                                                 const TttOptions& options) {
+  draft->flat().ZeroGrad();
+  auto out = RunTtt(*draft, batch, options);
+  EXPECT_TRUE(out.ok()) << out.status();
+  out->loss.backward();
+  ResolveTttMetrics(&*out);
+  return std::make_pair(*out, draft->flat().grad().clone());
+}
+
 TttBatch GpuBatch(const Eagle3DraftConfig& c) {
   TttBatch b = testing::RandomBatch(c, {300, 17, 211, 1, 95}, /*seed=*/8);
   b.aux_hidden = b.aux_hidden * 0.5;
@@ -206,12 +218,7 @@ TEST_F(StudentKernelsGpuTest, LongSequenceCudnnAttentionMatchesFlash) {
   options.kernels = TttKernels::kFast;
   auto run = [&](bool cudnn) {
     ops::SetTttCudnnAttention(cudnn);
-    draft->flat().ZeroGrad();
-    auto out = RunTtt(*draft, batch, options);
-    EXPECT_TRUE(out.ok()) << out.status();
-    out->loss.backward();
-    ResolveTttMetrics(&*out);
-    return std::make_pair(*out, draft->flat().grad().clone());
+    return StepAndGradient(draft, batch, options);
   };
   const int64_t before = ops::TttCudnnAttentionCalls();
   auto [c, f] = std::make_pair(run(true), run(false));
@@ -267,12 +274,7 @@ TEST_F(StudentKernelsGpuTest, SkippingUntrainedRowsKeepsTheStep) {
     TttOptions options;
     options.kernels = TttKernels::kFast;
     options.skip_untrained_rows = skip;
-    draft->flat().ZeroGrad();
-    auto out = RunTtt(*draft, batch, options);
-    EXPECT_TRUE(out.ok()) << out.status();
-    out->loss.backward();
-    ResolveTttMetrics(&*out);
-    return std::make_pair(*out, draft->flat().grad().clone());
+    return StepAndGradient(draft, batch, options);
   };
   auto [skip, all] = std::make_pair(run(true), run(false));
   EXPECT_LT(skip.first.midlayer_rows, all.first.midlayer_rows);
