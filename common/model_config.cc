@@ -12,6 +12,12 @@
 namespace e3 {
 namespace {
 
+// Bounds on a config's sizes, far above any real model's: a config also
+// arrives from a teacher (GetInfo), the wire carries sizes as int32, and
+// token ids are int32.
+constexpr int64_t kMaxDim = 1 << 20;
+constexpr int64_t kMaxInt32 = 2147483647;
+
 using nlohmann::json;
 
 // Reads keys with a uniform error: "<file>: field \"k\": expected ..., got ...".
@@ -37,9 +43,9 @@ class Fields {
     if (!Has(key)) return fallback;
     return Int(key);
   }
-  absl::StatusOr<int64_t> PositiveInt(const char* key) const {
+  absl::StatusOr<int64_t> PositiveInt(const char* key, int64_t most = kMaxDim) const {
     E3_ASSIGN_OR_RETURN(int64_t v, Int(key));
-    if (v <= 0) return Error(key, absl::StrCat("expected a positive integer, got ", v));
+    if (v <= 0 || v > most) return Error(key, absl::StrCat("expected an integer in [1, ", most, "], got ", v));
     return v;
   }
   absl::StatusOr<double> Num(const char* key) const {
@@ -271,8 +277,11 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
     c.head_dim = c.hidden_size / c.num_attention_heads;
   }
   if (c.head_dim % 2 != 0) return f.Error("head_dim", "must be even for rotary embeddings");
-  E3_ASSIGN_OR_RETURN(c.vocab_size, f.PositiveInt("vocab_size"));
-  E3_ASSIGN_OR_RETURN(c.max_position_embeddings, f.Int("max_position_embeddings", 2048));
+  E3_ASSIGN_OR_RETURN(c.vocab_size, f.PositiveInt("vocab_size", kMaxInt32));
+  c.max_position_embeddings = 2048;
+  if (f.Has("max_position_embeddings")) {
+    E3_ASSIGN_OR_RETURN(c.max_position_embeddings, f.PositiveInt("max_position_embeddings", kMaxInt32));
+  }
   E3_ASSIGN_OR_RETURN(c.rms_norm_eps, f.Num("rms_norm_eps", 1e-6));
   E3_ASSIGN_OR_RETURN(c.tie_word_embeddings, f.Bool("tie_word_embeddings", false));
   E3_ASSIGN_OR_RETURN(c.attention_bias, f.Bool("attention_bias", false));

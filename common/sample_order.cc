@@ -53,8 +53,9 @@ std::vector<int64_t> EpochOrder(int64_t num_samples, uint64_t seed, int64_t epoc
 }
 
 absl::StatusOr<ShardSpec> ShardSpec::Create(int rank, int world) {
-  if (world < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("world size is ", world, "; expected >= 1"));
+  if (world < 1 || world > kMaxWorldSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world size is ", world, "; expected 1 <= world size <= ", kMaxWorldSize));
   }
   if (rank < 0 || rank >= world) {
     return absl::InvalidArgumentError(

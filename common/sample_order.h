@@ -33,11 +33,17 @@ class SplitMix64 {
 // different orders. num_samples <= 0 gives an empty order.
 std::vector<int64_t> EpochOrder(int64_t num_samples, uint64_t seed, int64_t epoch);
 
+// The most data-parallel ranks one world may have. A peer names its rank
+// and world on the wire, so both are bounded before anything is sized by
+// them; the teacher's batch ids (teacher_server/engine.h) leave room for
+// exactly this many ranks.
+constexpr int kMaxWorldSize = 10000;
+
 // One data-parallel rank's place in the world. DESIGN.md: element i of a
 // global batch belongs to rank i mod world.
 class ShardSpec {
  public:
-  // InvalidArgument unless world >= 1 and 0 <= rank < world.
+  // InvalidArgument unless 1 <= world <= kMaxWorldSize and 0 <= rank < world.
   static absl::StatusOr<ShardSpec> Create(int rank, int world);
 
   int rank() const { return rank_; }

@@ -97,6 +97,11 @@ TEST(ShardSpecTest, ValidatesRankAndWorld) {
               HasSubstr("rank is 4; expected 0 <= rank < world size 4"));
   EXPECT_FALSE(ShardSpec::Create(-1, 4).ok());
   EXPECT_FALSE(ShardForRank({1, 2, 3}, 2, 2).ok());
+  // A world is bounded, so no peer can size work by a huge one.
+  EXPECT_TRUE(ShardSpec::Create(kMaxWorldSize - 1, kMaxWorldSize).ok());
+  auto huge = ShardSpec::Create(0, kMaxWorldSize + 1);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_THAT(huge.status().message(), HasSubstr("expected 1 <= world size <= 10000"));
 }
 
 TEST(ShardSpecTest, RankIModWorld) {
