@@ -9,7 +9,6 @@
 #include "absl/strings/str_format.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
-#include "nlohmann/json.hpp"
 #include "student_trainer/draft_export.h"
 
 namespace e3 {
@@ -34,13 +33,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const Trainer
   exp.dtype = at::kFloat;  // exact resume; the final export picks its own dtype
   E3_RETURN_IF_ERROR(ExportDraft(draft, tmp, exp));
   E3_RETURN_IF_ERROR(optimizer.Save(tmp));
-  nlohmann::json cursors = nlohmann::json::array();
-  for (const StreamCursor& c : state.cursors) cursors.push_back({{"epoch", c.epoch}, {"next_batch", c.next_batch}});
-  nlohmann::json j = {{"step", state.step},
-                      {"cursors", cursors},
-                      {"tokens", state.tokens},
-                      {"subscriber_id", state.subscriber_id}};
-  E3_RETURN_IF_ERROR(WriteFileAtomically(JoinPath(tmp, kState), j.dump(2)));
+  E3_RETURN_IF_ERROR(WriteFileAtomically(JoinPath(tmp, kState), TrainerStateToJson(state)));
   E3_RETURN_IF_ERROR(RemoveAll(final_path));
   E3_RETURN_IF_ERROR(RenamePath(tmp, final_path));
   E3_RETURN_IF_ERROR(WriteFileAtomically(JoinPath(dir, kLatest), name + "\n"));
@@ -63,26 +56,14 @@ absl::StatusOr<std::optional<TrainerState>> LoadLatestCheckpoint(const std::stri
   E3_ASSIGN_OR_RETURN(std::string name, ReadFileToString(latest));
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
   const std::string path = JoinPath(dir, name);
-  if (name.empty() || !IsDirectory(path)) {
+  // `latest` names a directory beside it, never a path elsewhere.
+  if (name.rfind("step-", 0) != 0 || name.find('/') != std::string::npos || !IsDirectory(path)) {
     return absl::DataLossError(absl::StrCat(latest, " names \"", name, "\", which is not a checkpoint directory"));
   }
   E3_RETURN_IF_ERROR(LoadDraftExport(draft, path));
   E3_RETURN_IF_ERROR(optimizer.Load(path));
   E3_ASSIGN_OR_RETURN(std::string text, ReadFileToString(JoinPath(path, kState)));
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.contains("step") || !j["step"].is_number_integer() || !j.contains("cursors") ||
-      !j["cursors"].is_array()) {
-    return absl::DataLossError(
-        absl::StrCat(JoinPath(path, kState), ": expected an integer \"step\" and a \"cursors\" array"));
-  }
-  TrainerState st;
-  st.step = j["step"].get<int64_t>();
-  for (const auto& c : j["cursors"]) {
-    if (!c.is_object()) return absl::DataLossError(absl::StrCat(JoinPath(path, kState), ": a cursor is not an object"));
-    st.cursors.push_back({c.value("epoch", int64_t{0}), c.value("next_batch", int64_t{0})});
-  }
-  st.tokens = j.value("tokens", int64_t{0});
-  st.subscriber_id = j.value("subscriber_id", std::string());
+  E3_ASSIGN_OR_RETURN(TrainerState st, ParseTrainerState(text, JoinPath(path, kState)));
   return std::optional<TrainerState>(st);
 }
 

@@ -16,16 +16,9 @@
 #include "student_trainer/draft_optimizer.h"
 #include "student_trainer/eagle3_draft.h"
 #include "student_trainer/teacher_client.h"
+#include "student_trainer/state/trainer_state.h"
 
 namespace e3 {
-
-struct TrainerState {
-  int64_t step = 0;
-  // Per teacher (in --teacher order): the first batch not in the weights.
-  std::vector<StreamCursor> cursors;
-  int64_t tokens = 0;
-  std::string subscriber_id;
-};
 
 // Saves `<dir>/step-NNNNNNNN/` and points `<dir>/latest` at it; keeps the
 // newest `keep` checkpoints. Returns the checkpoint's path.

@@ -27,16 +27,12 @@
 #include "common/vocab_map.h"
 #include "proto/teacher.grpc.pb.h"
 #include "student_trainer/acceptance.h"
+#include "student_trainer/state/trainer_state.h"
 #include "student_trainer/ttt.h"
 
 namespace e3 {
 
 class ReceivedBatch;  // proto/wire_codec.h
-
-struct StreamCursor {
-  int64_t epoch = 0;
-  int64_t next_batch = 0;
-};
 
 struct TeacherClientOptions {
   std::string address = "127.0.0.1:50051";

@@ -1,0 +1,40 @@
+// What a checkpoint records of the trainer besides weights and optimizer:
+// the step, each teacher's stream cursor, the tokens trained, the
+// subscriber id. trainer_state.json is read back on resume, so its reader
+// checks every field (a damaged file is an error naming the file and the
+// field, never a crash). No LibTorch here: the reader is fuzzed under the
+// sanitizers (tests/fuzz/trainer_state_fuzz.cc).
+#ifndef E3_STUDENT_TRAINER_STATE_TRAINER_STATE_H_
+#define E3_STUDENT_TRAINER_STATE_TRAINER_STATE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace e3 {
+
+// Where a stream resumes: the first batch not yet consumed or committed.
+struct StreamCursor {
+  int64_t epoch = 0;
+  int64_t next_batch = 0;
+};
+
+struct TrainerState {
+  int64_t step = 0;
+  // Per teacher (in --teacher order): the first batch not in the weights.
+  std::vector<StreamCursor> cursors;
+  int64_t tokens = 0;
+  std::string subscriber_id;
+};
+
+std::string TrainerStateToJson(const TrainerState& state);
+// `source` names the file in errors. DataLoss unless "step" is an integer
+// >= 0 and "cursors" an array of {"epoch", "next_batch"} integers >= 0;
+// "tokens" (integer >= 0) and "subscriber_id" (string) may be absent.
+absl::StatusOr<TrainerState> ParseTrainerState(const std::string& text, const std::string& source);
+
+}  // namespace e3
+
+#endif  // E3_STUDENT_TRAINER_STATE_TRAINER_STATE_H_

@@ -1,0 +1,79 @@
+// trainer_state.json round-trips, and damage is an error naming the file
+// and the field (the cases a disk error or a hand edit produce).
+#include "student_trainer/state/trainer_state.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace e3 {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(TrainerStateTest, RoundTrips) {
+  TrainerState st;
+  st.step = 12;
+  st.cursors = {{1, 5}, {0, 7}};
+  st.tokens = 3456;
+  st.subscriber_id = "rank-0";
+  auto back = ParseTrainerState(TrainerStateToJson(st), "ckpt/trainer_state.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->step, 12);
+  ASSERT_EQ(back->cursors.size(), 2u);
+  EXPECT_EQ(back->cursors[0].epoch, 1);
+  EXPECT_EQ(back->cursors[0].next_batch, 5);
+  EXPECT_EQ(back->cursors[1].epoch, 0);
+  EXPECT_EQ(back->cursors[1].next_batch, 7);
+  EXPECT_EQ(back->tokens, 3456);
+  EXPECT_EQ(back->subscriber_id, "rank-0");
+}
+
+TEST(TrainerStateTest, OptionalFieldsMayBeAbsent) {
+  auto st = ParseTrainerState(R"({"step": 3, "cursors": [{}]})", "s.json");
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->step, 3);
+  ASSERT_EQ(st->cursors.size(), 1u);
+  EXPECT_EQ(st->cursors[0].epoch, 0);
+  EXPECT_EQ(st->tokens, 0);
+  EXPECT_EQ(st->subscriber_id, "");
+}
+
+TEST(TrainerStateTest, DamageNamesTheFileAndTheField) {
+  const struct {
+    const char* text;
+    const char* message;
+  } cases[] = {
+      {"", "s.json: not a JSON object"},
+      {"[1, 2]", "s.json: not a JSON object"},
+      {R"({"cursors": []})", "s.json: step is missing; expected an integer >= 0"},
+      {R"({"step": "three", "cursors": []})",
+       "s.json: step is \"three\"; expected an integer >= 0"},
+      {R"({"step": -1, "cursors": []})", "step is -1"},
+      {R"({"step": 18446744073709551615, "cursors": []})", "step is 18446744073709551615"},
+      {R"({"step": 1.5, "cursors": []})", "step is 1.5"},
+      {R"({"step": 1})", "cursors is missing; expected an array"},
+      {R"({"step": 1, "cursors": {}})", "cursors is {}; expected an array"},
+      {R"({"step": 1, "cursors": [3]})", "s.json: cursors[0] is not an object"},
+      {R"({"step": 1, "cursors": [{}, {"epoch": "x"}]})", "s.json: cursors[1].epoch is \"x\""},
+      {R"({"step": 1, "cursors": [{"next_batch": -4}]})", "cursors[0].next_batch is -4"},
+      {R"({"step": 1, "cursors": [], "tokens": null})", "tokens is null"},
+      {R"({"step": 1, "cursors": [], "subscriber_id": 7})",
+       "subscriber_id is 7; expected a string"},
+  };
+  for (const auto& c : cases) {
+    auto st = ParseTrainerState(c.text, "s.json");
+    ASSERT_FALSE(st.ok()) << c.text;
+    EXPECT_EQ(st.status().code(), absl::StatusCode::kDataLoss) << c.text;
+    EXPECT_THAT(st.status().message(), HasSubstr(c.message)) << c.text;
+  }
+}
+
+TEST(TrainerStateTest, ALongValueIsShownCut) {
+  const std::string big(10000, 'x');
+  auto st = ParseTrainerState(R"({"step": ")" + big + R"(", "cursors": []})", "s.json");
+  ASSERT_FALSE(st.ok());
+  EXPECT_LT(st.status().message().size(), 200u);
+}
+
+}  // namespace
+}  // namespace e3
