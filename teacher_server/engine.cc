@@ -23,11 +23,22 @@ PayloadSource SourceOf(const std::string& name, const at::Tensor& t, DType dtype
 
 }  // namespace
 
+int64_t BatchIdOf(int64_t epoch, int64_t index, int rank) {
+  return (epoch * kMaxBatchesPerEpoch + index) * kMaxWorldSize + rank;
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(CausalLM* model, const Dataset* dataset,
                                                        EngineOptions options) {
   if (dataset->size() == 0) return absl::InvalidArgumentError(absl::StrCat(dataset->source(), ": no samples"));
   if (options.tokens_per_batch <= 0) return absl::InvalidArgumentError("tokens_per_batch must be positive");
-  if (options.epochs <= 0) return absl::InvalidArgumentError("epochs must be positive");
+  if (options.epochs <= 0 || options.epochs > kMaxEpochs) {
+    return absl::InvalidArgumentError(absl::StrCat("epochs is ", options.epochs, "; expected 1 <= epochs <= ", kMaxEpochs));
+  }
+  // A plan never has more batches than samples.
+  if (dataset->size() >= kMaxBatchesPerEpoch) {
+    return absl::InvalidArgumentError(absl::StrCat(dataset->source(), ": ", dataset->size(),
+                                                   " samples; batch ids allow fewer than ", kMaxBatchesPerEpoch));
+  }
   const int64_t L = model->config().num_hidden_layers;
   for (int32_t id : options.aux_layer_ids) {
     if (id < 0 || id >= L) {
@@ -356,7 +367,7 @@ absl::StatusOr<ReadyBatch> Engine::Compute(int rank, const Cursor& cursor, Trans
   out.rank = rank;
   out.epoch = cursor.epoch;
   out.index = cursor.next_batch;
-  out.batch_id = BatchId(cursor.epoch, cursor.next_batch, rank);
+  out.batch_id = BatchIdOf(cursor.epoch, cursor.next_batch, rank);
   for (size_t i = static_cast<size_t>(rank); i < g.sample_ids.size(); i += world) out.sample_ids.push_back(g.sample_ids[i]);
 
   std::vector<int32_t> ids;

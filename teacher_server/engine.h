@@ -41,6 +41,16 @@ struct Cursor {
   bool operator<=(const Cursor& o) const { return !(o < *this); }
 };
 
+// Batch ids are unique per (epoch, index in epoch, rank) and readable in
+// logs: ((epoch * kMaxBatchesPerEpoch) + index) * kMaxWorldSize + rank.
+// Unique while rank < kMaxWorldSize (ShardSpec refuses larger worlds),
+// index < kMaxBatchesPerEpoch and epoch < kMaxEpochs (Engine::Create
+// refuses larger datasets and more epochs); the largest id fits in int64.
+constexpr int64_t kMaxBatchesPerEpoch = 1000000000;
+constexpr int64_t kMaxEpochs = 900000;
+static_assert(kMaxEpochs * kMaxBatchesPerEpoch <= INT64_MAX / kMaxWorldSize, "batch ids overflow int64");
+int64_t BatchIdOf(int64_t epoch, int64_t index, int rank);
+
 struct EngineOptions {
   int64_t tokens_per_batch = 4096;  // per rank; a global batch holds world x this
   int64_t max_samples_per_batch = 0;  // per rank; 0: no bound
@@ -148,9 +158,6 @@ class Engine {
   Cursor NormalizeLocked(Cursor c);
   bool AtEndLocked(const Cursor& c) { return c.epoch >= options_.epochs; }
   void ReclaimLocked(RankState& st);
-  int64_t BatchId(int64_t epoch, int64_t index, int rank) const {
-    return (epoch * 1000000000LL + index) * 10000LL + rank;
-  }
 
   CausalLM* model_;
   const Dataset* dataset_;

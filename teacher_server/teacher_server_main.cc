@@ -122,6 +122,14 @@ ABSL_FLAG(std::string, regen_cache, "",
           "--regenerate: the regenerated data (jsonl), with <path>.fingerprint beside it; default "
           "regenerated-<fingerprint>.jsonl in the working directory");
 ABSL_FLAG(int, data_shard, 0, "this teacher's shard in [0, num_data_shards)");
+ABSL_FLAG(int64_t, max_receive_message_bytes, e3::MessageLimits().max_receive_bytes,
+          "largest request the server accepts (students send ids and cursors)");
+ABSL_FLAG(int64_t, max_send_message_bytes, e3::MessageLimits().max_send_bytes,
+          "largest message the server sends (an inline batch carries its hidden states)");
+ABSL_FLAG(int64_t, max_generate_new_tokens, e3::ServiceOptions().max_generate_tokens,
+          "most tokens one Generate call may ask for");
+ABSL_FLAG(int64_t, max_generate_prompt_tokens, e3::ServiceOptions().max_generate_prompt_tokens,
+          "longest prompt one Generate call may send");
 
 namespace e3 {
 namespace {
@@ -509,6 +517,10 @@ int Main() {
   ServiceOptions sopts;
   sopts.backend = BackendName(model->get()->options().device);
   sopts.hostname = HostName();
+  sopts.messages.max_receive_bytes = absl::GetFlag(FLAGS_max_receive_message_bytes);
+  sopts.messages.max_send_bytes = absl::GetFlag(FLAGS_max_send_message_bytes);
+  sopts.max_generate_tokens = absl::GetFlag(FLAGS_max_generate_new_tokens);
+  sopts.max_generate_prompt_tokens = absl::GetFlag(FLAGS_max_generate_prompt_tokens);
   auto service = TeacherServiceImpl::Create(engine->get(), &serialized, &vocab, dataset->get(), &metrics, sopts);
   if (!service.ok()) Fail(service.status());
   (*service)->SetEvalSet(eval_set.get());
@@ -518,8 +530,7 @@ int Main() {
   int bound_port = 0;
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &bound_port);
   builder.RegisterService(service->get());
-  builder.SetMaxSendMessageSize(512 << 20);
-  builder.SetMaxReceiveMessageSize(64 << 20);
+  ApplyMessageLimits(sopts.messages, &builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || bound_port == 0) {
     Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen), " (in use?)")));

@@ -1,5 +1,6 @@
 #include "teacher_server/teacher_service.h"
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -14,8 +15,21 @@
 namespace e3 {
 namespace {
 
-// Inline weight chunks stay well under gRPC's default 4 MiB message cap.
+// Inline weight chunks stay well under gRPC's default 4 MiB message cap
+// (and under half of a smaller send cap).
 constexpr size_t kWeightChunkBytes = 1 << 20;
+
+// A message over the send cap would fail in gRPC as a broken stream, which
+// a student retries; this says which message and which flag instead.
+// FailedPrecondition: the same batch would be too large again.
+grpc::Status CheckOutgoing(const google::protobuf::Message& msg, int64_t max_send_bytes, const std::string& what) {
+  const size_t bytes = msg.ByteSizeLong();
+  if (bytes <= static_cast<size_t>(max_send_bytes)) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                      absl::StrCat(what, " is ", bytes, " bytes, over the teacher's --max_send_message_bytes=",
+                                   max_send_bytes, "; raise it (and the student's --max_receive_message_bytes), "
+                                   "lower --tokens_per_batch, or use shm"));
+}
 
 template <typename T>
 class ErrorWriteReactor : public grpc::ServerWriteReactor<T> {
@@ -47,9 +61,9 @@ class SubscribeReactor : public grpc::ServerWriteReactor<v1::BatchDescriptor> {
 
   // `nccl` is set when the subscription negotiated the NCCL transport.
   SubscribeReactor(Engine* engine, TeacherMetrics* metrics, std::atomic<int>* open_streams, int rank,
-                   uint64_t generation, std::unique_ptr<NcclSender> nccl)
+                   uint64_t generation, std::unique_ptr<NcclSender> nccl, int64_t max_send_bytes)
       : engine_(engine), metrics_(metrics), open_streams_(open_streams), rank_(rank), generation_(generation),
-        link_(std::make_shared<Link>()), nccl_(std::move(nccl)) {
+        link_(std::make_shared<Link>()), nccl_(std::move(nccl)), max_send_bytes_(max_send_bytes) {
     link_->reactor = this;
     ++*open_streams_;
     metrics_->SetSubscribers(*open_streams_);
@@ -124,6 +138,11 @@ class SubscribeReactor : public grpc::ServerWriteReactor<v1::BatchDescriptor> {
     msg_.set_num_tokens(b.num_tokens);
     for (int64_t s : b.sample_ids) msg_.add_sample_ids(s);
     if (b.payload) DescribePayload(*b.payload, &msg_);
+    grpc::Status size = CheckOutgoing(msg_, max_send_bytes_, absl::StrCat("batch ", b.batch_id));
+    if (!size.ok()) {
+      FinishLocked(size);
+      return;
+    }
     if (b.payload && b.payload->transport() == TransportKind::kNccl) {
       if (nccl_ == nullptr) {
         FinishLocked(grpc::Status(grpc::StatusCode::INTERNAL, "NCCL payload on a stream without an NCCL channel"));
@@ -155,6 +174,7 @@ class SubscribeReactor : public grpc::ServerWriteReactor<v1::BatchDescriptor> {
   v1::BatchDescriptor msg_;
   std::shared_ptr<const PayloadBuffer> current_payload_;
   std::unique_ptr<NcclSender> nccl_;
+  int64_t max_send_bytes_;
   bool writing_ = false;
   bool finished_ = false;
   bool last_written_ = false;
@@ -180,7 +200,10 @@ class OneAtATimeWriter : public grpc::ServerWriteReactor<T> {
 
 class WeightsReactor : public OneAtATimeWriter<v1::WeightChunk> {
  public:
-  WeightsReactor(const std::vector<const WeightBlob*>& blobs) : blobs_(blobs) { Next(); }
+  WeightsReactor(const std::vector<const WeightBlob*>& blobs, int64_t max_send_bytes)
+      : blobs_(blobs), chunk_bytes_(std::min(kWeightChunkBytes, static_cast<size_t>(max_send_bytes / 2))) {
+    Next();
+  }
 
  private:
   void Next() override {
@@ -189,7 +212,7 @@ class WeightsReactor : public OneAtATimeWriter<v1::WeightChunk> {
       return;
     }
     const WeightBlob& b = *blobs_[blob_];
-    const size_t n = std::min(kWeightChunkBytes, b.bytes.size() - offset_);
+    const size_t n = std::min(chunk_bytes_, b.bytes.size() - offset_);
     msg_.Clear();
     v1::TensorRef* ref = msg_.mutable_tensor();
     ref->set_name(b.name);
@@ -206,6 +229,7 @@ class WeightsReactor : public OneAtATimeWriter<v1::WeightChunk> {
     StartWrite(&msg_);
   }
   std::vector<const WeightBlob*> blobs_;
+  size_t chunk_bytes_;
   size_t blob_ = 0;
   size_t offset_ = 0;
   v1::WeightChunk msg_;
@@ -215,8 +239,9 @@ class WeightsReactor : public OneAtATimeWriter<v1::WeightChunk> {
 // one chunk per batch.
 class EvalSetReactor : public OneAtATimeWriter<v1::EvalSetChunk> {
  public:
-  EvalSetReactor(const EvalSetProgress& progress, std::vector<std::shared_ptr<const PayloadBuffer>> batches)
-      : progress_(progress), batches_(std::move(batches)) {
+  EvalSetReactor(const EvalSetProgress& progress, std::vector<std::shared_ptr<const PayloadBuffer>> batches,
+                 int64_t max_send_bytes)
+      : progress_(progress), batches_(std::move(batches)), max_send_bytes_(max_send_bytes) {
     Next();
   }
  private:
@@ -238,12 +263,18 @@ class EvalSetReactor : public OneAtATimeWriter<v1::EvalSetChunk> {
       d->set_batch_id(static_cast<int64_t>(next_));
       DescribePayload(*batches_[next_], d);
       d->set_num_tokens(batches_[next_]->tensors().front().shape.front());
+      grpc::Status size = CheckOutgoing(msg_, max_send_bytes_, absl::StrCat("eval batch ", next_));
+      if (!size.ok()) {
+        Finish(size);
+        return;
+      }
     }
     ++next_;
     StartWrite(&msg_);
   }
   EvalSetProgress progress_;
   std::vector<std::shared_ptr<const PayloadBuffer>> batches_;
+  int64_t max_send_bytes_;
   size_t next_ = 0;
   v1::EvalSetChunk msg_;
 };
@@ -253,6 +284,11 @@ class EvalSetReactor : public OneAtATimeWriter<v1::EvalSetChunk> {
 TeacherServiceImpl::~TeacherServiceImpl() {
   std::unique_lock<std::mutex> lock(generate_mu_);
   generate_cv_.wait(lock, [this] { return generating_ == 0; });
+}
+
+void ApplyMessageLimits(const MessageLimits& limits, grpc::ServerBuilder* builder) {
+  builder->SetMaxReceiveMessageSize(static_cast<int>(limits.max_receive_bytes));
+  builder->SetMaxSendMessageSize(static_cast<int>(limits.max_send_bytes));
 }
 
 grpc::Status ToGrpcStatus(const absl::Status& s) {
@@ -270,6 +306,17 @@ absl::StatusOr<std::unique_ptr<TeacherServiceImpl>> TeacherServiceImpl::Create(
   s->dataset_ = dataset;
   s->metrics_ = metrics;
   s->options_ = std::move(options);
+  E3_RETURN_IF_ERROR(CheckMessageSizeCap(s->options_.messages.max_receive_bytes, "--max_receive_message_bytes"));
+  E3_RETURN_IF_ERROR(CheckMessageSizeCap(s->options_.messages.max_send_bytes, "--max_send_message_bytes"));
+  if (s->options_.max_generate_tokens < 1 || s->options_.max_generate_prompt_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_generate_new_tokens is ", s->options_.max_generate_tokens,
+                                                   " and --max_generate_prompt_tokens is ",
+                                                   s->options_.max_generate_prompt_tokens, "; expected both >= 1"));
+  }
+  s->limits_.vocab_size = model->config().vocab_size;
+  s->limits_.max_positions = model->config().max_position_embeddings;
+  s->limits_.max_generate_new_tokens = s->options_.max_generate_tokens;
+  s->limits_.max_generate_prompt_tokens = s->options_.max_generate_prompt_tokens;
   try {
     std::vector<int64_t> ids = vocab->TargetIds();
     at::Tensor index = torch::tensor(ids, torch::kLong).to(model->lm_head().device());
@@ -289,6 +336,7 @@ grpc::ServerUnaryReactor* TeacherServiceImpl::GetInfo(grpc::CallbackServerContex
                                                       v1::GetInfoResponse* resp) {
   auto version = CheckProtocolVersion(req->version(), "student");
   if (!version.ok()) return FinishUnary(ctx, ToGrpcStatus(version));
+  if (auto s = CheckGetInfoRequest(*req); !s.ok()) return FinishUnary(ctx, ToGrpcStatus(s));
   const ModelConfig& c = model_->config();
   resp->set_version(v1::PROTOCOL_VERSION_CURRENT);
   v1::ModelInfo* m = resp->mutable_model();
@@ -324,9 +372,8 @@ grpc::ServerWriteReactor<v1::BatchDescriptor>* TeacherServiceImpl::Subscribe(grp
                                                                               const v1::SubscribeRequest* req) {
   auto version = CheckProtocolVersion(req->version(), "student");
   if (!version.ok()) return new ErrorWriteReactor<v1::BatchDescriptor>(ToGrpcStatus(version));
-  if (req->subscriber_id().empty()) {
-    return new ErrorWriteReactor<v1::BatchDescriptor>(
-        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "subscriber_id is required"));
+  if (auto s = CheckSubscribeRequest(*req, limits_); !s.ok()) {
+    return new ErrorWriteReactor<v1::BatchDescriptor>(ToGrpcStatus(s));
   }
   std::vector<TransportKind> accepted;
   for (int t : req->accepted_transports()) {
@@ -365,13 +412,15 @@ grpc::ServerWriteReactor<v1::BatchDescriptor>* TeacherServiceImpl::Subscribe(grp
   p.transport = *transport;
   auto generation = engine_->Subscribe(p);
   if (!generation.ok()) return new ErrorWriteReactor<v1::BatchDescriptor>(ToGrpcStatus(generation.status()));
-  return new SubscribeReactor(engine_, metrics_, &open_streams_, p.rank, *generation, std::move(nccl));
+  return new SubscribeReactor(engine_, metrics_, &open_streams_, p.rank, *generation, std::move(nccl),
+                              options_.messages.max_send_bytes);
 }
 
 grpc::ServerUnaryReactor* TeacherServiceImpl::Ack(grpc::CallbackServerContext* ctx, const v1::AckRequest* req,
                                                   v1::AckResponse* resp) {
   auto version = CheckProtocolVersion(req->version(), "student");
   if (!version.ok()) return FinishUnary(ctx, ToGrpcStatus(version));
+  if (auto s = CheckAckRequest(*req, limits_); !s.ok()) return FinishUnary(ctx, ToGrpcStatus(s));
   std::optional<Cursor> committed;
   if (req->has_committed()) committed = Cursor{req->committed().epoch(), req->committed().next_batch()};
   auto credits = engine_->Ack(req->rank(), req->subscriber_id(),
@@ -385,6 +434,7 @@ grpc::ServerWriteReactor<v1::WeightChunk>* TeacherServiceImpl::GetWeights(grpc::
                                                                           const v1::GetWeightsRequest* req) {
   auto version = CheckProtocolVersion(req->version(), "student");
   if (!version.ok()) return new ErrorWriteReactor<v1::WeightChunk>(ToGrpcStatus(version));
+  if (auto s = CheckGetWeightsRequest(*req, limits_); !s.ok()) return new ErrorWriteReactor<v1::WeightChunk>(ToGrpcStatus(s));
   std::vector<const WeightBlob*> blobs;
   for (const auto& b : weights_) {
     bool wanted = req->names().empty();
@@ -399,7 +449,7 @@ grpc::ServerWriteReactor<v1::WeightChunk>* TeacherServiceImpl::GetWeights(grpc::
           grpc::StatusCode::NOT_FOUND, absl::StrCat("no weight \"", n, "\"; served: embed_tokens, target_head, d2t, t2d")));
     }
   }
-  return new WeightsReactor(blobs);
+  return new WeightsReactor(blobs, options_.messages.max_send_bytes);
 }
 
 grpc::ServerWriteReactor<v1::EvalSetChunk>* TeacherServiceImpl::GetEvalSet(grpc::CallbackServerContext*,
@@ -415,21 +465,18 @@ grpc::ServerWriteReactor<v1::EvalSetChunk>* TeacherServiceImpl::GetEvalSet(grpc:
     return new ErrorWriteReactor<v1::EvalSetChunk>(
         ToGrpcStatus(absl::Status(progress.error.code(), absl::StrCat("the eval set failed: ", progress.error.message()))));
   }
-  return new EvalSetReactor(progress, progress.ready ? eval_set_->batches() : std::vector<std::shared_ptr<const PayloadBuffer>>{});
+  return new EvalSetReactor(progress,
+                            progress.ready ? eval_set_->batches() : std::vector<std::shared_ptr<const PayloadBuffer>>{},
+                            options_.messages.max_send_bytes);
 }
 
 grpc::ServerUnaryReactor* TeacherServiceImpl::Generate(grpc::CallbackServerContext* ctx, const v1::GenerateRequest* req,
                                                        v1::GenerateResponse* resp) {
   auto version = CheckProtocolVersion(req->version(), "client");
   if (!version.ok()) return FinishUnary(ctx, ToGrpcStatus(version));
+  if (auto s = CheckGenerateRequest(*req, limits_); !s.ok()) return FinishUnary(ctx, ToGrpcStatus(s));
   const ModelConfig& c = model_->config();
-  if (req->input_ids().empty()) return FinishUnary(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty prompt"));
-  const int64_t max_new = std::min<int64_t>(req->max_new_tokens(), options_.max_generate_tokens);
-  if (req->input_ids_size() + max_new > c.max_position_embeddings) {
-    return FinishUnary(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                         absl::StrCat("prompt + max_new_tokens exceeds max_position_embeddings ",
-                                                      c.max_position_embeddings)));
-  }
+  const int64_t max_new = req->max_new_tokens();
   {
     std::lock_guard<std::mutex> lock(generate_mu_);
     if (generating_ >= options_.max_concurrent_generate) {

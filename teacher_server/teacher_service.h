@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/vocab_map.h"
+#include "proto/request_limits.h"
 #include "proto/teacher.grpc.pb.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/engine.h"
@@ -34,9 +35,17 @@ struct WeightBlob {
 struct ServiceOptions {
   std::string backend = "hf";
   std::string hostname;      // compared with the student's to allow shm and CUDA IPC
-  int64_t max_generate_tokens = 512;
+  int64_t max_generate_tokens = 512;  // a Generate call's max_new_tokens
+  int64_t max_generate_prompt_tokens = 4096;
   int max_concurrent_generate = 4;
+  // The server's caps (ApplyMessageLimits); batches and weight chunks are
+  // checked against max_send_bytes before they are written.
+  MessageLimits messages;
 };
+
+// Sets the server's receive and send caps; requests over the receive cap
+// are refused by gRPC with RESOURCE_EXHAUSTED before any handler runs.
+void ApplyMessageLimits(const MessageLimits& limits, grpc::ServerBuilder* builder);
 
 class TeacherServiceImpl final : public v1::TeacherService::CallbackService {
  public:
@@ -73,6 +82,7 @@ class TeacherServiceImpl final : public v1::TeacherService::CallbackService {
   TeacherMetrics* metrics_ = nullptr;
   const EvalSet* eval_set_ = nullptr;
   ServiceOptions options_;
+  RequestLimits limits_;
   std::vector<WeightBlob> weights_;
   std::atomic<int> open_streams_{0};
   std::mutex generate_mu_;
