@@ -74,6 +74,10 @@ ABSL_FLAG(int, credit_window, 4, "batches in flight / prefetched");
 ABSL_FLAG(int, connect_attempts, 6, "attempts (with exponential backoff) before giving up on the teacher");
 ABSL_FLAG(double, initial_backoff_s, 0.5, "first retry delay; doubles each attempt");
 ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads (0: default)");
+ABSL_FLAG(int64_t, max_receive_message_bytes, e3::TeacherClientOptions().max_receive_message_bytes,
+          "largest message this student takes from a teacher (an inline batch)");
+ABSL_FLAG(uint64_t, max_weights_bytes, e3::TeacherClientOptions().max_weights_bytes,
+          "most bytes the frozen weights from GetWeights may take, all tensors together");
 
 namespace e3 {
 namespace {
@@ -122,6 +126,8 @@ int Main() {
   o.client.credit_window = absl::GetFlag(FLAGS_credit_window);
   o.client.max_attempts = std::max(1, absl::GetFlag(FLAGS_connect_attempts));
   o.client.initial_backoff = absl::Seconds(absl::GetFlag(FLAGS_initial_backoff_s));
+  o.client.max_receive_message_bytes = absl::GetFlag(FLAGS_max_receive_message_bytes);
+  o.client.max_weights_bytes = absl::GetFlag(FLAGS_max_weights_bytes);
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
   o.client.host = host;

@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/torch/tensor_convert.h"
+#include "proto/request_limits.h"
+#include "proto/weight_download.h"
 #include "proto/wire_codec.h"
 
 namespace e3 {
@@ -20,9 +22,11 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
 }
 
 // Errors a retry cannot fix: a mismatched build, a refused subscription,
-// corrupt data.
+// corrupt data, a message over a size cap (the same message would be
+// over it again).
 bool IsFatal(grpc::StatusCode code) {
   switch (code) {
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
     case grpc::StatusCode::FAILED_PRECONDITION:
     case grpc::StatusCode::INVALID_ARGUMENT:
     case grpc::StatusCode::NOT_FOUND:
@@ -63,9 +67,11 @@ absl::StatusOr<std::unique_ptr<TeacherClient>> TeacherClient::Connect(const Teac
   if (client->device_.is_cuda()) {
     client->ipc_ = std::make_unique<CudaIpcImporter>(client->device_.has_index() ? client->device_.index() : 0);
   }
+  E3_RETURN_IF_ERROR(CheckMessageSizeCap(options.max_receive_message_bytes, "--max_receive_message_bytes"));
+  E3_RETURN_IF_ERROR(CheckMessageSizeCap(options.max_send_message_bytes, "max_send_message_bytes"));
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);
-  args.SetMaxSendMessageSize(64 << 20);
+  args.SetMaxReceiveMessageSize(static_cast<int>(options.max_receive_message_bytes));
+  args.SetMaxSendMessageSize(static_cast<int>(options.max_send_message_bytes));
   client->channel_ = grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args);
   client->stub_ = v1::TeacherService::NewStub(client->channel_);
   absl::Duration backoff = options.initial_backoff;
@@ -83,6 +89,14 @@ absl::StatusOr<std::unique_ptr<TeacherClient>> TeacherClient::Connect(const Teac
       info.raw = resp;
       E3_ASSIGN_OR_RETURN(info.config,
                           ParseModelConfig(resp.model().config_json(), absl::StrCat("teacher ", options.address, " config.json")));
+      // The weights are bounded by the dims in resp.model(); the trainer
+      // builds from the parsed config: they must agree.
+      if (resp.model().hidden_size() != info.config.hidden_size || resp.model().vocab_size() != info.config.vocab_size) {
+        return absl::DataLossError(absl::StrCat("teacher ", options.address, ": GetInfoResponse.model says hidden_size ",
+                                                resp.model().hidden_size(), ", vocab_size ", resp.model().vocab_size(),
+                                                " but its config_json says ", info.config.hidden_size, ", ",
+                                                info.config.vocab_size));
+      }
       info.aux_layer_ids.assign(resp.model().aux_layer_ids().begin(), resp.model().aux_layer_ids().end());
       info.draft_vocab_size = resp.model().draft_vocab_size();
       info.batches_per_epoch = resp.batches_per_epoch();
@@ -159,40 +173,22 @@ absl::StatusOr<FrozenWeights> TeacherClient::FetchWeights() {
   req.set_version(v1::PROTOCOL_VERSION_CURRENT);
   auto ctx = NewContext(true);
   auto reader = stub_->GetWeights(ctx.get(), req);
-  struct Partial {
-    v1::TensorRef ref;
-    std::vector<uint8_t> bytes;
-    uint64_t filled = 0;
-  };
-  std::map<std::string, Partial> parts;
+  const std::string source = absl::StrCat("GetWeights from ", options_.address);
+  E3_ASSIGN_OR_RETURN(auto expected, ExpectedWeightsOf(info_.raw.model()));
+  WeightDownload download(std::move(expected), options_.max_weights_bytes, source);
   v1::WeightChunk chunk;
   while (reader->Read(&chunk)) {
-    Partial& p = parts[chunk.tensor().name()];
-    if (p.bytes.empty()) {
-      p.ref = chunk.tensor();
-      p.ref.clear_inline_data();
-      p.bytes.resize(chunk.total_bytes());
+    absl::Status added = download.Add(chunk);
+    if (!added.ok()) {
+      ctx->TryCancel();
+      reader->Finish();
+      return added;
     }
-    const std::string& data = chunk.tensor().inline_data();
-    if (chunk.offset() + data.size() > p.bytes.size()) {
-      return absl::DataLossError(absl::StrCat("weight ", chunk.tensor().name(), ": chunk past its total size"));
-    }
-    std::memcpy(p.bytes.data() + chunk.offset(), data.data(), data.size());
-    p.filled += data.size();
   }
   grpc::Status st = reader->Finish();
-  if (!st.ok()) return FromGrpc(st, absl::StrCat("GetWeights from ", options_.address));
+  if (!st.ok()) return FromGrpc(st, source);
   auto get = [&](const std::string& name) -> absl::StatusOr<at::Tensor> {
-    auto it = parts.find(name);
-    if (it == parts.end() || it->second.filled != it->second.bytes.size()) {
-      return absl::DataLossError(absl::StrCat("teacher sent no complete weight \"", name, "\""));
-    }
-    ReceivedTensor t;
-    t.name = name;
-    E3_ASSIGN_OR_RETURN(t.dtype, FromWire(it->second.ref.dtype()));
-    t.shape.assign(it->second.ref.shape().begin(), it->second.ref.shape().end());
-    t.data = it->second.bytes.data();
-    t.nbytes = it->second.bytes.size();
+    E3_ASSIGN_OR_RETURN(ReceivedTensor t, download.Get(name));
     return ToTensor(t);
   };
   FrozenWeights w;
@@ -382,7 +378,11 @@ void TeacherClient::ReaderLoop() {
     std::string why = st.ok() ? "stream ended without end of data" : st.error_message();
     if (!st.ok() && IsFatal(st.error_code())) {
       std::lock_guard<std::mutex> lock(mu_);
-      failure_ = FromGrpc(st, absl::StrCat("teacher at ", options_.address, " refused the subscription"));
+      failure_ = st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED
+                     ? FromGrpc(st, absl::StrCat("stream from teacher at ", options_.address,
+                                                 " (this student's --max_receive_message_bytes is ",
+                                                 options_.max_receive_message_bytes, ")"))
+                     : FromGrpc(st, absl::StrCat("teacher at ", options_.address, " refused the subscription"));
       cv_.notify_all();
       return;
     }

@@ -49,6 +49,13 @@ struct TeacherClientOptions {
   absl::Duration rpc_timeout = absl::Seconds(30);
   int max_attempts = 6;  // consecutive failed attempts before giving up
   absl::Duration initial_backoff = absl::Milliseconds(500);
+  // Caps on what the teacher can make this student hold: one message (an
+  // inline batch; the teacher's default send cap is the same) and the
+  // whole GetWeights download, whose tensors must also have the sizes the
+  // model dims of GetInfo give (proto/weight_download.h).
+  int64_t max_receive_message_bytes = 512 << 20;
+  int64_t max_send_message_bytes = 4 << 20;
+  uint64_t max_weights_bytes = 64ull << 30;
 };
 
 struct TeacherInfo {
