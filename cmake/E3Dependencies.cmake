@@ -24,12 +24,13 @@ target_compile_definitions(e3_httplib INTERFACE CPPHTTPLIB_USE_POLL)
 # The GPU transports (common/gpu) need only the CUDA runtime and NCCL, not
 # a CUDA LibTorch, so they build wherever the toolkit is installed (the CPU
 # machine has it for compiling and linking). Sanitizer builds leave them
-# out: ASan and the CUDA driver do not mix.
+# out: ASan and the CUDA driver do not mix, and TSan cannot see the
+# driver's synchronization.
 find_package(CUDAToolkit QUIET)
 find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
 find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
 set(E3_WITH_CUDA_RUNTIME OFF)
-if(CUDAToolkit_FOUND AND NCCL_INCLUDE_DIR AND NCCL_LIBRARY AND NOT E3_SANITIZE)
+if(CUDAToolkit_FOUND AND NCCL_INCLUDE_DIR AND NCCL_LIBRARY AND NOT E3_SANITIZE AND NOT E3_TSAN)
   set(E3_WITH_CUDA_RUNTIME ON)
   set(E3_NCCL_INCLUDE_DIR ${NCCL_INCLUDE_DIR})
   set(E3_NCCL_LIBRARY ${NCCL_LIBRARY})
