@@ -4,7 +4,8 @@
 # (tests/fuzz/corpus/<name>), and prints one line per harness: seconds,
 # executions, corpus size. A crash stops with its input saved as
 # tests/fuzz/corpus/<name>/crash-<sha1>, the regression case to keep once
-# fixed.
+# fixed. tests/fuzz/dict/<name>.dict, when present, lists the format's
+# keywords for libFuzzer's mutations.
 #
 #   tools/fuzz.sh [--seconds N] [--jobs J] [--merge] BUILD_DIR [NAME...]
 #
@@ -49,9 +50,10 @@ run_one() {
   # -timeout: one input may take this long (the templates run in
   # CPython); -rss_limit_mb: a parser that allocates past this is a
   # finding. New inputs go to the scratch dir; crashes to the corpus.
-  local rc=0
-  "$build/tests/fuzz/$name" "$work/$name" "$corpus" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-    -max_len=65536 -print_final_stats=1 -artifact_prefix="$corpus/" >"$work/$name.log" 2>&1 || rc=$?
+  local rc=0 dict=()
+  [[ -f "$root/tests/fuzz/dict/$name.dict" ]] && dict=(-dict="$root/tests/fuzz/dict/$name.dict")
+  "$build/tests/fuzz/$name" "$work/$name" "$corpus" "${dict[@]}" -max_total_time="$seconds" -timeout=10 \
+    -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 -artifact_prefix="$corpus/" >"$work/$name.log" 2>&1 || rc=$?
   echo "$rc" >"$work/$name.rc"
 }
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README's test command: installs dependencies, builds, and runs every
 # CPU test. Then rebuilds the LibTorch-free code with ASan+UBSan and runs
-# its tests under the sanitizers. GPU tests (label `gpu`) are excluded here:
-# on CPU they would only skip, and a skip is not a pass.
+# its tests and fuzz harnesses under the sanitizers, and the teacher's
+# threaded core under ThreadSanitizer. GPU tests (label `gpu`) are
+# excluded here: on CPU they would only skip, and a skip is not a pass.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./tools/install_deps.sh
@@ -15,13 +16,34 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEAS
 cmake --build build -j"$JOBS"
 ctest --test-dir build --output-on-failure -j"$JOBS" -LE gpu --timeout 900
 
-# Sanitizers: the code that does not load LibTorch (parsers, tokenizer,
-# data, safetensors) is where hostile input arrives.
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DE3_SANITIZE=ON -DE3_WITH_TORCH=OFF \
-  -DE3_BUILD_BENCH=OFF
+# Sanitizers, built by clang-14 (libFuzzer and TSan come with it).
+# ASan+UBSan: the code that does not load LibTorch (parsers, tokenizer,
+# data, safetensors, the wire limits, the trainer state) is where hostile
+# input arrives. Its tests run under the sanitizers, each fuzz harness
+# replays its committed corpus (a ctest), then runs FUZZ_SECONDS more.
+cmake -S . -B build-asan -G Ninja -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
+  -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" \
+  -DE3_SANITIZE=ON -DE3_FUZZ=ON -DE3_WITH_TORCH=OFF -DE3_BUILD_BENCH=OFF
 cmake --build build-asan -j"$JOBS"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   LSAN_OPTIONS=suppressions=$PWD/tools/lsan.supp \
   ctest --test-dir build-asan --output-on-failure -j"$JOBS" -L notorch -LE gpu --timeout 900
+./tools/fuzz.sh --seconds "${FUZZ_SECONDS:-15}" --jobs "$JOBS" build-asan
+
+# ThreadSanitizer on the threads whose hand-offs are ours: the teacher's
+# engine (worker, subscriptions, acks, notifier), its service on loopback
+# (Generate threads, the engine behind the streams), the dataset's
+# tokenizer pool and the metrics server. The student's client and the
+# end-to-end tests need the student's whole library built a third time:
+# they run under TSan by hand (README, "Reliability"; DECISIONS,
+# "Sanitizers in CI").
+cmake -S . -B build-tsan -G Ninja -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -gline-tables-only -DNDEBUG" \
+  -DE3_TSAN=ON -DE3_BUILD_BENCH=OFF
+cmake --build build-tsan -j"$JOBS" --target engine_test teacher_service_test service_limits_test dataset_test \
+  metrics_server_test
+TSAN_OPTIONS="suppressions=$PWD/tools/tsan.supp" \
+  ctest --test-dir build-tsan --output-on-failure -j"$JOBS" --timeout 900 \
+  -R '^(EngineTest|TeacherServiceTest|ServiceLimitsTest|BatchIdTest|DatasetTest|MetricsServerTest)\.'
 
 echo "tools/test.sh: all CPU tests passed in $(( $(date +%s) - start ))s"
