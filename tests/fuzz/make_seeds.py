@@ -5,7 +5,10 @@ Seeds are small valid inputs of each format, taken from the repository's
 own files where it has them (the bundled model, the golden fixtures, the
 chat-template conversations), plus a few near misses. Run from anywhere;
 protoc encodes the protobuf seeds from text. Inputs of crashes found and
-fixed live beside the seeds as crash-* files and are never rewritten here.
+fixed live beside the seeds as crash-* files and are never rewritten here
+(trainer_state_fuzz/crash-a5dde26...: "tokens" as a string, which made the
+reader before tests/fuzz existed throw out of nlohmann; libFuzzer found it
+in 28 s from these seeds and the dictionary).
 """
 import gzip
 import json
