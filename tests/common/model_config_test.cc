@@ -101,6 +101,12 @@ TEST(ModelConfigTest, ErrorsNameTheFileAndField) {
        "rope_scaling.low_freq_factor\": required number is missing"},
       {"{" + kBase + R"(, "hidden_act": "gelu"})", "hidden_act"},
       {"{" + kBase + R"(, "tie_word_embeddings": "yes"})", "tie_word_embeddings"},
+      // Sizes are bounded: a config also comes from a teacher's GetInfo.
+      {"{" + kBase + R"(, "hidden_size": 2097152})",
+       "field \"hidden_size\": expected an integer in [1, 1048576], got 2097152"},
+      {"{" + kBase + R"(, "vocab_size": 2147483648})", "field \"vocab_size\": expected an integer in [1, 2147483647]"},
+      {"{" + kBase + R"(, "max_position_embeddings": 0})",
+       "field \"max_position_embeddings\": expected an integer in [1, 2147483647], got 0"},
       {"not json", "not a JSON object"},
   };
   for (const auto& c : cases) {
