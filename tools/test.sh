@@ -28,7 +28,7 @@ cmake --build build-asan -j"$JOBS"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   LSAN_OPTIONS=suppressions=$PWD/tools/lsan.supp \
   ctest --test-dir build-asan --output-on-failure -j"$JOBS" -L notorch -LE gpu --timeout 900
-./tools/fuzz.sh --seconds "${FUZZ_SECONDS:-15}" --jobs "$JOBS" build-asan
+./tools/fuzz.sh --seconds "${FUZZ_SECONDS:-10}" --jobs "$JOBS" build-asan
 
 # ThreadSanitizer on the threads whose hand-offs are ours: the teacher's
 # engine (worker, subscriptions, acks, notifier), its service on loopback
