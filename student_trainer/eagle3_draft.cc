@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -251,6 +252,15 @@ Eagle3DraftImpl::Eagle3DraftImpl(const Eagle3DraftOptions& options,
     head = head.index_select(0, target_ids.to(head.device()));
   }
   TORCH_CHECK(head.size(0) == c.draft_vocab_size, "target head rows: ", head.size(0));
+  if (options_.keep_full_target_head && c.vocab_size != c.draft_vocab_size) {
+    at::Tensor rest = frozen.target_head_rest;
+    if (!rest.defined()) {
+      const at::Tensor rest_ids = t2d_cpu.logical_not().nonzero().squeeze(1);
+      rest = frozen.target_lm_head.index_select(0, rest_ids.to(frozen.target_lm_head.device()));
+    }
+    target_head_rest = register_buffer(
+        "target_head_rest", rest.to(options_.device, options_.target_head_dtype, false, true));
+  }
   target_head = register_buffer("target_head",
                                 head.to(options_.device, options_.target_head_dtype, false, true));
   embed_tokens = register_buffer("embed_tokens", frozen.embed_tokens.to(options_.device));
@@ -317,6 +327,28 @@ at::Tensor Eagle3DraftImpl::TargetLogits(const at::Tensor& last_hidden) {
   return at::matmul(last_hidden.to(options_.device, t), target_head.to(t).t());
 }
 
+at::Tensor Eagle3DraftImpl::TargetDraftLogMass(const at::Tensor& last_hidden,
+                                               const at::Tensor& draft_lse) {
+  torch::NoGradGuard no_grad;
+  if (options_.config.vocab_size == options_.config.draft_vocab_size) return at::zeros_like(draft_lse);
+  TORCH_CHECK(target_head_rest.defined(),
+              "the target's mass on the draft vocab needs the full target head "
+              "(Eagle3DraftOptions::keep_full_target_head)");
+  const at::ScalarType t = AtLeastFloat(options_.dtype);
+  compat::ScopedTf32Matmul tf32;  // bf16 values in fp32: exact, see TargetLogits
+  const at::Tensor h = last_hidden.to(options_.device, t);
+  const at::Tensor rest = target_head_rest.to(t);
+  // Rows at a time, so the [rows, V - N] scores stay near 1 GiB at any T.
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 28) / std::max<int64_t>(1, rest.size(0)));
+  std::vector<at::Tensor> rest_lse;
+  for (int64_t begin = 0; begin < h.size(0); begin += chunk) {
+    const int64_t n = std::min(chunk, h.size(0) - begin);
+    rest_lse.push_back(at::logsumexp(at::matmul(h.narrow(0, begin, n), rest.t()), -1));
+  }
+  const at::Tensor d = draft_lse.to(t);
+  return d - at::logaddexp(d, at::cat(rest_lse));
+}
+
 PackedRope Eagle3DraftImpl::MakePackedRope(const std::vector<int64_t>& cu_seqlens, int64_t offset) {
   PackedRope out;
   out.cu_seqlens = cu_seqlens;
@@ -366,6 +398,21 @@ absl::StatusOr<Eagle3Draft> CreateEagle3Draft(const Eagle3DraftOptions& options,
     return absl::InvalidArgumentError(
         absl::StrCat("frozen target lm_head: expected a float tensor [", c.vocab_size, " or ",
                      c.draft_vocab_size, ", ", c.target_hidden_size, "], got ", ShapeString(head)));
+  }
+  if (options.keep_full_target_head && c.vocab_size != c.draft_vocab_size) {
+    const at::Tensor& rest = frozen.target_head_rest;
+    const int64_t rest_rows = c.vocab_size - c.draft_vocab_size;
+    if (rest.defined() && (rest.dim() != 2 || rest.size(0) != rest_rows ||
+                           rest.size(1) != c.target_hidden_size || !rest.is_floating_point())) {
+      return absl::InvalidArgumentError(absl::StrCat("frozen target_head_rest: expected a float tensor [",
+                                                     rest_rows, ", ", c.target_hidden_size, "], got ",
+                                                     ShapeString(rest)));
+    }
+    if (!rest.defined() && head.size(0) != c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "frozen target lm_head: keep_full_target_head (the LK losses) needs all ", c.vocab_size,
+          " rows or target_head_rest, got ", ShapeString(head)));
+    }
   }
   if (!at::isFloatingType(options.dtype) || !at::isFloatingType(options.target_head_dtype)) {
     return absl::InvalidArgumentError(

@@ -31,6 +31,12 @@ ABSL_FLAG(int, ttt_length, 7, "training-time-test steps");
 ABSL_FLAG(std::string, ttt_positions, "advancing",
           "rope positions of TTT step j: advancing (t + j, as a serving engine advances each draft step) or fixed "
           "(t at every step, SpecForge v0.2)");
+ABSL_FLAG(std::string, ttt_loss, "soft_ce",
+          "each TTT step's loss: soft_ce (soft cross-entropy against the target distribution), lk_alpha (-log of the "
+          "expected acceptance rate) or lk_lambda (soft CE blended into 1 - acceptance rate as it grows; SpecForge's "
+          "LK losses); the LK losses also fetch the target head's rows outside the draft vocab");
+ABSL_FLAG(double, kl_scale, 1.0, "--ttt_loss=lk_lambda: the soft CE's weight is kl_scale * exp(-kl_decay * acceptance rate)");
+ABSL_FLAG(double, kl_decay, 1.0, "--ttt_loss=lk_lambda: see --kl_scale");
 ABSL_FLAG(std::string, student_kernels, "fast",
           "fast: fused kernels, flash attention and a fused AdamW (ATen statements of the same math on the CPU); "
           "reference: the plain LibTorch op sequence and torch::optim::AdamW");
@@ -128,6 +134,9 @@ int Main() {
   o.ttt_length = absl::GetFlag(FLAGS_ttt_length);
   o.student_kernels = absl::GetFlag(FLAGS_student_kernels);
   o.ttt_positions = absl::GetFlag(FLAGS_ttt_positions);
+  o.ttt_loss = absl::GetFlag(FLAGS_ttt_loss);
+  o.kl_scale = absl::GetFlag(FLAGS_kl_scale);
+  o.kl_decay = absl::GetFlag(FLAGS_kl_decay);
   o.master_addr = absl::GetFlag(FLAGS_master_addr);
   if (o.master_addr.empty()) o.master_addr = std::getenv("MASTER_ADDR") != nullptr ? std::getenv("MASTER_ADDR") : "127.0.0.1";
   o.master_port = absl::GetFlag(FLAGS_master_port) >= 0 ? absl::GetFlag(FLAGS_master_port) : EnvInt("MASTER_PORT", 29500);

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "common/torch/tensor_convert.h"
 #include "proto/wire_codec.h"
@@ -154,9 +155,12 @@ absl::StatusOr<EvalSetFetch> TeacherClient::FetchEvalSet() {
   return out;
 }
 
-absl::StatusOr<FrozenWeights> TeacherClient::FetchWeights() {
+absl::StatusOr<FrozenWeights> TeacherClient::FetchWeights(bool with_rest_head) {
   v1::GetWeightsRequest req;
   req.set_version(v1::PROTOCOL_VERSION_CURRENT);
+  if (with_rest_head) {
+    for (const char* name : {"embed_tokens", "target_head", "d2t", "t2d", "target_head_rest"}) req.add_names(name);
+  }
   auto ctx = NewContext(true);
   auto reader = stub_->GetWeights(ctx.get(), req);
   struct Partial {
@@ -206,6 +210,16 @@ absl::StatusOr<FrozenWeights> TeacherClient::FetchWeights() {
   w.vocab.d2t.assign(d2t.data_ptr<int64_t>(), d2t.data_ptr<int64_t>() + d2t.numel());
   w.vocab.t2d.assign(t2d.data_ptr<uint8_t>(), t2d.data_ptr<uint8_t>() + t2d.numel());
   E3_RETURN_IF_ERROR(ValidateVocabMap(w.vocab, absl::StrCat("vocab map from teacher ", options_.address)));
+  if (with_rest_head) {
+    E3_ASSIGN_OR_RETURN(w.target_head_rest, get("target_head_rest"));
+    const int64_t rest_rows = w.vocab.target_vocab_size - static_cast<int64_t>(w.vocab.d2t.size());
+    if (w.target_head_rest.dim() != 2 || w.target_head_rest.size(0) != rest_rows ||
+        w.target_head_rest.size(1) != w.target_head.size(1)) {
+      return absl::DataLossError(absl::StrCat("teacher ", options_.address, " sent target_head_rest of shape [",
+                                              absl::StrJoin(w.target_head_rest.sizes().vec(), ", "), "], expected [",
+                                              rest_rows, ", ", w.target_head.size(1), "]"));
+    }
+  }
   return w;
 }
 

@@ -67,6 +67,9 @@ struct TeacherInfo {
 struct FrozenWeights {
   at::Tensor embed_tokens;  // [V, H]
   at::Tensor target_head;   // [N, H]
+  // [V - N, H]: the head's other rows in target id order (FetchWeights'
+  // with_rest_head; undefined otherwise).
+  at::Tensor target_head_rest;
   VocabMap vocab;
 };
 
@@ -95,7 +98,8 @@ class TeacherClient {
   ~TeacherClient();
 
   const TeacherInfo& info() const { return info_; }
-  absl::StatusOr<FrozenWeights> FetchWeights();
+  // with_rest_head also fetches target_head_rest (the LK losses).
+  absl::StatusOr<FrozenWeights> FetchWeights(bool with_rest_head = false);
   // The teacher's acceptance eval set (teacher --eval_prompts): whether it
   // has one, how far its generation is, and once ready its batches.
   absl::StatusOr<EvalSetFetch> FetchEvalSet();

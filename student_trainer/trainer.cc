@@ -140,7 +140,9 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
                                                         " serve different models, aux layers or draft vocabs"));
     }
   }
-  E3_ASSIGN_OR_RETURN(FrozenWeights frozen, clients[0]->FetchWeights());
+  E3_ASSIGN_OR_RETURN(const TttLoss ttt_loss, ParseTttLoss(o.ttt_loss));
+  const bool full_target_head = NeedsFullTargetHead(ttt_loss);
+  E3_ASSIGN_OR_RETURN(FrozenWeights frozen, clients[0]->FetchWeights(full_target_head));
   for (size_t i = 1; i < clients.size(); ++i) {
     E3_ASSIGN_OR_RETURN(FrozenWeights other, clients[i]->FetchWeights());
     if (other.vocab.d2t != frozen.vocab.d2t || !other.target_head.equal(frozen.target_head)) {
@@ -164,12 +166,14 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
   dopts.config = dcfg;
   dopts.seed = o.seed;
   dopts.device = device;
+  dopts.keep_full_target_head = full_target_head;
   E3_ASSIGN_OR_RETURN(dopts.dtype, ParseComputeScalarType(dtype_name));
   // The frozen tensors go to the device once, in the dtypes the draft keeps
   // them in, so the working draft and the fp32 master share them.
   Eagle3FrozenTensors ft;
   try {
     ft = {frozen.embed_tokens.to(device), frozen.target_head.to(device, dopts.target_head_dtype), frozen.vocab};
+    if (frozen.target_head_rest.defined()) ft.target_head_rest = frozen.target_head_rest.to(device, dopts.target_head_dtype);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("moving the frozen weights to ", o.device, ": ", e.what_without_backtrace()));
   }
@@ -180,6 +184,7 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
   if (dopts.dtype != at::kFloat) {
     Eagle3DraftOptions mopts = dopts;
     mopts.dtype = at::kFloat;
+    mopts.keep_full_target_head = false;  // the master is never run
     E3_ASSIGN_OR_RETURN(master, CreateEagle3Draft(mopts, ft));
   }
   Eagle3DraftImpl& trained = master.has_value() ? **master : *draft;
@@ -264,6 +269,9 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
   ttt.length = o.ttt_length;
   ttt.kernels = fast ? TttKernels::kFast : TttKernels::kReference;
   E3_ASSIGN_OR_RETURN(ttt.positions, ParseTttPositions(o.ttt_positions));
+  ttt.loss = ttt_loss;
+  ttt.kl_scale = o.kl_scale;
+  ttt.kl_decay = o.kl_decay;
   ttt.defer_metrics = true;  // read after the optimizer step: one synchronisation per step
   std::ofstream step_log;
   if (!o.step_log.empty()) {
@@ -393,11 +401,11 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
     }
     const double step_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     if (step_log.is_open() && batch.num_tokens > 0) {
-      step_log << nlohmann::json{{"step", state.step}, {"loss", loss}, {"simulated_tau", out.tau}, {"acc", out.acc},
-                                 {"lr", lr}, {"tokens", batch.num_tokens}, {"seconds", step_seconds},
-                                 {"data_wait_seconds", wait}}
-                      .dump()
-               << "\n";
+      nlohmann::json line = {{"step", state.step}, {"loss", loss}, {"simulated_tau", out.tau}, {"acc", out.acc},
+                             {"lr", lr}, {"tokens", batch.num_tokens}, {"seconds", step_seconds},
+                             {"data_wait_seconds", wait}};
+      if (!out.acceptance_rate.empty()) line["acceptance_rate"] = out.acceptance_rate;
+      step_log << line.dump() << "\n";
       step_log.flush();
     }
     if (metrics != nullptr && batch.num_tokens > 0) {
@@ -414,10 +422,12 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
     }
     if (o.log_every > 0 && state.step % o.log_every == 0) {
       const double dt = std::chrono::duration<double>(Clock::now() - last_log).count();
-      std::printf("student[%d]: step %ld/%ld | loss %.3f | acc %s | simulated tau %.2f | lr %.2e | %.0f tok/s | wait %.0f%%\n",
+      const std::string expected =
+          out.acceptance_rate.empty() ? "" : absl::StrCat(" | expected acceptance ", AccString(out.acceptance_rate));
+      std::printf("student[%d]: step %ld/%ld | loss %.3f | acc %s%s | simulated tau %.2f | lr %.2e | %.0f tok/s | wait %.0f%%\n",
                   o.client.rank, static_cast<long>(state.step), static_cast<long>(planned), loss,
-                  AccString(out.acc).c_str(), out.tau, lr, (run_tokens - tokens_at_log) / std::max(dt, 1e-9),
-                  100.0 * (run_wait - wait_at_log) / std::max(dt, 1e-9));
+                  AccString(out.acc).c_str(), expected.c_str(), out.tau, lr,
+                  (run_tokens - tokens_at_log) / std::max(dt, 1e-9), 100.0 * (run_wait - wait_at_log) / std::max(dt, 1e-9));
       std::fflush(stdout);
       last_log = Clock::now();
       tokens_at_log = run_tokens;
@@ -436,6 +446,7 @@ absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& o, StudentMetrics*
       // The same seed rebuilds the draft as it started.
       Eagle3DraftOptions initial = dopts;
       initial.dtype = trained.options().dtype;
+      initial.keep_full_target_head = false;  // only drafts, never trains
       E3_ASSIGN_OR_RETURN(Eagle3Draft untrained, CreateEagle3Draft(initial, ft));
       E3_ASSIGN_OR_RETURN(summary.eval_untrained, acceptance->Measure(*untrained));
       if (summary.eval_untrained.has_value() && rank == 0) {

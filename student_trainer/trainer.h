@@ -28,6 +28,10 @@ struct TrainerOptions {
   // "advancing" (TTT step j at positions t + j, as at inference) or
   // "fixed" (position t at every step, SpecForge v0.2).
   std::string ttt_positions = "advancing";
+  // Each TTT step's loss: "soft_ce", or the LK losses "lk_alpha" /
+  // "lk_lambda" (ttt.h), which also fetch the target head's other rows.
+  std::string ttt_loss = "soft_ce";
+  double kl_scale = 1.0, kl_decay = 1.0;  // lk_lambda's weight of the soft CE
   std::string device = "cpu";  // cpu or cuda:N
   // Data parallelism (client.world_size > 1): a c10d process group meets
   // at master_addr:master_port (rank 0 listens); gradients are averaged

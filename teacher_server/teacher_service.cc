@@ -392,14 +392,36 @@ grpc::ServerWriteReactor<v1::WeightChunk>* TeacherServiceImpl::GetWeights(grpc::
     if (wanted) blobs.push_back(&b);
   }
   for (const auto& n : req->names()) {
-    bool found = false;
+    bool found = n == "target_head_rest";
     for (const auto& b : weights_) found |= (b.name == n);
     if (!found) {
       return new ErrorWriteReactor<v1::WeightChunk>(grpc::Status(
-          grpc::StatusCode::NOT_FOUND, absl::StrCat("no weight \"", n, "\"; served: embed_tokens, target_head, d2t, t2d")));
+          grpc::StatusCode::NOT_FOUND,
+          absl::StrCat("no weight \"", n, "\"; served: embed_tokens, target_head, d2t, t2d, target_head_rest")));
+    }
+    if (n == "target_head_rest") {
+      absl::StatusOr<const WeightBlob*> rest = RestHead();
+      if (!rest.ok()) return new ErrorWriteReactor<v1::WeightChunk>(ToGrpcStatus(rest.status()));
+      blobs.push_back(*rest);
     }
   }
   return new WeightsReactor(blobs);
+}
+
+absl::StatusOr<const WeightBlob*> TeacherServiceImpl::RestHead() {
+  std::lock_guard<std::mutex> lock(rest_head_mu_);
+  if (rest_head_ != nullptr) return rest_head_.get();
+  try {
+    std::vector<int64_t> ids;
+    for (size_t i = 0; i < vocab_->t2d.size(); ++i) {
+      if (vocab_->t2d[i] == 0) ids.push_back(static_cast<int64_t>(i));
+    }
+    at::Tensor index = torch::tensor(ids, torch::kLong).to(model_->lm_head().device());
+    rest_head_ = std::make_unique<WeightBlob>(BlobOf("target_head_rest", model_->lm_head().index_select(0, index)));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("preparing target_head_rest: ", e.what_without_backtrace()));
+  }
+  return rest_head_.get();
 }
 
 grpc::ServerWriteReactor<v1::EvalSetChunk>* TeacherServiceImpl::GetEvalSet(grpc::CallbackServerContext*,

@@ -74,6 +74,13 @@ class TeacherServiceImpl final : public v1::TeacherService::CallbackService {
   const EvalSet* eval_set_ = nullptr;
   ServiceOptions options_;
   std::vector<WeightBlob> weights_;
+  // The target head's rows outside the draft vocab ("target_head_rest"),
+  // served only when asked for by name (the LK losses need the target's
+  // full normaliser) and built at the first request: they are most of the
+  // head, which the soft-CE student never reads.
+  absl::StatusOr<const WeightBlob*> RestHead();
+  std::mutex rest_head_mu_;
+  std::unique_ptr<WeightBlob> rest_head_;
   std::atomic<int> open_streams_{0};
   std::mutex generate_mu_;
   std::condition_variable generate_cv_;
