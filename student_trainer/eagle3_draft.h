@@ -145,6 +145,12 @@ class Eagle3AttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Eagle3Attention);
 
+// Without autograd (the acceptance eval drafting chains) the attention
+// takes each sample's queries in row chunks whose scores stay within this
+// many bytes (default 1 GiB), so its memory grows linearly in the sample's
+// length. For tests and benchmarks.
+void SetNoGradAttentionScoreBytes(int64_t bytes);
+
 class Eagle3MlpImpl : public torch::nn::Module {
  public:
   explicit Eagle3MlpImpl(const Eagle3DraftConfig& config);
