@@ -232,9 +232,10 @@ void NodeRun::Plot() {
   if (!absl::GetFlag(FLAGS_plot) || !IsRegularFile(plan_.step_log)) return;
   const std::string python = IsRegularFile("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
   const std::string log = JoinPath(plan_.config.run.out, "plot.log");
-  auto child = ChildProcess::Start({python, std::string(E3_SOURCE_DIR) + "/tools/plot_run.py",
-                                    "--step_log=" + plan_.step_log, "--out=" + plan_.plot},
-                                   {}, log);
+  auto child = ChildProcess::Start(
+      {python, std::string(E3_SOURCE_DIR) + "/tools/plot_run.py", "--step_log=" + plan_.step_log,
+       "--out=" + plan_.plot, absl::StrCat("--title=", plan_.config.source, ": student rank 0")},
+      {}, log);
   if (child.ok() && (*child)->WaitFor(120s) && (*child)->Succeeded()) {
     board_.Print(absl::StrCat("e3_launch: curves: ", plan_.plot));
   } else {

@@ -84,8 +84,10 @@ def plot(steps, evals, out, title, smooth):
     chains = sorted({int(c) for e in evals for c in e["eval"].get("tau", {})})
     for i, chain in enumerate(chains):
         points = [(e["step"], e["eval"]["tau"][str(chain)]) for e in evals if str(chain) in e["eval"].get("tau", {})]
+        # Shorter chains get larger markers: equal taus stay visible as rings.
         ax["tau: simulated and real"].plot([p[0] for p in points], [p[1] for p in points], marker="o",
-                                           linestyle="--", color=f"C{i + 2}", label=f"real, chain {chain}")
+                                           markersize=9 - 2 * i, linestyle="--", color=f"C{i + 2}",
+                                           label=f"real, chain {chain}")
     ax["tau: simulated and real"].legend(fontsize=7)
     series(ax["throughput (tokens/s)"], [s["tokens"] / max(s["seconds"], 1e-9) for s in steps], color="C4")
     series(ax["data wait (% of step time)"],
