@@ -93,11 +93,12 @@ bool ChildProcess::WaitFor(std::chrono::milliseconds timeout) {
   return true;
 }
 
-std::vector<std::string> TailLines(const std::string& path, size_t lines) {
+std::vector<std::string> TailLines(const std::string& path, size_t lines, size_t max_bytes) {
   std::ifstream f(path, std::ios::binary | std::ios::ate);
   if (!f) return {};
   const std::streamoff size = f.tellg();
-  const std::streamoff from = size > 65536 ? size - 65536 : 0;
+  const std::streamoff limit = static_cast<std::streamoff>(max_bytes);
+  const std::streamoff from = size > limit ? size - limit : 0;
   f.seekg(from);
   std::string text(static_cast<size_t>(size - from), '\0');
   f.read(text.data(), static_cast<std::streamsize>(text.size()));

@@ -50,9 +50,10 @@ class ChildProcess {
   std::optional<int> status_;
 };
 
-// The last `lines` lines of the file at `path` (its last 64 KiB), with
-// carriage-return progress collapsed to the last state of each line.
-std::vector<std::string> TailLines(const std::string& path, size_t lines);
+// The last `lines` lines of the file at `path` (within its last
+// `max_bytes`), with carriage-return progress collapsed to the last state
+// of each line.
+std::vector<std::string> TailLines(const std::string& path, size_t lines, size_t max_bytes = 65536);
 
 }  // namespace e3
 

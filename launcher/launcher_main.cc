@@ -91,6 +91,7 @@ class NodeRun {
   NodePlan plan_;
   StatusBoard board_;
   std::vector<Running> procs_;
+  Clock::time_point last_show_{};
 };
 
 absl::Status NodeRun::Prepare() {
@@ -117,9 +118,13 @@ std::string StateOf(Running& r) {
 }
 
 void NodeRun::ShowStatus(bool force) {
+  // Four redraws a second are live enough, and keep the log reads small.
+  const Clock::time_point now = Clock::now();
+  if (!force && now - last_show_ < 250ms) return;
+  last_show_ = now;
   std::vector<ProcessStatus> rows;
   for (Running& r : procs_) {
-    const std::vector<std::string> tail = TailLines(r.plan->log, 1);
+    const std::vector<std::string> tail = TailLines(r.plan->log, 1, /*max_bytes=*/4096);
     rows.push_back({r.plan->name, r.plan->device, StateOf(r), r.child->SecondsRunning(),
                     tail.empty() ? "" : tail[0]});
   }
@@ -263,7 +268,9 @@ int NodeRun::Run() {
   ShowStatus(/*force=*/true);
   if (!status.ok()) {
     board_.Print(absl::StrCat("e3_launch: ", status.message()));
-    board_.Print("e3_launch: stopping the other processes");
+    bool others = false;
+    for (Running& r : procs_) others |= r.child->Running();
+    if (others) board_.Print("e3_launch: stopping the other processes");
     StopAll();
     ShowStatus(/*force=*/true);
     return g_signal != 0 ? 130 : 1;
