@@ -198,7 +198,8 @@ absl::StatusOr<ModelRuntimeOptions> RuntimeOptionsFromFlags() {
   launch.master_addr = absl::GetFlag(FLAGS_master_addr);
   launch.master_port = absl::GetFlag(FLAGS_master_port);
   launch.default_master_port = 29600;
-  if (launch.world_size == 1) launch.rank = 0;  // $RANK belongs to another group then
+  // One process is no group: torchrun's variables, if any, are another's.
+  if (launch.world_size == 1) return r;
   E3_ASSIGN_OR_RETURN(r.launch, ResolveLaunchEnv(launch, ProcessEnv()));
   return r;
 }
