@@ -273,11 +273,13 @@ int NodeRun::Run() {
     if (others) board_.Print("e3_launch: stopping the other processes");
     StopAll();
     ShowStatus(/*force=*/true);
+    board_.Keep();
     return g_signal != 0 ? 130 : 1;
   }
   PrintSummaries();
   StopTeachers();
   ShowStatus(/*force=*/true);
+  board_.Keep();
   Plot();
   board_.Print(absl::StrCat("e3_launch: done; logs, summaries, the step log and the draft are in ",
                             plan_.config.run.out));

@@ -35,6 +35,8 @@ class StatusBoard {
   // Prints `text` above the board (a terminal's board is redrawn below it
   // at the next Show).
   void Print(const std::string& text);
+  // Leaves the lines last shown on the screen: what comes next goes below.
+  void Keep() { lines_shown_ = 0; }
 
  private:
   void Clear();
