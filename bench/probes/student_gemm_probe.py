@@ -7,7 +7,7 @@ running below the board's rate. Question: is the 16k-token step's GEMM time
 (about 360 ms for about 250 TFLOP on nvidia-h200) lost in particular shapes,
 layouts or the residual epilogue?
 
-    python3 bench/student_gemm_probe.py --tokens=16384
+    python3 bench/probes/student_gemm_probe.py --tokens=16384
 
 Prints one row per GEMM: ms and TFLOP/s for the step's form and each
 variant (mm then add_, contiguous weight copies).
