@@ -53,6 +53,8 @@ struct RunConfig {
     std::vector<int64_t> aux_layer_ids;  // empty: [1, L/2-1, L-4]
     int64_t ttt_length = 7;
     std::string ttt_positions = "advancing";
+    std::string ttt_loss = "soft_ce";  // or lk_alpha, lk_lambda (student_trainer/ttt.h)
+    double kl_scale = 1.0, kl_decay = 1.0;
     int64_t intermediate_size = 0;  // 0: the target's
     uint64_t init_seed = 0;
     std::string kernels = "fast";
