@@ -30,6 +30,16 @@ ABSL_FLAG(std::string, config, "",
           "command line override the file");
 ABSL_FLAG(std::string, teacher, "127.0.0.1:50051",
           "teacher gRPC address, or several comma-separated (teachers serving data shards; round-robin)");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA that signed the teachers' certificates: talk TLS to them (the system's roots verify when only "
+          "--tls_cert is given)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain this student presents (mutual TLS; with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "the name the teachers' certificates carry, when --teacher dials another (an IP, a service alias)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "a file whose first line is the teachers' shared token (teacher_server --auth_token_file), sent on "
+          "every call");
 ABSL_FLAG(int, rank, -1, "data-parallel rank (default: $RANK or 0)");
 ABSL_FLAG(int, world_size, -1, "data-parallel world size (default: $WORLD_SIZE or 1)");
 ABSL_FLAG(std::string, subscriber_id, "", "stable id of this student (default: rank-<rank>)");
@@ -129,6 +139,11 @@ absl::StatusOr<TrainerOptions> OptionsFromFlags() {
     o.client.transports = *transports;
   }
   o.client.credit_window = absl::GetFlag(FLAGS_credit_window);
+  o.client.auth.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  o.client.auth.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  o.client.auth.tls_key = absl::GetFlag(FLAGS_tls_key);
+  o.client.auth.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  o.client.auth.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   o.client.max_attempts = std::max(1, absl::GetFlag(FLAGS_connect_attempts));
   o.client.initial_backoff = absl::Seconds(absl::GetFlag(FLAGS_initial_backoff_s));
   char host[256] = {0};

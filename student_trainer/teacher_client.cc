@@ -51,6 +51,7 @@ absl::StatusOr<at::Tensor> ToTensor(const ReceivedTensor& t) {
 std::unique_ptr<grpc::ClientContext> TeacherClient::NewContext(bool with_deadline) const {
   auto ctx = std::make_unique<grpc::ClientContext>();
   if (with_deadline) ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  if (auth_ != nullptr) auth_->Attach(ctx.get());
   return ctx;
 }
 
@@ -64,10 +65,14 @@ absl::StatusOr<std::unique_ptr<TeacherClient>> TeacherClient::Connect(const Teac
   if (client->device_.is_cuda()) {
     client->ipc_ = std::make_unique<CudaIpcImporter>(client->device_.has_index() ? client->device_.index() : 0);
   }
+  E3_ASSIGN_OR_RETURN(PeerAuth auth, PeerAuth::ForClient(options.auth));
+  client->auth_ = std::make_unique<PeerAuth>(std::move(auth));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(64 << 20);
-  client->channel_ = grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args);
+  client->auth_->AddChannelArguments(&args);
+  AddClientKeepalive(options.keepalive, &args);
+  client->channel_ = grpc::CreateCustomChannel(options.address, client->auth_->ChannelCredentials(), args);
   client->stub_ = v1::TeacherService::NewStub(client->channel_);
   absl::Duration backoff = options.initial_backoff;
   grpc::Status last;
@@ -334,6 +339,7 @@ grpc::Status TeacherClient::StreamOnce(StreamCursor from, bool* saw_end, bool* r
     }
   }
   grpc::ClientContext ctx;
+  auth_->Attach(&ctx);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return grpc::Status::CANCELLED;

@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/rpc/keepalive.h"
+#include "common/rpc/peer_auth.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/gpu/cuda_ipc.h"
@@ -53,6 +55,8 @@ struct TeacherClientOptions {
   absl::Duration rpc_timeout = absl::Seconds(30);
   int max_attempts = 6;  // consecutive failed attempts before giving up
   absl::Duration initial_backoff = absl::Milliseconds(500);
+  PeerAuthOptions auth;  // TLS and the shared token (common/rpc/peer_auth.h)
+  KeepaliveOptions keepalive;  // a teacher that stops answering is noticed in seconds
 };
 
 struct TeacherInfo {
@@ -124,6 +128,7 @@ class TeacherClient {
   std::unique_ptr<grpc::ClientContext> NewContext(bool with_deadline) const;
 
   TeacherClientOptions options_;
+  std::unique_ptr<PeerAuth> auth_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::TeacherService::Stub> stub_;
   TeacherInfo info_;

@@ -61,8 +61,10 @@ absl::Status Serve(const ServeOptions& o, Engine* engine, TeacherServiceImpl* se
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &bound_port);
+  builder.AddListeningPort(o.listen, o.auth != nullptr ? o.auth->ServerCredentials() : grpc::InsecureServerCredentials(),
+                           &bound_port);
   builder.RegisterService(service);
+  AddServerKeepalive(o.keepalive, &builder);
   builder.SetMaxSendMessageSize(512 << 20);
   builder.SetMaxReceiveMessageSize(64 << 20);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -78,9 +80,17 @@ absl::Status Serve(const ServeOptions& o, Engine* engine, TeacherServiceImpl* se
     metrics_server = std::move(ms).value();
   }
   const std::string host = o.listen.substr(0, o.listen.rfind(':'));
-  std::printf("teacher: serving on %s:%d (metrics on :%d), %ld batches/epoch for one rank\n",
+  const std::string guard = o.auth != nullptr ? o.auth->Describe() : "nothing (plaintext, no token)";
+  std::printf("teacher: serving on %s:%d (metrics on :%d), %ld batches/epoch for one rank; peers checked by %s\n",
               host.c_str(), bound_port, metrics_server ? metrics_server->port() : -1,
-              static_cast<long>(engine->batches_per_epoch(1)));
+              static_cast<long>(engine->batches_per_epoch(1)), guard.c_str());
+  if (!IsLoopbackAddress(o.listen) && (o.auth == nullptr || (!o.auth->tls() && !o.auth->token()))) {
+    std::fprintf(stderr,
+                 "teacher: WARNING: %s is reachable beyond this machine with neither TLS nor a token: anyone "
+                 "who reaches the port can subscribe, commit, stop an --exit_when_done teacher and download "
+                 "embed_tokens and the target head (--tls_cert/--tls_key, --auth_token_file)\n",
+                 o.listen.c_str());
+  }
   std::fflush(stdout);
   if (!o.port_file.empty()) WritePortFile(o.port_file, bound_port);
 

@@ -9,6 +9,8 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/rpc/keepalive.h"
+#include "common/rpc/peer_auth.h"
 #include "teacher_server/engine.h"
 #include "teacher_server/teacher_metrics.h"
 #include "teacher_server/teacher_service.h"
@@ -22,6 +24,8 @@ struct ServeOptions {
   int metrics_port = 0;  // 0 picks one, -1 disables
   bool exit_when_done = false;
   int64_t epochs = 1;  // what "done" means with exit_when_done
+  std::shared_ptr<const PeerAuth> auth;  // TLS credentials (and the token); null: plaintext
+  KeepaliveOptions keepalive;
 };
 
 // Serves until `signal` is set (or the work is done), then drains: health

@@ -60,6 +60,13 @@ ABSL_FLAG(uint64_t, seed, 42, "deprecated: use --data_seed");
 ABSL_FLAG(int64_t, epochs, 1, "passes over the data");
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address (port 0 picks one)");
 ABSL_FLAG(std::string, port_file, "", "write the bound gRPC port here once serving");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve gRPC over TLS (with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA: mutual TLS, students must present a certificate this CA signed (needs --tls_cert)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "a file whose first line is a shared token every call must carry (students: the same flag); calls "
+          "without it are refused UNAUTHENTICATED");
 ABSL_FLAG(int, metrics_port, 0, "port of /metrics (0 picks one, -1 disables)");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address /metrics binds");
 ABSL_FLAG(std::string, backend, "auto",
@@ -278,6 +285,13 @@ absl::StatusOr<TeacherServerOptions> OptionsFromFlags() {
   o.serve.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.serve.exit_when_done = absl::GetFlag(FLAGS_exit_when_done);
   o.serve.epochs = o.engine.epochs;
+  PeerAuthOptions auth;
+  auth.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  auth.tls_key = absl::GetFlag(FLAGS_tls_key);
+  auth.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  auth.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  E3_ASSIGN_OR_RETURN(PeerAuth peer_auth, PeerAuth::ForServer(auth));
+  o.serve.auth = std::make_shared<const PeerAuth>(std::move(peer_auth));
   o.threads = absl::GetFlag(FLAGS_threads);
   return o;
 }
@@ -298,6 +312,7 @@ absl::Status ServeModel(const TeacherServerOptions& o, CausalLM* model) {
   ServiceOptions sopts;
   sopts.backend = ResolveBackend(o.runtime.backend, model->options().device.is_cuda());
   sopts.hostname = HostName();
+  sopts.auth = o.serve.auth;
   E3_ASSIGN_OR_RETURN(std::unique_ptr<TeacherServiceImpl> service,
                       TeacherServiceImpl::Create(engine.get(), &serialized, &data.vocab, data.dataset.get(),
                                                  &metrics, sopts));

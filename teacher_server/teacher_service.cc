@@ -255,6 +255,10 @@ TeacherServiceImpl::~TeacherServiceImpl() {
   generate_cv_.wait(lock, [this] { return generating_ == 0; });
 }
 
+grpc::Status TeacherServiceImpl::Authorize(const grpc::CallbackServerContext* ctx) const {
+  return options_.auth != nullptr ? options_.auth->Authorize(*ctx) : grpc::Status::OK;
+}
+
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(s.code())), std::string(s.message()));
@@ -287,6 +291,7 @@ absl::StatusOr<std::unique_ptr<TeacherServiceImpl>> TeacherServiceImpl::Create(
 
 grpc::ServerUnaryReactor* TeacherServiceImpl::GetInfo(grpc::CallbackServerContext* ctx, const v1::GetInfoRequest* req,
                                                       v1::GetInfoResponse* resp) {
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) return FinishUnary(ctx, auth);
   auto version = CheckProtocolVersion(req->version(), "student");
   if (!version.ok()) return FinishUnary(ctx, ToGrpcStatus(version));
   const ModelConfig& c = model_->config();
@@ -322,6 +327,7 @@ grpc::ServerUnaryReactor* TeacherServiceImpl::GetInfo(grpc::CallbackServerContex
 
 grpc::ServerWriteReactor<v1::BatchDescriptor>* TeacherServiceImpl::Subscribe(grpc::CallbackServerContext* ctx,
                                                                               const v1::SubscribeRequest* req) {
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) return new ErrorWriteReactor<v1::BatchDescriptor>(auth);
   auto version = CheckProtocolVersion(req->version(), "student");
   if (!version.ok()) return new ErrorWriteReactor<v1::BatchDescriptor>(ToGrpcStatus(version));
   if (req->subscriber_id().empty()) {
@@ -370,6 +376,7 @@ grpc::ServerWriteReactor<v1::BatchDescriptor>* TeacherServiceImpl::Subscribe(grp
 
 grpc::ServerUnaryReactor* TeacherServiceImpl::Ack(grpc::CallbackServerContext* ctx, const v1::AckRequest* req,
                                                   v1::AckResponse* resp) {
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) return FinishUnary(ctx, auth);
   auto version = CheckProtocolVersion(req->version(), "student");
   if (!version.ok()) return FinishUnary(ctx, ToGrpcStatus(version));
   std::optional<Cursor> committed;
@@ -383,6 +390,7 @@ grpc::ServerUnaryReactor* TeacherServiceImpl::Ack(grpc::CallbackServerContext* c
 
 grpc::ServerWriteReactor<v1::WeightChunk>* TeacherServiceImpl::GetWeights(grpc::CallbackServerContext* ctx,
                                                                           const v1::GetWeightsRequest* req) {
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) return new ErrorWriteReactor<v1::WeightChunk>(auth);
   auto version = CheckProtocolVersion(req->version(), "student");
   if (!version.ok()) return new ErrorWriteReactor<v1::WeightChunk>(ToGrpcStatus(version));
   std::vector<const WeightBlob*> blobs;
@@ -424,8 +432,9 @@ absl::StatusOr<const WeightBlob*> TeacherServiceImpl::RestHead() {
   return rest_head_.get();
 }
 
-grpc::ServerWriteReactor<v1::EvalSetChunk>* TeacherServiceImpl::GetEvalSet(grpc::CallbackServerContext*,
+grpc::ServerWriteReactor<v1::EvalSetChunk>* TeacherServiceImpl::GetEvalSet(grpc::CallbackServerContext* ctx,
                                                                            const v1::GetEvalSetRequest* req) {
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) return new ErrorWriteReactor<v1::EvalSetChunk>(auth);
   auto version = CheckProtocolVersion(req->version(), "client");
   if (!version.ok()) return new ErrorWriteReactor<v1::EvalSetChunk>(ToGrpcStatus(version));
   if (eval_set_ == nullptr) {
@@ -442,6 +451,7 @@ grpc::ServerWriteReactor<v1::EvalSetChunk>* TeacherServiceImpl::GetEvalSet(grpc:
 
 grpc::ServerUnaryReactor* TeacherServiceImpl::Generate(grpc::CallbackServerContext* ctx, const v1::GenerateRequest* req,
                                                        v1::GenerateResponse* resp) {
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) return FinishUnary(ctx, auth);
   auto version = CheckProtocolVersion(req->version(), "client");
   if (!version.ok()) return FinishUnary(ctx, ToGrpcStatus(version));
   const ModelConfig& c = model_->config();

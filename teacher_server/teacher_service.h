@@ -15,6 +15,7 @@
 
 #include "common/vocab_map.h"
 #include "proto/teacher.grpc.pb.h"
+#include "common/rpc/peer_auth.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/engine.h"
 #include "teacher_server/eval_set.h"
@@ -36,6 +37,8 @@ struct ServiceOptions {
   std::string hostname;      // compared with the student's to allow shm and CUDA IPC
   int64_t max_generate_tokens = 512;
   int max_concurrent_generate = 4;
+  // Every RPC must pass its Authorize (the shared token); null: no token.
+  std::shared_ptr<const PeerAuth> auth;
 };
 
 class TeacherServiceImpl final : public v1::TeacherService::CallbackService {
@@ -66,6 +69,8 @@ class TeacherServiceImpl final : public v1::TeacherService::CallbackService {
 
  private:
   TeacherServiceImpl() = default;
+  // The shared token's check, first in every handler (common/rpc/peer_auth.h).
+  grpc::Status Authorize(const grpc::CallbackServerContext* ctx) const;
   Engine* engine_ = nullptr;
   CausalLM* model_ = nullptr;
   const VocabMap* vocab_ = nullptr;
