@@ -48,6 +48,8 @@ CHOICES=(
   "steps_x3|--max_steps=$((3 * STEPS))"
   "floor_0|--min_lr_ratio=0"
   "floor_0.5|--min_lr_ratio=0.5"
+  "lk_alpha|--ttt_loss=lk_alpha"
+  "lk_lambda|--ttt_loss=lk_lambda"
 )
 # $CHOICES_OVERRIDE: "name|flags;name|flags" replaces the list (the first
 # is the baseline of the table).

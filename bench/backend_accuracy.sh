@@ -36,7 +36,7 @@ start_pair() {  # name backend student_kernels
   [ -s "$dir/teacher.port" ] || { echo "$name: teacher did not start"; tail -20 "$dir/teacher.log"; exit 1; }
   ( set +e
     "$BUILD/student_trainer/student_trainer" --teacher=127.0.0.1:$(head -1 "$dir/teacher.port") --device="$DEVICE" \
-      --max_steps="$STEPS" --lr=1e-3 --warmup_steps=20 --seed=0 --log_every=200 --metrics_port=-1 \
+      --max_steps="$STEPS" --lr=1e-3 --warmup_steps=20 --init_seed=0 --log_every=200 --metrics_port=-1 \
       --student_kernels="$kernels" \
       --step_log="$dir/steps.jsonl" --summary_json="$dir/summary.json" > "$dir/student.log" 2>&1
     rc=$?; kill $teacher 2>/dev/null; exit $rc ) &

@@ -15,9 +15,9 @@
 #   alternate: sgl vs HF transformers on 8x1024, alternated process by
 #      process for $ROUNDS rounds (default 3; shapes $TEACHER_SHAPES,
 #      default llama-8b), with the median ratio
-#   kernels: bench/elementwise_kernels_probe.cu (SiLU-mul and rope variants
+#   kernels: bench/probes/elementwise_kernels_probe.cu (SiLU-mul and rope variants
 #      against the teacher's kernels, bit-checked, alone and after their
-#      GEMM) and bench/fp8_head_probe.cu (the lm_head's top-8 scan variants,
+#      GEMM) and bench/probes/fp8_head_probe.cu (the lm_head's top-8 scan variants,
 #      checked, and its two chunks against one pass)
 # Each prints the ratio against its baseline measured in this run; every
 # JSON line also goes to $RESULTS (default bench-results.jsonl, under $OUT
@@ -281,11 +281,11 @@ PY
 kernels() {
   local dir=${PROBES:-/tmp/e3-probes}
   mkdir -p "$dir"
-  nvcc -O3 -std=c++17 -arch=sm_90 -I"$SRC" "$SRC/bench/elementwise_kernels_probe.cu" \
+  nvcc -O3 -std=c++17 -arch=sm_90 -I"$SRC" "$SRC/bench/probes/elementwise_kernels_probe.cu" \
     "$SRC/teacher_server/kernels/fused_kernels.cu" -lcublasLt -o "$dir/elementwise_kernels_probe" &
   local ew=$!
   # fp8_head_probe.cu includes fp8_argmax.cu itself.
-  nvcc -O3 -std=c++17 -arch=sm_90 -I"$SRC" "$SRC/bench/fp8_head_probe.cu" -lcublasLt -o "$dir/fp8_head_probe"
+  nvcc -O3 -std=c++17 -arch=sm_90 -I"$SRC" "$SRC/bench/probes/fp8_head_probe.cu" -lcublasLt -o "$dir/fp8_head_probe"
   wait $ew
   "$dir/elementwise_kernels_probe"
   "$dir/fp8_head_probe"

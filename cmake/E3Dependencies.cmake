@@ -7,6 +7,8 @@ find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(prometheus-cpp CONFIG REQUIRED COMPONENTS core)
+# The run config (common/run_config.h) is YAML (Debian libyaml-cpp-dev).
+find_package(yaml-cpp REQUIRED)
 if(E3_BUILD_TESTS)
   find_package(GTest REQUIRED)
   include(GoogleTest)

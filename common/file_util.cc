@@ -1,6 +1,7 @@
 #include "common/file_util.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace e3 {
 
@@ -105,19 +107,39 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
   return ss.str();
 }
 
+absl::Status SyncDirectory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot open to sync: ", std::strerror(errno)));
+  const bool ok = ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) return absl::DataLossError(absl::StrCat(dir, ": fsync failed: ", std::strerror(err)));
+  return absl::OkStatus();
+}
+
 absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
   const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot open for writing"));
-    f << contents;
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      return absl::DataLossError(absl::StrCat(tmp, ": write failed (disk full?)"));
-    }
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot open for writing: ", std::strerror(errno)));
+  size_t written = 0;
+  while (written < contents.size()) {
+    const ssize_t n = ::write(fd, contents.data() + written, contents.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    written += static_cast<size_t>(n);
   }
-  return RenamePath(tmp, path);
+  // The contents reach the disk before the rename makes them the file's:
+  // a crash leaves the old file or the whole new one, never a torn one.
+  const bool ok = written == contents.size() && ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) {
+    std::remove(tmp.c_str());
+    return absl::DataLossError(absl::StrCat(tmp, ": write failed after ", written, " of ", contents.size(),
+                                            " bytes: ", std::strerror(err)));
+  }
+  E3_RETURN_IF_ERROR(RenamePath(tmp, path));
+  return SyncDirectory(Dirname(path));
 }
 
 absl::StatusOr<std::string> MakeTempDir(const std::string& prefix) {

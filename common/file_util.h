@@ -26,9 +26,14 @@ absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path);
 std::string JoinPath(const std::string& a, const std::string& b);
 std::string Dirname(const std::string& path);
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);
-// Writes to `path`.tmp.<pid> and renames it into place (processes writing
-// the same path never share a temporary file).
+// Writes to `path`.tmp.<pid>, fsyncs it, renames it into place and fsyncs
+// the directory: after a crash `path` holds the old contents or the whole
+// new ones. Processes writing the same path never share a temporary file.
+// A failed write (disk full, file size limit) removes the temporary and
+// names the byte count; the old file stays.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
+// fsync of a directory: makes the renames and creations inside it durable.
+absl::Status SyncDirectory(const std::string& dir);
 // A fresh directory under $TMPDIR (or /tmp) named <prefix>XXXXXX.
 absl::StatusOr<std::string> MakeTempDir(const std::string& prefix);
 // Directory of the running executable.

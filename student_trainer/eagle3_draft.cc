@@ -2,6 +2,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 
@@ -124,6 +126,57 @@ Eagle3AttentionImpl::Eagle3AttentionImpl(const Eagle3DraftConfig& c)
   o_proj = register_module("o_proj", MakeLinear(c.num_heads * c.head_dim, c.hidden_size));
 }
 
+namespace {
+
+// Scores a query chunk may hold without autograd: [heads, rows, n] of them.
+std::atomic<int64_t> g_no_grad_score_bytes{int64_t{1} << 30};
+
+int64_t NoGradQueryRows(int64_t heads, int64_t n, int64_t element_size) {
+  const int64_t per_row = std::max<int64_t>(1, heads * n * std::max<int64_t>(element_size, 4));
+  return std::clamp<int64_t>(g_no_grad_score_bytes.load() / per_row, 1, n);
+}
+
+// The attention of one sample's query rows [a, b) (the sample starts at
+// packed row `begin`): causal over the step-0 keys of rows < b, plus the
+// diagonal keys of steps 1..j at each query's own row. q is scaled and
+// roped [T, heads, D]; diag is [T, heads, j] (undefined at step 0).
+// Returns [b - a, heads, D].
+at::Tensor SampleAttention(const at::Tensor& q, const at::Tensor& diag, const TttKvCache& cache,
+                           int64_t begin, int64_t a, int64_t b) {
+  const int64_t steps = static_cast<int64_t>(cache.keys.size());
+  const int64_t m = b - a;
+  // [rows, heads, D] -> [heads, rows, D]
+  at::Tensor qs = q.narrow(0, begin + a, m).transpose(0, 1);
+  at::Tensor k0 = cache.keys[0].narrow(0, begin, b).transpose(0, 1);
+  at::Tensor v0 = cache.values[0].narrow(0, begin, b).transpose(0, 1);
+  // Block-causal part over the step-0 keys of this sample only. The
+  // causal mask is an additive bias the GEMM adds as it writes the
+  // scores (baddbmm's C), instead of a separate masked_fill pass over
+  // [heads, m, b] forward and backward.
+  at::Tensor causal = torch::full({m, b}, -std::numeric_limits<double>::infinity(),
+                                  torch::TensorOptions().dtype(q.scalar_type()).device(q.device()))
+                          .triu(a + 1);
+  at::Tensor scores = at::baddbmm(causal.expand({qs.size(0), m, b}), qs, k0.transpose(1, 2));
+  if (steps > 1) scores = torch::cat({scores, diag.narrow(0, begin + a, m).permute({1, 0, 2})}, -1);
+  at::Tensor probs = at::softmax(scores, -1, AtLeastFloat(q.scalar_type())).to(q.scalar_type());
+  if (steps == 1) return at::matmul(probs, v0).transpose(0, 1);
+  // One split into the causal block and the diagonal columns, never a
+  // slice per column: autograd turns each slice of `probs` into a
+  // zero-filled gradient of the whole [heads, m, b + j] tensor and adds
+  // them up, which at j = 6 moved ~7 GB per step for a few KB of
+  // gradient. The diagonal terms are then summed in the [rows, heads, D]
+  // layout the cached values already have (no transposed copies).
+  std::vector<at::Tensor> parts = probs.split_with_sizes({b, steps - 1}, -1);
+  std::vector<at::Tensor> diag_weights = parts[1].permute({1, 0, 2}).unbind(-1);  // j x [m, heads]
+  at::Tensor o = at::matmul(parts[0], v0).transpose(0, 1);
+  for (int64_t i = 1; i < steps; ++i) {
+    o = o + diag_weights[i - 1].unsqueeze(-1) * cache.values[i].narrow(0, begin + a, m);
+  }
+  return o;
+}
+
+}  // namespace
+
 at::Tensor Eagle3AttentionImpl::forward(const at::Tensor& x, const PackedRope& rope,
                                         TttKvCache* cache) {
   const int64_t total = x.size(0);
@@ -153,48 +206,26 @@ at::Tensor Eagle3AttentionImpl::forward(const at::Tensor& x, const PackedRope& r
     diag = torch::stack(cols, -1);
   }
 
-  const at::ScalarType softmax_type = AtLeastFloat(q.scalar_type());
   std::vector<at::Tensor> outs;
   outs.reserve(rope.cu_seqlens.size());
   for (size_t s = 0; s + 1 < rope.cu_seqlens.size(); ++s) {
     const int64_t begin = rope.cu_seqlens[s];
     const int64_t n = rope.cu_seqlens[s + 1] - begin;
     if (n == 0) continue;
-    // [n, heads, D] -> [heads, n, D]
-    at::Tensor qs = q.narrow(0, begin, n).transpose(0, 1);
-    at::Tensor k0 = cache->keys[0].narrow(0, begin, n).transpose(0, 1);
-    at::Tensor v0 = cache->values[0].narrow(0, begin, n).transpose(0, 1);
-    // Block-causal part over the step-0 keys of this sample only. The
-    // causal mask is an additive bias the GEMM adds as it writes the
-    // scores (baddbmm's C), instead of a separate masked_fill pass over
-    // [heads, n, n] forward and backward.
-    at::Tensor causal = torch::full({n, n}, -std::numeric_limits<double>::infinity(),
-                                    torch::TensorOptions().dtype(q.scalar_type()).device(x.device()))
-                            .triu(1);
-    at::Tensor scores = at::baddbmm(causal.expand({qs.size(0), n, n}), qs, k0.transpose(1, 2));
-    if (steps > 1) scores = torch::cat({scores, diag.narrow(0, begin, n).permute({1, 0, 2})}, -1);
-    at::Tensor probs = at::softmax(scores, -1, softmax_type).to(q.scalar_type());
-    if (steps == 1) {
-      outs.push_back(at::matmul(probs, v0).transpose(0, 1));
-      continue;
+    // Training keeps one [heads, n, n + j] block per sample (its autograd
+    // needs the whole of it anyway). Without autograd (the acceptance
+    // eval's drafting) the queries go in row chunks, so a long sample's
+    // scores stay near SetNoGradAttentionScoreBytes's bound instead of growing with n^2.
+    const int64_t rows = at::GradMode::is_enabled() ? n : NoGradQueryRows(num_heads_, n, q.element_size());
+    for (int64_t a = 0; a < n; a += rows) {
+      outs.push_back(SampleAttention(q, diag, *cache, begin, a, std::min(n, a + rows)));
     }
-    // One split into the causal block and the diagonal columns, never a
-    // slice per column: autograd turns each slice of `probs` into a
-    // zero-filled gradient of the whole [heads, n, n + j] tensor and adds
-    // them up, which at j = 6 moved ~7 GB per step for a few KB of
-    // gradient. The diagonal terms are then summed in the [n, heads, D]
-    // layout the cached values already have (no transposed copies).
-    std::vector<at::Tensor> parts = probs.split_with_sizes({n, steps - 1}, -1);
-    std::vector<at::Tensor> diag_weights = parts[1].permute({1, 0, 2}).unbind(-1);  // j x [n, heads]
-    at::Tensor o = at::matmul(parts[0], v0).transpose(0, 1);
-    for (int64_t i = 1; i < steps; ++i) {
-      o = o + diag_weights[i - 1].unsqueeze(-1) * cache->values[i].narrow(0, begin, n);
-    }
-    outs.push_back(o);
   }
   at::Tensor attn = torch::cat(outs, 0).reshape({total, num_heads_ * head_dim_});
   return o_proj->forward(attn);
 }
+
+void SetNoGradAttentionScoreBytes(int64_t bytes) { g_no_grad_score_bytes.store(std::max<int64_t>(1, bytes)); }
 
 Eagle3MlpImpl::Eagle3MlpImpl(const Eagle3DraftConfig& c) {
   gate_proj = register_module("gate_proj", MakeLinear(c.hidden_size, c.intermediate_size));
@@ -251,6 +282,15 @@ Eagle3DraftImpl::Eagle3DraftImpl(const Eagle3DraftOptions& options,
     head = head.index_select(0, target_ids.to(head.device()));
   }
   TORCH_CHECK(head.size(0) == c.draft_vocab_size, "target head rows: ", head.size(0));
+  if (options_.keep_full_target_head && c.vocab_size != c.draft_vocab_size) {
+    at::Tensor rest = frozen.target_head_rest;
+    if (!rest.defined()) {
+      const at::Tensor rest_ids = t2d_cpu.logical_not().nonzero().squeeze(1);
+      rest = frozen.target_lm_head.index_select(0, rest_ids.to(frozen.target_lm_head.device()));
+    }
+    target_head_rest = register_buffer(
+        "target_head_rest", rest.to(options_.device, options_.target_head_dtype, false, true));
+  }
   target_head = register_buffer("target_head",
                                 head.to(options_.device, options_.target_head_dtype, false, true));
   embed_tokens = register_buffer("embed_tokens", frozen.embed_tokens.to(options_.device));
@@ -317,6 +357,28 @@ at::Tensor Eagle3DraftImpl::TargetLogits(const at::Tensor& last_hidden) {
   return at::matmul(last_hidden.to(options_.device, t), target_head.to(t).t());
 }
 
+at::Tensor Eagle3DraftImpl::TargetDraftLogMass(const at::Tensor& last_hidden,
+                                               const at::Tensor& draft_lse) {
+  torch::NoGradGuard no_grad;
+  if (options_.config.vocab_size == options_.config.draft_vocab_size) return at::zeros_like(draft_lse);
+  TORCH_CHECK(target_head_rest.defined(),
+              "the target's mass on the draft vocab needs the full target head "
+              "(Eagle3DraftOptions::keep_full_target_head)");
+  const at::ScalarType t = AtLeastFloat(options_.dtype);
+  compat::ScopedTf32Matmul tf32;  // bf16 values in fp32: exact, see TargetLogits
+  const at::Tensor h = last_hidden.to(options_.device, t);
+  const at::Tensor rest = target_head_rest.to(t);
+  // Rows at a time, so the [rows, V - N] scores stay near 1 GiB at any T.
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 28) / std::max<int64_t>(1, rest.size(0)));
+  std::vector<at::Tensor> rest_lse;
+  for (int64_t begin = 0; begin < h.size(0); begin += chunk) {
+    const int64_t n = std::min(chunk, h.size(0) - begin);
+    rest_lse.push_back(at::logsumexp(at::matmul(h.narrow(0, begin, n), rest.t()), -1));
+  }
+  const at::Tensor d = draft_lse.to(t);
+  return d - at::logaddexp(d, at::cat(rest_lse));
+}
+
 PackedRope Eagle3DraftImpl::MakePackedRope(const std::vector<int64_t>& cu_seqlens, int64_t offset) {
   PackedRope out;
   out.cu_seqlens = cu_seqlens;
@@ -366,6 +428,21 @@ absl::StatusOr<Eagle3Draft> CreateEagle3Draft(const Eagle3DraftOptions& options,
     return absl::InvalidArgumentError(
         absl::StrCat("frozen target lm_head: expected a float tensor [", c.vocab_size, " or ",
                      c.draft_vocab_size, ", ", c.target_hidden_size, "], got ", ShapeString(head)));
+  }
+  if (options.keep_full_target_head && c.vocab_size != c.draft_vocab_size) {
+    const at::Tensor& rest = frozen.target_head_rest;
+    const int64_t rest_rows = c.vocab_size - c.draft_vocab_size;
+    if (rest.defined() && (rest.dim() != 2 || rest.size(0) != rest_rows ||
+                           rest.size(1) != c.target_hidden_size || !rest.is_floating_point())) {
+      return absl::InvalidArgumentError(absl::StrCat("frozen target_head_rest: expected a float tensor [",
+                                                     rest_rows, ", ", c.target_hidden_size, "], got ",
+                                                     ShapeString(rest)));
+    }
+    if (!rest.defined() && head.size(0) != c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "frozen target lm_head: keep_full_target_head (the LK losses) needs all ", c.vocab_size,
+          " rows or target_head_rest, got ", ShapeString(head)));
+    }
   }
   if (!at::isFloatingType(options.dtype) || !at::isFloatingType(options.target_head_dtype)) {
     return absl::InvalidArgumentError(

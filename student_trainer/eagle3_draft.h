@@ -76,6 +76,10 @@ struct Eagle3FrozenTensors {
   // selected, in draft id order).
   at::Tensor target_lm_head;
   VocabMap vocab;
+  // Optional [vocab_size - draft_vocab_size, target_hidden_size]: the head
+  // rows outside the draft vocab in target id order, for
+  // keep_full_target_head when target_lm_head holds only the draft rows.
+  at::Tensor target_head_rest;
 };
 
 struct Eagle3DraftOptions {
@@ -90,6 +94,11 @@ struct Eagle3DraftOptions {
   // predicting what the target would from its own last hidden state);
   // false draws it like the other projections.
   bool init_lm_head_from_target = true;
+  // Also keep the target head's rows outside the draft vocab (buffer
+  // target_head_rest), so that TargetDraftLogMass can normalise over the
+  // full vocabulary: the LK losses need the target's full distribution.
+  // Costs (V - N) * H_t values of target_head_dtype on the device.
+  bool keep_full_target_head = false;
 };
 
 class Eagle3RmsNormImpl : public torch::nn::Module {
@@ -136,6 +145,12 @@ class Eagle3AttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Eagle3Attention);
 
+// Without autograd (the acceptance eval drafting chains) the attention
+// takes each sample's queries in row chunks whose scores stay within this
+// many bytes (default 1 GiB), so its memory grows linearly in the sample's
+// length. For tests and benchmarks.
+void SetNoGradAttentionScoreBytes(int64_t bytes);
+
 class Eagle3MlpImpl : public torch::nn::Module {
  public:
   explicit Eagle3MlpImpl(const Eagle3DraftConfig& config);
@@ -177,6 +192,11 @@ class Eagle3DraftImpl : public torch::nn::Module {
   // Target logits over the draft vocab, last_hidden @ target_head^T, in
   // (at least) fp32 and without autograd: [T, N].
   at::Tensor TargetLogits(const at::Tensor& last_hidden);
+  // log of the target's probability mass on the draft vocab per position,
+  // draft_lse - logsumexp over all V rows, given draft_lse = logsumexp of
+  // TargetLogits [T]; no autograd. Zeros when the draft vocab is the whole
+  // vocab. Needs keep_full_target_head otherwise (throws c10::Error).
+  at::Tensor TargetDraftLogMass(const at::Tensor& last_hidden, const at::Tensor& draft_lse);
   // Packing and rope tables for positions that restart at every sample,
   // plus `offset` (TTT step j's positions are t + j).
   PackedRope MakePackedRope(const std::vector<int64_t>& cu_seqlens, int64_t offset = 0);
@@ -196,6 +216,8 @@ class Eagle3DraftImpl : public torch::nn::Module {
 
   at::Tensor embed_tokens;  // [V, H_t] frozen, the teacher's dtype
   at::Tensor target_head;   // [N, H_t] frozen, options.target_head_dtype
+  // [V - N, H_t]: the other rows (keep_full_target_head; else undefined)
+  at::Tensor target_head_rest;
   at::Tensor d2t;           // [N] int64: target id = i + d2t[i]
   at::Tensor t2d;           // [V] bool: target id is in the draft vocab
 

@@ -7,7 +7,6 @@
 
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -18,19 +17,42 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/launch_env.h"
 #include "common/metrics_server.h"
+#include "common/run_config.h"
+#include "common/service_flags.h"
+#include "common/status_macros.h"
 #include "student_trainer/student_metrics.h"
 #include "student_trainer/trainer.h"
 
+ABSL_FLAG(std::string, config, "",
+          "run config (YAML, examples/configs/): sets the flags its keys map to; flags given explicitly on the "
+          "command line override the file");
 ABSL_FLAG(std::string, teacher, "127.0.0.1:50051",
           "teacher gRPC address, or several comma-separated (teachers serving data shards; round-robin)");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA that signed the teachers' certificates: talk TLS to them (the system's roots verify when only "
+          "--tls_cert is given)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain this student presents (mutual TLS; with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "the name the teachers' certificates carry, when --teacher dials another (an IP, a service alias)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "a file whose first line is the teachers' shared token (teacher_server --auth_token_file), sent on "
+          "every call");
 ABSL_FLAG(int, rank, -1, "data-parallel rank (default: $RANK or 0)");
 ABSL_FLAG(int, world_size, -1, "data-parallel world size (default: $WORLD_SIZE or 1)");
 ABSL_FLAG(std::string, subscriber_id, "", "stable id of this student (default: rank-<rank>)");
-ABSL_FLAG(int, ttt_length, 7, "training-time-test steps");
+ABSL_FLAG(int, ttt_length, static_cast<int>(e3::RunConfig().draft.ttt_length), "training-time-test steps");
 ABSL_FLAG(std::string, ttt_positions, "advancing",
           "rope positions of TTT step j: advancing (t + j, as a serving engine advances each draft step) or fixed "
           "(t at every step, SpecForge v0.2)");
+ABSL_FLAG(std::string, ttt_loss, "soft_ce",
+          "each TTT step's loss: soft_ce (soft cross-entropy against the target distribution), lk_alpha (-log of the "
+          "expected acceptance rate) or lk_lambda (soft CE blended into 1 - acceptance rate as it grows; SpecForge's "
+          "LK losses); the LK losses also fetch the target head's rows outside the draft vocab");
+ABSL_FLAG(double, kl_scale, 1.0, "--ttt_loss=lk_lambda: the soft CE's weight is kl_scale * exp(-kl_decay * acceptance rate)");
+ABSL_FLAG(double, kl_decay, 1.0, "--ttt_loss=lk_lambda: see --kl_scale");
 ABSL_FLAG(std::string, student_kernels, "fast",
           "fast: fused kernels, flash attention and a fused AdamW (ATen statements of the same math on the CPU); "
           "reference: the plain LibTorch op sequence and torch::optim::AdamW");
@@ -48,7 +70,8 @@ ABSL_FLAG(double, adam_beta2, 0.999, "AdamW beta2");
 ABSL_FLAG(double, grad_clip, 0.5, "max global gradient norm (0: off)");
 ABSL_FLAG(int64_t, max_steps, 0, "stop after this many steps (0: when the teacher's data ends)");
 ABSL_FLAG(int64_t, intermediate_size, 0, "draft MLP width (0: the target's)");
-ABSL_FLAG(uint64_t, seed, 0, "initialisation seed");
+ABSL_FLAG(uint64_t, init_seed, e3::RunConfig().draft.init_seed, "seed of the draft's initial weights");
+ABSL_FLAG(uint64_t, seed, 0, "deprecated: use --init_seed");
 ABSL_FLAG(std::string, checkpoint_dir, "", "checkpoints (and resume) here");
 ABSL_FLAG(int64_t, checkpoint_every, 100, "steps between checkpoints");
 ABSL_FLAG(std::string, output_dir, "", "export the final draft here (config.json + model.safetensors)");
@@ -70,7 +93,8 @@ ABSL_FLAG(std::string, eval_dump, "",
           "write the eval set and the final acceptance here (safetensors), for tools/acceptance_crosscheck.py");
 ABSL_FLAG(std::string, transports, "",
           "transports accepted (default: nccl,cuda_ipc,shm,inline on a GPU, shm,inline on the CPU)");
-ABSL_FLAG(int, credit_window, 4, "batches in flight / prefetched");
+ABSL_FLAG(int, credit_window, static_cast<int>(e3::RunConfig().schedule.credit_window),
+          "batches in flight / prefetched (the teacher caps it at its own --credit_window)");
 ABSL_FLAG(int, connect_attempts, 6, "attempts (with exponential backoff) before giving up on the teacher");
 ABSL_FLAG(double, initial_backoff_s, 0.5, "first retry delay; doubles each attempt");
 ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads (0: default)");
@@ -84,46 +108,46 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 
-int EnvInt(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  int out;
-  return v != nullptr && absl::SimpleAtoi(v, &out) ? out : fallback;
-}
+// Renamed so that one meaning has one name in both services and the
+// launcher (docs/DECISIONS.md, "One name per flag").
+const std::vector<DeprecatedFlag> kDeprecatedFlags = {{"seed", "init_seed"}};
 
-int Main() {
-  if (absl::GetFlag(FLAGS_threads) > 0) at::set_num_threads(absl::GetFlag(FLAGS_threads));
+// Everything the flags say, read once.
+absl::StatusOr<TrainerOptions> OptionsFromFlags() {
   TrainerOptions o;
   o.teachers = absl::StrSplit(absl::GetFlag(FLAGS_teacher), ',', absl::SkipWhitespace());
-  if (o.teachers.empty()) {
-    std::fprintf(stderr, "student_trainer: error: --teacher is empty\n");
-    return 2;
-  }
+  if (o.teachers.empty()) return absl::InvalidArgumentError("--teacher is empty");
   o.client.address = o.teachers[0];
-  o.client.rank = absl::GetFlag(FLAGS_rank) >= 0 ? absl::GetFlag(FLAGS_rank) : EnvInt("RANK", 0);
-  o.client.world_size = absl::GetFlag(FLAGS_world_size) > 0 ? absl::GetFlag(FLAGS_world_size) : EnvInt("WORLD_SIZE", 1);
-  if (o.client.rank < 0 || o.client.rank >= o.client.world_size) {
-    std::fprintf(stderr, "student_trainer: error: rank %d is outside world size %d\n", o.client.rank, o.client.world_size);
-    return 2;
-  }
+  LaunchFlags launch_flags;
+  launch_flags.rank = absl::GetFlag(FLAGS_rank);
+  launch_flags.world_size = absl::GetFlag(FLAGS_world_size) > 0 ? absl::GetFlag(FLAGS_world_size) : -1;
+  launch_flags.master_addr = absl::GetFlag(FLAGS_master_addr);
+  launch_flags.master_port = absl::GetFlag(FLAGS_master_port);
+  E3_ASSIGN_OR_RETURN(const LaunchEnv launch, ResolveLaunchEnv(launch_flags, ProcessEnv()));
+  o.client.rank = launch.rank;
+  o.client.world_size = launch.world_size;
+  o.master_addr = launch.master_addr;
+  o.master_port = launch.master_port;
   o.client.subscriber_id = absl::GetFlag(FLAGS_subscriber_id).empty() ? absl::StrCat("rank-", o.client.rank)
                                                                         : absl::GetFlag(FLAGS_subscriber_id);
   o.device = absl::GetFlag(FLAGS_device);
   if (o.device.empty()) {
-    const int local_rank = EnvInt("LOCAL_RANK", -1);
-    o.device = local_rank >= 0 && torch::cuda::is_available() ? absl::StrCat("cuda:", local_rank) : "cpu";
+    o.device = launch.local_rank >= 0 && torch::cuda::is_available() ? absl::StrCat("cuda:", launch.local_rank)
+                                                                      : "cpu";
   }
   if (absl::GetFlag(FLAGS_transports).empty()) {
     o.client.transports = DefaultTransports(absl::StartsWith(o.device, "cuda"));
   } else {
     auto transports = ParseTransportList(absl::GetFlag(FLAGS_transports));
-    if (!transports.ok()) {
-      std::fprintf(stderr, "student_trainer: error: --transports: %s\n",
-                   std::string(transports.status().message()).c_str());
-      return 2;
-    }
+    if (!transports.ok()) return absl::InvalidArgumentError(absl::StrCat("--transports: ", transports.status().message()));
     o.client.transports = *transports;
   }
   o.client.credit_window = absl::GetFlag(FLAGS_credit_window);
+  o.client.auth.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  o.client.auth.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  o.client.auth.tls_key = absl::GetFlag(FLAGS_tls_key);
+  o.client.auth.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  o.client.auth.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   o.client.max_attempts = std::max(1, absl::GetFlag(FLAGS_connect_attempts));
   o.client.initial_backoff = absl::Seconds(absl::GetFlag(FLAGS_initial_backoff_s));
   o.client.max_receive_message_bytes = absl::GetFlag(FLAGS_max_receive_message_bytes);
@@ -134,9 +158,9 @@ int Main() {
   o.ttt_length = absl::GetFlag(FLAGS_ttt_length);
   o.student_kernels = absl::GetFlag(FLAGS_student_kernels);
   o.ttt_positions = absl::GetFlag(FLAGS_ttt_positions);
-  o.master_addr = absl::GetFlag(FLAGS_master_addr);
-  if (o.master_addr.empty()) o.master_addr = std::getenv("MASTER_ADDR") != nullptr ? std::getenv("MASTER_ADDR") : "127.0.0.1";
-  o.master_port = absl::GetFlag(FLAGS_master_port) >= 0 ? absl::GetFlag(FLAGS_master_port) : EnvInt("MASTER_PORT", 29500);
+  o.ttt_loss = absl::GetFlag(FLAGS_ttt_loss);
+  o.kl_scale = absl::GetFlag(FLAGS_kl_scale);
+  o.kl_decay = absl::GetFlag(FLAGS_kl_decay);
   o.dtype = absl::GetFlag(FLAGS_dtype);
   o.learning_rate = absl::GetFlag(FLAGS_lr);
   o.min_lr_ratio = absl::GetFlag(FLAGS_min_lr_ratio);
@@ -148,7 +172,7 @@ int Main() {
   o.grad_clip = absl::GetFlag(FLAGS_grad_clip);
   o.max_steps = absl::GetFlag(FLAGS_max_steps);
   o.intermediate_size = absl::GetFlag(FLAGS_intermediate_size);
-  o.seed = absl::GetFlag(FLAGS_seed);
+  o.init_seed = absl::GetFlag(FLAGS_init_seed);
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   o.output_dir = absl::GetFlag(FLAGS_output_dir);
@@ -162,24 +186,10 @@ int Main() {
   o.eval.untrained = absl::GetFlag(FLAGS_eval_untrained);
   o.eval.dump = absl::GetFlag(FLAGS_eval_dump);
   o.stop = &g_stop;
+  return o;
+}
 
-  StudentMetrics metrics(o.client.rank, o.ttt_length);
-  std::unique_ptr<MetricsServer> metrics_server;
-  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
-    auto ms = MetricsServer::Start(metrics.registry(), absl::GetFlag(FLAGS_metrics_host), absl::GetFlag(FLAGS_metrics_port));
-    if (!ms.ok()) {
-      std::fprintf(stderr, "student_trainer: error: %s\n", std::string(ms.status().message()).c_str());
-      return 1;
-    }
-    metrics_server = std::move(ms).value();
-    std::printf("student[%d]: metrics on :%d\n", o.client.rank, metrics_server->port());
-  }
-  auto summary = RunTrainer(o, &metrics);
-  if (!summary.ok()) {
-    std::fprintf(stderr, "student_trainer: error: %s\n", std::string(summary.status().message()).c_str());
-    return 1;
-  }
-  const TrainSummary& s = *summary;
+void PrintSummary(const TrainSummary& s, int rank) {
   auto acc = [](const std::vector<double>& a) {
     std::string out;
     for (double x : a) out += absl::StrFormat(" %.3f", x);
@@ -187,7 +197,7 @@ int Main() {
   };
   std::printf("\n=== student[%d] summary: %ld steps, %ld tokens in %.1fs of training (%.0f tok/s), data wait %.1f%%; "
               "%.1fs in all ===\n",
-              o.client.rank, static_cast<long>(s.steps), static_cast<long>(s.tokens), s.train_seconds,
+              rank, static_cast<long>(s.steps), static_cast<long>(s.tokens), s.train_seconds,
               s.train_seconds > 0 ? s.tokens / s.train_seconds : 0.0,
               s.train_seconds > 0 ? 100 * s.data_wait_seconds / s.train_seconds : 0.0, s.seconds);
   std::printf("  first %3ld steps: loss %.3f  simulated tau %.3f  acc_0..%zu%s\n", static_cast<long>(s.first.steps),
@@ -206,6 +216,39 @@ int Main() {
   if (!s.last_checkpoint.empty()) std::printf("  last checkpoint: %s\n", s.last_checkpoint.c_str());
   if (s.stopped_by_signal) std::printf("  stopped by signal after checkpointing\n");
   std::fflush(stdout);
+}
+
+int Main() {
+  absl::StatusOr<SettledFlags> settled =
+      SettleServiceFlags(absl::GetFlag(FLAGS_config), ServiceRole::kStudent, kDeprecatedFlags);
+  if (!settled.ok()) {
+    std::fprintf(stderr, "student_trainer: error: %s\n", std::string(settled.status().message()).c_str());
+    return 2;
+  }
+  for (const std::string& w : settled->warnings) std::fprintf(stderr, "student_trainer: warning: %s\n", w.c_str());
+  absl::StatusOr<TrainerOptions> o = OptionsFromFlags();
+  if (!o.ok()) {
+    std::fprintf(stderr, "student_trainer: error: %s\n", std::string(o.status().message()).c_str());
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_threads) > 0) at::set_num_threads(absl::GetFlag(FLAGS_threads));
+  StudentMetrics metrics(o->client.rank, o->ttt_length);
+  std::unique_ptr<MetricsServer> metrics_server;
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    auto ms = MetricsServer::Start(metrics.registry(), absl::GetFlag(FLAGS_metrics_host), absl::GetFlag(FLAGS_metrics_port));
+    if (!ms.ok()) {
+      std::fprintf(stderr, "student_trainer: error: %s\n", std::string(ms.status().message()).c_str());
+      return 1;
+    }
+    metrics_server = std::move(ms).value();
+    std::printf("student[%d]: metrics on :%d\n", o->client.rank, metrics_server->port());
+  }
+  auto summary = RunTrainer(*o, &metrics);
+  if (!summary.ok()) {
+    std::fprintf(stderr, "student_trainer: error: %s\n", std::string(summary.status().message()).c_str());
+    return 1;
+  }
+  PrintSummary(*summary, o->client.rank);
   return 0;
 }
 
@@ -213,8 +256,13 @@ int Main() {
 }  // namespace e3
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Trains an EAGLE-3 draft from a teacher_server's hidden states.");
+  absl::SetProgramUsageMessage(
+      "Trains an EAGLE-3 draft from a teacher_server's hidden states.\n"
+      "--config=run.yaml reads the run config; flags given on the command line override it.");
   absl::ParseCommandLine(argc, argv);
+  // Line by line into a log file too, so a launcher or `tail -f` sees
+  // progress as it happens.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   struct sigaction sa {};
   sa.sa_handler = [](int) { e3::g_stop = true; };
   sigaction(SIGTERM, &sa, nullptr);

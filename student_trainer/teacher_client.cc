@@ -7,6 +7,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "common/torch/tensor_convert.h"
 #include "proto/request_limits.h"
@@ -54,6 +55,7 @@ absl::StatusOr<at::Tensor> ToTensor(const ReceivedTensor& t) {
 std::unique_ptr<grpc::ClientContext> TeacherClient::NewContext(bool with_deadline) const {
   auto ctx = std::make_unique<grpc::ClientContext>();
   if (with_deadline) ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  if (auth_ != nullptr) auth_->Attach(ctx.get());
   return ctx;
 }
 
@@ -69,10 +71,14 @@ absl::StatusOr<std::unique_ptr<TeacherClient>> TeacherClient::Connect(const Teac
   }
   E3_RETURN_IF_ERROR(CheckMessageSizeCap(options.max_receive_message_bytes, "--max_receive_message_bytes"));
   E3_RETURN_IF_ERROR(CheckMessageSizeCap(options.max_send_message_bytes, "max_send_message_bytes"));
+  E3_ASSIGN_OR_RETURN(PeerAuth auth, PeerAuth::ForClient(options.auth));
+  client->auth_ = std::make_unique<PeerAuth>(std::move(auth));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(options.max_receive_message_bytes));
   args.SetMaxSendMessageSize(static_cast<int>(options.max_send_message_bytes));
-  client->channel_ = grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args);
+  client->auth_->AddChannelArguments(&args);
+  AddClientKeepalive(options.keepalive, &args);
+  client->channel_ = grpc::CreateCustomChannel(options.address, client->auth_->ChannelCredentials(), args);
   client->stub_ = v1::TeacherService::NewStub(client->channel_);
   absl::Duration backoff = options.initial_backoff;
   grpc::Status last;
@@ -168,9 +174,12 @@ absl::StatusOr<EvalSetFetch> TeacherClient::FetchEvalSet() {
   return out;
 }
 
-absl::StatusOr<FrozenWeights> TeacherClient::FetchWeights() {
+absl::StatusOr<FrozenWeights> TeacherClient::FetchWeights(bool with_rest_head) {
   v1::GetWeightsRequest req;
   req.set_version(v1::PROTOCOL_VERSION_CURRENT);
+  if (with_rest_head) {
+    for (const char* name : {"embed_tokens", "target_head", "d2t", "t2d", "target_head_rest"}) req.add_names(name);
+  }
   auto ctx = NewContext(true);
   auto reader = stub_->GetWeights(ctx.get(), req);
   const std::string source = absl::StrCat("GetWeights from ", options_.address);
@@ -202,6 +211,16 @@ absl::StatusOr<FrozenWeights> TeacherClient::FetchWeights() {
   w.vocab.d2t.assign(d2t.data_ptr<int64_t>(), d2t.data_ptr<int64_t>() + d2t.numel());
   w.vocab.t2d.assign(t2d.data_ptr<uint8_t>(), t2d.data_ptr<uint8_t>() + t2d.numel());
   E3_RETURN_IF_ERROR(ValidateVocabMap(w.vocab, absl::StrCat("vocab map from teacher ", options_.address)));
+  if (with_rest_head) {
+    E3_ASSIGN_OR_RETURN(w.target_head_rest, get("target_head_rest"));
+    const int64_t rest_rows = w.vocab.target_vocab_size - static_cast<int64_t>(w.vocab.d2t.size());
+    if (w.target_head_rest.dim() != 2 || w.target_head_rest.size(0) != rest_rows ||
+        w.target_head_rest.size(1) != w.target_head.size(1)) {
+      return absl::DataLossError(absl::StrCat("teacher ", options_.address, " sent target_head_rest of shape [",
+                                              absl::StrJoin(w.target_head_rest.sizes().vec(), ", "), "], expected [",
+                                              rest_rows, ", ", w.target_head.size(1), "]"));
+    }
+  }
   return w;
 }
 
@@ -316,6 +335,7 @@ grpc::Status TeacherClient::StreamOnce(StreamCursor from, bool* saw_end, bool* r
     }
   }
   grpc::ClientContext ctx;
+  auth_->Attach(&ctx);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return grpc::Status::CANCELLED;

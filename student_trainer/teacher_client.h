@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/rpc/keepalive.h"
+#include "common/rpc/peer_auth.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/gpu/cuda_ipc.h"
@@ -49,6 +51,8 @@ struct TeacherClientOptions {
   absl::Duration rpc_timeout = absl::Seconds(30);
   int max_attempts = 6;  // consecutive failed attempts before giving up
   absl::Duration initial_backoff = absl::Milliseconds(500);
+  PeerAuthOptions auth;  // TLS and the shared token (common/rpc/peer_auth.h)
+  KeepaliveOptions keepalive;  // a teacher that stops answering is noticed in seconds
   // Caps on what the teacher can make this student hold: one message (an
   // inline batch; the teacher's default send cap is the same) and the
   // whole GetWeights download, whose tensors must also have the sizes the
@@ -70,6 +74,9 @@ struct TeacherInfo {
 struct FrozenWeights {
   at::Tensor embed_tokens;  // [V, H]
   at::Tensor target_head;   // [N, H]
+  // [V - N, H]: the head's other rows in target id order (FetchWeights'
+  // with_rest_head; undefined otherwise).
+  at::Tensor target_head_rest;
   VocabMap vocab;
 };
 
@@ -98,7 +105,8 @@ class TeacherClient {
   ~TeacherClient();
 
   const TeacherInfo& info() const { return info_; }
-  absl::StatusOr<FrozenWeights> FetchWeights();
+  // with_rest_head also fetches target_head_rest (the LK losses).
+  absl::StatusOr<FrozenWeights> FetchWeights(bool with_rest_head = false);
   // The teacher's acceptance eval set (teacher --eval_prompts): whether it
   // has one, how far its generation is, and once ready its batches.
   absl::StatusOr<EvalSetFetch> FetchEvalSet();
@@ -123,6 +131,7 @@ class TeacherClient {
   std::unique_ptr<grpc::ClientContext> NewContext(bool with_deadline) const;
 
   TeacherClientOptions options_;
+  std::unique_ptr<PeerAuth> auth_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::TeacherService::Stub> stub_;
   TeacherInfo info_;

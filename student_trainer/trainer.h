@@ -1,6 +1,14 @@
-// The student's training loop: subscribe, train the EAGLE-3 draft with TTT
-// on each batch, ack, checkpoint (committing the cursor at the teacher),
-// log and export.
+// The student's training run, in the shape of torchtitan's Trainer: its
+// components are built from one options struct, each deciding its own
+// timing, and the loop reads as Train() -> TrainOneBatch() -> TrainStep():
+//   teacher_pool.h        connect, agree, round-robin, cursors
+//   draft_builder.h       the draft, fp32 master weights, the optimizer
+//   data_parallel.h       the c10d group, the initial broadcast
+//   train_step.h          forward, backward, optimizer step
+//   checkpoint_manager.h  resume, periodic saves, commits at the teachers
+//   metrics_processor.h   windows, step log, Prometheus, the console line
+//   acceptance_eval.h     the real acceptance length
+//   draft_export.h        the SGLang/vLLM export at the end
 #ifndef E3_STUDENT_TRAINER_TRAINER_H_
 #define E3_STUDENT_TRAINER_TRAINER_H_
 
@@ -12,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "student_trainer/acceptance_eval.h"
+#include "student_trainer/metrics_processor.h"
 #include "student_trainer/teacher_client.h"
 
 namespace e3 {
@@ -28,6 +37,10 @@ struct TrainerOptions {
   // "advancing" (TTT step j at positions t + j, as at inference) or
   // "fixed" (position t at every step, SpecForge v0.2).
   std::string ttt_positions = "advancing";
+  // Each TTT step's loss: "soft_ce", or the LK losses "lk_alpha" /
+  // "lk_lambda" (ttt.h), which also fetch the target head's other rows.
+  std::string ttt_loss = "soft_ce";
+  double kl_scale = 1.0, kl_decay = 1.0;  // lk_lambda's weight of the soft CE
   std::string device = "cpu";  // cpu or cuda:N
   // Data parallelism (client.world_size > 1): a c10d process group meets
   // at master_addr:master_port (rank 0 listens); gradients are averaged
@@ -50,7 +63,7 @@ struct TrainerOptions {
   std::string output_dir;       // final export; empty: none
   std::string export_dtype = "bfloat16";
   int log_every = 10;
-  uint64_t seed = 0;
+  uint64_t init_seed = 0;  // the draft's initialisation
   int64_t intermediate_size = 0;  // 0: the target's
   std::string summary_json;       // write the run summary here
   // Append one JSON line per step here (this rank's loss, tau, acc_j, lr,
@@ -61,13 +74,6 @@ struct TrainerOptions {
   // measured where the first teacher has one.
   AcceptanceEvalOptions eval;
   const std::atomic<bool>* stop = nullptr;  // set by SIGTERM: checkpoint and return
-};
-
-struct WindowStats {
-  int64_t steps = 0;
-  double loss = 0;
-  double tau = 0;
-  std::vector<double> acc;
 };
 
 struct TrainSummary {
@@ -91,8 +97,9 @@ struct TrainSummary {
   std::string ToJson() const;
 };
 
-class StudentMetrics;
-// `metrics` may be null.
+// Connects, builds the draft, resumes, trains until max_steps, the end of
+// the data or *stop, then checkpoints, measures and exports. `metrics` may
+// be null.
 absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& options, StudentMetrics* metrics);
 
 }  // namespace e3

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -45,6 +47,34 @@ class MaskedSoftCrossEntropy : public torch::autograd::Function<MaskedSoftCrossE
     return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
+
+// Step j's LK loss (ttt.h) and its expected acceptance rate abar_j
+// (detached): alpha_t = sum_v min(P, q) with P = p * mass the target's
+// full-vocabulary probabilities on the draft vocab, as SpecForge HEAD's
+// compute_acceptance_rate / compute_lk_loss.
+std::pair<at::Tensor, at::Tensor> LkStepLoss(const at::Tensor& logits, const at::Tensor& target_p,
+                                             const at::Tensor& mass, const at::Tensor& rows,
+                                             const at::Tensor& position_mask, const at::Tensor& ce,
+                                             const TttOptions& options) {
+  at::Tensor p_full;
+  {
+    torch::NoGradGuard no_grad;
+    p_full = target_p.index_select(0, rows) * mass.index_select(0, rows).unsqueeze(1);
+  }
+  const at::Tensor alpha = at::minimum(p_full, at::softmax(logits, -1)).sum(-1);
+  const at::Tensor trained = position_mask.sum().clamp_min(1e-8);
+  const at::Tensor abar = (alpha * position_mask).sum() / trained;
+  if (options.loss == TttLoss::kLkAlpha) {
+    // log alpha_t where alpha_t > 0, else 0; the inner where keeps log's
+    // gradient finite where alpha_t is 0.
+    const at::Tensor positive = alpha > 0;
+    const at::Tensor log_alpha =
+        at::where(positive, at::where(positive, alpha, at::ones_like(alpha)).log(), at::zeros_like(alpha));
+    return {-(log_alpha * position_mask).sum() / trained, abar.detach()};
+  }
+  const at::Tensor w = options.kl_scale * at::exp(-options.kl_decay * abar.detach());
+  return {w * ce + (1 - w) * (1 - abar), abar.detach()};
+}
 
 // Shifts within samples: Shift(x, k)[t] = x[t + k] when t + k is in t's
 // sample, else zero (false, id 0). `end[t]` is the end of t's sample.
@@ -100,7 +130,8 @@ absl::StatusOr<TttOutput> RunTttImpl(Eagle3DraftImpl& draft, const TttBatch& bat
   out.midlayer_rows = total * options.length;
 
   // Step-0 masks and targets (no autograd).
-  at::Tensor loss_mask0, position_mask0, target_p, target_top;
+  at::Tensor loss_mask0, position_mask0, target_p, target_top, target_mass;
+  const bool lk = options.loss != TttLoss::kSoftCe;
   {
     torch::NoGradGuard no_grad;
     at::Tensor loss_mask = batch.loss_mask.to(device) != 0;
@@ -109,8 +140,13 @@ absl::StatusOr<TttOutput> RunTttImpl(Eagle3DraftImpl& draft, const TttBatch& bat
     at::Tensor in_draft = draft.t2d.index_select(0, target_argmax);
     position_mask0 = loss_mask0.logical_and(shifter.Shift(in_draft, 1));
     // Unshifted here: step j reads row t + j + 1 through its row index.
-    target_p = at::softmax(draft.TargetLogits(batch.last_hidden), -1, loss_type);
+    const at::Tensor target_logits = draft.TargetLogits(batch.last_hidden).to(loss_type);
+    target_p = at::softmax(target_logits, -1);
     target_top = target_p.argmax(-1);
+    if (lk) {
+      target_mass =
+          draft.TargetDraftLogMass(batch.last_hidden, at::logsumexp(target_logits, -1)).exp();
+    }
   }
 
   PackedRope rope = draft.MakePackedRope(cu);
@@ -133,6 +169,11 @@ absl::StatusOr<TttOutput> RunTttImpl(Eagle3DraftImpl& draft, const TttBatch& bat
     at::Tensor token_loss =
         MaskedSoftCrossEntropy::apply(logits, target_p, rows, position_mask_j.to(loss_type));
     at::Tensor step_loss = token_loss.sum() / static_cast<double>(total);
+    at::Tensor acceptance = torch::full({}, -1.0, step_loss.options());  // not measured
+    if (lk) {
+      std::tie(step_loss, acceptance) = LkStepLoss(logits, target_p, target_mass, rows,
+                                                   position_mask_j.to(loss_type), step_loss, options);
+    }
     out.loss = j == 0 ? step_loss : out.loss + step_loss * weight;
     out.step_losses.push_back(step_loss);
     weight *= options.step_weight;
@@ -142,7 +183,8 @@ absl::StatusOr<TttOutput> RunTttImpl(Eagle3DraftImpl& draft, const TttBatch& bat
         logits.argmax(-1).eq(target_top.index_select(0, rows)).logical_and(position_mask_j);
     host_rows.push_back(
         torch::stack({step_loss.detach().to(at::kDouble), hit.sum().to(at::kDouble),
-                      loss_mask_j.sum().to(at::kDouble), position_mask_j.sum().to(at::kDouble)}));
+                      loss_mask_j.sum().to(at::kDouble), position_mask_j.sum().to(at::kDouble),
+                      acceptance.to(at::kDouble)}));
     if (options.keep_logits) out.logits.push_back(logits.detach());
     if (options.keep_token_losses) out.token_losses.push_back(token_loss.detach());
   }
@@ -161,6 +203,14 @@ absl::StatusOr<TttPositions> ParseTttPositions(std::string_view name) {
       absl::StrCat("--ttt_positions: expected \"advancing\" or \"fixed\", got \"", std::string(name), "\""));
 }
 
+absl::StatusOr<TttLoss> ParseTttLoss(std::string_view name) {
+  if (name == "soft_ce") return TttLoss::kSoftCe;
+  if (name == "lk_alpha") return TttLoss::kLkAlpha;
+  if (name == "lk_lambda") return TttLoss::kLkLambda;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--ttt_loss: expected \"soft_ce\", \"lk_alpha\" or \"lk_lambda\", got \"", std::string(name), "\""));
+}
+
 absl::StatusOr<TttKernels> ParseTttKernels(std::string_view name) {
   if (name == "reference") return TttKernels::kReference;
   if (name == "fast") return TttKernels::kFast;
@@ -174,21 +224,23 @@ void ResolveTttMetrics(TttOutput* out) {
   const at::Tensor m = out->pending_metrics.to(at::kCPU, at::kDouble).contiguous();
   out->pending_metrics = at::Tensor();
   const double* v = m.data_ptr<double>();
-  const int64_t length = (m.numel() - 1) / 4;
+  const int64_t length = (m.numel() - 1) / kTttMetricsPerStep;
   out->ploss.clear();
   out->correct.clear();
   out->loss_tokens.clear();
   out->position_tokens.clear();
   out->acc.clear();
+  out->acceptance_rate.clear();
   for (int64_t j = 0; j < length; ++j) {
-    const double* row = v + 4 * j;
+    const double* row = v + kTttMetricsPerStep * j;
     out->ploss.push_back(row[0]);
     out->correct.push_back(static_cast<int64_t>(row[1]));
     out->loss_tokens.push_back(static_cast<int64_t>(row[2]));
     out->position_tokens.push_back(static_cast<int64_t>(row[3]));
     out->acc.push_back(row[1] / std::max(row[2], 1e-6));
+    if (row[4] >= 0) out->acceptance_rate.push_back(row[4]);  // -1: not measured
   }
-  out->loss_value = v[4 * length];
+  out->loss_value = v[kTttMetricsPerStep * length];
   out->tau = SimulatedAcceptanceLength(out->acc);
 }
 

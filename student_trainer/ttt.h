@@ -21,6 +21,17 @@
 // - ploss_j = sum_t pmask_j[t] * (-sum_v p[t,v] log q_j[t,v]) / T, i.e. the
 //   mean over all T packed positions as SpecForge's `.mean()` over
 //   (batch, seq); loss = sum_j 0.8^j ploss_j.
+// - The LK losses (TttLoss::kLkAlpha / kLkLambda) train the expected
+//   acceptance rate instead, as SpecForge HEAD's specforge/core/lk_loss.py
+//   and algorithms/eagle3/model.py do: alpha_t = sum_v min(P[t,v], q_j[t,v])
+//   over the draft vocab, where P is the target's full-vocabulary
+//   distribution (p times the target's mass on the draft vocab), is the
+//   probability that a draft token sampled from q_j is accepted.
+//   abar_j = sum_t pmask_j[t] alpha_t / sum_t pmask_j[t]. kLkAlpha:
+//   ploss_j = -(sum_t pmask_j[t] log alpha_t) / sum_t pmask_j[t];
+//   kLkLambda: ploss_j = w_j ce_j + (1 - w_j)(1 - abar_j) with ce_j the
+//   soft cross-entropy above and w_j = kl_scale exp(-kl_decay abar_j)
+//   (abar_j not differentiated). Steps are weighted 0.8^j as before.
 // - acc_j = #{t : pmask_j[t] and argmax q_j[t] == argmax p[t]} /
 //   max(sum_t loss_mask_j[t], 1e-6) (SpecForge's _compute_metric_acc);
 //   tau = 1 + sum_k prod_{i<=k} acc_i.
@@ -66,6 +77,18 @@ enum class TttPositions {
 // "advancing" or "fixed"; InvalidArgument naming the flag otherwise.
 absl::StatusOr<TttPositions> ParseTttPositions(std::string_view name);
 
+// What each TTT step's loss is (see above).
+enum class TttLoss {
+  kSoftCe,    // soft cross-entropy against the target distribution
+  kLkAlpha,   // -log of the expected acceptance rate
+  kLkLambda,  // soft CE blended into 1 - acceptance rate as acceptance grows
+};
+// "soft_ce", "lk_alpha" or "lk_lambda"; InvalidArgument naming the flag otherwise.
+absl::StatusOr<TttLoss> ParseTttLoss(std::string_view name);
+// The LK losses need the target's full-vocabulary normaliser: the draft
+// must keep the target head's other rows (Eagle3DraftOptions::keep_full_target_head).
+inline bool NeedsFullTargetHead(TttLoss loss) { return loss != TttLoss::kSoftCe; }
+
 struct TttOptions {
   int64_t length = 7;              // steps unrolled
   double step_weight = 0.8;        // step j's loss is weighted step_weight^j
@@ -73,6 +96,8 @@ struct TttOptions {
   bool keep_token_losses = false;  // return each step's masked per-position loss
   TttKernels kernels = TttKernels::kReference;
   TttPositions positions = TttPositions::kAdvancing;
+  TttLoss loss = TttLoss::kSoftCe;
+  double kl_scale = 1.0, kl_decay = 1.0;  // kLkLambda's weight of the soft CE
   // Leave the metrics on the device (TttOutput::pending_metrics) until
   // ResolveTttMetrics: a trainer reads them after the optimizer step, so
   // the host never waits for the forward before enqueuing the backward.
@@ -93,7 +118,8 @@ struct TttOutput {
   at::Tensor loss;                      // scalar, differentiable: sum_j w^j ploss_j
   std::vector<at::Tensor> step_losses;  // reference path: differentiable ploss_j (scalars)
   // On the device until resolved: per step (ploss, hits, loss tokens,
-  // position tokens), then the loss; float64 [4 * length + 1].
+  // position tokens, expected acceptance rate), then the loss; float64
+  // [kTttMetricsPerStep * length + 1].
   at::Tensor pending_metrics;
   // Host copies for logging and metrics (filled by ResolveTttMetrics).
   double loss_value = 0;
@@ -103,6 +129,9 @@ struct TttOutput {
   std::vector<int64_t> correct;
   std::vector<int64_t> loss_tokens;      // sum of the step's loss mask
   std::vector<int64_t> position_tokens;  // sum of the step's position mask
+  // The LK losses' abar_j (the expected acceptance rate over the step's
+  // trained positions); empty under the soft CE.
+  std::vector<double> acceptance_rate;
   double tau = 1.0;
   int64_t num_tokens = 0;                // T, the loss normaliser
   std::vector<at::Tensor> logits;        // [T, N] fp32 per step, when keep_logits
@@ -118,6 +147,8 @@ struct TttOutput {
 // become Internal.
 absl::StatusOr<TttOutput> RunTtt(Eagle3DraftImpl& draft, const TttBatch& batch,
                                  const TttOptions& options = {});
+
+inline constexpr int64_t kTttMetricsPerStep = 5;
 
 // Copies pending_metrics to the host (one synchronisation) and fills
 // loss_value, ploss, acc, correct, the token counts and tau. A no-op once

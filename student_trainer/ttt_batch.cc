@@ -46,6 +46,12 @@ absl::Status ValidateTttOptions(const TttOptions& options) {
     return absl::InvalidArgumentError("TTT options: length must be at least 1");
   if (!std::isfinite(options.step_weight))
     return absl::InvalidArgumentError("TTT options: step_weight must be finite");
+  if (!(options.kl_scale >= 0 && std::isfinite(options.kl_scale)) ||
+      !(options.kl_decay >= 0 && std::isfinite(options.kl_decay))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TTT options: kl_scale and kl_decay must be finite and >= 0, got ", options.kl_scale,
+        " and ", options.kl_decay));
+  }
   return absl::OkStatus();
 }
 

@@ -252,6 +252,7 @@ DevicePlan UploadPlan(const Plan& p, const at::Device& device, at::ScalarType we
     s.target_rows = take(n);
     s.row_weight = weights.narrow(0, w_at, n);
     s.step_weight = sw;
+    s.trained_positions = p.position_tokens[j];
     w_at += n;
     sw *= step_weight;
     d.head.push_back(std::move(s));
@@ -275,13 +276,26 @@ at::Tensor ScatterRows(const at::Tensor& x, const at::Tensor& positions, int64_t
   return at::zeros(shape, x.options()).index_copy(0, positions, x);
 }
 
-ops::TargetDistribution Target(Eagle3DraftImpl& draft, const at::Tensor& last_hidden) {
+ops::TargetDistribution Target(Eagle3DraftImpl& draft, const at::Tensor& last_hidden, bool log_mass) {
   torch::NoGradGuard no_grad;
   ops::TargetDistribution t;
   t.logits = draft.TargetLogits(last_hidden);
   t.lse = at::logsumexp(t.logits, -1);
   t.top = t.logits.argmax(-1);
+  if (log_mass) t.log_mass = draft.TargetDraftLogMass(last_hidden, t.lse).to(t.lse.scalar_type());
   return t;
+}
+
+ops::HeadLossKind HeadLoss(TttLoss loss) {
+  switch (loss) {
+    case TttLoss::kLkAlpha:
+      return ops::HeadLossKind::kLkAlpha;
+    case TttLoss::kLkLambda:
+      return ops::HeadLossKind::kLkLambda;
+    case TttLoss::kSoftCe:
+      break;
+  }
+  return ops::HeadLossKind::kSoftCe;
 }
 
 absl::StatusOr<TttOutput> Run(Eagle3DraftImpl& draft, const TttBatch& batch,
@@ -297,7 +311,8 @@ absl::StatusOr<TttOutput> Run(Eagle3DraftImpl& draft, const TttBatch& batch,
   const at::ScalarType f = AtLeastFloat(dtype);
   const double eps = c.rms_norm_eps;
   const DevicePlan dp = UploadPlan(plan, device, f, options.step_weight);
-  const ops::TargetDistribution target = Target(draft, batch.last_hidden);
+  const ops::TargetDistribution target =
+      Target(draft, batch.last_hidden, NeedsFullTargetHead(options.loss));
 
   // Once per batch: the normalised embeddings of every position (and of
   // the padding id) and their product with the embedding half of q/k/v.
@@ -344,6 +359,9 @@ absl::StatusOr<TttOutput> Run(Eagle3DraftImpl& draft, const TttBatch& batch,
                                               : std::clamp<int64_t>(plan.tokens, 2048, 8192);
   ho.keep_logits = options.keep_logits;
   ho.keep_token_losses = options.keep_token_losses;
+  ho.loss = HeadLoss(options.loss);
+  ho.kl_scale = options.kl_scale;
+  ho.kl_decay = options.kl_decay;
   ops::DraftHeadLossOutput head = ops::DraftHeadLoss(hiddens, dp.head, target, hw, plan.tokens, ho);
 
   TttOutput out;
@@ -354,9 +372,14 @@ absl::StatusOr<TttOutput> Run(Eagle3DraftImpl& draft, const TttBatch& batch,
   out.token_losses = std::move(head.token_losses);
   {
     torch::NoGradGuard no_grad;
+    // -1: the expected acceptance rate is not measured (soft CE).
+    const at::Tensor acceptance = head.step_acceptance.defined()
+                                      ? head.step_acceptance.to(at::kDouble)
+                                      : at::full({plan.length}, -1.0, dp.counts.options().dtype(at::kDouble));
     const at::Tensor per_step =
         at::stack({head.step_loss.to(at::kDouble), head.step_hits.to(at::kDouble),
-                   dp.counts.select(1, 0).to(at::kDouble), dp.counts.select(1, 1).to(at::kDouble)},
+                   dp.counts.select(1, 0).to(at::kDouble), dp.counts.select(1, 1).to(at::kDouble),
+                   acceptance},
                   1);
     out.pending_metrics =
         at::cat({per_step.reshape({-1}), head.loss.detach().to(at::kDouble).reshape({1})});

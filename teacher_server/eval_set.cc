@@ -74,7 +74,7 @@ absl::Status EvalSet::Generate() {
   g.max_sequences = options_.generate_batch;
   g.prefill_tokens = options_.tokens_per_batch;
   g.cancel = &cancel_;
-  g.on_progress = [&](int64_t done, int64_t total) {
+  g.on_progress = [&](int64_t done, int64_t total, int64_t /*tokens*/) {
     std::lock_guard<std::mutex> lock(mu_);
     progress_.generated = done;
     std::printf("teacher: eval set: generated %ld of %ld prompts\n", static_cast<long>(done),

@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
+#include <numeric>
 #include <optional>
 #include <set>
 
@@ -144,6 +145,40 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> GenerateGroup(CausalLM& model,
   return out;
 }
 
+// Prompt indices by length (stable: equal lengths keep their order), so
+// that groups hold prompts of similar length.
+std::vector<size_t> ByLength(const std::vector<std::vector<int32_t>>& prompts) {
+  std::vector<size_t> order(prompts.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return prompts[a].size() < prompts[b].size(); });
+  return order;
+}
+
+// Bytes of KV cache one sequence position takes over all layers.
+int64_t KvCacheRowBytes(const CausalLM& model) {
+  const ModelConfig& c = model.config();
+  return c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim *
+         static_cast<int64_t>(c10::elementSize(model.options().dtype));
+}
+
+// The end of the group that starts at order[begin]: at most max_sequences
+// prompts whose cache (each sized for the group's longest prompt plus
+// max_new_tokens) fits kv_cache_bytes; at least one prompt.
+size_t GroupEnd(const std::vector<std::vector<int32_t>>& prompts, const std::vector<size_t>& order,
+                size_t begin, const GenerationOptions& options, int64_t row_bytes) {
+  const size_t most = static_cast<size_t>(std::max<int64_t>(1, options.max_sequences));
+  size_t end = begin + 1;
+  while (end < order.size() && end - begin < most) {
+    // Sorted by length: the candidate is the group's longest.
+    const int64_t rows = static_cast<int64_t>(prompts[order[end]].size()) + options.max_new_tokens;
+    const int64_t bytes = static_cast<int64_t>(end - begin + 1) * rows * row_bytes;
+    if (options.kv_cache_bytes > 0 && bytes > options.kv_cache_bytes) break;
+    ++end;
+  }
+  return end;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::vector<int32_t>>> GenerateContinuations(CausalLM& model,
@@ -152,21 +187,31 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> GenerateContinuations(CausalLM
   for (size_t s = 0; s < prompts.size(); ++s) {
     if (prompts[s].empty()) return absl::InvalidArgumentError(absl::StrCat("prompt ", s, " is empty"));
   }
-  std::vector<std::vector<int32_t>> out;
-  if (options.max_new_tokens <= 0) return std::vector<std::vector<int32_t>>(prompts.size());
-  const size_t group = static_cast<size_t>(std::max<int64_t>(1, options.max_sequences));
+  std::vector<std::vector<int32_t>> out(prompts.size());
+  if (options.max_new_tokens <= 0) return out;
   std::optional<Sampler> sampler;
   if (options.temperature > 0) sampler.emplace(options.temperature, options.seed);
-  for (size_t begin = 0; begin < prompts.size(); begin += group) {
-    const size_t end = std::min(prompts.size(), begin + group);
-    std::vector<std::vector<int32_t>> part(prompts.begin() + begin, prompts.begin() + end);
+  const std::vector<size_t> order = ByLength(prompts);
+  const int64_t row_bytes = KvCacheRowBytes(model);
+  int64_t tokens = 0;
+  for (size_t begin = 0; begin < order.size();) {
+    const size_t end = GroupEnd(prompts, order, begin, options, row_bytes);
+    std::vector<std::vector<int32_t>> part;
+    for (size_t i = begin; i < end; ++i) part.push_back(prompts[order[i]]);
     auto done = GenerateGroup(model, part, options, sampler ? &*sampler : nullptr);
     if (!done.ok()) {
-      return absl::Status(done.status().code(), absl::StrCat("generating prompts ", begin, "..", end - 1, ": ",
-                                                            done.status().message()));
+      return absl::Status(done.status().code(),
+                          absl::StrCat("generating a group of ", end - begin, " prompts (prompt ", order[begin],
+                                       " among them): ", done.status().message()));
     }
-    for (auto& c : *done) out.push_back(std::move(c));
-    if (options.on_progress) options.on_progress(static_cast<int64_t>(end), static_cast<int64_t>(prompts.size()));
+    for (size_t i = begin; i < end; ++i) {
+      tokens += static_cast<int64_t>((*done)[i - begin].size());
+      out[order[i]] = std::move((*done)[i - begin]);
+    }
+    if (options.on_progress) {
+      options.on_progress(static_cast<int64_t>(end), static_cast<int64_t>(prompts.size()), tokens);
+    }
+    begin = end;
   }
   return out;
 }

@@ -21,12 +21,18 @@ struct GenerationOptions {
   int64_t max_new_tokens = 256;
   // A generated stop id ends its sequence; it is kept as its last token.
   std::vector<int32_t> stop_ids;
-  // Sequences decoded together (one KV cache holds them all).
+  // Sequences decoded together (one KV cache holds them all). Prompts are
+  // grouped by length, so a group's cache, sized for its longest prompt
+  // plus max_new_tokens, wastes little on shorter ones.
   int64_t max_sequences = 32;
+  // Also caps a group by its KV cache's bytes (0: no cap beyond
+  // max_sequences); a group always takes at least one prompt.
+  int64_t kv_cache_bytes = 0;
   // Prompt tokens per prefill forward (at least one whole prompt).
   int64_t prefill_tokens = 8192;
-  // Called after each group of sequences finishes: (prompts done, total).
-  std::function<void(int64_t, int64_t)> on_progress;
+  // Called after each group of sequences finishes: (prompts done, total,
+  // tokens generated so far).
+  std::function<void(int64_t, int64_t, int64_t)> on_progress;
   // Set to stop early; the call then returns Cancelled.
   const std::atomic<bool>* cancel = nullptr;
   // 0: greedy (the argmax). Above 0: each token is drawn from

@@ -6,13 +6,13 @@
 #define E3_TEACHER_SERVER_LEDGER_H_
 
 #include <cstdint>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "nlohmann/json.hpp"
 
 namespace e3 {
 
@@ -30,11 +30,22 @@ struct LedgerReport {
 
 class Ledger {
  public:
+  Ledger() = default;
+  Ledger(const Ledger&) = delete;
+  Ledger& operator=(const Ledger&) = delete;
+  ~Ledger();
+
   // `path` may be empty (memory only); otherwise events are appended as
-  // JSON lines so the record survives the process.
+  // JSON lines so the record survives the process. An existing file is
+  // read back first, so a restarted teacher's report covers the whole run:
+  // a half-written last line (the process died mid-write) is cut off with
+  // a warning; any other unreadable line, or a file written for a dataset
+  // of another size, is an error naming the file and line.
   absl::Status Open(const std::string& path, int64_t dataset_samples);
 
   void RecordDelivery(int rank, int64_t epoch, int64_t index, const std::vector<int64_t>& sample_ids);
+  // Commits are the record's point: each is on disk (fsync) before this
+  // returns. A failed write is reported on stderr, never fatal to serving.
   void RecordCommit(int rank, int64_t epoch, int64_t index, const std::vector<int64_t>& sample_ids);
   void RecordEvent(const std::string& json_object);
 
@@ -42,9 +53,14 @@ class Ledger {
   LedgerReport Report(int64_t complete_epochs) const;
 
  private:
-  void Append(const std::string& line);
+  absl::Status ReadBack(const std::string& path);
+  absl::Status Restore(const nlohmann::json& event, const std::string& path, int64_t line_no,
+                       int64_t* open_samples);
+  void Append(const std::string& line, bool sync);
   mutable std::mutex mu_;
-  std::ofstream file_;
+  std::string path_;
+  int fd_ = -1;
+  int64_t write_failures_ = 0;
   int64_t dataset_samples_ = 0;
   std::map<std::tuple<int, int64_t, int64_t>, int64_t> deliveries_;  // (rank, epoch, index) -> sends
   std::map<std::tuple<int, int64_t, int64_t>, int64_t> commits_;

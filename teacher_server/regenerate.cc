@@ -1,5 +1,6 @@
 #include "teacher_server/regenerate.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <set>
@@ -63,7 +64,21 @@ absl::StatusOr<bool> RegenerateTurn(CausalLM& model, const Tokenizer& tokenizer,
     where.emplace_back(i, turn);
   }
   if (!any) return false;
-  E3_ASSIGN_OR_RETURN(auto continuations, GenerateContinuations(model, prompts, generation));
+  GenerationOptions g = generation;
+  const auto t0 = Clock::now();
+  auto last_print = t0;
+  g.on_progress = [&](int64_t done, int64_t total, int64_t tokens) {
+    // A line every 10 s: a large dataset's turn takes minutes.
+    const auto now = Clock::now();
+    if (done < total && now - last_print < std::chrono::seconds(10)) return;
+    last_print = now;
+    const double secs = std::chrono::duration<double>(now - t0).count();
+    std::printf("teacher: regenerating assistant turn %ld: %ld of %ld conversations, %ld tokens (%.0f tok/s)\n",
+                static_cast<long>(k + 1), static_cast<long>(done), static_cast<long>(total),
+                static_cast<long>(tokens), tokens / std::max(secs, 1e-9));
+    std::fflush(stdout);
+  };
+  E3_ASSIGN_OR_RETURN(auto continuations, GenerateContinuations(model, prompts, g));
   const std::set<int32_t> stop(generation.stop_ids.begin(), generation.stop_ids.end());
   for (size_t j = 0; j < where.size(); ++j) {
     std::vector<int32_t>& c = continuations[j];

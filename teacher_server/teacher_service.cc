@@ -291,6 +291,10 @@ void ApplyMessageLimits(const MessageLimits& limits, grpc::ServerBuilder* builde
   builder->SetMaxSendMessageSize(static_cast<int>(limits.max_send_bytes));
 }
 
+grpc::Status TeacherServiceImpl::Authorize(const grpc::CallbackServerContext* ctx) const {
+  return options_.auth != nullptr ? options_.auth->Authorize(*ctx) : grpc::Status::OK;
+}
+
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(s.code())), std::string(s.message()));
@@ -334,6 +338,7 @@ absl::StatusOr<std::unique_ptr<TeacherServiceImpl>> TeacherServiceImpl::Create(
 
 grpc::ServerUnaryReactor* TeacherServiceImpl::GetInfo(grpc::CallbackServerContext* ctx, const v1::GetInfoRequest* req,
                                                       v1::GetInfoResponse* resp) {
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) return FinishUnary(ctx, auth);
   auto version = CheckProtocolVersion(req->version(), "student");
   if (!version.ok()) return FinishUnary(ctx, ToGrpcStatus(version));
   if (auto s = CheckGetInfoRequest(*req); !s.ok()) return FinishUnary(ctx, ToGrpcStatus(s));
@@ -370,6 +375,7 @@ grpc::ServerUnaryReactor* TeacherServiceImpl::GetInfo(grpc::CallbackServerContex
 
 grpc::ServerWriteReactor<v1::BatchDescriptor>* TeacherServiceImpl::Subscribe(grpc::CallbackServerContext* ctx,
                                                                               const v1::SubscribeRequest* req) {
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) return new ErrorWriteReactor<v1::BatchDescriptor>(auth);
   auto version = CheckProtocolVersion(req->version(), "student");
   if (!version.ok()) return new ErrorWriteReactor<v1::BatchDescriptor>(ToGrpcStatus(version));
   if (auto s = CheckSubscribeRequest(*req, limits_); !s.ok()) {
@@ -418,6 +424,7 @@ grpc::ServerWriteReactor<v1::BatchDescriptor>* TeacherServiceImpl::Subscribe(grp
 
 grpc::ServerUnaryReactor* TeacherServiceImpl::Ack(grpc::CallbackServerContext* ctx, const v1::AckRequest* req,
                                                   v1::AckResponse* resp) {
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) return FinishUnary(ctx, auth);
   auto version = CheckProtocolVersion(req->version(), "student");
   if (!version.ok()) return FinishUnary(ctx, ToGrpcStatus(version));
   if (auto s = CheckAckRequest(*req, limits_); !s.ok()) return FinishUnary(ctx, ToGrpcStatus(s));
@@ -432,6 +439,7 @@ grpc::ServerUnaryReactor* TeacherServiceImpl::Ack(grpc::CallbackServerContext* c
 
 grpc::ServerWriteReactor<v1::WeightChunk>* TeacherServiceImpl::GetWeights(grpc::CallbackServerContext* ctx,
                                                                           const v1::GetWeightsRequest* req) {
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) return new ErrorWriteReactor<v1::WeightChunk>(auth);
   auto version = CheckProtocolVersion(req->version(), "student");
   if (!version.ok()) return new ErrorWriteReactor<v1::WeightChunk>(ToGrpcStatus(version));
   if (auto s = CheckGetWeightsRequest(*req, limits_); !s.ok()) return new ErrorWriteReactor<v1::WeightChunk>(ToGrpcStatus(s));
@@ -442,18 +450,41 @@ grpc::ServerWriteReactor<v1::WeightChunk>* TeacherServiceImpl::GetWeights(grpc::
     if (wanted) blobs.push_back(&b);
   }
   for (const auto& n : req->names()) {
-    bool found = false;
+    bool found = n == "target_head_rest";
     for (const auto& b : weights_) found |= (b.name == n);
     if (!found) {
       return new ErrorWriteReactor<v1::WeightChunk>(grpc::Status(
-          grpc::StatusCode::NOT_FOUND, absl::StrCat("no weight \"", n, "\"; served: embed_tokens, target_head, d2t, t2d")));
+          grpc::StatusCode::NOT_FOUND,
+          absl::StrCat("no weight \"", n, "\"; served: embed_tokens, target_head, d2t, t2d, target_head_rest")));
+    }
+    if (n == "target_head_rest") {
+      absl::StatusOr<const WeightBlob*> rest = RestHead();
+      if (!rest.ok()) return new ErrorWriteReactor<v1::WeightChunk>(ToGrpcStatus(rest.status()));
+      blobs.push_back(*rest);
     }
   }
   return new WeightsReactor(blobs, options_.messages.max_send_bytes);
 }
 
-grpc::ServerWriteReactor<v1::EvalSetChunk>* TeacherServiceImpl::GetEvalSet(grpc::CallbackServerContext*,
+absl::StatusOr<const WeightBlob*> TeacherServiceImpl::RestHead() {
+  std::lock_guard<std::mutex> lock(rest_head_mu_);
+  if (rest_head_ != nullptr) return rest_head_.get();
+  try {
+    std::vector<int64_t> ids;
+    for (size_t i = 0; i < vocab_->t2d.size(); ++i) {
+      if (vocab_->t2d[i] == 0) ids.push_back(static_cast<int64_t>(i));
+    }
+    at::Tensor index = torch::tensor(ids, torch::kLong).to(model_->lm_head().device());
+    rest_head_ = std::make_unique<WeightBlob>(BlobOf("target_head_rest", model_->lm_head().index_select(0, index)));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("preparing target_head_rest: ", e.what_without_backtrace()));
+  }
+  return rest_head_.get();
+}
+
+grpc::ServerWriteReactor<v1::EvalSetChunk>* TeacherServiceImpl::GetEvalSet(grpc::CallbackServerContext* ctx,
                                                                            const v1::GetEvalSetRequest* req) {
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) return new ErrorWriteReactor<v1::EvalSetChunk>(auth);
   auto version = CheckProtocolVersion(req->version(), "client");
   if (!version.ok()) return new ErrorWriteReactor<v1::EvalSetChunk>(ToGrpcStatus(version));
   if (eval_set_ == nullptr) {
@@ -472,6 +503,7 @@ grpc::ServerWriteReactor<v1::EvalSetChunk>* TeacherServiceImpl::GetEvalSet(grpc:
 
 grpc::ServerUnaryReactor* TeacherServiceImpl::Generate(grpc::CallbackServerContext* ctx, const v1::GenerateRequest* req,
                                                        v1::GenerateResponse* resp) {
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) return FinishUnary(ctx, auth);
   auto version = CheckProtocolVersion(req->version(), "client");
   if (!version.ok()) return FinishUnary(ctx, ToGrpcStatus(version));
   if (auto s = CheckGenerateRequest(*req, limits_); !s.ok()) return FinishUnary(ctx, ToGrpcStatus(s));

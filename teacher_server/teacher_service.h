@@ -16,6 +16,7 @@
 #include "common/vocab_map.h"
 #include "proto/request_limits.h"
 #include "proto/teacher.grpc.pb.h"
+#include "common/rpc/peer_auth.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/engine.h"
 #include "teacher_server/eval_set.h"
@@ -41,6 +42,8 @@ struct ServiceOptions {
   // The server's caps (ApplyMessageLimits); batches and weight chunks are
   // checked against max_send_bytes before they are written.
   MessageLimits messages;
+  // Every RPC must pass its Authorize (the shared token); null: no token.
+  std::shared_ptr<const PeerAuth> auth;
 };
 
 // Sets the server's receive and send caps; requests over the receive cap
@@ -75,6 +78,8 @@ class TeacherServiceImpl final : public v1::TeacherService::CallbackService {
 
  private:
   TeacherServiceImpl() = default;
+  // The shared token's check, first in every handler (common/rpc/peer_auth.h).
+  grpc::Status Authorize(const grpc::CallbackServerContext* ctx) const;
   Engine* engine_ = nullptr;
   CausalLM* model_ = nullptr;
   const VocabMap* vocab_ = nullptr;
@@ -84,6 +89,13 @@ class TeacherServiceImpl final : public v1::TeacherService::CallbackService {
   ServiceOptions options_;
   RequestLimits limits_;
   std::vector<WeightBlob> weights_;
+  // The target head's rows outside the draft vocab ("target_head_rest"),
+  // served only when asked for by name (the LK losses need the target's
+  // full normaliser) and built at the first request: they are most of the
+  // head, which the soft-CE student never reads.
+  absl::StatusOr<const WeightBlob*> RestHead();
+  std::mutex rest_head_mu_;
+  std::unique_ptr<WeightBlob> rest_head_;
   std::atomic<int> open_streams_{0};
   std::mutex generate_mu_;
   std::condition_variable generate_cv_;

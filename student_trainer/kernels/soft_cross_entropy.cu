@@ -1,7 +1,8 @@
 // Soft cross-entropy over draft logits with the gradient written in place
 // (see student_kernels.h). One block per row: the first pass keeps a
 // running max and sum of exponentials (online softmax), the argmax, and
-// the target's sum and dot product; the second pass writes the gradient.
+// the target's sum and dot product; for the LK losses a second pass sums
+// min(P, q) and the mass where q follows; the last pass writes the gradient.
 // The target probabilities are never stored: p = exp(target - lse_t) is
 // recomputed from the fp32 target logits in each pass.
 #include <cfloat>
@@ -80,6 +81,34 @@ __device__ __forceinline__ void LoadTarget(const float* row, int64_t i, float (&
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
+// The weight of q_v in d alpha: min(P, q) follows q where q < P, half of
+// it at a tie (at::minimum's gradient).
+__device__ __forceinline__ float FollowsQ(float q, float p_full) {
+  return q < p_full ? 1.f : (q == p_full ? 0.5f : 0.f);
+}
+
+// The LK terms of a row: alpha = sum min(P, q) and S = sum FollowsQ * q.
+template <typename T>
+__device__ float2 AcceptanceSums(const Pack<T, kVec>* z, const float* target, float t_lse,
+                                 float log_mass, float lse, int64_t packs) {
+  float alpha = 0.f, follows = 0.f;
+  for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+    const Pack<T, kVec> zp = z[i];
+    float tv[kVec];
+    LoadTarget(target, i, tv);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      const float q = expf(Num<T>::ToF(zp.v[e]) - lse);
+      const float p_full = expf(tv[e] - t_lse + log_mass);
+      alpha += fminf(q, p_full);
+      follows += FollowsQ(q, p_full) * q;
+    }
+  }
+  alpha = BlockSum(alpha);
+  follows = BlockSum(follows);
+  return {alpha, follows};
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     SoftCrossEntropyKernel(T* __restrict__ logits, int64_t cols,
@@ -88,7 +117,7 @@ __global__ void __launch_bounds__(kThreads)
                            const int64_t* __restrict__ target_row,
                            const float* __restrict__ row_weight,
                            const float* __restrict__ row_grad_scale, float* __restrict__ loss,
-                           int64_t* __restrict__ argmax) {
+                           int64_t* __restrict__ argmax, AcceptanceArgs acc) {
   using P = Pack<T, kVec>;
   const int64_t row = blockIdx.x;
   P* z = reinterpret_cast<P*>(logits + row * cols);
@@ -121,6 +150,18 @@ __global__ void __launch_bounds__(kThreads)
     loss[row] = trained ? -weight * (r.dot - lse * r.sum_p) : 0.f;
     argmax[row] = r.arg;
   }
+  // The LK terms (uniform per block: every thread takes the same branch).
+  const bool lk = acc.target_log_mass != nullptr;
+  const float log_mass = lk && trained ? acc.target_log_mass[t] : 0.f;
+  float2 lk_sums{0.f, 0.f};
+  if (lk && trained) lk_sums = AcceptanceSums(z, target, t_lse, log_mass, lse, packs);
+  if (lk && threadIdx.x == 0 && acc.alpha != nullptr) acc.alpha[row] = lk_sums.x;
+  if (lk && !acc.write_grad) return;
+  float acc_weight = 0.f;  // the coefficient of d alpha / dz
+  if (lk && trained) {
+    acc_weight = acc.acc_grad_scale[row] * weight;
+    if (acc.log_form) acc_weight = lk_sums.x > 0.f ? acc_weight / lk_sums.x : 0.f;
+  }
   __syncthreads();  // every thread has read z before any writes it
   const float grad_weight = row_grad_scale[row] * weight;
   for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
@@ -132,7 +173,13 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         const float softmax = expf(Num<T>::ToF(zp.v[e]) - lse);
-        g.v[e] = Num<T>::FromF(grad_weight * (softmax * r.sum_p - expf(tv[e] - t_lse)));
+        const float p = expf(tv[e] - t_lse);
+        float grad = grad_weight * (softmax * r.sum_p - p);
+        if (acc_weight != 0.f) {
+          const float p_full = expf(tv[e] - t_lse + log_mass);  // as AcceptanceSums
+          grad += acc_weight * softmax * (FollowsQ(softmax, p_full) - lk_sums.y);
+        }
+        g.v[e] = Num<T>::FromF(grad);
       }
     } else {
 #pragma unroll
@@ -147,16 +194,19 @@ __global__ void __launch_bounds__(kThreads)
 bool SoftCrossEntropy(Dtype dtype, void* logits, int64_t rows, int64_t cols,
                       const float* target_logits, const float* target_lse,
                       const int64_t* target_row, const float* row_weight,
-                      const float* row_grad_scale, float* loss, int64_t* argmax, void* stream) {
+                      const float* row_grad_scale, float* loss, int64_t* argmax,
+                      const AcceptanceArgs* acceptance, void* stream) {
   if (rows <= 0 || cols <= 0 || cols % kVec != 0 || !Aligned16(logits) ||
       !Aligned16(target_logits) || rows > 0x7fffffff) {
     return false;
   }
+  const AcceptanceArgs acc = acceptance != nullptr ? *acceptance : AcceptanceArgs{};
+  if (acc.target_log_mass != nullptr && acc.write_grad && acc.acc_grad_scale == nullptr) return false;
   return DispatchDtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     SoftCrossEntropyKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, AsStream(stream)>>>(
         static_cast<T*>(logits), cols, target_logits, target_lse, target_row, row_weight,
-        row_grad_scale, loss, argmax);
+        row_grad_scale, loss, argmax, acc);
     return true;
   });
 }

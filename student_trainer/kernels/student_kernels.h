@@ -132,10 +132,28 @@ bool TttDiagBackward(Dtype dtype, const TttAttentionShape& shape, const void* q,
 //   z        <- dtype(s * w * (softmax(z) * sum_v p_v - p))
 // Rows of weight 0 read no target (target_row may be anything there) and
 // get a zero gradient. Requires cols % 8 == 0 and 16-byte aligned rows.
+//
+// With `acceptance` (the LK losses, student_trainer/ttt.h) the row also
+// gets the expected acceptance rate of a draft token drawn from
+// q = softmax(z) against the target's full-vocabulary probabilities
+// P = p * exp(target_log_mass[t]):
+//   alpha[r] = sum_v min(P_v, q_v)          (0 in rows of weight 0)
+// and, unless !write_grad (then z is left as it is), the gradient gains
+// a * w * d alpha / dz_u = a * w * q_u ([q_u < P_u] - S), S = sum_v [q_v < P_v] q_v
+// (ties count one half, as at::minimum's gradient), a = acc_grad_scale[r],
+// divided by alpha in log_form (the gradient of log alpha; 0 where alpha is 0).
+struct AcceptanceArgs {
+  const float* target_log_mass = nullptr;  // [target rows]
+  const float* acc_grad_scale = nullptr;   // [rows]
+  bool log_form = false;
+  bool write_grad = true;
+  float* alpha = nullptr;  // [rows] out
+};
 bool SoftCrossEntropy(Dtype dtype, void* logits, int64_t rows, int64_t cols,
                       const float* target_logits, const float* target_lse,
                       const int64_t* target_row, const float* row_weight,
-                      const float* row_grad_scale, float* loss, int64_t* argmax, void* stream);
+                      const float* row_grad_scale, float* loss, int64_t* argmax,
+                      const AcceptanceArgs* acceptance, void* stream);
 
 // ---------------------------------------------------------------------------
 // AdamW over flat buffers, as torch.optim.AdamW computes it (decoupled

@@ -1,6 +1,7 @@
 #include "student_trainer/ops/draft_head_loss.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "student_trainer/ops/kernel_switch.h"
 #include "student_trainer/ops/rms_norm.h"
@@ -49,14 +50,22 @@ struct HeadCall {
   DraftHeadLossOutput* out;
 };
 
-// One chunk's rows gathered from the steps' tensors, with their per-row data.
+// One chunk's rows gathered from the steps' tensors, with their per-row
+// data: grad_scale = step_weight / T (the soft CE's), acc_scale =
+// step_weight / trained positions (the LK losses' acceptance terms).
 struct ChunkRows {
-  at::Tensor x, target_rows, row_weight, grad_scale, step_of_row;
+  at::Tensor x, target_rows, row_weight, grad_scale, acc_scale, step_of_row;
 };
+
+// The LK losses' normaliser of a step: SpecForge's masked mean clamps the
+// count at 1e-8.
+double AcceptanceNorm(const HeadStepRows& step) {
+  return 1.0 / std::max(static_cast<double>(step.trained_positions), 1e-8);
+}
 
 ChunkRows Gather(const std::vector<Segment>& chunk, const std::vector<at::Tensor>& hiddens,
                  const std::vector<HeadStepRows>& steps, int64_t tokens) {
-  std::vector<at::Tensor> x, tr, w, s, j;
+  std::vector<at::Tensor> x, tr, w, s, a, j;
   for (const Segment& seg : chunk) {
     const HeadStepRows& st = steps[seg.step];
     x.push_back(hiddens[seg.step].index_select(0, st.rows.narrow(0, seg.begin, seg.length)));
@@ -64,9 +73,61 @@ ChunkRows Gather(const std::vector<Segment>& chunk, const std::vector<at::Tensor
     w.push_back(st.row_weight.narrow(0, seg.begin, seg.length));
     s.push_back(
         at::full({seg.length}, st.step_weight / static_cast<double>(tokens), w.back().options()));
+    a.push_back(at::full({seg.length}, st.step_weight * AcceptanceNorm(st), w.back().options()));
     j.push_back(at::full({seg.length}, seg.step, tr.back().options()));
   }
-  return {at::cat(x, 0), at::cat(tr, 0), at::cat(w, 0), at::cat(s, 0), at::cat(j, 0)};
+  return {at::cat(x, 0), at::cat(tr, 0), at::cat(w, 0), at::cat(s, 0), at::cat(a, 0), at::cat(j, 0)};
+}
+
+// log(a) where a > 0, else 0 (SpecForge's log acceptance rate).
+at::Tensor LogWherePositive(const at::Tensor& a) {
+  const at::Tensor positive = a > 0;
+  return at::where(positive, at::where(positive, a, at::ones_like(a)).log(), at::zeros_like(a));
+}
+
+// Per step, on the device: the factors of the soft CE's and the
+// acceptance terms' gradients, and kLkLambda's weight w_j.
+struct StepFactors {
+  at::Tensor ce, acc, kl_weight;  // [L]
+};
+
+// sum over each step's trained rows of alpha_t, from the draft's logits
+// as they are before any update: kLkLambda's weights need abar_j before
+// the gradient pass (one more forward of the head, no gradient written).
+at::Tensor AcceptanceSums(const std::vector<std::vector<Segment>>& chunks,
+                          const std::vector<at::Tensor>& hiddens, const HeadCall& call,
+                          const at::TensorOptions& fopts) {
+  const auto& steps = *call.steps;
+  const auto& wts = *call.weights;
+  at::Tensor sums = at::zeros({static_cast<int64_t>(steps.size())}, fopts);
+  AcceptanceRows only_alpha;
+  only_alpha.write_grad = false;
+  for (const std::vector<Segment>& chunk : chunks) {
+    const ChunkRows c = Gather(chunk, hiddens, steps, call.tokens);
+    at::Tensor logits = at::mm(RmsNormForward(c.x, wts.norm, wts.eps).y, wts.lm_head.t());
+    const SoftCrossEntropyResult r = SoftCrossEntropyInPlace(
+        logits, *call.target, c.target_rows, c.row_weight, c.grad_scale, &only_alpha);
+    sums.index_add_(0, c.step_of_row, r.alpha.to(sums.scalar_type()) * c.row_weight.to(sums.scalar_type()));
+  }
+  return sums;
+}
+
+StepFactors LkFactors(const std::vector<std::vector<Segment>>& chunks,
+                      const std::vector<at::Tensor>& hiddens, const HeadCall& call,
+                      const at::TensorOptions& fopts, const at::Tensor& acc_norm) {
+  const auto& opt = *call.options;
+  const int64_t num_steps = static_cast<int64_t>(call.steps->size());
+  StepFactors f;
+  if (opt.loss == HeadLossKind::kLkAlpha) {
+    f.ce = at::zeros({num_steps}, fopts);
+    f.acc = at::full({num_steps}, -1.0, fopts);
+    return f;
+  }
+  const at::Tensor abar = AcceptanceSums(chunks, hiddens, call, fopts) * acc_norm;
+  f.kl_weight = opt.kl_scale * at::exp(-opt.kl_decay * abar);
+  f.ce = f.kl_weight;
+  f.acc = f.kl_weight - 1.0;  // d(1 - abar_j) = -d abar_j, weighted 1 - w_j
+  return f;
 }
 
 class DraftHeadLossFunction : public torch::autograd::Function<DraftHeadLossFunction> {
@@ -81,6 +142,19 @@ class DraftHeadLossFunction : public torch::autograd::Function<DraftHeadLossFunc
     const int64_t num_steps = static_cast<int64_t>(hiddens.size());
     const at::ScalarType f = call.target->logits.scalar_type();
     const auto fopts = hiddens[0].options().dtype(f);
+    const bool lk = opt.loss != HeadLossKind::kSoftCe;
+    TORCH_CHECK(!lk || call.target->log_mass.defined(),
+                "DraftHeadLoss: the LK losses need the target's log mass on the draft vocab");
+    const std::vector<std::vector<Segment>> chunks = Chunks(steps, opt.chunk_rows);
+    std::vector<double> norms, step_weights;
+    for (const HeadStepRows& st : steps) {
+      norms.push_back(AcceptanceNorm(st));
+      step_weights.push_back(st.step_weight);
+    }
+    const at::Tensor acc_norm = at::tensor(norms, at::TensorOptions().dtype(at::kDouble)).to(fopts);
+    StepFactors factors;
+    if (lk) factors = LkFactors(chunks, hiddens, call, fopts, acc_norm);
+    at::Tensor alpha_sum = at::zeros({num_steps}, fopts), log_alpha_sum = at::zeros({num_steps}, fopts);
     at::Tensor step_loss = at::zeros({num_steps}, fopts);
     at::Tensor step_hits = at::zeros({num_steps}, fopts.dtype(at::kLong));
     at::Tensor loss = at::zeros({}, fopts);
@@ -96,18 +170,31 @@ class DraftHeadLossFunction : public torch::autograd::Function<DraftHeadLossFunc
       out.token_losses.push_back(at::zeros({call.tokens}, fopts));
     }
 
-    for (const std::vector<Segment>& chunk : Chunks(steps, opt.chunk_rows)) {
+    for (const std::vector<Segment>& chunk : chunks) {
       ChunkRows c = Gather(chunk, hiddens, steps, call.tokens);
       RmsNormResult nr = RmsNormForward(c.x, wts.norm, wts.eps);
       at::Tensor logits = at::mm(nr.y, wts.lm_head.t());
       if (opt.keep_logits) KeepRows(chunk, steps, logits.to(f), &out.logits);
-      auto [row_loss, argmax] =
-          SoftCrossEntropyInPlace(logits, *call.target, c.target_rows, c.row_weight, c.grad_scale);
+      SoftCrossEntropyResult r;
+      if (!lk) {
+        r = SoftCrossEntropyInPlace(logits, *call.target, c.target_rows, c.row_weight, c.grad_scale);
+        loss.add_((r.loss.to(f) * c.grad_scale.to(f)).sum());
+      } else {
+        AcceptanceRows terms;
+        terms.grad_scale = c.acc_scale * factors.acc.index_select(0, c.step_of_row).to(c.acc_scale.scalar_type());
+        terms.log_form = opt.loss == HeadLossKind::kLkAlpha;
+        const at::Tensor ce_scale =
+            c.grad_scale * factors.ce.index_select(0, c.step_of_row).to(c.grad_scale.scalar_type());
+        r = SoftCrossEntropyInPlace(logits, *call.target, c.target_rows, c.row_weight, ce_scale, &terms);
+        const at::Tensor w = c.row_weight.to(f), alpha = r.alpha.to(f);
+        alpha_sum.index_add_(0, c.step_of_row, alpha * w);
+        log_alpha_sum.index_add_(0, c.step_of_row, LogWherePositive(alpha) * w);
+      }
+      const at::Tensor& row_loss = r.loss;
       if (opt.keep_token_losses) KeepRows(chunk, steps, row_loss.unsqueeze(1), &out.token_losses);
       step_loss.index_add_(0, c.step_of_row, row_loss.to(f));
-      loss.add_((row_loss.to(f) * c.grad_scale.to(f)).sum());
       const at::Tensor hit =
-          argmax.eq(call.target->top.index_select(0, c.target_rows)).logical_and(c.row_weight != 0);
+          r.argmax.eq(call.target->top.index_select(0, c.target_rows)).logical_and(c.row_weight != 0);
       step_hits.index_add_(0, c.step_of_row, hit.to(at::kLong));
       // `logits` now holds dloss/dlogits.
       const at::Tensor dy = at::mm(logits, wts.lm_head);
@@ -117,6 +204,13 @@ class DraftHeadLossFunction : public torch::autograd::Function<DraftHeadLossFunc
       ScatterRows(chunk, steps, dx, &dh);
     }
     step_loss.div_(static_cast<double>(call.tokens));
+    if (lk) {
+      out.step_acceptance = alpha_sum * acc_norm;
+      step_loss = opt.loss == HeadLossKind::kLkAlpha
+                      ? -log_alpha_sum * acc_norm
+                      : factors.kl_weight * step_loss + (1.0 - factors.kl_weight) * (1.0 - out.step_acceptance);
+      loss = (step_loss * at::tensor(step_weights, at::TensorOptions().dtype(at::kDouble)).to(fopts)).sum();
+    }
     out.step_loss = step_loss;
     out.step_hits = step_hits;
 
@@ -173,44 +267,102 @@ class DraftHeadLossFunction : public torch::autograd::Function<DraftHeadLossFunc
 
 }  // namespace
 
-std::pair<at::Tensor, at::Tensor> SoftCrossEntropyInPlace(at::Tensor& logits,
-                                                          const TargetDistribution& target,
-                                                          const at::Tensor& target_rows,
-                                                          const at::Tensor& row_weight,
-                                                          const at::Tensor& row_grad_scale) {
+namespace {
+
 #ifdef E3_HAS_CUDA
+// The kernel's call, or nullopt where it declines (the ATen path then runs).
+std::optional<SoftCrossEntropyResult> SoftCrossEntropyKernel(at::Tensor& logits,
+                                                             const TargetDistribution& target,
+                                                             const at::Tensor& target_rows,
+                                                             const at::Tensor& row_weight,
+                                                             const at::Tensor& row_grad_scale,
+                                                             const AcceptanceRows* acceptance) {
   const int64_t rows = logits.size(0), cols = logits.size(1);
   student_kernels::Dtype dt;
-  if (StudentKernelDtype(logits, &dt) && logits.is_contiguous() &&
-      target.logits.scalar_type() == at::kFloat && target.logits.is_contiguous() &&
-      row_weight.scalar_type() == at::kFloat && row_grad_scale.scalar_type() == at::kFloat) {
-    at::Tensor loss = at::empty({rows}, row_weight.options());
-    at::Tensor argmax = at::empty({rows}, target_rows.options());
-    const at::Tensor w = row_weight.contiguous(), s = row_grad_scale.contiguous(),
-                     tr = target_rows.contiguous();
-    if (student_kernels::SoftCrossEntropy(
-            dt, logits.data_ptr(), rows, cols, target.logits.data_ptr<float>(),
-            target.lse.data_ptr<float>(), tr.data_ptr<int64_t>(), w.data_ptr<float>(),
-            s.data_ptr<float>(), loss.data_ptr<float>(), argmax.data_ptr<int64_t>(),
-            StudentKernelStream(logits))) {
-      CheckStudentKernelLaunch("SoftCrossEntropy");
-      return {loss, argmax};
+  auto fp32 = [](const at::Tensor& t) { return !t.defined() || t.scalar_type() == at::kFloat; };
+  if (!StudentKernelDtype(logits, &dt) || !logits.is_contiguous() ||
+      target.logits.scalar_type() != at::kFloat || !target.logits.is_contiguous() ||
+      !fp32(row_weight) || !fp32(row_grad_scale) ||
+      (acceptance != nullptr && (!fp32(target.log_mass) || !fp32(acceptance->grad_scale)))) {
+    return std::nullopt;
+  }
+  SoftCrossEntropyResult r;
+  r.loss = at::empty({rows}, row_weight.options());
+  r.argmax = at::empty({rows}, target_rows.options());
+  const at::Tensor w = row_weight.contiguous(), s = row_grad_scale.contiguous(),
+                   tr = target_rows.contiguous();
+  student_kernels::AcceptanceArgs args;
+  at::Tensor log_mass, acc_scale;
+  if (acceptance != nullptr) {
+    r.alpha = at::empty({rows}, row_weight.options());
+    log_mass = target.log_mass.contiguous();
+    args.target_log_mass = log_mass.data_ptr<float>();
+    if (acceptance->grad_scale.defined()) {
+      acc_scale = acceptance->grad_scale.contiguous();
+      args.acc_grad_scale = acc_scale.data_ptr<float>();
     }
+    args.log_form = acceptance->log_form;
+    args.write_grad = acceptance->write_grad;
+    args.alpha = r.alpha.data_ptr<float>();
+  }
+  if (!student_kernels::SoftCrossEntropy(
+          dt, logits.data_ptr(), rows, cols, target.logits.data_ptr<float>(),
+          target.lse.data_ptr<float>(), tr.data_ptr<int64_t>(), w.data_ptr<float>(),
+          s.data_ptr<float>(), r.loss.data_ptr<float>(), r.argmax.data_ptr<int64_t>(),
+          acceptance != nullptr ? &args : nullptr, StudentKernelStream(logits))) {
+    return std::nullopt;
+  }
+  CheckStudentKernelLaunch("SoftCrossEntropy");
+  return r;
+}
+#endif
+
+// min(P, q) follows q where q < P, half of it at a tie (at::minimum's gradient).
+at::Tensor FollowsQ(const at::Tensor& q, const at::Tensor& p_full) {
+  return at::where(q < p_full, at::ones_like(q), at::where(q == p_full, at::full_like(q, 0.5), at::zeros_like(q)));
+}
+
+}  // namespace
+
+SoftCrossEntropyResult SoftCrossEntropyInPlace(at::Tensor& logits, const TargetDistribution& target,
+                                               const at::Tensor& target_rows,
+                                               const at::Tensor& row_weight,
+                                               const at::Tensor& row_grad_scale,
+                                               const AcceptanceRows* acceptance) {
+  TORCH_CHECK(acceptance == nullptr || target.log_mass.defined(),
+              "SoftCrossEntropyInPlace: the acceptance terms need target.log_mass");
+#ifdef E3_HAS_CUDA
+  if (auto r = SoftCrossEntropyKernel(logits, target, target_rows, row_weight, row_grad_scale, acceptance)) {
+    return *r;
   }
 #endif
   const at::ScalarType f = target.logits.scalar_type();
   const at::Tensor z = logits.to(f);
   const at::Tensor log_q = z - at::logsumexp(z, -1, /*keepdim=*/true);
-  const at::Tensor p = (target.logits.index_select(0, target_rows) -
-                        target.lse.index_select(0, target_rows).unsqueeze(1))
-                           .exp();
+  const at::Tensor target_z = target.logits.index_select(0, target_rows) -
+                              target.lse.index_select(0, target_rows).unsqueeze(1);
+  const at::Tensor p = target_z.exp();
   const at::Tensor w = row_weight.to(f).unsqueeze(1);
-  const at::Tensor loss = -(p * log_q).sum(-1) * w.squeeze(1);
-  const at::Tensor argmax = z.argmax(-1);
-  const at::Tensor grad =
-      (row_grad_scale.to(f).unsqueeze(1) * w) * (log_q.exp() * p.sum(-1, true) - p);
+  SoftCrossEntropyResult r;
+  r.loss = -(p * log_q).sum(-1) * w.squeeze(1);
+  r.argmax = z.argmax(-1);
+  at::Tensor grad = (row_grad_scale.to(f).unsqueeze(1) * w) * (log_q.exp() * p.sum(-1, true) - p);
+  if (acceptance != nullptr) {
+    const at::Tensor q = log_q.exp();
+    const at::Tensor p_full =
+        (target_z + target.log_mass.to(f).index_select(0, target_rows).unsqueeze(1)).exp();
+    const at::Tensor trained = w.squeeze(1) != 0;
+    r.alpha = at::where(trained, at::minimum(q, p_full).sum(-1), at::zeros_like(r.loss));
+    if (!acceptance->write_grad) return r;
+    const at::Tensor follows = FollowsQ(q, p_full);
+    at::Tensor a = acceptance->grad_scale.to(f) * w.squeeze(1);
+    if (acceptance->log_form) {
+      a = at::where(r.alpha > 0, a / at::where(r.alpha > 0, r.alpha, at::ones_like(r.alpha)), at::zeros_like(a));
+    }
+    grad = grad + a.unsqueeze(1) * q * (follows - (follows * q).sum(-1, true));
+  }
   logits.copy_(grad);
-  return {loss, argmax};
+  return r;
 }
 
 DraftHeadLossOutput DraftHeadLoss(const std::vector<at::Tensor>& hiddens,

@@ -26,13 +26,20 @@ struct HeadStepRows {
   at::Tensor target_rows;  // int64 [n]: each position's row of the target distribution
   at::Tensor row_weight;   // fp32 [n]: 1 where the position mask is set, else 0
   double step_weight = 1;  // the step's weight in the loss (step_weight^j)
+  int64_t trained_positions = 0;  // sum of the position mask: the LK losses' normaliser
 };
 
 // The target distribution, built once per batch: logits over the draft
-// vocab (fp32 [T, N]), their log-sum-exp [T] and argmax [T] (int64).
+// vocab (fp32 [T, N]), their log-sum-exp [T] and argmax [T] (int64); for
+// the LK losses also log_mass [T], the log of the target's probability
+// mass on the draft vocab (full-vocabulary P = softmax(logits) * exp(log_mass)).
 struct TargetDistribution {
   at::Tensor logits, lse, top;
+  at::Tensor log_mass;
 };
+
+// Each step's loss (student_trainer/ttt.h gives the formulas).
+enum class HeadLossKind { kSoftCe, kLkAlpha, kLkLambda };
 
 struct DraftHeadWeights {
   at::Tensor norm, norm_grad;        // [H]
@@ -46,12 +53,15 @@ struct DraftHeadOptions {
   bool keep_logits =
       false;  // also return every step's logits (fp32 [T, N], zero where not computed)
   bool keep_token_losses = false;
+  HeadLossKind loss = HeadLossKind::kSoftCe;
+  double kl_scale = 1.0, kl_decay = 1.0;  // kLkLambda's weight of the soft CE
 };
 
 struct DraftHeadLossOutput {
   at::Tensor loss;                 // scalar, differentiable: sum_j step_weight_j * ploss_j
-  at::Tensor step_loss;            // [L] ploss_j = sum of the step's token losses / T (no grad)
+  at::Tensor step_loss;            // [L] ploss_j, the step's loss (soft CE: token losses / T; no grad)
   at::Tensor step_hits;            // int64 [L]: trained positions whose argmax is the target's
+  at::Tensor step_acceptance;      // [L] abar_j (the LK losses; undefined otherwise)
   std::vector<at::Tensor> logits;  // keep_logits
   std::vector<at::Tensor> token_losses;  // keep_token_losses: [T] per step
 };
@@ -63,15 +73,29 @@ DraftHeadLossOutput DraftHeadLoss(const std::vector<at::Tensor>& hiddens,
                                   const TargetDistribution& target, const DraftHeadWeights& weights,
                                   int64_t tokens, const DraftHeadOptions& options);
 
+// The expected-acceptance terms of a soft cross-entropy call (the LK
+// losses; see student_kernels::AcceptanceArgs): target.log_mass must be set.
+struct AcceptanceRows {
+  at::Tensor grad_scale;  // [rows]: coefficient of d alpha / d logits (with write_grad)
+  bool log_form = false;  // the gradient of log alpha instead
+  bool write_grad = true;  // false: only alpha; the logits are left as they are
+};
+
+struct SoftCrossEntropyResult {
+  at::Tensor loss;    // [rows] in the target's float type
+  at::Tensor argmax;  // [rows] int64
+  at::Tensor alpha;   // [rows] expected acceptance (with AcceptanceRows; 0 in rows of weight 0)
+};
+
 // Soft cross-entropy rows in place, as student_kernels::SoftCrossEntropy
-// (the kernel on the GPU, ATen elsewhere): returns {loss [rows] in the
-// target's float type, argmax [rows] int64} and overwrites logits with
-// row_grad_scale * row_weight * dloss/dlogits.
-std::pair<at::Tensor, at::Tensor> SoftCrossEntropyInPlace(at::Tensor& logits,
-                                                          const TargetDistribution& target,
-                                                          const at::Tensor& target_rows,
-                                                          const at::Tensor& row_weight,
-                                                          const at::Tensor& row_grad_scale);
+// (the kernel on the GPU, ATen elsewhere): overwrites logits with
+// row_grad_scale * row_weight * dloss/dlogits, plus the acceptance terms'
+// gradient when `acceptance` is given.
+SoftCrossEntropyResult SoftCrossEntropyInPlace(at::Tensor& logits, const TargetDistribution& target,
+                                               const at::Tensor& target_rows,
+                                               const at::Tensor& row_weight,
+                                               const at::Tensor& row_grad_scale,
+                                               const AcceptanceRows* acceptance = nullptr);
 
 }  // namespace e3::ops
 

@@ -179,7 +179,7 @@ __device__ __forceinline__ void OfferPack(const Bf16x8& v, const Scales8& scale,
 // rises on its own, so a row paid eight lists' insertions.) kUnroll packs
 // per lane are loaded before any is offered; with kScalesFirst their
 // column scales are loaded with them rather than as each pack is offered.
-// (bench/fp8_head_probe.cu times the choices.)
+// (bench/probes/fp8_head_probe.cu times the choices.)
 template <int kUnroll, bool kScalesFirst>
 __global__ void __launch_bounds__(kThreads)
     TopCandidatesKernel(const __nv_bfloat16* __restrict__ scores, int64_t rows, int64_t stride, int64_t cols,
@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The teacher's choice of TopCandidatesKernel's loads: two packs per lane,
-// with their scales. On an H200 (bench/fp8_head_probe.cu, the 8B head)
+// with their scales. On an H200 (bench/probes/fp8_head_probe.cu, the 8B head)
 // that scanned 8192 rows in 605 us against 770 for four packs with the
 // scales read as each pack is offered (3.47 against 2.73 TB/s; a plain
 // read of the scores: 4.44); eight packs need 150 registers and ran

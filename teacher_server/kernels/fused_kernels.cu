@@ -64,7 +64,7 @@ __device__ __forceinline__ Index GridStride() {
 // 32-bit where every offset fits, which is fewer instructions per pack
 // and, for SiLU-mul, few enough registers for a full SM of threads (8
 // blocks of 256; 64-bit indices take 35 registers, which leaves 7). On an
-// H200 (bench/elementwise_kernels_probe.cu, 2026-12-01) SiLU-mul on the 8B
+// H200 (bench/probes/elementwise_kernels_probe.cu, 2026-12-01) SiLU-mul on the 8B
 // MLP ran at 3.24 TB/s against 2.92, rope at 2.86 against 2.69; the
 // outputs are the same bits. (Rope capped at 32 registers spills.)
 constexpr int kFullSmBlocks = 8;
@@ -100,7 +100,7 @@ constexpr int kMaxPacks = 4;
 // Packs each thread takes where the row is wide enough: a thread issues
 // all of its loads before the block's reduction, so more packs per thread
 // keep more bytes in flight. The norm alone on 8192 x 2048 (H200,
-// bench/norm_kernel_probe.cu): 30.5 us with one pack per thread, 21.3 with
+// bench/probes/norm_kernel_probe.cu): 30.5 us with one pack per thread, 21.3 with
 // two, 19.9 with four (3.4 TB/s); 8192 x 4096: 61.7, 41.9, 36.8 us.
 #ifndef E3_NORM_PACKS_PER_THREAD
 #define E3_NORM_PACKS_PER_THREAD 4
@@ -182,7 +182,7 @@ __device__ __forceinline__ float SiluExact(float x) {
 // infinities). Those take the IEEE division, so the stored bits are the
 // exact formula's for every bf16 input (SglKernelsGpuTest checks all
 // 65536). On an H200 the probe's copies of this kernel
-// (bench/elementwise_kernels_probe.cu, the 8B MLP, alone) took 164 us
+// (bench/probes/elementwise_kernels_probe.cu, the 8B MLP, alone) took 164 us
 // without SiLU, 222 with the IEEE division and 211 with this one. fp16
 // rounds at another bit, so it keeps the IEEE division throughout.
 template <typename T>
@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(kThreads, SiluMulMinBlocks<Index>())
 // midpoint check. The table fills most of an SM's shared memory, so one
 // block of 1024 threads per SM (half the threads the arithmetic kernel
 // runs), each with one pack in flight: more packs per thread ran slower.
-// On an H200 (bench/elementwise_kernels_probe.cu, 2026-12-02, the 8B MLP
+// On an H200 (bench/probes/elementwise_kernels_probe.cu, 2026-12-02, the 8B MLP
 // alone): 174 us against the arithmetic kernel's 217 (4.04 TB/s; a plain
 // pass without SiLU takes 164), same bits. The product stays in fp32 and
 // rounds once, as the arithmetic kernel's does.

@@ -22,7 +22,7 @@
 // consumers on one 128-row tile) and ping-pong (alternate 64-row tiles,
 // one consumer's epilogue under the other's multiplications).
 //
-// What pays (bench/hopper_gemm_probe.cu, H200, bench/README section 8):
+// What pays (bench/probes/hopper_gemm_probe.cu, H200, bench/README section 8):
 // kArgmax beats cuBLASLt + the row-argmax kernel (the logits never reach
 // memory), so the sgl teacher uses it (cooperative) for the lm_head.
 // Cooperative kStore runs at 0.97-1.0 of cuBLASLt without a residual and
@@ -109,7 +109,7 @@ struct Tiling {
   static constexpr uint32_t kStageReaders = (kS == Schedule::kCooperative ? 2 : 1) * kCluster;
 };
 // kSwiGlu: each 256-column tile holds 128 gate columns and the 128 up
-// columns of the same features (InterleaveGateUp in bench/hopper_gemm_probe.cu).
+// columns of the same features (InterleaveGateUp in bench/probes/hopper_gemm_probe.cu).
 constexpr int kSwiGluHalf = kBlockN / 2;
 
 #ifdef E3_HOPPER_GEMM_DEVICE_CODE

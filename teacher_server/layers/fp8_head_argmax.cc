@@ -69,7 +69,7 @@ at::Tensor Fp8HeadArgmax::Argmax(const at::Tensor& x, at::Tensor* best_logit) co
   // top-8 scan has one warp per row, so a 4096-row chunk filled half of an
   // H200's warp slots: one 8192-row pass took 7.16-7.43 ms for GEMM and
   // scan against 7.48-7.66 in two chunks on four machines
-  // (bench/fp8_head_probe.cu; the GEMM alone within 1.3%, the same
+  // (bench/probes/fp8_head_probe.cu; the GEMM alone within 1.3%, the same
   // candidates).
   constexpr int64_t kScoreChunkBytes = int64_t{2} << 30;
   const int64_t chunk = LmHeadChunkRows(2 * V, 256, kScoreChunkBytes);

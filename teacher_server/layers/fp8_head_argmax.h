@@ -3,7 +3,7 @@
 //
 // The exact answer needs every logit x w^T: on the bench's shapes the
 // lm_head GEMM is 18% (Llama-1B) and 7% (8B) of a teacher forward. FP8
-// tensor cores run it about 1.7x faster (bench/fp8_lm_head_probe.py, H200:
+// tensor cores run it about 1.7x faster (bench/probes/fp8_lm_head_probe.py, H200:
 // 3.42 against 5.82 ms on the 1B head, 6.64 against 12.26 on the 8B one),
 // but e4m3 keeps 3 mantissa bits, so its argmax alone would be wrong for
 // ~10% of rows. So FP8 only nominates: each row's 8 best scoring columns

@@ -6,7 +6,7 @@
 // on the clock that the rest of the sequence leaves it. Timed alone,
 // candidates up to 14% faster than the heuristic's choice gave nothing in
 // a forward; judged by the whole sequence, one choice for the 8B gate_up
-// shape saved 1.6% of the GEMMs' time (bench/gemm_sequence_tune_probe.cu).
+// shape saved 1.6% of the GEMMs' time (bench/probes/gemm_sequence_tune_probe.cu).
 //
 // What runs: every projection of the forward in order (`sites`, with the
 // model's own weights), on random activations of `rows` rows. The

@@ -104,6 +104,26 @@ TEST(AcceptanceTest, ChainsDependOnNothingAfterTheirRow) {
   EXPECT_TRUE(torch::equal(step0.to(at::kLong), chains->select(1, 0)));
 }
 
+// Drafting runs without autograd, where the attention takes each sample's
+// queries in row chunks bounded by SetNoGradAttentionScoreBytes: chunks of
+// 3 rows (4 heads x 3 rows x 23 keys x 8 bytes) draft the same chains, in
+// fp64, as one chunk per sample.
+TEST(AcceptanceTest, ChunkedQueriesDraftTheSameChains) {
+  Eagle3Draft draft = testing::MakeTinyDraft(at::kDouble);
+  const TttBatch ttt = testing::RandomBatch(draft->config(), {23, 9}, /*seed=*/4);
+  auto batch = EvalBatchFromWire(ttt.input_ids, ttt.cu_seqlens,
+                                 torch::cat({torch::zeros({4}), torch::ones({19}), torch::zeros({2}), torch::ones({7})}),
+                                 ttt.aux_hidden);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  auto whole = DraftChains(*draft, *batch, 7);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  SetNoGradAttentionScoreBytes(4 * 3 * 23 * 8);
+  auto chunked = DraftChains(*draft, *batch, 7);
+  SetNoGradAttentionScoreBytes(int64_t{1} << 30);
+  ASSERT_TRUE(chunked.ok()) << chunked.status();
+  EXPECT_TRUE(torch::equal(*chunked, *whole));
+}
+
 TEST(AcceptanceTest, WireFormRefusesMasksThatAreNotPromptThenContinuation) {
   const at::Tensor ids = torch::arange(6), cu = torch::tensor({0, 6}), aux = torch::zeros({6, 3});
   EXPECT_FALSE(EvalBatchFromWire(ids, cu, torch::tensor({0, 0, 1, 0, 1, 1}), aux).ok());  // a hole

@@ -131,8 +131,8 @@ TEST_F(StudentKernelsGpuTest, SoftCrossEntropyRowsAndGradient) {
   const at::Tensor scale = torch::full({rows}, 0.125, f32);
   auto [k, a] = BothWays([&] {
     at::Tensor logits = z.clone();
-    auto [loss, argmax] = ops::SoftCrossEntropyInPlace(logits, target, target_rows, weight, scale);
-    return std::vector<at::Tensor>{loss, argmax, logits};
+    ops::SoftCrossEntropyResult r = ops::SoftCrossEntropyInPlace(logits, target, target_rows, weight, scale);
+    return std::vector<at::Tensor>{r.loss, r.argmax, logits};
   });
   EXPECT_LE(RelInf(k[0], a[0]), 1e-3);
   EXPECT_LE(RelInf(k[2], a[2]), 2e-2);
@@ -141,8 +141,52 @@ TEST_F(StudentKernelsGpuTest, SoftCrossEntropyRowsAndGradient) {
   EXPECT_TRUE(k[1].equal(z.argmax(-1)));
 }
 
+// The LK losses' terms: alpha = sum min(P, q) (fp32 sums: 1e-3) and the
+// gradient with both coefficients set, in the plain and the log form, and
+// alpha alone with the logits left as they are.
+TEST_F(StudentKernelsGpuTest, SoftCrossEntropyAcceptanceTerms) {
+  const int64_t rows = 600, vocab = 4000, targets = 300;
+  const auto f32 = torch::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+  ops::TargetDistribution target;
+  target.logits = torch::randn({targets, vocab}, f32) * 3;
+  target.lse = at::logsumexp(target.logits, -1);
+  target.top = target.logits.argmax(-1);
+  target.log_mass = -torch::rand({targets}, f32) * 2;  // masses in (e^-2, 1]
+  const at::Tensor z = torch::randn({rows, vocab}, bf16) * 3;
+  const at::Tensor target_rows = torch::randint(0, targets, {rows}, f32.dtype(at::kLong));
+  const at::Tensor weight = (torch::rand({rows}, f32) > 0.3).to(at::kFloat);
+  const at::Tensor scale = torch::full({rows}, 0.125, f32);
+  for (bool log_form : {false, true}) {
+    SCOPED_TRACE(log_form ? "log form" : "plain");
+    ops::AcceptanceRows terms;
+    terms.grad_scale = torch::full({rows}, -0.5, f32);
+    terms.log_form = log_form;
+    auto [k, a] = BothWays([&] {
+      at::Tensor logits = z.clone();
+      ops::SoftCrossEntropyResult r =
+          ops::SoftCrossEntropyInPlace(logits, target, target_rows, weight, scale, &terms);
+      return std::vector<at::Tensor>{r.loss, r.alpha, logits};
+    });
+    EXPECT_LE(RelInf(k[0], a[0]), 1e-3);
+    EXPECT_LE(RelInf(k[1], a[1]), 1e-3);
+    EXPECT_LE(RelInf(k[2], a[2]), 2e-2);
+    EXPECT_EQ(k[1].masked_select(weight == 0).abs().max().item<float>(), 0.f);
+  }
+  ops::AcceptanceRows only_alpha;
+  only_alpha.write_grad = false;
+  auto [k, a] = BothWays([&] {
+    at::Tensor logits = z.clone();
+    ops::SoftCrossEntropyResult r =
+        ops::SoftCrossEntropyInPlace(logits, target, target_rows, weight, scale, &only_alpha);
+    return std::vector<at::Tensor>{r.alpha, logits};
+  });
+  EXPECT_LE(RelInf(k[0], a[0]), 1e-3);
+  EXPECT_TRUE(k[1].equal(z)) << "alpha alone must leave the logits";
+  EXPECT_TRUE(a[1].equal(z));
+}
+
 // A draft large enough for every kernel (head_dim 64, hidden 256).
-Eagle3Draft GpuDraft(at::ScalarType dtype, int64_t kv_heads) {
+Eagle3Draft GpuDraft(at::ScalarType dtype, int64_t kv_heads, bool keep_full_target_head = false) {
   Eagle3DraftConfig c = testing::TinyConfig();
   c.hidden_size = c.target_hidden_size = 256;
   c.intermediate_size = 704;
@@ -157,6 +201,7 @@ Eagle3Draft GpuDraft(at::ScalarType dtype, int64_t kv_heads) {
   o.device = at::Device(at::kCUDA, 0);
   o.target_head_dtype = at::kFloat;
   o.seed = 3;
+  o.keep_full_target_head = keep_full_target_head;
   auto frozen = testing::TinyFrozen(c, 11);
   frozen.embed_tokens = frozen.embed_tokens * 0.3;
   auto d = CreateEagle3Draft(o, frozen);
@@ -252,6 +297,34 @@ TEST_F(StudentKernelsGpuTest, FastStepMatchesTheReferenceStepInBf16) {
   const auto pa = ref->ExportedParameters(), pb = fast->ExportedParameters();
   for (size_t i = 0; i < pa.size(); ++i) {
     EXPECT_LE(RelInf(pb[i].second.grad(), pa[i].second.grad()), 2e-1) << pa[i].first;
+  }
+}
+
+// The LK losses: the fast step's fused terms against the reference op
+// sequence's autograd, both in bf16 on the GPU (the bounds above).
+TEST_F(StudentKernelsGpuTest, LkLossesFastStepMatchesTheReference) {
+  for (TttLoss loss : {TttLoss::kLkAlpha, TttLoss::kLkLambda}) {
+    SCOPED_TRACE(loss == TttLoss::kLkAlpha ? "lk_alpha" : "lk_lambda");
+    Eagle3Draft ref = GpuDraft(at::kBFloat16, 2, true), fast = GpuDraft(at::kBFloat16, 2, true);
+    const TttBatch batch = GpuBatch(ref->config());
+    TttOptions options;
+    options.loss = loss;
+    auto a = RunTtt(*ref, batch, options);
+    ASSERT_TRUE(a.ok()) << a.status();
+    a->loss.backward();
+    options.kernels = TttKernels::kFast;
+    fast->flat().ZeroGrad();
+    auto b = RunTtt(*fast, batch, options);
+    ASSERT_TRUE(b.ok()) << b.status();
+    b->loss.backward();
+    EXPECT_NEAR(b->loss_value, a->loss_value, 2e-2 * std::abs(a->loss_value));
+    ASSERT_EQ(b->acceptance_rate.size(), 7u);
+    ASSERT_EQ(a->acceptance_rate.size(), 7u);
+    for (size_t j = 0; j < 7; ++j) EXPECT_NEAR(b->acceptance_rate[j], a->acceptance_rate[j], 1e-2) << j;
+    const auto pa = ref->ExportedParameters(), pb = fast->ExportedParameters();
+    for (size_t i = 0; i < pa.size(); ++i) {
+      EXPECT_LE(RelInf(pb[i].second.grad(), pa[i].second.grad()), 2e-1) << pa[i].first;
+    }
   }
 }
 

@@ -54,13 +54,16 @@ inline Eagle3FrozenTensors TinyFrozen(const Eagle3DraftConfig& c, uint64_t seed)
   return f;
 }
 
+// keep_full_target_head: for the LK losses (ttt.h).
 inline Eagle3Draft MakeTinyDraft(at::ScalarType dtype = at::kFloat, uint64_t seed = 7,
-                                 const Eagle3DraftConfig& config = TinyConfig()) {
+                                 const Eagle3DraftConfig& config = TinyConfig(),
+                                 bool keep_full_target_head = false) {
   Eagle3DraftOptions options;
   options.config = config;
   options.dtype = dtype;
   options.target_head_dtype = dtype;
   options.seed = seed;
+  options.keep_full_target_head = keep_full_target_head;
   auto draft = CreateEagle3Draft(options, TinyFrozen(config, /*seed=*/11));
   EXPECT_TRUE(draft.ok()) << draft.status();
   return *draft;

@@ -37,6 +37,7 @@ struct Case {
   bool early_mask = false;  // only each sample's first 3 positions trained
   int64_t head_chunk_rows = 8192;
   TttPositions positions = TttPositions::kAdvancing;
+  TttLoss loss = TttLoss::kSoftCe;
 };
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) { return info.param.name; }
@@ -63,13 +64,17 @@ TEST_P(TttFastTest, MatchesTheReferenceStepInFp64) {
   Eagle3DraftConfig config = TinyConfig();
   config.num_kv_heads = k.kv_heads;
   config.rope.partial_rotary_factor = k.partial_rotary;
-  Eagle3Draft ref = MakeTinyDraft(at::kDouble, /*seed=*/7, config);
-  Eagle3Draft fast = MakeTinyDraft(at::kDouble, /*seed=*/7, config);
+  const bool full_head = NeedsFullTargetHead(k.loss);
+  Eagle3Draft ref = MakeTinyDraft(at::kDouble, /*seed=*/7, config, full_head);
+  Eagle3Draft fast = MakeTinyDraft(at::kDouble, /*seed=*/7, config, full_head);
   const TttBatch batch = CaseBatch(config, k);
 
   TttOptions options;
   options.length = k.ttt_length;
   options.positions = k.positions;
+  options.loss = k.loss;
+  options.kl_scale = 0.7;  // away from the defaults, so a swapped factor shows
+  options.kl_decay = 1.3;
   options.keep_logits = true;
   options.keep_token_losses = true;
   auto a = RunTtt(*ref, batch, options);
@@ -87,6 +92,11 @@ TEST_P(TttFastTest, MatchesTheReferenceStepInFp64) {
   EXPECT_EQ(b->loss_tokens, a->loss_tokens);
   EXPECT_EQ(b->position_tokens, a->position_tokens);
   EXPECT_EQ(b->correct, a->correct);
+  ASSERT_EQ(b->acceptance_rate.size(), a->acceptance_rate.size());
+  EXPECT_EQ(a->acceptance_rate.size(), full_head ? static_cast<size_t>(k.ttt_length) : 0u);
+  for (size_t j = 0; j < a->acceptance_rate.size(); ++j) {
+    EXPECT_NEAR(b->acceptance_rate[j], a->acceptance_rate[j], 1e-10) << "step " << j;
+  }
   ASSERT_EQ(b->logits.size(), a->logits.size());
   for (int64_t j = 0; j < k.ttt_length; ++j) {
     SCOPED_TRACE(::testing::Message() << "step " << j);
@@ -112,13 +122,15 @@ TEST_P(TttFastTest, SkippingUntrainedPositionsChangesNothing) {
   Eagle3DraftConfig config = TinyConfig();
   config.num_kv_heads = k.kv_heads;
   config.rope.partial_rotary_factor = k.partial_rotary;
-  Eagle3Draft reference = MakeTinyDraft(at::kDouble, /*seed=*/7, config);
-  Eagle3Draft all_rows = MakeTinyDraft(at::kDouble, /*seed=*/7, config);
-  Eagle3Draft trained_rows = MakeTinyDraft(at::kDouble, /*seed=*/7, config);
+  const bool full_head = NeedsFullTargetHead(k.loss);
+  Eagle3Draft reference = MakeTinyDraft(at::kDouble, /*seed=*/7, config, full_head);
+  Eagle3Draft all_rows = MakeTinyDraft(at::kDouble, /*seed=*/7, config, full_head);
+  Eagle3Draft trained_rows = MakeTinyDraft(at::kDouble, /*seed=*/7, config, full_head);
   const TttBatch batch = CaseBatch(config, k);
   TttOptions options;
   options.length = k.ttt_length;
   options.positions = k.positions;
+  options.loss = k.loss;
   auto r = RunTtt(*reference, batch, options);
   ASSERT_TRUE(r.ok()) << r.status();
   r->loss.backward();
@@ -181,7 +193,13 @@ INSTANTIATE_TEST_SUITE_P(
                            /*head_chunk_rows=*/5},
                       Case{"early_masks_only", {12, 9}, 7, 2, 1.0, false, /*early_mask=*/true},
                       Case{"fixed_positions_chat", {14, 10}, 7, 2, 1.0, true, false, 8192,
-                           TttPositions::kFixed}),
+                           TttPositions::kFixed},
+                      Case{"lk_alpha_chat", {13, 9, 1, 6}, 7, 2, 1.0, true, false, 8192,
+                           TttPositions::kAdvancing, TttLoss::kLkAlpha},
+                      Case{"lk_lambda_small_head_chunks", {13, 9, 6}, 7, 2, 1.0, false, false,
+                           /*head_chunk_rows=*/5, TttPositions::kAdvancing, TttLoss::kLkLambda},
+                      Case{"lk_lambda_early_masks", {12, 9}, 5, 1, 0.5, false, true, 8192,
+                           TttPositions::kAdvancing, TttLoss::kLkLambda}),
     CaseName);
 
 TEST(TttFastTest, GradientsAccumulateUntilZeroed) {
@@ -250,6 +268,57 @@ TEST(TttFastTest, AdvancingPositionsChangeTheLaterStepsOnly) {
     EXPECT_GT(RelInf(advancing->logits[j], fixed->logits[j]), 1e-6) << j;
 }
 
+// The LK losses' expected acceptance rate of step 0, from its definition:
+// the target's full-vocabulary softmax (every row of the target head) at
+// the draft vocab's ids, against softmax of the draft's logits.
+TEST(TttFastTest, LkAcceptanceRateIsItsDefinition) {
+  const Eagle3DraftConfig config = TinyConfig();
+  const Eagle3FrozenTensors frozen = testing::TinyFrozen(config, /*seed=*/11);
+  TttBatch batch = RandomBatch(config, {11, 8}, /*seed=*/5);
+  batch.loss_mask[4] = 0;
+  for (TttKernels kernels : {TttKernels::kReference, TttKernels::kFast}) {
+    SCOPED_TRACE(kernels == TttKernels::kFast ? "fast" : "reference");
+    Eagle3Draft draft = MakeTinyDraft(at::kDouble, /*seed=*/7, config, /*keep_full_target_head=*/true);
+    TttOptions options;
+    options.kernels = kernels;
+    options.loss = TttLoss::kLkAlpha;
+    options.keep_logits = true;
+    auto out = RunTtt(*draft, batch, options);
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_EQ(out->acceptance_rate.size(), 7u);
+
+    const at::Tensor full = at::softmax(batch.last_hidden.to(at::kDouble).matmul(
+                                            frozen.target_lm_head.to(at::kDouble).t()), -1);
+    const at::Tensor draft_ids = torch::arange(config.draft_vocab_size, torch::kLong) * 2;  // EvenIdsVocab
+    const at::Tensor q = at::softmax(out->logits[0], -1);
+    double sum = 0, trained = 0;
+    for (int64_t t = 0; t < 19; ++t) {
+      const int64_t end = t < 11 ? 11 : 19;
+      if (t + 1 >= end || batch.loss_mask[t].item<int>() == 0) continue;  // no next token / untrained
+      const at::Tensor p = full[t + 1].index_select(0, draft_ids);
+      sum += at::minimum(p, q[t]).sum().item<double>();
+      trained += 1;
+    }
+    EXPECT_NEAR(out->acceptance_rate[0], sum / trained, 1e-12);
+    EXPECT_GT(out->acceptance_rate[0], 0.0);
+    EXPECT_LT(out->acceptance_rate[0], 1.0);
+  }
+}
+
+TEST(TttFastTest, LkLossesNeedTheFullTargetHead) {
+  Eagle3Draft draft = MakeTinyDraft(at::kDouble);  // draft rows only
+  const TttBatch batch = RandomBatch(draft->config(), {9, 7}, /*seed=*/3);
+  TttOptions options;
+  options.loss = TttLoss::kLkLambda;
+  for (TttKernels kernels : {TttKernels::kReference, TttKernels::kFast}) {
+    options.kernels = kernels;
+    auto out = RunTtt(*draft, batch, options);
+    ASSERT_FALSE(out.ok());
+    EXPECT_NE(std::string(out.status().message()).find("keep_full_target_head"), std::string::npos)
+        << out.status();
+  }
+}
+
 TEST(TttFastTest, KernelNamesParse) {
   EXPECT_EQ(*ParseTttKernels("fast"), TttKernels::kFast);
   EXPECT_EQ(*ParseTttKernels("reference"), TttKernels::kReference);
@@ -262,6 +331,12 @@ TEST(TttFastTest, KernelNamesParse) {
   ASSERT_FALSE(bad_positions.ok());
   EXPECT_NE(std::string(bad_positions.status().message()).find("--ttt_positions"),
             std::string::npos);
+  EXPECT_EQ(*ParseTttLoss("soft_ce"), TttLoss::kSoftCe);
+  EXPECT_EQ(*ParseTttLoss("lk_alpha"), TttLoss::kLkAlpha);
+  EXPECT_EQ(*ParseTttLoss("lk_lambda"), TttLoss::kLkLambda);
+  auto bad_loss = ParseTttLoss("lk");
+  ASSERT_FALSE(bad_loss.ok());
+  EXPECT_NE(std::string(bad_loss.status().message()).find("--ttt_loss"), std::string::npos);
 }
 
 }  // namespace

@@ -75,7 +75,11 @@ TEST_P(GenerationTest, KvCacheGreedyEqualsRecomputingThePrefix) {
   g.max_sequences = 2;   // groups of 2, 2, 1
   g.prefill_tokens = 6;  // prefill over several forwards
   std::vector<std::pair<int64_t, int64_t>> progress;
-  g.on_progress = [&](int64_t done, int64_t total) { progress.emplace_back(done, total); };
+  int64_t reported_tokens = 0;
+  g.on_progress = [&](int64_t done, int64_t total, int64_t tokens) {
+    progress.emplace_back(done, total);
+    reported_tokens = tokens;
+  };
   auto got = GenerateContinuations(*model, prompts, g);
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_EQ(got->size(), prompts.size());
@@ -86,6 +90,34 @@ TEST_P(GenerationTest, KvCacheGreedyEqualsRecomputingThePrefix) {
   EXPECT_LE((*got)[0].size(), 3u);  // stopped at the stop id, which it keeps
   EXPECT_EQ((*got)[0].back(), probe.back());
   EXPECT_EQ(progress, (std::vector<std::pair<int64_t, int64_t>>{{2, 5}, {4, 5}, {5, 5}}));
+  int64_t generated = 0;
+  for (const auto& c : *got) generated += static_cast<int64_t>(c.size());
+  EXPECT_EQ(reported_tokens, generated);
+}
+
+// Prompts are grouped by length under the KV cache's byte cap: lengths
+// {5, 1, 12, 7, 3} sorted are 1, 3, 5, 7, 12; with room for 22 cached
+// positions per group (each sequence sized for the group's longest prompt
+// plus 4 new tokens) the groups are {1, 3}, {5, 7} and {12}, and every
+// prompt still gets its own greedy continuation, in its own place.
+TEST(GenerationGroupsTest, KvCacheBytesCapTheGroupsOfSimilarLength) {
+  auto model = LoadFixture("rand_llama3_gqa");
+  const ModelConfig& c = model->config();
+  const auto prompts = Prompts(c.vocab_size);
+  const int64_t row_bytes = c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim *
+                            static_cast<int64_t>(c10::elementSize(model->options().dtype));
+  GenerationOptions g;
+  g.max_new_tokens = 4;
+  g.max_sequences = 8;
+  g.kv_cache_bytes = 22 * row_bytes;
+  std::vector<std::pair<int64_t, int64_t>> progress;
+  g.on_progress = [&](int64_t done, int64_t total, int64_t) { progress.emplace_back(done, total); };
+  auto got = GenerateContinuations(*model, prompts, g);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(progress, (std::vector<std::pair<int64_t, int64_t>>{{2, 5}, {4, 5}, {5, 5}}));
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    EXPECT_EQ((*got)[s], GreedyByRecompute(*model, prompts[s], g.max_new_tokens, {})) << "prompt " << s;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GenerationTest,

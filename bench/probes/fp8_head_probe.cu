@@ -23,7 +23,7 @@
 // The kernels are this file's own: it includes fp8_argmax.cu, so the
 // variants are the teacher's templates, not copies.
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90 -I. bench/fp8_head_probe.cu -lcublasLt -o /tmp/fp8_head_probe
+//   nvcc -O3 -std=c++17 -arch=sm_90 -I. bench/probes/fp8_head_probe.cu -lcublasLt -o /tmp/fp8_head_probe
 //   /tmp/fp8_head_probe
 #include "teacher_server/kernels/fp8_argmax.cu"
 
@@ -33,7 +33,7 @@
 #include <functional>
 #include <vector>
 
-#include "bench/cuda_probe_util.cuh"
+#include "bench/probes/cuda_probe_util.cuh"
 
 namespace probe {
 

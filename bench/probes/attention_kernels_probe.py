@@ -5,7 +5,7 @@ batched flash / cuDNN kernels through SDPA for equal-length samples, with
 32 query and 8 KV heads, head dims 64 and 128, 8 x 1024 tokens and the
 chat mix. It chose the sgl backend's attention (bench/README.md section 8).
 
-    python3 bench/attention_kernels_probe.py
+    python3 bench/probes/attention_kernels_probe.py
 """
 import time, torch, torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel, SDPBackend

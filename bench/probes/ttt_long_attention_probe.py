@@ -8,7 +8,7 @@ dim 128, q/k/v as views of one packed [T, 48, 128] projection, as the step
 keeps them. Also checks that cuDNN's log-sum-exp and gradients agree with
 flash's, and times cuDNN's first call at a new length (its graph build).
 
-    python3 bench/ttt_long_attention_probe.py [T ...]
+    python3 bench/probes/ttt_long_attention_probe.py [T ...]
 """
 import sys, time, torch
 

@@ -1,8 +1,8 @@
-// Shared pieces of the standalone nvcc probes (bench/*_probe.cu): error
+// Shared pieces of the standalone nvcc probes (bench/probes/*_probe.cu): error
 // checks, random bf16 and e4m3 fills, event timing and a cuBLASLt plan for
 // row-major y = x W^T.
-#ifndef E3_BENCH_CUDA_PROBE_UTIL_CUH_
-#define E3_BENCH_CUDA_PROBE_UTIL_CUH_
+#ifndef E3_BENCH_PROBES_CUDA_PROBE_UTIL_CUH_
+#define E3_BENCH_PROBES_CUDA_PROBE_UTIL_CUH_
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -138,4 +138,4 @@ struct Lt {
   }
 };
 
-#endif  // E3_BENCH_CUDA_PROBE_UTIL_CUH_
+#endif  // E3_BENCH_PROBES_CUDA_PROBE_UTIL_CUH_

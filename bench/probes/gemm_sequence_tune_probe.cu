@@ -12,7 +12,7 @@
 // same search at startup on the model's weights; this probe keeps the
 // wider candidate set (cluster and swizzle variants) and the FP8 lm_head.
 //
-//   nvcc -O2 -std=c++17 -arch=sm_90a -I. bench/gemm_sequence_tune_probe.cu -lcublasLt -o /tmp/seq_tune
+//   nvcc -O2 -std=c++17 -arch=sm_90a -I. bench/probes/gemm_sequence_tune_probe.cu -lcublasLt -o /tmp/seq_tune
 //   /tmp/seq_tune [max_candidates_per_shape]
 #include <cuda_fp8.h>
 
@@ -22,7 +22,7 @@
 #include <tuple>
 #include <vector>
 
-#include "bench/cuda_probe_util.cuh"
+#include "bench/probes/cuda_probe_util.cuh"
 
 namespace {
 

@@ -18,7 +18,7 @@
 // Timings alternate the two sides for several rounds (a GPU's clock moves
 // with temperature) and print medians.
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90a -I. bench/hopper_gemm_probe.cu \
+//   nvcc -O3 -std=c++17 -arch=sm_90a -I. bench/probes/hopper_gemm_probe.cu \
 //        teacher_server/kernels/fused_kernels.cu -lcublasLt -o /tmp/hopper_gemm_probe
 //   /tmp/hopper_gemm_probe
 // PROBE_QUICK=1: only the gate_up shapes, no sequences. PROBE_RAGGED_ONLY=1:
@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/cuda_probe_util.cuh"
+#include "bench/probes/cuda_probe_util.cuh"
 #include "teacher_server/kernels/fused_kernels.h"
 #include "teacher_server/kernels/hopper_gemm_kernel.cuh"
 

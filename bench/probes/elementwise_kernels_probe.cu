@@ -32,7 +32,7 @@
 //   way where qkv is fused). A 32-bit-index variant measured 1.08x (8B)
 //   and 1.18x (1B) in one launch; the teacher's kernel indexes so now.
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90 -I. bench/elementwise_kernels_probe.cu \
+//   nvcc -O3 -std=c++17 -arch=sm_90 -I. bench/probes/elementwise_kernels_probe.cu \
 //       teacher_server/kernels/fused_kernels.cu -lcublasLt -o /tmp/ew_probe && /tmp/ew_probe
 #include <cuda_bf16.h>
 
@@ -42,7 +42,7 @@
 #include <functional>
 #include <vector>
 
-#include "bench/cuda_probe_util.cuh"
+#include "bench/probes/cuda_probe_util.cuh"
 #include "teacher_server/kernels/fused_kernels.h"
 
 namespace {

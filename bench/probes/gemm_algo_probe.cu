@@ -4,14 +4,14 @@
 // (beta = 1, D = X W^T + H). It measures how much per-shape algorithm
 // selection could gain before any of it is built into the teacher.
 //
-//   nvcc -O2 -std=c++17 -arch=sm_90 -I. bench/gemm_algo_probe.cu -lcublasLt -lcublas -o /tmp/gemm_probe
+//   nvcc -O2 -std=c++17 -arch=sm_90 -I. bench/probes/gemm_algo_probe.cu -lcublasLt -lcublas -o /tmp/gemm_probe
 //   /tmp/gemm_probe
 #include <cublas_v2.h>
 
 #include <algorithm>
 #include <vector>
 
-#include "bench/cuda_probe_util.cuh"
+#include "bench/probes/cuda_probe_util.cuh"
 
 int main() {
   const Shape* shapes = kTeacherShapes;

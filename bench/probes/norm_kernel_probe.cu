@@ -3,7 +3,7 @@
 // without the residual add. Built once per launch shape to compare them
 // (interleave the binaries' runs; run on an otherwise idle GPU):
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90 -I. bench/norm_kernel_probe.cu \
+//   nvcc -O3 -std=c++17 -arch=sm_90 -I. bench/probes/norm_kernel_probe.cu \
 //       teacher_server/kernels/fused_kernels.cu -o /tmp/norm4
 //   nvcc ... -DE3_NORM_PACKS_PER_THREAD=1 ... -o /tmp/norm1   (the packs of 8 each thread takes; default 4)
 //
@@ -11,7 +11,7 @@
 // reference for a plain streaming kernel.
 #include <cstdio>
 
-#include "bench/cuda_probe_util.cuh"
+#include "bench/probes/cuda_probe_util.cuh"
 #include "teacher_server/kernels/fused_kernels.h"
 
 int main() {

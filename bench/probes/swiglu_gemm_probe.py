@@ -7,7 +7,7 @@ The gate-up weight is interleaved by rows (gate 0, up 0, gate 1, up 1,
 epilogue writes silu(gate) * up with transformers' roundings: half the
 output bytes and no second pass over the [T, 2I] product.
 
-    python3 bench/swiglu_gemm_probe.py
+    python3 bench/probes/swiglu_gemm_probe.py
 """
 import time
 

@@ -1,0 +1,326 @@
+// e3_launch: starts a one-node training run from its run config (YAML):
+// the teachers (TP groups over their devices, one data shard each), then,
+// once every teacher serves, the data-parallel students; shows one live
+// status line per process; reports a process that dies the moment it
+// does, with the end of its log, and stops the others; at the end prints
+// the students' summaries and draws the run's curves (<out>/run.png).
+//
+//   e3_launch --config=run.yaml [section.key=value ...] [--plan]
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/file_util.h"
+#include "common/run_config.h"
+#include "common/status_macros.h"
+#include "launcher/child_process.h"
+#include "launcher/node_plan.h"
+#include "launcher/status_board.h"
+
+ABSL_FLAG(std::string, config, "",
+          "the run config (YAML; examples/configs/); section.key=value arguments override it");
+ABSL_FLAG(bool, plan, false,
+          "print the resolved layout (processes, devices, ports, batch and memory estimate per "
+          "device) and exit");
+ABSL_FLAG(std::string, build_dir, "",
+          "the build tree holding teacher_server/ and student_trainer/ (default: the one e3_launch "
+          "is in)");
+ABSL_FLAG(double, status_every_s, 10,
+          "when the output is not a terminal: status lines that changed, this often");
+ABSL_FLAG(
+    double, teacher_exit_wait_s, 10,
+    "once the students are done, how long teachers may take to see every rank committed and exit");
+ABSL_FLAG(int, log_tail_lines, 20, "lines of a failed process's log to show");
+ABSL_FLAG(bool, plot, true,
+          "draw the run's curves into <run.out>/run.png at the end (tools/plot_run.py)");
+
+namespace e3 {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+std::atomic<int> g_signal{0};
+
+struct Running {
+  const PlannedProcess* plan;
+  std::unique_ptr<ChildProcess> child;
+  bool serving = false;  // a teacher's rank 0 wrote its port file
+};
+
+class NodeRun {
+ public:
+  explicit NodeRun(NodePlan plan)
+      : plan_(std::move(plan)),
+        board_(stdout, ::isatty(STDOUT_FILENO) != 0,
+               std::chrono::milliseconds(
+                   static_cast<int64_t>(1000 * absl::GetFlag(FLAGS_status_every_s)))) {}
+  // The exit code: 0 when every student finished, 1 when a process failed,
+  // 130 when interrupted.
+  int Run();
+
+ private:
+  absl::Status Prepare();
+  absl::Status Start(const PlannedProcess& p, std::vector<std::string> extra_args);
+  absl::StatusOr<std::string> WaitForTeachers();
+  absl::Status WatchStudents();
+  void StopTeachers();
+  // The first process that failed, described with the end of its log.
+  absl::Status CheckProcesses();
+  absl::Status Interrupted();
+  void ShowStatus(bool force = false);
+  void StopAll();
+  void PrintSummaries();
+  void Plot();
+
+  NodePlan plan_;
+  StatusBoard board_;
+  std::vector<Running> procs_;
+  Clock::time_point last_show_{};
+};
+
+absl::Status NodeRun::Prepare() {
+  E3_RETURN_IF_ERROR(MakeDirs(plan_.config.run.out));
+  // Every process reads this one file: the config with the overrides in.
+  return WriteFileAtomically(plan_.resolved_config, RunConfigToYaml(plan_.config));
+}
+
+absl::Status NodeRun::Start(const PlannedProcess& p, std::vector<std::string> extra_args) {
+  std::vector<std::string> argv = {p.binary};
+  argv.insert(argv.end(), p.args.begin(), p.args.end());
+  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+  E3_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> child, ChildProcess::Start(argv, p.env, p.log));
+  procs_.push_back({&p, std::move(child)});
+  return absl::OkStatus();
+}
+
+std::string StateOf(Running& r) {
+  if (r.child->Running()) {
+    if (!r.plan->teacher) return "running";
+    return r.plan->rank != 0 ? "following" : (r.serving ? "serving" : "starting");
+  }
+  return r.child->Succeeded() ? "done" : absl::StrCat("failed (", r.child->DescribeEnd(), ")");
+}
+
+void NodeRun::ShowStatus(bool force) {
+  // Four redraws a second are live enough, and keep the log reads small.
+  const Clock::time_point now = Clock::now();
+  if (!force && now - last_show_ < 250ms) return;
+  last_show_ = now;
+  std::vector<ProcessStatus> rows;
+  for (Running& r : procs_) {
+    const std::vector<std::string> tail = TailLines(r.plan->log, 1, /*max_bytes=*/4096);
+    rows.push_back({r.plan->name, r.plan->device, StateOf(r), r.child->SecondsRunning(),
+                    tail.empty() ? "" : tail[0]});
+  }
+  board_.Show(rows, force);
+}
+
+absl::Status NodeRun::CheckProcesses() {
+  for (Running& r : procs_) {
+    if (r.child->Running()) continue;
+    // A teacher that exits cleanly after serving has seen its data
+    // committed (--exit_when_done); any other end is a failure.
+    const bool clean = r.child->Succeeded() && (!r.plan->teacher || r.serving || r.plan->rank != 0);
+    if (clean) continue;
+    const std::string what =
+        r.child->Succeeded()
+            ? absl::StrFormat("%s (pid %d) exited before serving, after %.1f s", r.plan->name,
+                              r.child->pid(), r.child->SecondsRunning())
+            : absl::StrFormat("%s (pid %d) failed (%s) after %.1f s", r.plan->name, r.child->pid(),
+                              r.child->DescribeEnd(), r.child->SecondsRunning());
+    const int lines = absl::GetFlag(FLAGS_log_tail_lines);
+    std::string text = absl::StrCat(what, "; the last ", lines, " lines of ", r.plan->log, ":");
+    for (const std::string& line : TailLines(r.plan->log, static_cast<size_t>(lines))) {
+      absl::StrAppend(&text, "\n  | ", line);
+    }
+    return absl::AbortedError(text);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NodeRun::Interrupted() {
+  return absl::CancelledError(absl::StrCat("signal ", g_signal.load(), ": stopping every process"));
+}
+
+absl::StatusOr<std::string> NodeRun::WaitForTeachers() {
+  std::vector<std::string> addresses(plan_.port_files.size());
+  while (true) {
+    size_t ready = 0;
+    for (Running& r : procs_) {
+      if (!r.plan->teacher || r.plan->rank != 0) continue;
+      const std::string& port_file = plan_.port_files[r.plan->index];
+      if (!r.serving && IsRegularFile(port_file)) {
+        E3_ASSIGN_OR_RETURN(std::string port, ReadFileToString(port_file));
+        addresses[r.plan->index] =
+            absl::StrCat("127.0.0.1:", std::string(absl::StripTrailingAsciiWhitespace(port)));
+        r.serving = true;
+      }
+      ready += r.serving;
+    }
+    if (ready == addresses.size()) return absl::StrJoin(addresses, ",");
+    // Waits only while every teacher is alive: a dead one is reported now.
+    E3_RETURN_IF_ERROR(CheckProcesses());
+    if (g_signal != 0) return Interrupted();
+    ShowStatus();
+    std::this_thread::sleep_for(100ms);
+  }
+}
+
+absl::Status NodeRun::WatchStudents() {
+  while (true) {
+    E3_RETURN_IF_ERROR(CheckProcesses());
+    if (g_signal != 0) return Interrupted();
+    bool students_running = false;
+    for (Running& r : procs_) students_running |= !r.plan->teacher && r.child->Running();
+    if (!students_running) return absl::OkStatus();
+    ShowStatus();
+    std::this_thread::sleep_for(100ms);
+  }
+}
+
+// Teachers exit once every rank has committed all their data, so after
+// students that ran to the end of it they get a while; students stopped
+// early (schedule.max_steps) leave them serving. Then SIGTERM: they drain.
+void NodeRun::StopTeachers() {
+  const double wait_s =
+      plan_.config.schedule.max_steps > 0 ? 0 : absl::GetFlag(FLAGS_teacher_exit_wait_s);
+  const auto deadline =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(1000 * wait_s));
+  for (Running& r : procs_) {
+    if (r.plan->teacher)
+      r.child->WaitFor(std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::max(Clock::duration::zero(), deadline - Clock::now())));
+  }
+  StopAll();
+}
+
+void NodeRun::StopAll() {
+  for (Running& r : procs_) r.child->Signal(SIGTERM);
+  for (Running& r : procs_) {
+    if (!r.child->WaitFor(30s)) {
+      board_.Print(
+          absl::StrCat("e3_launch: ", r.plan->name, " ignored SIGTERM for 30 s; killing it"));
+      r.child->Signal(SIGKILL);
+      r.child->WaitFor(5s);
+    }
+  }
+}
+
+void NodeRun::PrintSummaries() {
+  for (Running& r : procs_) {
+    if (r.plan->teacher) continue;
+    for (const std::string& line : TailLines(r.plan->log, 12)) {
+      if (absl::StartsWith(line, "=== student") || absl::StartsWith(line, "  ")) board_.Print(line);
+    }
+  }
+}
+
+// The run's curves from rank 0's step log; a missing matplotlib is a
+// warning, not a failed run.
+void NodeRun::Plot() {
+  if (!absl::GetFlag(FLAGS_plot) || !IsRegularFile(plan_.step_log)) return;
+  const std::string python = IsRegularFile("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+  const std::string log = JoinPath(plan_.config.run.out, "plot.log");
+  auto child = ChildProcess::Start(
+      {python, std::string(E3_SOURCE_DIR) + "/tools/plot_run.py", "--step_log=" + plan_.step_log,
+       "--out=" + plan_.plot, absl::StrCat("--title=", plan_.config.source, ": student rank 0")},
+      {}, log);
+  if (child.ok() && (*child)->WaitFor(120s) && (*child)->Succeeded()) {
+    board_.Print(absl::StrCat("e3_launch: curves: ", plan_.plot));
+  } else {
+    board_.Print(absl::StrCat("e3_launch: warning: no plot (see ", log, ")"));
+  }
+}
+
+int NodeRun::Run() {
+  absl::Status status = Prepare();
+  for (const PlannedProcess& p : plan_.processes) {
+    if (status.ok() && p.teacher) status = Start(p, {});
+  }
+  absl::StatusOr<std::string> teachers = status.ok() ? WaitForTeachers() : status;
+  if (teachers.ok()) {
+    board_.Print(absl::StrCat("e3_launch: ", plan_.teachers,
+                              " teacher(s) of TP=", plan_.config.teachers.tp, " at ", *teachers,
+                              "; ", plan_.config.students.devices.size(), " student rank(s)"));
+    for (const PlannedProcess& p : plan_.processes) {
+      if (status.ok() && !p.teacher) status = Start(p, {"--teacher=" + *teachers});
+    }
+    if (status.ok()) status = WatchStudents();
+  } else {
+    status = teachers.status();
+  }
+  ShowStatus(/*force=*/true);
+  if (!status.ok()) {
+    board_.Print(absl::StrCat("e3_launch: ", status.message()));
+    bool others = false;
+    for (Running& r : procs_) others |= r.child->Running();
+    if (others) board_.Print("e3_launch: stopping the other processes");
+    StopAll();
+    ShowStatus(/*force=*/true);
+    board_.Keep();
+    return g_signal != 0 ? 130 : 1;
+  }
+  PrintSummaries();
+  StopTeachers();
+  ShowStatus(/*force=*/true);
+  board_.Keep();
+  Plot();
+  board_.Print(absl::StrCat("e3_launch: done; logs, summaries, the step log and the draft are in ",
+                            plan_.config.run.out));
+  return 0;
+}
+
+int Main(const std::vector<std::string>& overrides) {
+  const std::string config_path = absl::GetFlag(FLAGS_config);
+  absl::StatusOr<RunConfig> config = config_path.empty()
+                                         ? ParseRunConfig("", "<command line>", overrides)
+                                         : LoadRunConfig(config_path, overrides);
+  if (!config.ok()) {
+    std::fprintf(stderr, "e3_launch: error: %s\n", std::string(config.status().message()).c_str());
+    return 2;
+  }
+  std::string build_dir = absl::GetFlag(FLAGS_build_dir);
+  if (build_dir.empty()) build_dir = Dirname(SelfExeDir());
+  absl::StatusOr<NodePlan> plan = PlanNode(*config, build_dir);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "e3_launch: error: %s\n", std::string(plan.status().message()).c_str());
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_plan)) {
+    std::printf("%s", DescribePlan(*plan).c_str());
+    return 0;
+  }
+  return NodeRun(*std::move(plan)).Run();
+}
+
+}  // namespace
+}  // namespace e3
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Starts a one-node EAGLE-3 training run (teachers and students) from its run config.\n"
+      "  e3_launch --config=run.yaml [section.key=value ...] [--plan]");
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  std::vector<std::string> overrides(positional.begin() + 1, positional.end());
+  struct sigaction sa {};
+  sa.sa_handler = [](int sig) { e3::g_signal = sig; };
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  return e3::Main(overrides);
+}

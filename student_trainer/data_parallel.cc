@@ -1,0 +1,42 @@
+#include "student_trainer/data_parallel.h"
+
+#include <cstdio>
+
+#include "common/status_macros.h"
+
+namespace e3 {
+
+absl::StatusOr<std::unique_ptr<ProcessGroup>> JoinDataParallelGroup(const LaunchEnv& launch,
+                                                                    const at::Device& device) {
+  if (launch.world_size <= 1) return nullptr;
+  ProcessGroupOptions po;
+  po.master_addr = launch.master_addr;
+  po.master_port = launch.master_port;
+  po.rank = launch.rank;
+  po.world_size = launch.world_size;
+  po.cuda = device.is_cuda();
+  E3_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group, ProcessGroup::Create(po));
+  std::printf("student[%d]: data parallel over %d ranks (c10d %s at %s:%d)\n", launch.rank,
+              launch.world_size, device.is_cuda() ? "NCCL" : "Gloo", launch.master_addr.c_str(),
+              launch.master_port);
+  return group;
+}
+
+absl::Status BroadcastTrainedWeights(ProcessGroup* group, Eagle3DraftImpl& trained,
+                                     DraftOptimizer& optimizer) {
+  if (group != nullptr) {
+    torch::NoGradGuard no_grad;
+    for (const at::Tensor& p : trained.parameters())
+      E3_RETURN_IF_ERROR(group->Broadcast(p.detach(), 0));
+  }
+  optimizer.SyncWorkingWeights();
+  return absl::OkStatus();
+}
+
+absl::Status Barrier(ProcessGroup* group, const at::Device& device) {
+  if (group == nullptr) return absl::OkStatus();
+  // A broadcast of one element: NCCL needs a tensor on the device.
+  return group->Broadcast(torch::zeros({1}, torch::TensorOptions().device(device)), 0);
+}
+
+}  // namespace e3

@@ -1,0 +1,33 @@
+// The student's data parallelism around the optimizer's gradient
+// reduction (draft_optimizer.h): the c10d group the ranks meet on, the
+// broadcast that starts every rank from rank 0's weights, and the barrier
+// after rank 0 writes a checkpoint.
+#ifndef E3_STUDENT_TRAINER_DATA_PARALLEL_H_
+#define E3_STUDENT_TRAINER_DATA_PARALLEL_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "common/launch_env.h"
+#include "common/torch/process_group.h"
+#include "student_trainer/draft_optimizer.h"
+#include "student_trainer/eagle3_draft.h"
+
+namespace e3 {
+
+// The group of `launch` (Gloo on the CPU, NCCL on a GPU); null for one
+// rank.
+absl::StatusOr<std::unique_ptr<ProcessGroup>> JoinDataParallelGroup(const LaunchEnv& launch,
+                                                                    const at::Device& device);
+
+// Every rank takes rank 0's trained weights, then the optimizer re-rounds
+// its working copy (also on one rank: after a resume).
+absl::Status BroadcastTrainedWeights(ProcessGroup* group, Eagle3DraftImpl& trained,
+                                     DraftOptimizer& optimizer);
+
+// Returns once every rank is here (nothing to wait for on one rank).
+absl::Status Barrier(ProcessGroup* group, const at::Device& device);
+
+}  // namespace e3
+
+#endif  // E3_STUDENT_TRAINER_DATA_PARALLEL_H_

@@ -1,0 +1,105 @@
+#include "teacher_server/serve.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/metrics_server.h"
+
+namespace e3 {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Written to a temporary name and renamed, so a reader never sees a
+// partial port.
+void WritePortFile(const std::string& path, int port) {
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << port << "\n";
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+// Until `signal` or, with exit_when_done, every rank has committed every
+// epoch: exports the engine's stats to Prometheus and logs progress.
+void WatchUntilDone(const ServeOptions& o, Engine* engine, TeacherServiceImpl* service,
+                    TeacherMetrics* metrics, const std::atomic<int>& signal) {
+  auto last_print = Clock::now();
+  int64_t last_tokens = 0;
+  while (signal == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const EngineStats st = engine->stats();
+    metrics->Update(st);
+    const auto now = Clock::now();
+    const double dt = std::chrono::duration<double>(now - last_print).count();
+    if (dt >= 10) {
+      std::printf("teacher: %ld batches, %ld tokens (%.0f tok/s), %ld buffered, %d streams\n",
+                  static_cast<long>(st.batches_computed), static_cast<long>(st.tokens_computed),
+                  (st.tokens_computed - last_tokens) / dt, static_cast<long>(st.buffered_batches),
+                  service->open_streams());
+      std::fflush(stdout);
+      last_print = now;
+      last_tokens = st.tokens_computed;
+    }
+    if (o.exit_when_done && engine->ledger_report().epochs >= o.epochs) {
+      std::printf("teacher: every rank committed every epoch; exiting\n");
+      return;
+    }
+  }
+  std::printf("teacher: signal %d: draining\n", signal.load());
+}
+
+}  // namespace
+
+absl::Status Serve(const ServeOptions& o, Engine* engine, TeacherServiceImpl* service,
+                   TeacherMetrics* metrics, const std::atomic<int>& signal) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(o.listen, o.auth != nullptr ? o.auth->ServerCredentials() : grpc::InsecureServerCredentials(),
+                           &bound_port);
+  builder.RegisterService(service);
+  AddServerKeepalive(o.keepalive, &builder);
+  ApplyMessageLimits(o.messages, &builder);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || bound_port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen, " (in use?)"));
+  }
+  server->GetHealthCheckService()->SetServingStatus(true);
+
+  std::unique_ptr<MetricsServer> metrics_server;
+  if (o.metrics_port >= 0) {
+    auto ms = MetricsServer::Start(metrics->registry(), o.metrics_host, o.metrics_port);
+    if (!ms.ok()) return ms.status();
+    metrics_server = std::move(ms).value();
+  }
+  const std::string host = o.listen.substr(0, o.listen.rfind(':'));
+  const std::string guard = o.auth != nullptr ? o.auth->Describe() : "nothing (plaintext, no token)";
+  std::printf("teacher: serving on %s:%d (metrics on :%d), %ld batches/epoch for one rank; peers checked by %s\n",
+              host.c_str(), bound_port, metrics_server ? metrics_server->port() : -1,
+              static_cast<long>(engine->batches_per_epoch(1)), guard.c_str());
+  if (!IsLoopbackAddress(o.listen) && (o.auth == nullptr || (!o.auth->tls() && !o.auth->token()))) {
+    std::fprintf(stderr,
+                 "teacher: WARNING: %s is reachable beyond this machine with neither TLS nor a token: anyone "
+                 "who reaches the port can subscribe, commit, stop an --exit_when_done teacher and download "
+                 "embed_tokens and the target head (--tls_cert/--tls_key, --auth_token_file)\n",
+                 o.listen.c_str());
+  }
+  std::fflush(stdout);
+  if (!o.port_file.empty()) WritePortFile(o.port_file, bound_port);
+
+  WatchUntilDone(o, engine, service, metrics, signal);
+  server->GetHealthCheckService()->SetServingStatus(false);
+  engine->Drain();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  std::printf("teacher: ledger %s\n", engine->ledger_report().ToJson().c_str());
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+}  // namespace e3

@@ -1,0 +1,40 @@
+// The teacher's serving stage: the gRPC server (TeacherService and the
+// standard health service), /metrics, the port file a launcher waits for,
+// a progress line every 10 s, and the drain on a signal or, with
+// exit_when_done, once every rank has committed every epoch.
+#ifndef E3_TEACHER_SERVER_SERVE_H_
+#define E3_TEACHER_SERVER_SERVE_H_
+
+#include <atomic>
+#include <string>
+
+#include "absl/status/status.h"
+#include "common/rpc/keepalive.h"
+#include "common/rpc/peer_auth.h"
+#include "teacher_server/engine.h"
+#include "teacher_server/teacher_metrics.h"
+#include "teacher_server/teacher_service.h"
+
+namespace e3 {
+
+struct ServeOptions {
+  std::string listen = "127.0.0.1:50051";  // port 0 picks one
+  std::string port_file;                   // the bound port is written here once serving
+  std::string metrics_host = "127.0.0.1";
+  int metrics_port = 0;  // 0 picks one, -1 disables
+  bool exit_when_done = false;
+  int64_t epochs = 1;  // what "done" means with exit_when_done
+  MessageLimits messages;  // the server's gRPC message caps (ApplyMessageLimits)
+  std::shared_ptr<const PeerAuth> auth;  // TLS credentials (and the token); null: plaintext
+  KeepaliveOptions keepalive;
+};
+
+// Serves until `signal` is set (or the work is done), then drains: health
+// goes NOT_SERVING, the engine finishes what is in flight, the server
+// shuts down, and the ledger's summary is logged.
+absl::Status Serve(const ServeOptions& o, Engine* engine, TeacherServiceImpl* service,
+                   TeacherMetrics* metrics, const std::atomic<int>& signal);
+
+}  // namespace e3
+
+#endif  // E3_TEACHER_SERVER_SERVE_H_

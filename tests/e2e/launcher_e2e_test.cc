@@ -1,0 +1,146 @@
+// e3_launch as a user runs it, on the CPU: a run of the bundled model
+// from a YAML config (the teacher and the student read the same resolved
+// file), its --plan, and processes that die early, reported within
+// seconds with the end of their log while the others are stopped.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "nlohmann/json.hpp"
+#include "tests/e2e/subprocess.h"
+#include "tests/free_port.h"
+
+namespace e3 {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::ReadFile;
+using testing::Subprocess;
+
+const std::string kSrc = E3_SOURCE_DIR;
+
+std::string Launcher() { return testing::BuildDir() + "/launcher/e3_launch"; }
+
+// A small run of the bundled model: one teacher, one student, on the CPU.
+std::string WriteConfig(const std::string& dir) {
+  const std::string path = dir + "/run.yaml";
+  std::ofstream(path) << "model:\n  dir: " << kSrc << "/examples/tiny-code-llama\n"
+                      << "data:\n  train: " << kSrc << "/examples/data/train_conversations.jsonl\n"
+                      << "  max_samples: 80\n  max_seq_len: 256\n"
+                      << "draft:\n  vocab_size: 256\n"
+                      << "schedule:\n  tokens_per_batch: 256\n  lr: 2e-3\n  warmup_steps: 2\n"
+                      << "  max_steps: 6\n  log_every: 2\n  checkpoint_every: 3\n"
+                      << "teachers:\n  devices: [cpu]\n  threads: 1\n"
+                      << "students:\n  devices: [cpu]\n  threads: 1\n"
+                      << "run:\n  out: " << dir << "/run\n  master_port: " << testing::FreePort()
+                      << "\n";
+  return path;
+}
+
+TEST(LauncherE2eTest, TrainsTheBundledModelFromAYamlConfig) {
+  const std::string dir = testing::ScratchDir("launcher_run");
+  const std::string config = WriteConfig(dir);
+  Subprocess launch({Launcher(), "--config=" + config, "--status_every_s=1", "schedule.lr=3e-3"},
+                    dir + "/launch.log");
+  auto st = launch.Wait(300s);
+  ASSERT_TRUE(st.has_value()) << "launcher did not finish\n" << launch.Log();
+  ASSERT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << launch.Log();
+  const std::string log = launch.Log();
+  EXPECT_NE(log.find("e3_launch: 1 teacher(s) of TP=1 at 127.0.0.1:"), std::string::npos) << log;
+  // Live status lines: the student's progress appears as it trains.
+  EXPECT_NE(log.find("e3_launch: student-0        cpu     running"), std::string::npos) << log;
+  EXPECT_NE(log.find("=== student[0] summary: 6 steps"), std::string::npos) << log;
+
+  // Both services read the resolved config, the override included.
+  const std::string resolved = ReadFile(dir + "/run/run.yaml");
+  EXPECT_NE(resolved.find("lr: \"3e-3\""), std::string::npos) << resolved;
+  const std::string teacher = ReadFile(dir + "/run/teacher-0.log");
+  EXPECT_NE(teacher.find("teacher: config " + dir + "/run/run.yaml"), std::string::npos) << teacher;
+  EXPECT_NE(teacher.find("draft vocab 256 of 8192"), std::string::npos) << teacher;
+  auto summary = nlohmann::json::parse(ReadFile(dir + "/run/summary-0.json"));
+  EXPECT_EQ(summary["steps"], 6);
+  EXPECT_TRUE(IsRegularFile(dir + "/run/draft/model.safetensors"));
+  EXPECT_TRUE(IsRegularFile(dir + "/run/checkpoints/latest"));
+
+  // The curves, drawn at the end from the student's step log.
+  const std::string png = ReadFile(dir + "/run/run.png");
+  ASSERT_GT(png.size(), 8u) << log;
+  EXPECT_EQ(png.substr(0, 8), "\x89PNG\r\n\x1a\n");
+  auto panels = nlohmann::json::parse(ReadFile(dir + "/run/run.png.json"))["panels"];
+  EXPECT_EQ(panels.size(), 6u);
+  EXPECT_EQ(panels[0], "loss");
+}
+
+TEST(LauncherE2eTest, PlanPrintsTheLayoutAndStartsNothing) {
+  const std::string dir = testing::ScratchDir("launcher_plan");
+  const std::string config = WriteConfig(dir);
+  Subprocess plan({Launcher(), "--config=" + config, "--plan", "students.devices=cpu,cpu"},
+                  dir + "/plan.log");
+  auto st = plan.Wait(30s);
+  ASSERT_TRUE(st.has_value() && WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << plan.Log();
+  const std::string out = plan.Log();
+  for (const char* needle :
+       {"LlamaForCausalLM, L=8, H=256", "2 data-parallel rank(s); batch 256 tokens per rank",
+        "student-1        cpu      RANK=1 WORLD_SIZE=2", "memory per device"}) {
+    EXPECT_NE(out.find(needle), std::string::npos) << needle << "\n" << out;
+  }
+  EXPECT_FALSE(PathExists(dir + "/run")) << "--plan started something";
+
+  Subprocess bad({Launcher(), "--config=" + config, "--plan", "teachers.tp=two"}, dir + "/bad.log");
+  auto bst = bad.Wait(30s);
+  ASSERT_TRUE(bst.has_value() && WIFEXITED(*bst) && WEXITSTATUS(*bst) == 2) << bad.Log();
+  EXPECT_NE(bad.Log().find(
+                "e3_launch: error: override 'teachers.tp=two': teachers.tp: expected a positive "
+                "integer, got \"two\""),
+            std::string::npos)
+      << bad.Log();
+}
+
+// Runs the launcher on a run that fails; returns its log after checking
+// that it ended with status 1 within `bound`.
+std::string LaunchFailing(const std::string& dir, const std::string& override_arg,
+                          std::chrono::seconds bound) {
+  const auto start = std::chrono::steady_clock::now();
+  Subprocess launch({Launcher(), "--config=" + WriteConfig(dir), override_arg},
+                    dir + "/launch.log");
+  auto st = launch.Wait(120s);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_TRUE(st.has_value()) << "the launcher hung\n" << launch.Log();
+  if (!st.has_value()) return launch.Log();
+  EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 1) << launch.Log();
+  EXPECT_LT(seconds, bound.count()) << launch.Log();
+  std::printf("launcher reported the failure after %.1f s\n", seconds);
+  return launch.Log();
+}
+
+TEST(LauncherE2eTest, ATeacherThatDiesIsReportedAtOnceWithItsLog) {
+  const std::string dir = testing::ScratchDir("launcher_teacher_dies");
+  // The teacher loads the model, then finds no data: it exits 1 after a
+  // second or two, long before it would serve.
+  const std::string log = LaunchFailing(dir, "teachers.args=--data=/nonexistent/train.jsonl", 30s);
+  EXPECT_NE(log.find("e3_launch: teacher-0 (pid "), std::string::npos) << log;
+  EXPECT_NE(log.find(") failed (exit 1) after "), std::string::npos) << log;
+  EXPECT_NE(log.find("  | teacher_server: error: "), std::string::npos) << log;
+  EXPECT_NE(log.find("/nonexistent/train.jsonl"), std::string::npos) << log;
+  EXPECT_EQ(log.find("student rank(s)"), std::string::npos)
+      << "students started without a teacher\n"
+      << log;
+}
+
+TEST(LauncherE2eTest, AStudentThatDiesStopsTheTeacher) {
+  const std::string dir = testing::ScratchDir("launcher_student_dies");
+  // The student connects and fetches the weights, then refuses a flag.
+  const std::string log = LaunchFailing(dir, "students.args=--ttt_positions=diagonal", 60s);
+  EXPECT_NE(log.find("e3_launch: student-0 (pid "), std::string::npos) << log;
+  EXPECT_NE(log.find("  | student_trainer: error: "), std::string::npos) << log;
+  EXPECT_NE(log.find("e3_launch: stopping the other processes"), std::string::npos) << log;
+  // The teacher drained on SIGTERM: its ledger is in its log.
+  EXPECT_NE(ReadFile(dir + "/run/teacher-0.log").find("teacher: ledger"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace e3
