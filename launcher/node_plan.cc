@@ -38,7 +38,7 @@ std::vector<PlannedProcess> PlanTeachers(const RunConfig& c, const std::string& 
                 "--device=" + p.device,
                 absl::StrCat("--num_data_shards=", groups),
                 absl::StrCat("--data_shard=", i),
-                "--listen=0.0.0.0:0",
+                "--listen=127.0.0.1:0",
                 "--port_file=" + JoinPath(out, absl::StrCat("teacher-", i, ".port")),
                 "--ledger=" + JoinPath(out, absl::StrCat("ledger-", i, ".jsonl")),
                 "--exit_when_done"};

@@ -92,7 +92,8 @@ void DescribePayload(const PayloadBuffer& payload, v1::BatchDescriptor* out) {
   }
 }
 
-absl::StatusOr<std::unique_ptr<ReceivedBatch>> ReceivedBatch::Resolve(v1::BatchDescriptor descriptor) {
+absl::StatusOr<std::unique_ptr<ReceivedBatch>> ReceivedBatch::Resolve(v1::BatchDescriptor descriptor,
+                                                                      const std::string& shm_prefix) {
   auto out = std::unique_ptr<ReceivedBatch>(new ReceivedBatch());
   out->descriptor_ = std::move(descriptor);
   std::map<std::string, ShmSegment*> open;
@@ -119,6 +120,11 @@ absl::StatusOr<std::unique_ptr<ReceivedBatch>> ReceivedBatch::Resolve(v1::BatchD
       const v1::ShmRef& s = ref.shm();
       if (s.nbytes() != expect) {
         return absl::DataLossError(absl::StrCat("tensor ", ref.name(), ": shm says ", s.nbytes(), " bytes, shape needs ", expect));
+      }
+      if (shm_prefix.empty() || s.segment().compare(0, shm_prefix.size(), shm_prefix) != 0 ||
+          s.segment().find('/', 1) != std::string::npos) {
+        return absl::DataLossError(absl::StrCat("tensor ", ref.name(), ": shm segment \"", s.segment(),
+                                                "\" is not one of this teacher's (prefix \"", shm_prefix, "\")"));
       }
       ShmSegment* seg = nullptr;
       auto it = open.find(s.segment());

@@ -49,7 +49,10 @@ struct ReceivedTensor {
 // returned object lives; every size is checked against shape and dtype.
 class ReceivedBatch {
  public:
-  static absl::StatusOr<std::unique_ptr<ReceivedBatch>> Resolve(v1::BatchDescriptor descriptor);
+  // Opens the descriptor's shm segments, only those whose names start with
+  // `shm_prefix` (the teacher's GetInfo shm_prefix; empty: none at all).
+  static absl::StatusOr<std::unique_ptr<ReceivedBatch>> Resolve(v1::BatchDescriptor descriptor,
+                                                                const std::string& shm_prefix);
   const v1::BatchDescriptor& descriptor() const { return descriptor_; }
   absl::StatusOr<ReceivedTensor> Get(const std::string& name) const;
   // Device transports: the payload is fetched as one block.

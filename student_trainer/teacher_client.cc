@@ -155,7 +155,7 @@ absl::StatusOr<EvalSetFetch> TeacherClient::FetchEvalSet() {
   if (!out.ready) return out;
   for (const v1::EvalSetChunk& c : chunks) {
     E3_RETURN_IF_ERROR(CheckProtocolVersion(c.batch().version(), "teacher"));
-    E3_ASSIGN_OR_RETURN(auto received, ReceivedBatch::Resolve(c.batch()));
+    E3_ASSIGN_OR_RETURN(auto received, ReceivedBatch::Resolve(c.batch(), info_.raw.shm_prefix()));
     auto get = [&](const char* name) -> absl::StatusOr<at::Tensor> {
       E3_ASSIGN_OR_RETURN(ReceivedTensor t, received->Get(name));
       return ToTensor(t);
@@ -242,7 +242,7 @@ absl::StatusOr<StudentBatch> TeacherClient::Decode(const v1::BatchDescriptor& d)
   b.num_tokens = d.num_tokens();
   b.sample_ids.assign(d.sample_ids().begin(), d.sample_ids().end());
   if (b.end_of_data) return b;
-  E3_ASSIGN_OR_RETURN(auto received, ReceivedBatch::Resolve(d));
+  E3_ASSIGN_OR_RETURN(auto received, ReceivedBatch::Resolve(d, info_.raw.shm_prefix()));
   E3_ASSIGN_OR_RETURN(b.transport, FromWire(d.transport()));
   at::Tensor block;  // device transports: the whole payload in this GPU's memory
   if (received->on_device()) {

@@ -271,6 +271,8 @@ EngineStats Engine::stats() const {
   return s;
 }
 
+std::string Engine::shm_segment_prefix() const { return absl::StrCat(options_.shm_prefix, "-", ::getpid(), "-"); }
+
 LedgerReport Engine::ledger_report() const {
   // Epochs every rank has committed past count as complete.
   std::lock_guard<std::mutex> lock(mu_);
@@ -434,7 +436,7 @@ absl::StatusOr<ReadyBatch> Engine::Compute(int rank, const Cursor& cursor, Trans
     E3_ASSIGN_OR_RETURN(auto payload, BuildDevicePayload(transport, sources, *device_pool_));
     out.payload = std::move(payload);
   } else {
-    const std::string shm_name = absl::StrCat(options_.shm_prefix, "-", ::getpid(), "-", out.batch_id);
+    const std::string shm_name = absl::StrCat(shm_segment_prefix(), out.batch_id);
     E3_ASSIGN_OR_RETURN(auto payload, PayloadBuffer::Build(transport, sources, shm_name));
     out.payload = std::move(payload);
   }

@@ -127,6 +127,8 @@ class Engine {
   int world_size() const;
   int64_t batches_per_epoch(int world) const;
   const EngineOptions& options() const { return options_; }
+  // What every shm segment this process names starts with (<prefix>-<pid>-).
+  std::string shm_segment_prefix() const;
 
  private:
   struct RankState {

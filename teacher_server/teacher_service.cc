@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/gpu/cuda_runtime.h"
+#include "common/rpc/peer_address.h"
 #include "common/status_macros.h"
 #include "common/torch/tensor_convert.h"
 #include "proto/wire_codec.h"
@@ -370,6 +371,7 @@ grpc::ServerUnaryReactor* TeacherServiceImpl::GetInfo(grpc::CallbackServerContex
   resp->set_backend(options_.backend);
   resp->set_batches_per_epoch(engine_->batches_per_epoch(std::max(1, req->world_size())));
   resp->set_epochs(engine_->options().epochs);
+  resp->set_shm_prefix(engine_->shm_segment_prefix());
   return FinishUnary(ctx, grpc::Status::OK);
 }
 
@@ -387,7 +389,10 @@ grpc::ServerWriteReactor<v1::BatchDescriptor>* TeacherServiceImpl::Subscribe(grp
     if (kind.ok()) accepted.push_back(*kind);
   }
   Placement placement;
-  placement.same_host = !req->host().empty() && req->host() == options_.hostname;
+  // The student's claim of a host name, and the connection's own evidence:
+  // shm and CUDA IPC go only to a peer on one of this machine's addresses.
+  placement.same_host =
+      !req->host().empty() && req->host() == options_.hostname && PeerIsThisHost(ctx->peer());
   const at::Device device = model_->options().device;
   placement.teacher_on_gpu = device.is_cuda() && CudaRuntimeAvailable();
   placement.student_on_gpu = req->student_on_gpu();

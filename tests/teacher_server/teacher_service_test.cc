@@ -438,7 +438,7 @@ TEST_F(TeacherServiceTest, OtherHostGetsInlineBatchesAndAcksReturnCredits) {
     }
     for (int64_t s : d.sample_ids()) EXPECT_TRUE(seen_samples.insert(s).second) << "sample " << s << " twice";
     const int64_t batch_id = d.batch_id();
-    auto rb = ReceivedBatch::Resolve(std::move(d));
+    auto rb = ReceivedBatch::Resolve(std::move(d), t->engine->shm_segment_prefix());
     ASSERT_TRUE(rb.ok()) << rb.status();
     CheckBatch(**rb);
 
@@ -509,7 +509,7 @@ TEST_F(TeacherServiceTest, SameHostGetsShmReferencesThatResolve) {
     }
     const int64_t batch_id = d.batch_id();
     {
-      auto rb = ReceivedBatch::Resolve(std::move(d));
+      auto rb = ReceivedBatch::Resolve(std::move(d), t->engine->shm_segment_prefix());
       ASSERT_TRUE(rb.ok()) << rb.status();
       CheckBatch(**rb);
     }
@@ -816,7 +816,7 @@ TEST_F(TeacherServiceTest, GetEvalSetServesGenerateContinuationsWithTheirAuxStat
   size_t next_prompt = 0;
   for (const auto& chunk : chunks) {
     EXPECT_EQ(chunk.batch_count(), static_cast<int>(chunks.size()));
-    auto rb = ReceivedBatch::Resolve(chunk.batch());
+    auto rb = ReceivedBatch::Resolve(chunk.batch(), t->engine->shm_segment_prefix());
     ASSERT_TRUE(rb.ok()) << rb.status();
     auto ids = (*rb)->Get("input_ids"), cu = (*rb)->Get("cu_seqlens"), mask = (*rb)->Get("loss_mask"),
          aux = (*rb)->Get("aux_hidden");
@@ -859,7 +859,7 @@ TEST(WireCodecTest, ResolveRefusesCorruptDescriptors) {
     ref->add_shape(4);
     ref->set_inline_data(std::string(16, '\1'));
     edit(ref);
-    return ReceivedBatch::Resolve(std::move(d));
+    return ReceivedBatch::Resolve(std::move(d), "/e3-1-");
   };
   auto good = resolve([](v1::TensorRef*) {});
   ASSERT_TRUE(good.ok()) << good.status();
@@ -899,13 +899,26 @@ TEST(WireCodecTest, ResolveRefusesCorruptDescriptors) {
   });
   EXPECT_TRUE(empty.ok()) << empty.status();
 
+  // shm segments only with the teacher's prefix: a descriptor cannot make
+  // the student map another process's segment.
+  for (const char* segment : {"/postgres-shm-1", "/e3-2-7", "/e3-1-x/../../etc"}) {
+    auto foreign = resolve([&](v1::TensorRef* r) {
+      r->clear_inline_data();
+      r->mutable_shm()->set_segment(segment);
+      r->mutable_shm()->set_nbytes(16);
+    });
+    EXPECT_EQ(foreign.status().code(), absl::StatusCode::kDataLoss) << segment;
+    EXPECT_NE(foreign.status().message().find("is not one of this teacher's"), std::string::npos)
+        << foreign.status();
+  }
+
   // shm: a missing segment, and a range outside a real one.
   auto missing = resolve([](v1::TensorRef* r) {
-    r->mutable_shm()->set_segment("/e3-no-such-segment-for-this-test");
+    r->mutable_shm()->set_segment("/e3-1-no-such-segment-for-this-test");
     r->mutable_shm()->set_nbytes(16);
   });
   EXPECT_FALSE(missing.ok());
-  const std::string name = absl::StrCat("/e3codectest", ::getpid());
+  const std::string name = absl::StrCat("/e3-1-codectest", ::getpid());  // the prefix resolve() accepts
   auto seg = ShmSegment::Create(name, 32);
   ASSERT_TRUE(seg.ok()) << seg.status();
   (*seg)->set_unlink_on_destroy(true);
@@ -951,42 +964,42 @@ TEST(WireCodecTest, DeviceRefsAreCheckedRangesOfOnePayloadBlock) {
     }
     return d;
   };
-  auto nccl = ReceivedBatch::Resolve(descriptor(v1::TRANSPORT_NCCL));
+  auto nccl = ReceivedBatch::Resolve(descriptor(v1::TRANSPORT_NCCL), "");
   ASSERT_TRUE(nccl.ok()) << nccl.status();
   EXPECT_TRUE((*nccl)->on_device());
   EXPECT_EQ((*nccl)->payload_bytes(), 128u);
   EXPECT_EQ((*nccl)->Get("aux_hidden")->offset, 64u);
   EXPECT_EQ((*nccl)->Get("aux_hidden")->data, nullptr);
-  auto ipc = ReceivedBatch::Resolve(descriptor(v1::TRANSPORT_CUDA_IPC));
+  auto ipc = ReceivedBatch::Resolve(descriptor(v1::TRANSPORT_CUDA_IPC), "");
   ASSERT_TRUE(ipc.ok()) << ipc.status();
   EXPECT_EQ((*ipc)->ipc_handle(), std::string(64, 'h'));
   EXPECT_EQ((*ipc)->ipc_device(), 3);
 
   auto outside = descriptor(v1::TRANSPORT_NCCL);
   outside.mutable_tensors(1)->mutable_nccl()->set_offset(100);
-  auto r = ReceivedBatch::Resolve(outside);
+  auto r = ReceivedBatch::Resolve(outside, "");
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(r.status().message().find("aux_hidden"), std::string::npos) << r.status();
   EXPECT_NE(r.status().message().find("outside the payload of 128 bytes"), std::string::npos) << r.status();
 
   auto wrong_size = descriptor(v1::TRANSPORT_CUDA_IPC);
   wrong_size.mutable_tensors(0)->mutable_cuda_ipc()->set_nbytes(12);
-  r = ReceivedBatch::Resolve(wrong_size);
+  r = ReceivedBatch::Resolve(wrong_size, "");
   EXPECT_NE(r.status().message().find("shape needs 16"), std::string::npos) << r.status();
 
   auto two_handles = descriptor(v1::TRANSPORT_CUDA_IPC);
   two_handles.mutable_tensors(1)->mutable_cuda_ipc()->set_handle(std::string(64, 'x'));
-  r = ReceivedBatch::Resolve(two_handles);
+  r = ReceivedBatch::Resolve(two_handles, "");
   EXPECT_NE(r.status().message().find("handle differs"), std::string::npos) << r.status();
 
   auto mixed = descriptor(v1::TRANSPORT_NCCL);
   mixed.mutable_tensors(1)->set_inline_data(std::string(64, '\0'));
-  r = ReceivedBatch::Resolve(mixed);
+  r = ReceivedBatch::Resolve(mixed, "");
   EXPECT_NE(r.status().message().find("mixes device and host"), std::string::npos) << r.status();
 
   auto nowhere = descriptor(v1::TRANSPORT_NCCL);
   nowhere.mutable_tensors(0)->clear_location();
-  r = ReceivedBatch::Resolve(nowhere);
+  r = ReceivedBatch::Resolve(nowhere, "");
   EXPECT_NE(r.status().message().find("no location"), std::string::npos) << r.status();
 }
 
@@ -1020,7 +1033,7 @@ TEST(WireCodecTest, DescribedDevicePayloadsResolveToTheirLayout) {
     DescribePayload(*payload, &d);
     EXPECT_EQ(d.payload_bytes(), 256u);
     EXPECT_EQ(d.transport(), ToWire(kind));
-    auto rb = ReceivedBatch::Resolve(d);
+    auto rb = ReceivedBatch::Resolve(d, "");
     ASSERT_TRUE(rb.ok()) << rb.status();
     EXPECT_EQ((*rb)->Get("last_hidden")->offset, 64u);
     EXPECT_EQ((*rb)->Get("target_argmax")->offset, 192u);
