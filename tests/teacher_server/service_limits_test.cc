@@ -140,7 +140,7 @@ class ServiceLimitsTest : public ::testing::Test {
     ASSERT_TRUE(st.ok()) << st.error_message();
     EXPECT_EQ(d.index_in_epoch(), 0);
     EXPECT_GT(d.num_tokens(), 0);
-    auto rb = ReceivedBatch::Resolve(d);
+    auto rb = ReceivedBatch::Resolve(d, t.engine->shm_segment_prefix());
     ASSERT_TRUE(rb.ok()) << rb.status();
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
