@@ -11,13 +11,13 @@
 
 namespace e3 {
 
-std::string RenderMetrics(prometheus::Registry& registry) {
+std::string RenderMetrics(const prometheus::Collectable& registry) {
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, registry.Collect());
   return out.str();
 }
 
-absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(std::shared_ptr<prometheus::Registry> registry,
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(std::shared_ptr<prometheus::Collectable> registry,
                                                                     const std::string& host, int port) {
   auto out = std::unique_ptr<MetricsServer>(new MetricsServer());
   out->registry_ = std::move(registry);
@@ -28,7 +28,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(std::shared_
     int yes = 1;
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
-  prometheus::Registry* reg = out->registry_.get();
+  const prometheus::Collectable* reg = out->registry_.get();
   out->server_->Get("/metrics", [reg](const httplib::Request&, httplib::Response& res) {
     res.set_content(RenderMetrics(*reg), "text/plain; version=0.0.4; charset=utf-8");
   });

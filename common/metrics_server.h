@@ -1,6 +1,6 @@
-// Serves a prometheus-cpp registry at GET /metrics over cpp-httplib (not
-// civetweb, whose 100 KiB thread stacks overflow in a LibTorch process; see
-// shared/device/README.md). Port 0 picks a free port.
+// Serves a prometheus-cpp registry (or any Collectable) at GET /metrics over
+// cpp-httplib (not civetweb, whose 100 KiB thread stacks overflow in a
+// LibTorch process; see shared/device/README.md). Port 0 picks a free port.
 #ifndef E3_COMMON_METRICS_SERVER_H_
 #define E3_COMMON_METRICS_SERVER_H_
 
@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "prometheus/collectable.h"
 #include "prometheus/registry.h"
 
 namespace httplib {
@@ -19,7 +20,7 @@ namespace e3 {
 
 class MetricsServer {
  public:
-  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(std::shared_ptr<prometheus::Registry> registry,
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(std::shared_ptr<prometheus::Collectable> registry,
                                                               const std::string& host, int port);
   ~MetricsServer();
   MetricsServer(const MetricsServer&) = delete;
@@ -29,14 +30,14 @@ class MetricsServer {
 
  private:
   MetricsServer() = default;
-  std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<prometheus::Collectable> registry_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = 0;
 };
 
 // The registry's text exposition (what /metrics returns).
-std::string RenderMetrics(prometheus::Registry& registry);
+std::string RenderMetrics(const prometheus::Collectable& registry);
 
 }  // namespace e3
 

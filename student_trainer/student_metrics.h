@@ -4,9 +4,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
@@ -24,17 +26,29 @@ struct StepReport {
   std::vector<double> ploss;
 };
 
+// Each scrape sees whole steps: Record and RecordAcceptance update their
+// families under the lock that collection takes, so one scrape's steps,
+// tokens, seconds, loss and acc_j all belong to the same step (a ratio such
+// as data wait / step time, or a sample compared with the step log, never
+// mixes two steps).
 class StudentMetrics {
  public:
   StudentMetrics(int rank, int ttt_length);
-  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+  // What /metrics serves (MetricsServer::Start, RenderMetrics).
+  std::shared_ptr<prometheus::Collectable> registry() const { return registry_; }
   void Record(const StepReport& r);
   // The real acceptance length measured on the eval set
   // (e3_student_eval_acceptance_length, labelled by chain length).
   void RecordAcceptance(const std::vector<int64_t>& chain_lengths, const std::vector<double>& tau);
 
  private:
-  std::shared_ptr<prometheus::Registry> registry_;
+  class LockedRegistry : public prometheus::Collectable {
+   public:
+    std::vector<prometheus::MetricFamily> Collect() const override;
+    prometheus::Registry registry;
+    mutable std::mutex mu;
+  };
+  std::shared_ptr<LockedRegistry> registry_;
   prometheus::Counter* steps_;
   prometheus::Counter* tokens_;
   prometheus::Counter* step_seconds_;

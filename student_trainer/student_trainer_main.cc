@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -79,6 +81,9 @@ ABSL_FLAG(std::string, export_dtype, "bfloat16", "dtype of the exported weights"
 ABSL_FLAG(int, log_every, 10, "steps between log lines");
 ABSL_FLAG(int, metrics_port, 0, "port of /metrics (0 picks one, -1 disables)");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address /metrics binds");
+ABSL_FLAG(int, metrics_linger_s, 0,
+          "after the run, keep serving /metrics this many seconds (or until SIGTERM), so that Prometheus "
+          "scrapes the final step and acceptance length");
 ABSL_FLAG(std::string, summary_json, "", "write the run summary (JSON) here");
 ABSL_FLAG(std::string, step_log, "",
           "append one JSON line per training step here (step, loss, simulated_tau, acc per TTT step, lr, tokens) "
@@ -249,6 +254,16 @@ int Main() {
     return 1;
   }
   PrintSummary(*summary, o->client.rank);
+  // A run's last values change after the last scrape unless the process
+  // outlives a scrape interval.
+  const int linger_s = absl::GetFlag(FLAGS_metrics_linger_s);
+  if (metrics_server != nullptr && linger_s > 0 && !g_stop) {
+    std::printf("student[%d]: serving the final metrics for %d s\n", o->client.rank, linger_s);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(linger_s);
+    while (!g_stop && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
   return 0;
 }
 

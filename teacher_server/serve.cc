@@ -71,6 +71,7 @@ absl::Status Serve(const ServeOptions& o, Engine* engine, TeacherServiceImpl* se
     return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen, " (in use?)"));
   }
   server->GetHealthCheckService()->SetServingStatus(true);
+  metrics->SetServing(true);
 
   std::unique_ptr<MetricsServer> metrics_server;
   if (o.metrics_port >= 0) {
@@ -95,6 +96,7 @@ absl::Status Serve(const ServeOptions& o, Engine* engine, TeacherServiceImpl* se
 
   WatchUntilDone(o, engine, service, metrics, signal);
   server->GetHealthCheckService()->SetServingStatus(false);
+  metrics->SetServing(false);
   engine->Drain();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   std::printf("teacher: ledger %s\n", engine->ledger_report().ToJson().c_str());

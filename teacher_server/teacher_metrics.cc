@@ -24,6 +24,9 @@ TeacherMetrics::TeacherMetrics() : registry_(std::make_shared<prometheus::Regist
                          .Register(*registry_).Add({});
   subscribers_ = &BuildGauge().Name("e3_teacher_subscribers").Help("Open Subscribe streams.")
                       .Register(*registry_).Add({});
+  serving_ = &BuildGauge().Name("e3_teacher_serving")
+                  .Help("1 while the gRPC health status is SERVING, 0 while draining.")
+                  .Register(*registry_).Add({});
   cuda_graphs_ = &BuildGauge().Name("e3_teacher_cuda_graphs")
                       .Help("Token budgets whose forward is kept as a CUDA graph (sgl on a GPU).")
                       .Register(*registry_).Add({});

@@ -21,6 +21,9 @@ class TeacherMetrics {
   void AddBytesSent(TransportKind transport, double bytes);
   void BatchSent() { batches_sent_->Increment(); }
   void SetSubscribers(double n) { subscribers_->Set(n); }
+  // Mirrors the gRPC health status (1 SERVING, 0 NOT_SERVING while draining),
+  // so that an alert sees a draining teacher whose /metrics still answers.
+  void SetServing(bool serving) { serving_->Set(serving ? 1 : 0); }
   // Mirrors the engine's counters (called periodically).
   void Update(const EngineStats& stats);
 
@@ -35,6 +38,7 @@ class TeacherMetrics {
   prometheus::Gauge* queue_depth_;
   prometheus::Gauge* buffered_bytes_;
   prometheus::Gauge* subscribers_;
+  prometheus::Gauge* serving_;
   prometheus::Gauge* cuda_graphs_;
   prometheus::Counter* graph_forwards_;
   EngineStats last_;
