@@ -22,7 +22,17 @@ PKGS=(
   # The BLAS LibTorch runs on: BLIS (OpenMP). Never OpenBLAS's threaded
   # builds: they break civetweb threads, and the reference BLAS is 30x slower.
   libblis4-openmp
+  # PyYAML: the deploy/ manifest checks and tools/make_prometheus_rule.py.
+  python3-yaml
 )
+# The deploy/ tests' tools (E3_DEPLOY_TOOLS=0 leaves them out, as the
+# Dockerfile does): a real Prometheus server and promtool, and `kubectl
+# kustomize` from Debian's kubernetes-client, unless a kubectl from elsewhere
+# is installed (both own /usr/bin/kubectl).
+if [[ "${E3_DEPLOY_TOOLS:-1}" != 0 ]]; then
+  PKGS+=(prometheus)
+  command -v kubectl >/dev/null || PKGS+=(kubernetes-client)
+fi
 missing=()
 for p in "${PKGS[@]}"; do
   [[ "$p" == \#* ]] && continue
