@@ -321,7 +321,7 @@ def run(args):
             f"--max_steps={MAX_STEPS}", f"--eval_every={EVAL_EVERY}", f"--output_dir={tmp}/export",
             f"--checkpoint_dir={tmp}/ckpt", f"--summary_json={summary_path}", f"--step_log={step_log}",
             "--log_every=10", "--threads=1", "--metrics_host=127.0.0.1", f"--metrics_port={student_mport}",
-            "--metrics_linger_s=3"])
+            "--metrics_linger_s=5"])
 
         # Keep the latest exposition of each binary for the names it exports.
         texts = {}
