@@ -43,7 +43,7 @@ stop_cluster() {
   # slurmstepd processes of this cluster (they outlive a SIGKILLed slurmd).
   local p
   for p in $(pgrep -x slurmstepd || true); do
-    tr '\0' ' ' < "/proc/$p/environ" 2>/dev/null | grep -q "SLURM_CONF=$dir/slurm.conf" && kill -KILL "$p" 2>/dev/null || true
+    { tr '\0' ' ' < "/proc/$p/environ"; } 2>/dev/null | grep -q "SLURM_CONF=$dir/slurm.conf" && kill -KILL "$p" 2>/dev/null || true
   done
   rm -f "$dir"/run/*.pid
 }
