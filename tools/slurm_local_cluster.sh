@@ -40,10 +40,14 @@ stop_cluster() {
   for pidfile in "$dir"/run/slurmd-*.pid "$dir"/run/slurmctld.pid "$dir"/run/munged.pid; do
     [[ -s $pidfile ]] && kill -KILL "$(cat "$pidfile")" 2>/dev/null || true
   done
-  # slurmstepd processes of this cluster (they outlive a SIGKILLed slurmd).
-  local p
-  for p in $(pgrep -x slurmstepd || true); do
-    { tr '\0' ' ' < "/proc/$p/environ"; } 2>/dev/null | grep -q "SLURM_CONF=$dir/slurm.conf" && kill -KILL "$p" 2>/dev/null || true
+  # What the cluster started outlives a SIGKILLed slurmd: slurmstepd, the
+  # batch shell, srun and the tasks. All carry this cluster's SLURM_CONF
+  # (as does this script when the watchdog runs it: not itself nor its parent).
+  local env p
+  for env in /proc/[0-9]*/environ; do
+    p=${env#/proc/}; p=${p%/environ}
+    [[ $p == "$$" || $p == "$PPID" ]] && continue
+    { tr '\0' '\n' < "$env"; } 2>/dev/null | grep -qx "SLURM_CONF=$dir/slurm.conf" && kill -KILL "$p" 2>/dev/null || true
   done
   rm -f "$dir"/run/*.pid
 }
