@@ -36,9 +36,11 @@ class CheckpointManager {
   // Whether step `step` (just finished) is a periodic checkpoint.
   bool Due(int64_t step) const { return options_.every > 0 && step % options_.every == 0; }
   // Writes `state` (unless this step is already saved), waits for every
-  // rank, then commits the cursors at the teachers.
+  // rank, then commits the cursors at the teachers. A `final_save` (the
+  // student stops on a signal) reports its cursors even when this step
+  // was saved already.
   absl::Status Save(const TrainerState& state, const Eagle3DraftImpl& trained,
-                    DraftOptimizer& optimizer, TeacherPool& teachers);
+                    DraftOptimizer& optimizer, TeacherPool& teachers, bool final_save = false);
   // The path of the last checkpoint this rank wrote (empty: none).
   const std::string& last_path() const { return last_path_; }
 

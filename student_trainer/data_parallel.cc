@@ -39,4 +39,12 @@ absl::Status Barrier(ProcessGroup* group, const at::Device& device) {
   return group->Broadcast(torch::zeros({1}, torch::TensorOptions().device(device)), 0);
 }
 
+absl::StatusOr<bool> AnyRank(ProcessGroup* group, bool local, const at::Device& device) {
+  if (group == nullptr) return local;
+  at::Tensor flag = torch::full({1}, local ? 1.0f : 0.0f, torch::TensorOptions().device(device));
+  E3_ASSIGN_OR_RETURN(std::unique_ptr<PendingCollective> sum, group->AllReduceSum(flag));
+  E3_RETURN_IF_ERROR(sum->Wait());
+  return flag.item<float>() > 0;
+}
+
 }  // namespace e3

@@ -28,6 +28,11 @@ absl::Status BroadcastTrainedWeights(ProcessGroup* group, Eagle3DraftImpl& train
 // Returns once every rank is here (nothing to wait for on one rank).
 absl::Status Barrier(ProcessGroup* group, const at::Device& device);
 
+// True on every rank when `local` is true on any: ranks stop together, so
+// none is left inside a collective the others never join (each rank sees
+// its SIGTERM at its own moment).
+absl::StatusOr<bool> AnyRank(ProcessGroup* group, bool local, const at::Device& device);
+
 }  // namespace e3
 
 #endif  // E3_STUDENT_TRAINER_DATA_PARALLEL_H_

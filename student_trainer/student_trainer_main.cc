@@ -191,6 +191,7 @@ absl::StatusOr<TrainerOptions> OptionsFromFlags() {
   o.eval.untrained = absl::GetFlag(FLAGS_eval_untrained);
   o.eval.dump = absl::GetFlag(FLAGS_eval_dump);
   o.stop = &g_stop;
+  o.client.stop = &g_stop;
   return o;
 }
 

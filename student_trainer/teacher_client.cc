@@ -427,7 +427,11 @@ void TeacherClient::ReaderLoop() {
 absl::StatusOr<StudentBatch> TeacherClient::Next(double* wait_seconds) {
   auto t0 = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return !queue_.empty() || !failure_.ok() || stop_; });
+  const auto stopping = [this] { return options_.stop != nullptr && options_.stop->load(); };
+  while (!cv_.wait_for(lock, std::chrono::milliseconds(100),
+                       [this] { return !queue_.empty() || !failure_.ok() || stop_; })) {
+    if (stopping()) return absl::CancelledError("stopped by signal while waiting for a batch");
+  }
   if (wait_seconds != nullptr) {
     *wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }

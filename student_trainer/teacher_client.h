@@ -9,6 +9,7 @@
 #include <grpcpp/grpcpp.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -60,6 +61,9 @@ struct TeacherClientOptions {
   int64_t max_receive_message_bytes = 512 << 20;
   int64_t max_send_message_bytes = 4 << 20;
   uint64_t max_weights_bytes = 64ull << 30;
+  // Set by SIGTERM (null: never). Next() stops waiting for a batch once it
+  // is set: a teacher drained by the same signal sends no more.
+  const std::atomic<bool>* stop = nullptr;
 };
 
 struct TeacherInfo {

@@ -136,9 +136,9 @@ absl::Status TeacherPool::Ack(size_t teacher, int64_t batch_id) {
   return clients_[teacher]->Ack({batch_id}, std::nullopt).status();
 }
 
-absl::Status TeacherPool::Commit(const std::vector<StreamCursor>& cursors) {
+absl::Status TeacherPool::Commit(const std::vector<StreamCursor>& cursors, bool final_report) {
   for (size_t i = 0; i < clients_.size(); ++i) {
-    if (SameCursor(cursors[i], committed_[i])) continue;
+    if (!final_report && SameCursor(cursors[i], committed_[i])) continue;
     E3_RETURN_IF_ERROR(clients_[i]->Ack({}, cursors[i]).status());
     committed_[i] = cursors[i];
   }

@@ -78,7 +78,9 @@ class TeacherPool {
   // Reports `cursors` (a checkpoint's) as committed to each teacher whose
   // cursor moved since the last report. A teacher that saw its whole shard
   // committed may exit (--exit_when_done), so it is not asked again.
-  absl::Status Commit(const std::vector<StreamCursor>& cursors);
+  // `final_report` reports unchanged cursors too: a draining teacher waits
+  // for each stopping student's last word (Engine::DrainSettled).
+  absl::Status Commit(const std::vector<StreamCursor>& cursors, bool final_report = false);
 
  private:
   TeacherPool(std::vector<std::string> addresses,

@@ -42,13 +42,15 @@ class Trainer {
   absl::Status Resume();
   absl::Status BuildScheduleAndMetrics();
   // One batch from the pool: trained, or (an empty share on one rank)
-  // acked; false once every teacher's data has ended.
+  // acked; false once every teacher's data has ended or any rank was
+  // stopped by a signal.
   absl::StatusOr<bool> TrainOneBatch();
   absl::Status MeasureAtEnd();
   absl::Status Export();
   TrainSummary Summary();
 
   int rank() const { return o_.client.rank; }
+  bool Stopping() const { return o_.stop != nullptr && o_.stop->load(); }
 
   const TrainerOptions o_;
   StudentMetrics* prometheus_;
@@ -170,14 +172,26 @@ absl::Status Trainer::Build() {
 
 absl::StatusOr<bool> Trainer::TrainOneBatch() {
   const Clock::time_point started = Clock::now();
-  E3_ASSIGN_OR_RETURN(std::optional<PooledBatch> next, teachers_->Next());
-  if (!next.has_value()) return false;
-  const StudentBatch& batch = next->batch;
+  absl::StatusOr<std::optional<PooledBatch>> next = teachers_->Next();
+  // A signal stops every rank at the same batch: this one is neither
+  // trained nor acked, so the teacher delivers it again after a resume.
+  // (A teacher drained by the same signal may also have refused the
+  // resubscription by now.)
+  const bool interrupted = !next.ok() && Stopping();
+  if (!next.ok() && !interrupted) return next.status();
+  E3_ASSIGN_OR_RETURN(const bool stop, AnyRank(group_.get(), interrupted || Stopping(), device_));
+  if (stop) {
+    summary_.stopped_by_signal = true;
+    return false;
+  }
+  if (!next->has_value()) return false;
+  const PooledBatch& pooled = **next;
+  const StudentBatch& batch = pooled.batch;
   const StreamCursor after = {batch.epoch, batch.index + 1};
   if (batch.num_tokens == 0 &&
       group_ == nullptr) {  // this rank's share of a small global batch was empty
-    state_.cursors[next->teacher] = after;
-    E3_RETURN_IF_ERROR(teachers_->Ack(next->teacher, batch.batch_id));
+    state_.cursors[pooled.teacher] = after;
+    E3_RETURN_IF_ERROR(teachers_->Ack(pooled.teacher, batch.batch_id));
     return true;
   }
   const double lr = schedule_.At(state_.step);
@@ -185,10 +199,10 @@ absl::StatusOr<bool> Trainer::TrainOneBatch() {
       const TttOutput out,
       TrainStep(*draft_.draft, *draft_.optimizer, batch.num_tokens > 0 ? &batch.tensors : nullptr,
                 ttt_, lr, state_.step));
-  E3_RETURN_IF_ERROR(teachers_->Ack(next->teacher, batch.batch_id));
+  E3_RETURN_IF_ERROR(teachers_->Ack(pooled.teacher, batch.batch_id));
   state_.step += 1;
   state_.tokens += batch.num_tokens;
-  state_.cursors[next->teacher] = after;
+  state_.cursors[pooled.teacher] = after;
   summary_.transport = TransportName(batch.transport);
 
   StepRecord r;
@@ -201,7 +215,7 @@ absl::StatusOr<bool> Trainer::TrainOneBatch() {
   r.acceptance_rate = out.acceptance_rate;
   r.lr = lr;
   r.started = started;
-  r.wait_seconds = next->wait_seconds;
+  r.wait_seconds = pooled.wait_seconds;
   metrics_->RecordStep(r);
 
   if (checkpoints_->Due(state_.step)) {
@@ -252,15 +266,14 @@ TrainSummary Trainer::Summary() {
 
 absl::StatusOr<TrainSummary> Trainer::Train() {
   while (o_.max_steps == 0 || state_.step < o_.max_steps) {
-    if (o_.stop != nullptr && o_.stop->load()) {
-      summary_.stopped_by_signal = true;
-      break;
-    }
     E3_ASSIGN_OR_RETURN(const bool trained, TrainOneBatch());
     if (!trained) break;
   }
-  E3_RETURN_IF_ERROR(checkpoints_->Save(state_, draft_.trained(), *draft_.optimizer, *teachers_));
-  E3_RETURN_IF_ERROR(MeasureAtEnd());
+  E3_RETURN_IF_ERROR(checkpoints_->Save(state_, draft_.trained(), *draft_.optimizer, *teachers_,
+                                        summary_.stopped_by_signal));
+  // Stopped by a signal: the teacher is draining too, so no measurement
+  // against it; the export still holds the weights just checkpointed.
+  if (!summary_.stopped_by_signal) E3_RETURN_IF_ERROR(MeasureAtEnd());
   E3_RETURN_IF_ERROR(Export());
   const TrainSummary summary = Summary();
   if (!o_.summary_json.empty()) std::ofstream(o_.summary_json) << summary.ToJson() << "\n";

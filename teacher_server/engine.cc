@@ -147,6 +147,7 @@ absl::StatusOr<uint64_t> Engine::SubscribeImpl(const SubscribeParams& p,
   st.transport = p.transport;
   st.next_compute = NormalizeLocked(p.resume);
   st.committed = p.resume;
+  st.acked_end = p.resume;
   st.end_sent = false;
   st.computing = false;
   st.notify = nullptr;
@@ -220,7 +221,14 @@ absl::StatusOr<int> Engine::Ack(int rank, const std::string& subscriber_id, cons
     return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " is now subscribed by \"", st.subscriber_id,
                                                       "\", not \"", subscriber_id, "\""));
   }
-  for (int64_t id : batch_ids) st.unacked.erase(id);
+  for (int64_t id : batch_ids) {
+    auto u = st.unacked.find(id);
+    if (u == st.unacked.end()) continue;
+    const Cursor after{u->second.epoch, u->second.index + 1};
+    if (st.acked_end < after) st.acked_end = after;
+    st.unacked.erase(u);
+  }
+  if (committed.has_value()) st.commit_acks += 1;
   if (committed.has_value() && st.committed < *committed) {
     Cursor c = NormalizeLocked(st.committed);
     const Cursor stop = *committed;
@@ -241,6 +249,11 @@ void Engine::Drain() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     draining_ = true;
+    // A rank with batches delivered (or acked) beyond its commit can still
+    // checkpoint them; one with nothing outstanding has nothing to add.
+    for (const auto& [r, st] : ranks_) {
+      if (st.attached && (!st.unacked.empty() || st.committed < st.acked_end)) drain_waits_[r] = st.commit_acks;
+    }
   }
   cv_.notify_all();
   std::vector<std::function<void()>> notifies;
@@ -251,6 +264,18 @@ void Engine::Drain() {
     }
   }
   for (auto& n : notifies) n();
+}
+
+bool Engine::DrainSettled() const { return DrainPending() == 0; }
+
+int Engine::DrainPending() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int pending = 0;
+  for (const auto& [r, acks] : drain_waits_) {
+    auto it = ranks_.find(r);
+    if (it != ranks_.end() && it->second.commit_acks <= acks) ++pending;
+  }
+  return pending;
 }
 
 EngineStats Engine::stats() const {

@@ -118,9 +118,17 @@ class Engine {
   // marks every batch before it as committed in the ledger.
   absl::StatusOr<int> Ack(int rank, const std::string& subscriber_id, const std::vector<int64_t>& batch_ids,
                           std::optional<Cursor> committed);
-  // Stops computing new batches (SIGTERM); streams then end.
+  // Stops computing new batches (SIGTERM); streams then end. Remembers
+  // which attached ranks hold batches they could still commit.
   void Drain();
   bool draining() const { return draining_; }
+  // True once every rank remembered by Drain() has sent a commit since:
+  // students stopped by the same signal (scancel signals every task at
+  // once) finish their step, checkpoint and commit before the server may
+  // shut down.
+  bool DrainSettled() const;
+  // Ranks Drain() is still waiting on, for the message when the wait ends.
+  int DrainPending() const;
 
   EngineStats stats() const;
   LedgerReport ledger_report() const;
@@ -140,6 +148,8 @@ class Engine {
     TransportKind transport = TransportKind::kInline;
     Cursor next_compute;
     Cursor committed;
+    Cursor acked_end;          // one past the furthest batch acked
+    int64_t commit_acks = 0;   // acks that carried a commit cursor
     bool end_sent = false;
     bool computing = false;  // the worker is computing this rank's next batch
     std::deque<ReadyBatch> ready;
@@ -174,6 +184,7 @@ class Engine {
   std::map<int, RankState> ranks_;
   EngineStats stats_;
   std::atomic<bool> draining_{false};
+  std::map<int, int64_t> drain_waits_;  // rank -> its commit_acks when the drain began
   bool stop_ = false;
   std::thread worker_;
   // GPU buffers for device-transport payloads; made by the worker thread

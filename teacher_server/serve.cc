@@ -54,6 +54,27 @@ void WatchUntilDone(const ServeOptions& o, Engine* engine, TeacherServiceImpl* s
   std::printf("teacher: signal %d: draining\n", signal.load());
 }
 
+// Acks still reach the engine while it drains, so a student stopped by the
+// same signal can commit the checkpoint it writes as it stops.
+void WaitForFinalCommits(const ServeOptions& o, Engine* engine) {
+  if (engine->DrainSettled()) return;
+  std::printf("teacher: waiting up to %.0f s for %d rank(s) to commit their final checkpoint\n", o.drain_timeout_s,
+              engine->DrainPending());
+  std::fflush(stdout);
+  const auto deadline = Clock::now() + std::chrono::duration<double>(o.drain_timeout_s);
+  while (!engine->DrainSettled() && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const int pending = engine->DrainPending();
+  if (pending == 0) {
+    std::printf("teacher: every draining rank committed its final checkpoint\n");
+  } else {
+    std::printf("teacher: %d rank(s) sent no final commit within %.0f s (--drain_timeout_s); their batches "
+                "are delivered again when they resume\n",
+                pending, o.drain_timeout_s);
+  }
+}
+
 }  // namespace
 
 absl::Status Serve(const ServeOptions& o, Engine* engine, TeacherServiceImpl* service,
@@ -98,6 +119,7 @@ absl::Status Serve(const ServeOptions& o, Engine* engine, TeacherServiceImpl* se
   server->GetHealthCheckService()->SetServingStatus(false);
   metrics->SetServing(false);
   engine->Drain();
+  WaitForFinalCommits(o, engine);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   std::printf("teacher: ledger %s\n", engine->ledger_report().ToJson().c_str());
   std::fflush(stdout);

@@ -23,6 +23,10 @@ struct ServeOptions {
   std::string metrics_host = "127.0.0.1";
   int metrics_port = 0;  // 0 picks one, -1 disables
   bool exit_when_done = false;
+  // After a signal, how long the server keeps taking the final commits of
+  // students stopped by the same signal (Engine::DrainSettled). Below
+  // Slurm's default KillWait (30 s), after which SIGKILL follows.
+  double drain_timeout_s = 20;
   int64_t epochs = 1;  // what "done" means with exit_when_done
   MessageLimits messages;  // the server's gRPC message caps (ApplyMessageLimits)
   std::shared_ptr<const PeerAuth> auth;  // TLS credentials (and the token); null: plaintext
@@ -30,8 +34,10 @@ struct ServeOptions {
 };
 
 // Serves until `signal` is set (or the work is done), then drains: health
-// goes NOT_SERVING, the engine finishes what is in flight, the server
-// shuts down, and the ledger's summary is logged.
+// goes NOT_SERVING, the engine finishes what is in flight, the students
+// that still held uncommitted batches get up to drain_timeout_s to send
+// their final checkpoint's commit, the server shuts down, and the
+// ledger's summary is logged.
 absl::Status Serve(const ServeOptions& o, Engine* engine, TeacherServiceImpl* service,
                    TeacherMetrics* metrics, const std::atomic<int>& signal);
 

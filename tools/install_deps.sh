@@ -19,6 +19,9 @@ PKGS=(
   libyaml-cpp-dev python3-matplotlib
   # The sanitizer builds: clang with libFuzzer and the TSan/ASan runtimes.
   clang-14 libclang-rt-14-dev
+  # The Slurm test (tests/deploy/slurm): a one-machine cluster of Debian's
+  # slurmctld and slurmd with munge (tools/slurm_local_cluster.sh).
+  slurm-wlm munge
   # The BLAS LibTorch runs on: BLIS (OpenMP). Never OpenBLAS's threaded
   # builds: they break civetweb threads, and the reference BLAS is 30x slower.
   libblis4-openmp

@@ -169,6 +169,41 @@ TEST(EngineTest, ResubscribingWithACursorRedeliversUncommittedBatches) {
             static_cast<int64_t>(b0.sample_ids.size() + b1.sample_ids.size() + b2.sample_ids.size()));
 }
 
+// scancel signals teacher and students at once: the drain waits for the
+// final commit of each attached rank that holds batches beyond its commit,
+// and for no one else.
+TEST(EngineTest, DrainWaitsForTheFinalCommitOfRanksWithUncommittedBatches) {
+  World w = MakeWorld(30);
+  auto engine = Engine::Create(w.model.get(), w.dataset.get(), SmallBatches());
+  ASSERT_TRUE(engine.ok());
+  SubscribeParams p;
+  p.world_size = 2;
+  p.credit_window = 2;
+  p.subscriber_id = "busy";
+  p.rank = 0;
+  uint64_t g0 = *(*engine)->Subscribe(p);
+  p.subscriber_id = "idle";
+  p.rank = 1;
+  uint64_t g1 = *(*engine)->Subscribe(p);
+  // Rank 0 trained two batches and checkpointed after the first; rank 1
+  // trained and committed everything it took.
+  ReadyBatch a0 = Next(**engine, 0, g0), a1 = Next(**engine, 0, g0);
+  ASSERT_TRUE((*engine)->Ack(0, "busy", {a0.batch_id}, Cursor{0, 1}).ok());
+  ASSERT_TRUE((*engine)->Ack(0, "busy", {a1.batch_id}, std::nullopt).ok());
+  ReadyBatch b0 = Next(**engine, 1, g1);
+  ASSERT_TRUE((*engine)->Ack(1, "idle", {b0.batch_id}, Cursor{0, 1}).ok());
+  EXPECT_TRUE((*engine)->DrainSettled()) << "nothing to wait for before a drain";
+
+  (*engine)->Drain();
+  EXPECT_EQ((*engine)->DrainPending(), 1);
+  EXPECT_FALSE((*engine)->DrainSettled());
+  // Acks are still taken while draining; the final checkpoint's commit
+  // settles rank 0, and the ledger records it.
+  ASSERT_TRUE((*engine)->Ack(0, "busy", {}, Cursor{0, 2}).ok());
+  EXPECT_TRUE((*engine)->DrainSettled());
+  EXPECT_EQ((*engine)->ledger_report().committed_batches, 3);
+}
+
 TEST(EngineTest, CreditWindowBoundsWorkAhead) {
   World w = MakeWorld(40);
   auto engine = Engine::Create(w.model.get(), w.dataset.get(), SmallBatches());

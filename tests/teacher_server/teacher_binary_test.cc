@@ -183,7 +183,9 @@ double MetricValue(const std::string& text, const std::string& name) {
 }
 
 TEST_F(TeacherBinaryTest, ServesMetricsAndInfoThenDrainsOnSigterm) {
-  auto child = Start({"--tokens_per_batch=512"});
+  // This test's subscriber never commits: the drain waits for its final
+  // commit only --drain_timeout_s.
+  auto child = Start({"--tokens_per_batch=512", "--drain_timeout_s=2"});
   // The port file appears once the server is up.
   const auto end = std::chrono::steady_clock::now() + 90s;
   while (!PathExists(Tmp("port")) && child->running() && std::chrono::steady_clock::now() < end) {
@@ -295,6 +297,7 @@ TEST_F(TeacherBinaryTest, ServesMetricsAndInfoThenDrainsOnSigterm) {
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << DescribeStatus(*status) << "\n" << child->err();
   const std::string final_out = child->out();
   EXPECT_NE(final_out.find("teacher: signal 15: draining"), std::string::npos) << final_out;
+  EXPECT_NE(final_out.find("teacher: 1 rank(s) sent no final commit within 2 s"), std::string::npos) << final_out;
   std::smatch lm;
   ASSERT_TRUE(std::regex_search(final_out, lm, std::regex(R"(teacher: ledger (\{[^\n]*\}))"))) << final_out;
   EXPECT_NE(lm[1].str().find("\"dataset_samples\":20"), std::string::npos) << lm[1];
