@@ -141,6 +141,10 @@ absl::StatusOr<MetaspaceSettings> MetaspaceSettingsOf(const std::string& path, c
 struct AddedToken {
   int32_t id;
   std::string content;
+  // What the matcher looks for: the content, or for a normalized token the
+  // content through the normalizer, as HF's AddedVocabulary builds its
+  // normalized trie (Llama 2's Prepend makes "<think>" match "▁<think>").
+  std::string pattern;
   bool special, lstrip, rstrip, normalized, single_word;
 };
 
@@ -155,15 +159,15 @@ struct AddedSplit {
 class AddedTokenMatcher {
  public:
   void Add(int32_t index, const AddedToken& token) {
-    if (token.content.empty()) return;
-    auto& list = by_first_byte_[static_cast<uint8_t>(token.content[0])];
+    if (token.pattern.empty()) return;
+    auto& list = by_first_byte_[static_cast<uint8_t>(token.pattern[0])];
     list.push_back(index);
     any_ = true;
   }
   void Finish(const std::vector<AddedToken>& tokens) {
     for (auto& list : by_first_byte_) {
       std::stable_sort(list.begin(), list.end(), [&](int32_t a, int32_t b) {
-        return tokens[a].content.size() > tokens[b].content.size();
+        return tokens[a].pattern.size() > tokens[b].pattern.size();
       });
     }
   }
@@ -179,7 +183,7 @@ class AddedTokenMatcher {
       const auto& list = by_first_byte_[static_cast<uint8_t>(text[pos])];
       int32_t found = -1;
       for (int32_t t : list) {
-        if (text.substr(pos, tokens[t].content.size()) == tokens[t].content) {
+        if (text.substr(pos, tokens[t].pattern.size()) == tokens[t].pattern) {
           found = t;
           break;
         }
@@ -189,7 +193,7 @@ class AddedTokenMatcher {
         continue;
       }
       const AddedToken& tok = tokens[found];
-      size_t begin = pos, end = pos + tok.content.size();
+      size_t begin = pos, end = pos + tok.pattern.size();
       pos = end;
       if (begin < done) continue;  // inside the whitespace a previous rstrip took
       if (tok.single_word &&
@@ -434,13 +438,15 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Load(const std::string&
   const auto model = root.find("model");
   if (model == root.end() || !model->is_object()) return FieldError(path, "model", "is missing");
   E3_RETURN_IF_ERROR(tok->LoadModel(path, *model));
-  const auto added = root.find("added_tokens");
-  if (added != root.end() && !added->is_null())
-    E3_RETURN_IF_ERROR(tok->LoadAddedTokens(path, *added));
+  // The normalizer before the added tokens: normalized ones are matched
+  // as the normalizer writes them.
   const auto normalizer = root.find("normalizer");
   if (normalizer != root.end()) {
     E3_ASSIGN_OR_RETURN(tok->normalizer_, Normalizer::FromJson(path, "normalizer", *normalizer));
   }
+  const auto added = root.find("added_tokens");
+  if (added != root.end() && !added->is_null())
+    E3_RETURN_IF_ERROR(tok->LoadAddedTokens(path, *added));
   const auto decoder = root.find("decoder");
   E3_RETURN_IF_ERROR(tok->LoadDecoder(path, "decoder", decoder == root.end() ? Json() : *decoder));
   tok->BuildDecodingTables();
@@ -457,8 +463,10 @@ void BpeTokenizer::BuildDecodingTables() {
     vocab_size_ = std::max<int64_t>(vocab_size_, int64_t{id} + 1);
   }
   for (const AddedToken& a : added_) {
-    std::optional<std::string> bytes = byte_level_ ? ByteLevelToBytes(a.content) : std::nullopt;
-    id_bytes_[a.id] = bytes ? *std::move(bytes) : a.content;
+    // Decoded from its normalized form, as HF does since tokenizers 0.20, so
+    // that the decoder inverts the normalizer ("▁<think>" -> " <think>").
+    std::optional<std::string> bytes = byte_level_ ? ByteLevelToBytes(a.pattern) : std::nullopt;
+    id_bytes_[a.id] = bytes ? *std::move(bytes) : a.pattern;
     if (a.special) special_ids_[a.id] = true;
     vocab_size_ = std::max<int64_t>(vocab_size_, int64_t{a.id} + 1);
   }
@@ -669,8 +677,14 @@ absl::Status BpeTokenizer::LoadAddedTokens(const std::string& path, const Json& 
     added_.push_back(std::move(a));
   }
   for (size_t i = 0; i < added_.size(); ++i) {
-    (added_[i].normalized ? normalized_matcher_ : raw_matcher_)
-        .Add(static_cast<int32_t>(i), added_[i]);
+    AddedToken& a = added_[i];
+    a.pattern = a.content;
+    if (a.normalized && normalizer_) {
+      NormalizedText n(a.content);
+      normalizer_->Apply(&n);
+      a.pattern = n.text;
+    }
+    (a.normalized ? normalized_matcher_ : raw_matcher_).Add(static_cast<int32_t>(i), a);
   }
   raw_matcher_.Finish(added_);
   normalized_matcher_.Finish(added_);

@@ -1,12 +1,15 @@
 // Tokenizer families beyond byte-level BPE with known splits, against HF
 // tokenizers: SentencePiece-style BPE (Llama 2's normalizer pipeline,
 // Metaspace "first" and "always"+split, Gemma's), and byte-level BPE
-// behind DeepSeek-V3's and o200k's Split regexes (Oniguruma). The
-// tokenizer.json files and the expected encodings of a million-character
-// corpus come from tests/golden/make_tokenizer_families.py, run with
-// `tokenizers` on the GPU machine.
+// behind DeepSeek-V3's, o200k's, cl100k's (possessive quantifiers) and
+// Tekken's Split regexes (Oniguruma). The tokenizer.json files and the
+// expected encodings of a million-character corpus come from
+// tests/golden/make_tokenizer_families.py, run with `tokenizers` on the GPU
+// machine. E3_TOKENIZER_FAMILIES_DIR points the test at a larger corpus
+// made by the same script (--chars, --out), which is not committed.
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -24,7 +27,12 @@ namespace {
 
 using Json = nlohmann::json;
 
-const std::string kDir = std::string(E3_SOURCE_DIR) + "/tests/fixtures/tokenizers/";
+std::string FixtureDir() {
+  const char* dir = std::getenv("E3_TOKENIZER_FAMILIES_DIR");
+  if (dir != nullptr && *dir != '\0') return std::string(dir) + "/";
+  return std::string(E3_SOURCE_DIR) + "/tests/fixtures/tokenizers/";
+}
+const std::string kDir = FixtureDir();
 
 std::vector<std::string> ReadLines(const std::string& path) {
   auto reader = LineReader::Open(path);
@@ -143,7 +151,7 @@ TEST_P(TokenizerFamiliesTest, CorpusMatchesHfTokenizers) {
 
 INSTANTIATE_TEST_SUITE_P(Families, TokenizerFamiliesTest,
                          ::testing::Values("llama2", "metaspace_first", "metaspace_split", "gemma", "deepseek_v3",
-                                           "gpt_oss"));
+                                           "gpt_oss", "cl100k", "tekken"));
 
 }  // namespace
 }  // namespace e3

@@ -13,15 +13,24 @@ published file, with a small vocab trained here:
 - metaspace_split: Metaspace with prepend "always" and split;
 - gemma: Replace(" ", "\u2581") normalizer, no pre-tokenizer, byte_fallback;
 - deepseek_v3: byte-level BPE behind DeepSeek-V3's three Split regexes;
-- gpt_oss: byte-level BPE behind the o200k Split regex.
-Then encodes a corpus of about a million characters (code, prose, CJK,
-emoji, whitespace runs, combining marks, the tricky strings of
-make_tokenizer_variants.py) and records, per 100 lines, the token count
-and hashes of the ids, offsets (UTF-8 bytes) and decoded text, the first
-lines in full, and HF's encode time. Run on the GPU machine:
+- gpt_oss: byte-level BPE behind the o200k Split regex;
+- cl100k: byte-level BPE behind tiktoken's cl100k_base regex as tiktoken
+  writes it, possessive quantifiers included (Phi-4's tokenizer is
+  cl100k-based);
+- tekken: byte-level BPE behind Mistral's Tekken regex (o200k's letter
+  classes, single digits, no contractions), with ignore_merges.
+Then encodes a corpus of about a million characters (prose, this
+repository's own source code, CJK, emoji, whitespace runs, combining
+marks, the tricky strings of make_tokenizer_variants.py) and records, per
+100 lines, the token count and hashes of the ids, offsets (UTF-8 bytes)
+and decoded text, the first lines in full, and HF's encode time. Run on
+the GPU machine:
 
     python3 tests/golden/make_tokenizer_families.py
     python3 tests/golden/make_tokenizer_families.py --time_only   # HF's speed alone
+    # A larger corpus, not committed: tokenizer_families_test reads it
+    # from E3_TOKENIZER_FAMILIES_DIR.
+    python3 tests/golden/make_tokenizer_families.py --chars=8000000 --out=/tmp/families
 """
 import gzip
 import json
@@ -49,11 +58,36 @@ O200K = (r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{L
          r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"""
          r"""\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 
+CL100K = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+TEKKEN = (r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"""
+          r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|"""
+          r"""\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+FAMILIES = ("llama2", "metaspace_first", "metaspace_split", "gemma", "deepseek_v3", "gpt_oss", "cl100k", "tekken")
 SPECIALS = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 
 
-def corpus():
-    """About a million characters of mixed text, the same every run."""
+def source_lines(limit):
+    """This repository's own C++ and Python source, line by line (real code:
+    indentation runs, operators, comments), in a fixed order."""
+    lines, total = [], 0
+    for folder in ("common", "teacher_server", "student_trainer", "tools", "bench"):
+        for base, dirs, files in sorted(os.walk(os.path.join(ROOT, folder))):
+            dirs.sort()
+            for name in sorted(files):
+                if not name.endswith((".cc", ".h", ".py", ".cu")):
+                    continue
+                for line in open(os.path.join(base, name), encoding="utf-8", errors="replace"):
+                    lines.append(line.rstrip("\n"))
+                    total += len(lines[-1])
+                    if total >= limit:
+                        return lines
+    return lines
+
+
+def corpus(chars):
+    """`chars` characters of mixed text, the same every run: conversations
+    (up to 70%), source code (up to 15% more), then random mixtures."""
     rng = random.Random(29)
     lines = []
     sys.path.insert(0, HERE)
@@ -63,8 +97,9 @@ def corpus():
     for raw in open(data, encoding="utf-8"):
         for turn in json.loads(raw)["conversations"]:
             lines.append(turn.get("content") or turn.get("value") or "")
-        if sum(map(len, lines)) > 700_000:
+        if sum(map(len, lines)) > 0.7 * chars:
             break
+    lines += source_lines(0.15 * chars)
     pools = {
         "cjk": [chr(c) for c in range(0x4E00, 0x4E00 + 400)] + [chr(c) for c in range(0x3041, 0x3097)],
         "hangul": [chr(c) for c in range(0xAC00, 0xAC00 + 200)],
@@ -80,7 +115,8 @@ def corpus():
                  "=>", "!==", "::", "<|im_start|>", "<|im_end|>", "<s>", "</s>"],
     }
     kinds = list(pools)
-    while sum(map(len, lines)) < 1_000_000:
+    total = sum(map(len, lines))
+    while total < chars:
         parts = []
         for _ in range(rng.randint(3, 40)):
             kind = rng.choice(kinds)
@@ -90,6 +126,7 @@ def corpus():
             parts.append(piece)
             parts.append(rng.choice(pools["space"]) if rng.random() < 0.5 else "")
         lines.append("".join(parts))
+        total += len(lines[-1])
     return lines
 
 
@@ -115,8 +152,8 @@ def sentencepiece_family(name, normalizer, pre, decoder, train_lines):
     return finish(spec)
 
 
-def byte_level_family(splits, train_lines):
-    tok = tokenizers.Tokenizer(models.BPE())
+def byte_level_family(splits, train_lines, ignore_merges=False):
+    tok = tokenizers.Tokenizer(models.BPE(ignore_merges=ignore_merges))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(p), behavior="isolated") for p in splits] +
         [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
@@ -169,6 +206,8 @@ def families(train_lines):
             train_lines),
         "deepseek_v3": byte_level_family(DEEPSEEK_V3, train_lines),
         "gpt_oss": byte_level_family([O200K], train_lines),
+        "cl100k": byte_level_family([CL100K], train_lines),
+        "tekken": byte_level_family([TEKKEN], train_lines, ignore_merges=True),
     }
 
 
@@ -213,7 +252,7 @@ def time_only():
     with gzip.open(os.path.join(OUT, "corpus.jsonl.gz"), "rt", encoding="utf-8") as f:
         lines = [json.loads(l) for l in f]
     chars = sum(map(len, lines))
-    for name in ("llama2", "metaspace_first", "metaspace_split", "gemma", "deepseek_v3", "gpt_oss"):
+    for name in FAMILIES:
         with gzip.open(os.path.join(OUT, f"{name}.json.gz"), "rt", encoding="utf-8") as f:
             tok = tokenizers.Tokenizer.from_str(f.read())
         best = float("inf")
@@ -230,8 +269,15 @@ def time_only():
 def main():
     if "--time_only" in sys.argv:
         return time_only()
+    global OUT
+    chars = 1_000_000
+    for arg in sys.argv[1:]:
+        if arg.startswith("--chars="):
+            chars = int(arg.split("=", 1)[1])
+        elif arg.startswith("--out="):
+            OUT = arg.split("=", 1)[1]
     os.makedirs(OUT, exist_ok=True)
-    lines = corpus()
+    lines = corpus(chars)
     with gzip.open(os.path.join(OUT, "corpus.jsonl.gz"), "wt", encoding="utf-8", compresslevel=9) as f:
         for t in lines:
             f.write(json.dumps(t, ensure_ascii=False) + "\n")
