@@ -29,15 +29,17 @@ absl::StatusOr<std::optional<TrainerState>> CheckpointManager::Resume(Eagle3Draf
 }
 
 absl::Status CheckpointManager::Save(const TrainerState& state, const Eagle3DraftImpl& trained,
-                                     DraftOptimizer& optimizer, TeacherPool& teachers) {
-  if (options_.dir.empty() || state.step == saved_step_) return absl::OkStatus();
-  saved_step_ = state.step;
-  if (options_.rank == 0) {
-    E3_ASSIGN_OR_RETURN(last_path_, SaveCheckpoint(options_.dir, state, trained, optimizer));
+                                     DraftOptimizer& optimizer, TeacherPool& teachers, bool last) {
+  if (options_.dir.empty()) return absl::OkStatus();
+  if (state.step != saved_step_) {
+    saved_step_ = state.step;
+    if (options_.rank == 0) {
+      E3_ASSIGN_OR_RETURN(last_path_, SaveCheckpoint(options_.dir, state, trained, optimizer));
+    }
+    E3_RETURN_IF_ERROR(Barrier(options_.group, options_.device));
   }
-  E3_RETURN_IF_ERROR(Barrier(options_.group, options_.device));
   // Only now are the batches before each cursor committed.
-  return teachers.Commit(state.cursors);
+  return teachers.Commit(state.cursors, last);
 }
 
 }  // namespace e3

@@ -36,9 +36,10 @@ class CheckpointManager {
   // Whether step `step` (just finished) is a periodic checkpoint.
   bool Due(int64_t step) const { return options_.every > 0 && step % options_.every == 0; }
   // Writes `state` (unless this step is already saved), waits for every
-  // rank, then commits the cursors at the teachers.
+  // rank, then commits the cursors at the teachers; the `last` save waits
+  // until every teacher has the commit (one away may come back).
   absl::Status Save(const TrainerState& state, const Eagle3DraftImpl& trained,
-                    DraftOptimizer& optimizer, TeacherPool& teachers);
+                    DraftOptimizer& optimizer, TeacherPool& teachers, bool last = false);
   // The path of the last checkpoint this rank wrote (empty: none).
   const std::string& last_path() const { return last_path_; }
 

@@ -164,8 +164,11 @@ absl::Status Trainer::Build() {
   E3_RETURN_IF_ERROR(BuildTeachersAndDraft());
   E3_RETURN_IF_ERROR(Resume());
   E3_RETURN_IF_ERROR(BuildScheduleAndMetrics());
-  // Each teacher streams from the cursor the checkpoint holds for it.
-  return teachers_->Start(state_.cursors);
+  // Each teacher streams from the cursor the checkpoint holds for it; the
+  // checkpoints keep the data stream each cursor belongs to with it.
+  E3_RETURN_IF_ERROR(teachers_->Start(state_.cursors));
+  for (size_t i = 0; i < state_.cursors.size(); ++i) state_.cursors[i].data = teachers_->fingerprint(i);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<bool> Trainer::TrainOneBatch() {
@@ -173,11 +176,12 @@ absl::StatusOr<bool> Trainer::TrainOneBatch() {
   E3_ASSIGN_OR_RETURN(std::optional<PooledBatch> next, teachers_->Next());
   if (!next.has_value()) return false;
   const StudentBatch& batch = next->batch;
-  const StreamCursor after = {batch.epoch, batch.index + 1};
+  StreamCursor& cursor = state_.cursors[next->teacher];
   if (batch.num_tokens == 0 &&
       group_ == nullptr) {  // this rank's share of a small global batch was empty
-    state_.cursors[next->teacher] = after;
-    E3_RETURN_IF_ERROR(teachers_->Ack(next->teacher, batch.batch_id));
+    cursor.epoch = batch.epoch;
+    cursor.next_batch = batch.index + 1;
+    E3_RETURN_IF_ERROR(teachers_->Ack(next->teacher, batch));
     return true;
   }
   const double lr = schedule_.At(state_.step);
@@ -185,10 +189,11 @@ absl::StatusOr<bool> Trainer::TrainOneBatch() {
       const TttOutput out,
       TrainStep(*draft_.draft, *draft_.optimizer, batch.num_tokens > 0 ? &batch.tensors : nullptr,
                 ttt_, lr, state_.step));
-  E3_RETURN_IF_ERROR(teachers_->Ack(next->teacher, batch.batch_id));
+  E3_RETURN_IF_ERROR(teachers_->Ack(next->teacher, batch));
   state_.step += 1;
   state_.tokens += batch.num_tokens;
-  state_.cursors[next->teacher] = after;
+  cursor.epoch = batch.epoch;
+  cursor.next_batch = batch.index + 1;
   summary_.transport = TransportName(batch.transport);
 
   StepRecord r;
@@ -259,7 +264,11 @@ absl::StatusOr<TrainSummary> Trainer::Train() {
     E3_ASSIGN_OR_RETURN(const bool trained, TrainOneBatch());
     if (!trained) break;
   }
-  E3_RETURN_IF_ERROR(checkpoints_->Save(state_, draft_.trained(), *draft_.optimizer, *teachers_));
+  // The last commit waits for a teacher that is away, unless a signal
+  // asked to stop: the checkpoint holds the cursor, and a restarted student
+  // reports it with its first Subscribe.
+  E3_RETURN_IF_ERROR(checkpoints_->Save(state_, draft_.trained(), *draft_.optimizer, *teachers_,
+                                        /*last=*/!summary_.stopped_by_signal));
   E3_RETURN_IF_ERROR(MeasureAtEnd());
   E3_RETURN_IF_ERROR(Export());
   const TrainSummary summary = Summary();

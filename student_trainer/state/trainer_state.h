@@ -12,13 +12,16 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/data_fingerprint.h"
 
 namespace e3 {
 
-// Where a stream resumes: the first batch not yet consumed or committed.
+// Where a stream resumes: the first batch not yet consumed or committed,
+// and the data stream the position belongs to (empty: not known yet).
 struct StreamCursor {
   int64_t epoch = 0;
   int64_t next_batch = 0;
+  DataFingerprint data;
 };
 
 struct TrainerState {
@@ -32,7 +35,9 @@ struct TrainerState {
 std::string TrainerStateToJson(const TrainerState& state);
 // `source` names the file in errors. DataLoss unless "step" is an integer
 // >= 0 and "cursors" an array of {"epoch", "next_batch"} integers >= 0;
-// "tokens" (integer >= 0) and "subscriber_id" (string) may be absent.
+// "tokens" (integer >= 0), "subscriber_id" (string) and each cursor's
+// "fingerprint" (common/data_fingerprint.h; absent in older checkpoints)
+// may be absent.
 absl::StatusOr<TrainerState> ParseTrainerState(const std::string& text, const std::string& source);
 
 }  // namespace e3
