@@ -574,8 +574,12 @@ void TeacherClient::ReaderLoop() {
     if (!away_since.has_value()) {
       away_since = now;
       last_progress = now;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        from = consumed_;  // where the next subscription starts
+      }
       std::printf("student[%d]: teacher %s unreachable (%s); waiting up to %.0f s (%s) for it to come back, then "
-                  "resubscribing at %ld:%ld\n",
+                  "resubscribing after the last batch trained (now %ld:%ld)\n",
                   options_.rank, options_.address.c_str(), why.c_str(), absl::ToDoubleSeconds(options_.teacher_wait),
                   flag.c_str(), static_cast<long>(from.epoch), static_cast<long>(from.next_batch));
       std::fflush(stdout);
