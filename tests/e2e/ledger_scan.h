@@ -23,11 +23,23 @@ struct LedgerScan {
   int64_t redeliveries = 0;
   int64_t opens = 0;  // one per teacher process that opened the file
   std::map<int64_t, int> committed;  // epoch-0 sample -> times committed
+  std::map<int64_t, std::map<int64_t, int>> by_epoch;  // epoch -> sample -> times committed
 
   // Every sample of the dataset committed, and none twice.
   bool ExactlyOnce() const {
     if (dataset_samples < 0 || static_cast<int64_t>(committed.size()) != dataset_samples) return false;
     return std::all_of(committed.begin(), committed.end(), [](const auto& kv) { return kv.second == 1; });
+  }
+  // The same for each of epochs [0, epochs).
+  bool ExactlyOnceOver(int64_t epochs) const {
+    for (int64_t e = 0; e < epochs; ++e) {
+      auto it = by_epoch.find(e);
+      if (it == by_epoch.end() || static_cast<int64_t>(it->second.size()) != dataset_samples) return false;
+      for (const auto& kv : it->second) {
+        if (kv.second != 1) return false;
+      }
+    }
+    return true;
   }
   std::string Describe() const {
     int64_t twice = 0;
@@ -54,8 +66,10 @@ inline LedgerScan ScanLedger(const std::string& path) {
     } else if (event == "commit") {
       s.commits += 1;
       s.max_committed_index = std::max<int64_t>(s.max_committed_index, j["index"].get<int64_t>());
-      if (j["epoch"].get<int64_t>() == 0) {
-        for (auto& id : j["samples"]) s.committed[id.get<int64_t>()] += 1;
+      const int64_t epoch = j["epoch"].get<int64_t>();
+      for (auto& id : j["samples"]) {
+        s.by_epoch[epoch][id.get<int64_t>()] += 1;
+        if (epoch == 0) s.committed[id.get<int64_t>()] += 1;
       }
     } else if (event == "deliver") {
       s.deliveries += 1;

@@ -57,7 +57,7 @@ std::vector<std::string> StudentArgs(const std::string& dir, const std::string& 
 // Waits until the teacher on `port` answers (its log says it serves).
 bool WaitServing(Subprocess& teacher, std::chrono::seconds limit) {
   const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end && teacher.running()) {
+  while (std::chrono::steady_clock::now() < end && !teacher.Wait(0ms).has_value()) {
     if (teacher.Log().find("teacher: serving on") != std::string::npos) return true;
     std::this_thread::sleep_for(50ms);
   }
@@ -68,7 +68,7 @@ bool WaitServing(Subprocess& teacher, std::chrono::seconds limit) {
 // the teacher dies with batches delivered and not committed.
 bool WaitCommittedWithMoreInFlight(const std::string& ledger, Subprocess& student, std::chrono::seconds limit) {
   const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end && student.running()) {
+  while (std::chrono::steady_clock::now() < end && !student.Wait(0ms).has_value()) {
     LedgerScan s = ScanLedger(ledger);
     if (s.commits > 0 && s.deliveries >= s.max_committed_index + 3) return true;
     std::this_thread::sleep_for(50ms);
@@ -116,7 +116,7 @@ void RestartMidRun(int signal, const std::string& name) {
   }
   EXPECT_NE(student.Log().find("127.0.0.1:" + std::to_string(spec.port) + " unreachable"), std::string::npos)
       << student.Log();
-  ASSERT_TRUE(student.running()) << student.Log();
+  ASSERT_FALSE(student.Wait(0ms).has_value()) << student.Log();
 
   Subprocess second(TeacherArgs(spec), dir + "/teacher-second.log");
   ExpectStudentFinished(student);
