@@ -7,7 +7,12 @@
 //   - each teacher's ledger shows every sample of every epoch committed
 //     exactly once;
 //   - every process that lived long enough kept its RSS (/proc/<pid>/status
-//     VmRSS) and open descriptors (/proc/<pid>/fd) flat after warm-up;
+//     VmRSS) and open descriptors (/proc/<pid>/fd) flat after warm-up. The
+//     teachers run with glibc's mmap threshold fixed at 64 KiB: with the
+//     default dynamic threshold a teacher's heap grows by fragmentation
+//     (measured: +23 MiB RssAnon over 150 s of one teacher and student,
+//     flat with the fixed threshold), which would hide a real leak under
+//     a loose bound;
 //   - no shm segment of any teacher process is left in /dev/shm.
 // CI runs 4 faults over 4 epochs (about 1-2 minutes on two cores).
 // Longer: E3_SOAK_FAULTS=N (faults), E3_SOAK_EPOCHS=E (default 4),
@@ -101,7 +106,7 @@ class UsageLog {
                   static_cast<long>(most.fds));
       // Allocator caches and gRPC connections to restarted peers come and
       // go; a leak per batch or per reconnect grows past these.
-      EXPECT_LE(most.rss_kib, warm.rss_kib * 5 / 4 + 64 * 1024) << name;
+      EXPECT_LE(most.rss_kib, warm.rss_kib * 11 / 10 + 16 * 1024) << name;
       EXPECT_LE(most.fds, warm.fds + 8) << name;
     }
     EXPECT_GT(judged, 0) << "no process lived long enough to judge";
@@ -119,6 +124,7 @@ class Soak {
   }
 
   void StartTeacher(int t) {
+    ::setenv("MALLOC_MMAP_THRESHOLD_", "65536", 1);  // for this child only (see the header)
     teachers_[t] = std::make_unique<Subprocess>(
         std::vector<std::string>{
             testing::TeacherBinary(), "--model_dir=" + kSrc + "/examples/tiny-code-llama",
@@ -128,6 +134,7 @@ class Soak {
             "--listen=127.0.0.1:" + std::to_string(ports_[t]), "--ledger=" + Ledger(t), "--exit_when_done",
             "--subscriber_timeout_s=2", "--metrics_port=-1", "--threads=1"},
         dir_ + "/teacher" + std::to_string(t) + "-" + std::to_string(++starts_) + ".log");
+    ::unsetenv("MALLOC_MMAP_THRESHOLD_");
     pids_.push_back(teachers_[t]->pid());
     usage_.Add(teachers_[t].get(), "teacher " + std::to_string(t));
   }
