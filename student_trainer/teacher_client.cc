@@ -14,6 +14,7 @@
 #include "proto/subscription_wire.h"
 #include "proto/weight_download.h"
 #include "proto/wire_codec.h"
+#include "student_trainer/teacher_wait.h"
 
 namespace e3 {
 namespace {
@@ -38,6 +39,17 @@ bool IsAway(grpc::StatusCode code) {
          code == grpc::StatusCode::NOT_FOUND || code == grpc::StatusCode::ABORTED ||
          code == grpc::StatusCode::CANCELLED;
 }
+
+// The generation an accepted Subscribe announced in its initial
+// metadata; 0 when there is none (a refusal).
+uint64_t AcceptedGeneration(const grpc::ClientContext& ctx) {
+  const auto& metadata = ctx.GetServerInitialMetadata();
+  auto it = metadata.find(kSubscriptionGenerationKey);
+  if (it == metadata.end()) return 0;
+  return ParseSubscriptionGeneration(std::string(it->second.data(), it->second.size())).value_or(0);
+}
+
+std::string CursorText(const StreamCursor& c) { return absl::StrCat(c.epoch, ":", c.next_batch); }
 
 // Errors a retry cannot fix: a mismatched build, a refused subscription,
 // corrupt data, a message over a size cap (the same message would be
@@ -384,8 +396,7 @@ absl::StatusOr<at::Tensor> TeacherClient::FetchDevicePayload(const ReceivedBatch
   return block;
 }
 
-TeacherClient::StreamResult TeacherClient::StreamOnce(const StreamCursor& from, const StreamCursor& committed) {
-  StreamResult result;
+v1::SubscribeRequest TeacherClient::SubscribeRequestFor(const StreamCursor& from, const StreamCursor& committed) {
   v1::SubscribeRequest req;
   req.set_version(v1::PROTOCOL_VERSION_CURRENT);
   req.set_rank(options_.rank);
@@ -428,6 +439,12 @@ TeacherClient::StreamResult TeacherClient::StreamOnce(const StreamCursor& from, 
       }
     }
   }
+  return req;
+}
+
+TeacherClient::StreamResult TeacherClient::StreamOnce(const StreamCursor& from, const StreamCursor& committed) {
+  StreamResult result;
+  const v1::SubscribeRequest req = SubscribeRequestFor(from, committed);
   grpc::ClientContext ctx;
   auth_->Attach(&ctx);
   {
@@ -442,11 +459,7 @@ TeacherClient::StreamResult TeacherClient::StreamOnce(const StreamCursor& from, 
   // The teacher accepts with the generation in its initial metadata;
   // a refusal ends the call without it.
   reader->WaitForInitialMetadata();
-  uint64_t generation = 0;
-  const auto& metadata = ctx.GetServerInitialMetadata();
-  if (auto it = metadata.find(kSubscriptionGenerationKey); it != metadata.end()) {
-    generation = ParseSubscriptionGeneration(std::string(it->second.data(), it->second.size())).value_or(0);
-  }
+  const uint64_t generation = AcceptedGeneration(ctx);
   if (generation != 0) {
     result.accepted = true;
     std::lock_guard<std::mutex> lock(mu_);
@@ -504,103 +517,76 @@ std::string TeacherClient::StreamFailure(const grpc::Status& st) const {
   return st.ok() ? std::string("the stream ended without the end of data") : st.error_message();
 }
 
+void TeacherClient::Fail(absl::Status failure) {
+  std::lock_guard<std::mutex> lock(mu_);
+  failure_ = std::move(failure);
+  cv_.notify_all();
+}
+
+bool TeacherClient::NextSubscription(StreamCursor* from, StreamCursor* committed) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // After the end of data the reader idles; a commit that found the
+  // teacher restarted asks for one more subscription to carry it.
+  cv_.wait(lock, [this] { return stop_ || !ended_ || resubscribe_; });
+  if (stop_) return false;
+  resubscribe_ = false;
+  if (ended_) {
+    // Everything up to the end is queued or trained: subscribe at the end,
+    // only to report the commit.
+    *from = {info_.epochs, 0, {}};
+  } else {
+    queue_.clear();  // not yet consumed: the teacher delivers them again
+    *from = consumed_;
+  }
+  *committed = checkpointed_;
+  return true;
+}
+
 void TeacherClient::ReaderLoop() {
-  absl::Duration backoff = options_.initial_backoff;
-  std::optional<absl::Time> away_since;  // the teacher became unreachable
-  absl::Time last_progress;
-  std::string why;
-  const std::string flag = absl::StrCat("--teacher_wait_s=", absl::ToDoubleSeconds(options_.teacher_wait));
-  while (true) {
-    StreamCursor from, committed;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      // After the end of data the reader idles; a commit that found the
-      // teacher restarted asks for one more subscription to carry it.
-      cv_.wait(lock, [this] { return stop_ || !ended_ || resubscribe_; });
-      if (stop_) return;
-      resubscribe_ = false;
-      if (ended_) {
-        // Everything up to the end is queued or trained: subscribe at the
-        // end, only to report the commit.
-        from = {info_.epochs, 0, {}};
-      } else {
-        queue_.clear();  // not yet consumed: the teacher delivers them again
-        from = consumed_;
-      }
-      committed = checkpointed_;
-    }
+  TeacherWaitOptions w;
+  w.address = options_.address;
+  w.rank = options_.rank;
+  w.limit = options_.teacher_wait;
+  w.initial_backoff = options_.initial_backoff;
+  w.max_backoff = options_.max_backoff;
+  w.progress_every = options_.progress_every;
+  TeacherWait wait(w);
+  StreamCursor from, committed;
+  while (NextSubscription(&from, &committed)) {
+    // Back from away: the same model and data stream, or nothing.
+    absl::Status same = wait.away() ? RecheckTeacher() : absl::OkStatus();
+    if (same.code() == absl::StatusCode::kFailedPrecondition) return Fail(same);
     StreamResult r;
-    absl::Status same = away_since.has_value() ? RecheckTeacher() : absl::OkStatus();
     if (same.ok()) {
       r = StreamOnce(from, committed);
-    } else if (same.code() == absl::StatusCode::kFailedPrecondition) {
-      std::lock_guard<std::mutex> lock(mu_);
-      failure_ = same;
-      cv_.notify_all();
-      return;
     } else {
       r.status = grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(same.message()));
     }
-    if (r.accepted) {
-      if (away_since.has_value()) {
-        std::printf("student[%d]: teacher %s is back after %.1f s; resubscribed at %ld:%ld\n", options_.rank,
-                    options_.address.c_str(), absl::ToDoubleSeconds(absl::Now() - *away_since),
-                    static_cast<long>(from.epoch), static_cast<long>(from.next_batch));
-        std::fflush(stdout);
-      }
-      away_since.reset();
-      backoff = options_.initial_backoff;
-    }
+    if (r.accepted) wait.Accepted(CursorText(from));
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) return;
       if (r.saw_end) {
-        ended_ = true;  // the trainer has every batch; the stream's end does not matter now
+        ended_ = true;  // the trainer has every batch; how the stream ended does not matter now
         continue;
       }
     }
     if (!r.status.ok() && IsFatal(r.status.error_code())) {
+      return Fail(r.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED
+                      ? FromGrpc(r.status, absl::StrCat("stream from teacher at ", options_.address,
+                                                        " (this student's --max_receive_message_bytes is ",
+                                                        options_.max_receive_message_bytes, ")"))
+                      : FromGrpc(r.status, absl::StrCat("teacher at ", options_.address, " refused the subscription")));
+    }
+    StreamCursor resume_at;
+    {
       std::lock_guard<std::mutex> lock(mu_);
-      failure_ = r.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED
-                     ? FromGrpc(r.status, absl::StrCat("stream from teacher at ", options_.address,
-                                                       " (this student's --max_receive_message_bytes is ",
-                                                       options_.max_receive_message_bytes, ")"))
-                     : FromGrpc(r.status, absl::StrCat("teacher at ", options_.address, " refused the subscription"));
-      cv_.notify_all();
-      return;
+      resume_at = consumed_;
     }
-    why = StreamFailure(r.status);
-    const absl::Time now = absl::Now();
-    if (!away_since.has_value()) {
-      away_since = now;
-      last_progress = now;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        from = consumed_;  // where the next subscription starts
-      }
-      std::printf("student[%d]: teacher %s unreachable (%s); waiting up to %.0f s (%s) for it to come back, then "
-                  "resubscribing after the last batch trained (now %ld:%ld)\n",
-                  options_.rank, options_.address.c_str(), why.c_str(), absl::ToDoubleSeconds(options_.teacher_wait),
-                  flag.c_str(), static_cast<long>(from.epoch), static_cast<long>(from.next_batch));
-      std::fflush(stdout);
-    } else if (now - last_progress >= options_.progress_every) {
-      last_progress = now;
-      std::printf("student[%d]: still waiting for teacher %s: unreachable for %.0f s of %.0f s (last error: %s)\n",
-                  options_.rank, options_.address.c_str(), absl::ToDoubleSeconds(now - *away_since),
-                  absl::ToDoubleSeconds(options_.teacher_wait), why.c_str());
-      std::fflush(stdout);
-    }
-    if (now - *away_since >= options_.teacher_wait) {
-      std::lock_guard<std::mutex> lock(mu_);
-      failure_ = absl::UnavailableError(absl::StrCat("teacher at ", options_.address, " lost: unreachable for ",
-                                                     absl::ToDoubleSeconds(now - *away_since), " s (", flag,
-                                                     "); last error: ", why));
-      cv_.notify_all();
-      return;
-    }
+    absl::StatusOr<absl::Duration> pause = wait.Failed(StreamFailure(r.status), CursorText(resume_at));
+    if (!pause.ok()) return Fail(pause.status());
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, absl::ToChronoNanoseconds(backoff), [this] { return stop_; });
-    backoff = std::min(backoff * 2, options_.max_backoff);
+    cv_.wait_for(lock, absl::ToChronoNanoseconds(*pause), [this] { return stop_; });
     ++reconnects_;
   }
 }

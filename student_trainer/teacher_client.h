@@ -156,6 +156,12 @@ class TeacherClient {
   // still unreachable.
   absl::Status RecheckTeacher();
   void ReaderLoop();
+  // Waits for the next subscription to make (false: stopping) and says
+  // where it resumes and what it reports committed.
+  bool NextSubscription(StreamCursor* from, StreamCursor* committed);
+  // Ends streaming with `failure`, which Next() then returns.
+  void Fail(absl::Status failure);
+  v1::SubscribeRequest SubscribeRequestFor(const StreamCursor& from, const StreamCursor& committed);
   struct StreamResult {
     grpc::Status status;
     bool accepted = false;  // the teacher sent the subscription's generation

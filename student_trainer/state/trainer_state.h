@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -19,6 +20,9 @@ namespace e3 {
 // Where a stream resumes: the first batch not yet consumed or committed,
 // and the data stream the position belongs to (empty: not known yet).
 struct StreamCursor {
+  // A position alone ({epoch, next_batch}) has no fingerprint yet.
+  StreamCursor(int64_t e = 0, int64_t n = 0, DataFingerprint d = {})
+      : epoch(e), next_batch(n), data(std::move(d)) {}
   int64_t epoch = 0;
   int64_t next_batch = 0;
   DataFingerprint data;
