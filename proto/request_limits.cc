@@ -41,6 +41,20 @@ absl::Status CheckName(const char* message, const char* field, const std::string
   return absl::OkStatus();
 }
 
+// Hash fields are short hex strings; they reach log lines and errors.
+absl::Status CheckFingerprint(const char* message, const v1::DataFingerprint& f, const RequestLimits& limits) {
+  for (auto [field, value] : {std::pair{"resume_fingerprint.dataset", &f.dataset()},
+                              {"resume_fingerprint.chat_template", &f.chat_template()},
+                              {"resume_fingerprint.samples", &f.samples()},
+                              {"resume_fingerprint.draft_vocab", &f.draft_vocab()}}) {
+    if (auto s = CheckName(message, field, *value, limits.max_name_bytes, false); !s.ok()) return s;
+  }
+  if (f.epochs() < 0 || f.num_data_shards() < 0 || f.data_shard() < 0 || f.tokens_per_batch() < 0) {
+    return Invalid(message, "resume_fingerprint", "has a negative epochs, shard or token budget; expected >= 0");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckCursor(const char* message, const char* field, const v1::Cursor& c) {
   if (c.epoch() < 0 || c.next_batch() < 0) {
     return Invalid(message, field,
@@ -101,7 +115,18 @@ absl::Status CheckSubscribeRequest(const v1::SubscribeRequest& req, const Reques
     return Invalid(kMsg, "student_device",
                    absl::StrCat("is ", req.student_device(), "; expected >= 0"));
   }
-  return absl::OkStatus();
+  if (req.has_committed()) {
+    if (auto s = CheckCursor(kMsg, "committed", req.committed()); !s.ok()) return s;
+    const auto& c = req.committed();
+    const auto& r = req.resume();
+    // A student checkpoints only what it has consumed.
+    if (c.epoch() > r.epoch() || (c.epoch() == r.epoch() && c.next_batch() > r.next_batch())) {
+      return Invalid(kMsg, "committed",
+                     absl::StrCat("is ", c.epoch(), ":", c.next_batch(), ", past resume ", r.epoch(), ":",
+                                  r.next_batch(), "; expected committed <= resume"));
+    }
+  }
+  return CheckFingerprint(kMsg, req.resume_fingerprint(), limits);
 }
 
 absl::Status CheckAckRequest(const v1::AckRequest& req, const RequestLimits& limits) {

@@ -29,16 +29,18 @@ absl::StatusOr<std::optional<TrainerState>> CheckpointManager::Resume(Eagle3Draf
 }
 
 absl::Status CheckpointManager::Save(const TrainerState& state, const Eagle3DraftImpl& trained,
-                                     DraftOptimizer& optimizer, TeacherPool& teachers, bool final_save) {
+                                     DraftOptimizer& optimizer, TeacherPool& teachers, bool last,
+                                     bool final_report) {
   if (options_.dir.empty()) return absl::OkStatus();
-  if (state.step == saved_step_) return final_save ? teachers.Commit(state.cursors, true) : absl::OkStatus();
-  saved_step_ = state.step;
-  if (options_.rank == 0) {
-    E3_ASSIGN_OR_RETURN(last_path_, SaveCheckpoint(options_.dir, state, trained, optimizer));
+  if (state.step != saved_step_) {
+    saved_step_ = state.step;
+    if (options_.rank == 0) {
+      E3_ASSIGN_OR_RETURN(last_path_, SaveCheckpoint(options_.dir, state, trained, optimizer));
+    }
+    E3_RETURN_IF_ERROR(Barrier(options_.group, options_.device));
   }
-  E3_RETURN_IF_ERROR(Barrier(options_.group, options_.device));
   // Only now are the batches before each cursor committed.
-  return teachers.Commit(state.cursors, final_save);
+  return teachers.Commit(state.cursors, last, final_report);
 }
 
 }  // namespace e3

@@ -36,11 +36,13 @@ class CheckpointManager {
   // Whether step `step` (just finished) is a periodic checkpoint.
   bool Due(int64_t step) const { return options_.every > 0 && step % options_.every == 0; }
   // Writes `state` (unless this step is already saved), waits for every
-  // rank, then commits the cursors at the teachers. A `final_save` (the
-  // student stops on a signal) reports its cursors even when this step
-  // was saved already.
+  // rank, then commits the cursors at the teachers; the `last` save waits
+  // until every teacher has the commit (one away may come back). A
+  // `final_report` (the student stops on a signal) sends its cursors even
+  // when a teacher has them already: a draining teacher waits for it.
   absl::Status Save(const TrainerState& state, const Eagle3DraftImpl& trained,
-                    DraftOptimizer& optimizer, TeacherPool& teachers, bool final_save = false);
+                    DraftOptimizer& optimizer, TeacherPool& teachers, bool last = false,
+                    bool final_report = false);
   // The path of the last checkpoint this rank wrote (empty: none).
   const std::string& last_path() const { return last_path_; }
 

@@ -100,7 +100,15 @@ ABSL_FLAG(std::string, transports, "",
           "transports accepted (default: nccl,cuda_ipc,shm,inline on a GPU, shm,inline on the CPU)");
 ABSL_FLAG(int, credit_window, static_cast<int>(e3::RunConfig().schedule.credit_window),
           "batches in flight / prefetched (the teacher caps it at its own --credit_window)");
-ABSL_FLAG(int, connect_attempts, 6, "attempts (with exponential backoff) before giving up on the teacher");
+ABSL_FLAG(int, connect_attempts, 6,
+          "attempts at the first connection (with exponential backoff) before giving up on a teacher");
+ABSL_FLAG(double, teacher_wait_s, 1800,
+          "once training: how long a teacher may stay away (killed and restarted, drained, unreachable) before the "
+          "run fails; the student resubscribes at its cursor when it is back, with a progress line every 10 s");
+ABSL_FLAG(double, keepalive_ping_s, 10,
+          "ping a teacher connection that has been quiet this long (HTTP/2 keepalive; at least 1)");
+ABSL_FLAG(double, keepalive_timeout_s, 5,
+          "a ping unanswered this long closes the connection: the teacher counts as unreachable");
 ABSL_FLAG(double, initial_backoff_s, 0.5, "first retry delay; doubles each attempt");
 ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads (0: default)");
 ABSL_FLAG(int64_t, max_receive_message_bytes, e3::TeacherClientOptions().max_receive_message_bytes,
@@ -155,6 +163,20 @@ absl::StatusOr<TrainerOptions> OptionsFromFlags() {
   o.client.auth.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   o.client.max_attempts = std::max(1, absl::GetFlag(FLAGS_connect_attempts));
   o.client.initial_backoff = absl::Seconds(absl::GetFlag(FLAGS_initial_backoff_s));
+  if (absl::GetFlag(FLAGS_teacher_wait_s) < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--teacher_wait_s is ", absl::GetFlag(FLAGS_teacher_wait_s), "; expected >= 0 seconds"));
+  }
+  o.client.teacher_wait = absl::Seconds(absl::GetFlag(FLAGS_teacher_wait_s));
+  if (absl::GetFlag(FLAGS_keepalive_ping_s) < 1 || absl::GetFlag(FLAGS_keepalive_timeout_s) <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--keepalive_ping_s is ", absl::GetFlag(FLAGS_keepalive_ping_s), " and --keepalive_timeout_s is ",
+        absl::GetFlag(FLAGS_keepalive_timeout_s), "; expected >= 1 (the teachers accept pings that often) and > 0"));
+  }
+  o.client.keepalive.ping_every = std::chrono::milliseconds(
+      static_cast<int64_t>(absl::GetFlag(FLAGS_keepalive_ping_s) * 1000));
+  o.client.keepalive.ping_timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(absl::GetFlag(FLAGS_keepalive_timeout_s) * 1000));
   o.client.max_receive_message_bytes = absl::GetFlag(FLAGS_max_receive_message_bytes);
   o.client.max_weights_bytes = absl::GetFlag(FLAGS_max_weights_bytes);
   char host[256] = {0};

@@ -11,8 +11,10 @@
 #include "common/status_macros.h"
 #include "common/torch/tensor_convert.h"
 #include "proto/request_limits.h"
+#include "proto/subscription_wire.h"
 #include "proto/weight_download.h"
 #include "proto/wire_codec.h"
+#include "student_trainer/teacher_wait.h"
 
 namespace e3 {
 namespace {
@@ -21,6 +23,33 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
   return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(s.error_code())),
                       absl::StrCat(what, ": ", s.error_message()));
 }
+
+// Whether `a` is before `b` in stream order.
+bool CursorBefore(const StreamCursor& a, const StreamCursor& b) {
+  return a.epoch != b.epoch ? a.epoch < b.epoch : a.next_batch < b.next_batch;
+}
+
+// An Ack that failed because the teacher is away or restarted, not
+// because it refused: UNAVAILABLE and DEADLINE_EXCEEDED (gone or
+// unreachable), NOT_FOUND (a restarted teacher this rank has not
+// subscribed to yet), ABORTED (a newer subscription: ours, if the reader
+// resubscribed meanwhile; the caller tells), CANCELLED.
+bool IsAway(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED ||
+         code == grpc::StatusCode::NOT_FOUND || code == grpc::StatusCode::ABORTED ||
+         code == grpc::StatusCode::CANCELLED;
+}
+
+// The generation an accepted Subscribe announced in its initial
+// metadata; 0 when there is none (a refusal).
+uint64_t AcceptedGeneration(const grpc::ClientContext& ctx) {
+  const auto& metadata = ctx.GetServerInitialMetadata();
+  auto it = metadata.find(kSubscriptionGenerationKey);
+  if (it == metadata.end()) return 0;
+  return ParseSubscriptionGeneration(std::string(it->second.data(), it->second.size())).value_or(0);
+}
+
+std::string CursorText(const StreamCursor& c) { return absl::StrCat(c.epoch, ":", c.next_batch); }
 
 // Errors a retry cannot fix: a mismatched build, a refused subscription,
 // corrupt data, a message over a size cap (the same message would be
@@ -59,6 +88,47 @@ std::unique_ptr<grpc::ClientContext> TeacherClient::NewContext(bool with_deadlin
   return ctx;
 }
 
+std::vector<std::string> ModelDifferences(const TeacherInfo& a, const TeacherInfo& b) {
+  std::vector<std::string> differ;
+  if (b.config.architecture_name != a.config.architecture_name) differ.push_back("architecture");
+  if (b.config.hidden_size != a.config.hidden_size) differ.push_back("hidden_size");
+  if (b.config.num_hidden_layers != a.config.num_hidden_layers) differ.push_back("num_hidden_layers");
+  if (b.config.vocab_size != a.config.vocab_size) differ.push_back("vocab_size");
+  if (b.aux_layer_ids != a.aux_layer_ids) differ.push_back("aux layer ids");
+  if (b.draft_vocab_size != a.draft_vocab_size) differ.push_back("draft vocab size");
+  return differ;
+}
+
+absl::StatusOr<TeacherInfo> TeacherClient::FetchInfo(absl::Duration timeout, grpc::Status* rpc_status) {
+  v1::GetInfoRequest req;
+  req.set_version(v1::PROTOCOL_VERSION_CURRENT);
+  req.set_world_size(options_.world_size);
+  v1::GetInfoResponse resp;
+  auto ctx = NewContext(false);
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  *rpc_status = stub_->GetInfo(ctx.get(), req, &resp);
+  if (!rpc_status->ok()) return FromGrpc(*rpc_status, absl::StrCat("GetInfo from teacher at ", options_.address));
+  E3_RETURN_IF_ERROR(CheckProtocolVersion(resp.version(), "teacher"));
+  TeacherInfo info;
+  info.raw = resp;
+  E3_ASSIGN_OR_RETURN(info.config,
+                      ParseModelConfig(resp.model().config_json(), absl::StrCat("teacher ", options_.address, " config.json")));
+  // The weights are bounded by the dims in resp.model(); the trainer
+  // builds from the parsed config: they must agree.
+  if (resp.model().hidden_size() != info.config.hidden_size || resp.model().vocab_size() != info.config.vocab_size) {
+    return absl::DataLossError(absl::StrCat("teacher ", options_.address, ": GetInfoResponse.model says hidden_size ",
+                                            resp.model().hidden_size(), ", vocab_size ", resp.model().vocab_size(),
+                                            " but its config_json says ", info.config.hidden_size, ", ",
+                                            info.config.vocab_size));
+  }
+  info.aux_layer_ids.assign(resp.model().aux_layer_ids().begin(), resp.model().aux_layer_ids().end());
+  info.draft_vocab_size = resp.model().draft_vocab_size();
+  info.batches_per_epoch = resp.batches_per_epoch();
+  info.epochs = resp.epochs();
+  info.fingerprint = FingerprintFromWire(resp.data_fingerprint());
+  return info;
+}
+
 absl::StatusOr<std::unique_ptr<TeacherClient>> TeacherClient::Connect(const TeacherClientOptions& options) {
   auto client = std::unique_ptr<TeacherClient>(new TeacherClient(options));
   try {
@@ -78,35 +148,20 @@ absl::StatusOr<std::unique_ptr<TeacherClient>> TeacherClient::Connect(const Teac
   args.SetMaxSendMessageSize(static_cast<int>(options.max_send_message_bytes));
   client->auth_->AddChannelArguments(&args);
   AddClientKeepalive(options.keepalive, &args);
+  // gRPC's own reconnect backoff grows to two minutes; a restarted
+  // teacher should be found within max_backoff of coming back.
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+              static_cast<int>(std::max<int64_t>(100, absl::ToInt64Milliseconds(options.max_backoff))));
   client->channel_ = grpc::CreateCustomChannel(options.address, client->auth_->ChannelCredentials(), args);
   client->stub_ = v1::TeacherService::NewStub(client->channel_);
   absl::Duration backoff = options.initial_backoff;
   grpc::Status last;
   for (int attempt = 1; attempt <= options.max_attempts; ++attempt) {
-    v1::GetInfoRequest req;
-    req.set_version(v1::PROTOCOL_VERSION_CURRENT);
-    req.set_world_size(options.world_size);
-    v1::GetInfoResponse resp;
-    auto ctx = client->NewContext(true);
-    last = client->stub_->GetInfo(ctx.get(), req, &resp);
+    absl::StatusOr<TeacherInfo> info = client->FetchInfo(options.rpc_timeout, &last);
     if (last.ok()) {
-      E3_RETURN_IF_ERROR(CheckProtocolVersion(resp.version(), "teacher"));
-      TeacherInfo& info = client->info_;
-      info.raw = resp;
-      E3_ASSIGN_OR_RETURN(info.config,
-                          ParseModelConfig(resp.model().config_json(), absl::StrCat("teacher ", options.address, " config.json")));
-      // The weights are bounded by the dims in resp.model(); the trainer
-      // builds from the parsed config: they must agree.
-      if (resp.model().hidden_size() != info.config.hidden_size || resp.model().vocab_size() != info.config.vocab_size) {
-        return absl::DataLossError(absl::StrCat("teacher ", options.address, ": GetInfoResponse.model says hidden_size ",
-                                                resp.model().hidden_size(), ", vocab_size ", resp.model().vocab_size(),
-                                                " but its config_json says ", info.config.hidden_size, ", ",
-                                                info.config.vocab_size));
-      }
-      info.aux_layer_ids.assign(resp.model().aux_layer_ids().begin(), resp.model().aux_layer_ids().end());
-      info.draft_vocab_size = resp.model().draft_vocab_size();
-      info.batches_per_epoch = resp.batches_per_epoch();
-      info.epochs = resp.epochs();
+      if (!info.ok()) return info.status();
+      client->info_ = *std::move(info);
+      client->shm_prefix_ = client->info_.raw.shm_prefix();
       return client;
     }
     if (IsFatal(last.error_code())) return FromGrpc(last, absl::StrCat("teacher at ", options.address, " refused GetInfo"));
@@ -119,6 +174,28 @@ absl::StatusOr<std::unique_ptr<TeacherClient>> TeacherClient::Connect(const Teac
   }
   return absl::UnavailableError(absl::StrCat("teacher at ", options.address, " unreachable after ", options.max_attempts,
                                              " attempts: ", last.error_message()));
+}
+
+absl::Status TeacherClient::RecheckTeacher() {
+  grpc::Status rpc;
+  // A short deadline: an unreachable teacher (a frozen link) must not
+  // hold the retry loop for the whole rpc_timeout.
+  absl::StatusOr<TeacherInfo> now = FetchInfo(std::min(options_.rpc_timeout, absl::Seconds(10)), &rpc);
+  if (!rpc.ok()) return now.status();
+  if (!now.ok()) return absl::FailedPreconditionError(std::string(now.status().message()));
+  const std::vector<std::string> differ = ModelDifferences(info_, *now);
+  if (!differ.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("teacher at ", options_.address,
+                                                      " came back serving another model (",
+                                                      absl::StrJoin(differ, ", "), " differ)"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  E3_RETURN_IF_ERROR(CheckSameDataStream(
+      stream_fingerprint_, now->fingerprint,
+      absl::StrCat("teacher at ", options_.address, " came back serving other data: this student's cursor ",
+                   consumed_.epoch, ":", consumed_.next_batch)));
+  shm_prefix_ = now->raw.shm_prefix();
+  return absl::OkStatus();
 }
 
 TeacherClient::~TeacherClient() {
@@ -155,7 +232,12 @@ absl::StatusOr<EvalSetFetch> TeacherClient::FetchEvalSet() {
   if (!out.ready) return out;
   for (const v1::EvalSetChunk& c : chunks) {
     E3_RETURN_IF_ERROR(CheckProtocolVersion(c.batch().version(), "teacher"));
-    E3_ASSIGN_OR_RETURN(auto received, ReceivedBatch::Resolve(c.batch(), info_.raw.shm_prefix()));
+    std::string prefix;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      prefix = shm_prefix_;
+    }
+    E3_ASSIGN_OR_RETURN(auto received, ReceivedBatch::Resolve(c.batch(), prefix));
     auto get = [&](const char* name) -> absl::StatusOr<at::Tensor> {
       E3_ASSIGN_OR_RETURN(ReceivedTensor t, received->Get(name));
       return ToTensor(t);
@@ -227,9 +309,21 @@ absl::StatusOr<FrozenWeights> TeacherClient::FetchWeights(bool with_rest_head) {
 absl::Status TeacherClient::Start(StreamCursor resume) {
   std::lock_guard<std::mutex> lock(mu_);
   if (reader_.joinable()) return absl::FailedPreconditionError("already streaming");
+  E3_RETURN_IF_ERROR(CheckSameDataStream(
+      resume.data, info_.fingerprint,
+      absl::StrCat("the checkpoint's cursor ", resume.epoch, ":", resume.next_batch, " for teacher ", options_.address)));
+  // A fresh cursor takes the teacher's: from now on this student's
+  // position means batches of that stream.
+  stream_fingerprint_ = resume.data.empty() ? info_.fingerprint : resume.data;
   consumed_ = resume;
+  checkpointed_ = resume;  // the first Subscribe reports it; acknowledged_ follows once accepted
   reader_ = std::thread([this] { ReaderLoop(); });
   return absl::OkStatus();
+}
+
+DataFingerprint TeacherClient::fingerprint() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stream_fingerprint_;
 }
 
 absl::StatusOr<StudentBatch> TeacherClient::Decode(const v1::BatchDescriptor& d) {
@@ -242,7 +336,12 @@ absl::StatusOr<StudentBatch> TeacherClient::Decode(const v1::BatchDescriptor& d)
   b.num_tokens = d.num_tokens();
   b.sample_ids.assign(d.sample_ids().begin(), d.sample_ids().end());
   if (b.end_of_data) return b;
-  E3_ASSIGN_OR_RETURN(auto received, ReceivedBatch::Resolve(d, info_.raw.shm_prefix()));
+  std::string prefix;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    prefix = shm_prefix_;
+  }
+  E3_ASSIGN_OR_RETURN(auto received, ReceivedBatch::Resolve(d, prefix));
   E3_ASSIGN_OR_RETURN(b.transport, FromWire(d.transport()));
   at::Tensor block;  // device transports: the whole payload in this GPU's memory
   if (received->on_device()) {
@@ -297,7 +396,7 @@ absl::StatusOr<at::Tensor> TeacherClient::FetchDevicePayload(const ReceivedBatch
   return block;
 }
 
-grpc::Status TeacherClient::StreamOnce(StreamCursor from, bool* saw_end, bool* received_any) {
+v1::SubscribeRequest TeacherClient::SubscribeRequestFor(const StreamCursor& from, const StreamCursor& committed) {
   v1::SubscribeRequest req;
   req.set_version(v1::PROTOCOL_VERSION_CURRENT);
   req.set_rank(options_.rank);
@@ -306,6 +405,12 @@ grpc::Status TeacherClient::StreamOnce(StreamCursor from, bool* saw_end, bool* r
   req.set_credit_window(options_.credit_window);
   req.mutable_resume()->set_epoch(from.epoch);
   req.mutable_resume()->set_next_batch(from.next_batch);
+  req.mutable_committed()->set_epoch(committed.epoch);
+  req.mutable_committed()->set_next_batch(committed.next_batch);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stream_fingerprint_.empty()) *req.mutable_resume_fingerprint() = FingerprintToWire(stream_fingerprint_);
+  }
   req.set_subscriber_id(options_.subscriber_id);
   req.set_host(options_.host);
   // Device transports: this student receives into GPU memory; for NCCL it
@@ -334,17 +439,46 @@ grpc::Status TeacherClient::StreamOnce(StreamCursor from, bool* saw_end, bool* r
       }
     }
   }
+  return req;
+}
+
+TeacherClient::StreamResult TeacherClient::StreamOnce(const StreamCursor& from, const StreamCursor& committed) {
+  StreamResult result;
+  const v1::SubscribeRequest req = SubscribeRequestFor(from, committed);
   grpc::ClientContext ctx;
   auth_->Attach(&ctx);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) return grpc::Status::CANCELLED;
+    if (stop_) {
+      result.status = grpc::Status::CANCELLED;
+      return result;
+    }
     active_ = &ctx;
   }
   auto reader = stub_->Subscribe(&ctx, req);
+  // The teacher accepts with the generation in its initial metadata;
+  // a refusal ends the call without it.
+  reader->WaitForInitialMetadata();
+  const uint64_t generation = AcceptedGeneration(ctx);
+  if (generation != 0) {
+    result.accepted = true;
+    std::lock_guard<std::mutex> lock(mu_);
+    generation_ = generation;
+    // The subscription carried the checkpoint's cursor: committed.
+    if (CursorBefore(acknowledged_, committed)) acknowledged_ = committed;
+    cv_.notify_all();
+  }
   v1::BatchDescriptor d;
   grpc::Status decode_error = grpc::Status::OK;
-  while (reader->Read(&d)) {
+  // No generation: a refusal (the call is over and Finish says why), or a
+  // teacher too old to fence its subscriptions.
+  if (generation == 0 && reader->Read(&d)) {
+    ctx.TryCancel();
+    decode_error = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                "the teacher streams without a subscription generation (an older teacher_server "
+                                "build); run teacher and students of the same build");
+  }
+  while (generation != 0 && reader->Read(&d)) {
     auto batch = Decode(d);
     if (!batch.ok()) {
       // A device transfer that timed out or broke is retried on a new
@@ -357,9 +491,12 @@ grpc::Status TeacherClient::StreamOnce(StreamCursor from, bool* saw_end, bool* r
       ctx.TryCancel();
       break;
     }
-    *received_any = true;
+    batch->generation = generation;
     std::lock_guard<std::mutex> lock(mu_);
-    if (batch->end_of_data) *saw_end = true;
+    if (batch->end_of_data) {
+      result.saw_end = true;
+      if (ended_) continue;  // a resubscription after the end: the trainer has had it
+    }
     queue_.push_back(std::move(batch).value());
     cv_.notify_all();
   }
@@ -368,58 +505,88 @@ grpc::Status TeacherClient::StreamOnce(StreamCursor from, bool* saw_end, bool* r
     std::lock_guard<std::mutex> lock(mu_);
     active_ = nullptr;
     nccl_.reset();  // aborts a transfer the teacher will never complete
+    // A clean end keeps the subscription: the teacher still takes its acks.
+    if (!(result.saw_end && st.ok())) generation_ = 0;
+    cv_.notify_all();
   }
-  return decode_error.ok() ? st : decode_error;
+  result.status = decode_error.ok() ? st : decode_error;
+  return result;
+}
+
+std::string TeacherClient::StreamFailure(const grpc::Status& st) const {
+  return st.ok() ? std::string("the stream ended without the end of data") : st.error_message();
+}
+
+void TeacherClient::Fail(absl::Status failure) {
+  std::lock_guard<std::mutex> lock(mu_);
+  failure_ = std::move(failure);
+  cv_.notify_all();
+}
+
+bool TeacherClient::NextSubscription(StreamCursor* from, StreamCursor* committed) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // After the end of data the reader idles; a commit that found the
+  // teacher restarted asks for one more subscription to carry it.
+  cv_.wait(lock, [this] { return stop_ || !ended_ || resubscribe_; });
+  if (stop_) return false;
+  resubscribe_ = false;
+  if (ended_) {
+    // Everything up to the end is queued or trained: subscribe at the end,
+    // only to report the commit.
+    *from = {info_.epochs, 0, {}};
+  } else {
+    queue_.clear();  // not yet consumed: the teacher delivers them again
+    *from = consumed_;
+  }
+  *committed = checkpointed_;
+  return true;
 }
 
 void TeacherClient::ReaderLoop() {
-  int failures = 0;
-  absl::Duration backoff = options_.initial_backoff;
-  while (true) {
-    StreamCursor from;
+  TeacherWaitOptions w;
+  w.address = options_.address;
+  w.rank = options_.rank;
+  w.limit = options_.teacher_wait;
+  w.initial_backoff = options_.initial_backoff;
+  w.max_backoff = options_.max_backoff;
+  w.progress_every = options_.progress_every;
+  TeacherWait wait(w);
+  StreamCursor from, committed;
+  while (NextSubscription(&from, &committed)) {
+    // Back from away: the same model and data stream, or nothing.
+    absl::Status same = wait.away() ? RecheckTeacher() : absl::OkStatus();
+    if (same.code() == absl::StatusCode::kFailedPrecondition) return Fail(same);
+    StreamResult r;
+    if (same.ok()) {
+      r = StreamOnce(from, committed);
+    } else {
+      r.status = grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(same.message()));
+    }
+    if (r.accepted) wait.Accepted(CursorText(from));
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) return;
-      queue_.clear();  // not yet consumed: the teacher delivers them again
-      from = consumed_;
-      ++stream_generation_;
+      if (r.saw_end) {
+        ended_ = true;  // the trainer has every batch; how the stream ended does not matter now
+        continue;
+      }
     }
-    bool saw_end = false, received = false;
-    grpc::Status st = StreamOnce(from, &saw_end, &received);
-    if (saw_end) return;
+    if (!r.status.ok() && IsFatal(r.status.error_code())) {
+      return Fail(r.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED
+                      ? FromGrpc(r.status, absl::StrCat("stream from teacher at ", options_.address,
+                                                        " (this student's --max_receive_message_bytes is ",
+                                                        options_.max_receive_message_bytes, ")"))
+                      : FromGrpc(r.status, absl::StrCat("teacher at ", options_.address, " refused the subscription")));
+    }
+    StreamCursor resume_at;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (stop_) return;
+      resume_at = consumed_;
     }
-    if (received) {
-      failures = 0;
-      backoff = options_.initial_backoff;
-    }
-    std::string why = st.ok() ? "stream ended without end of data" : st.error_message();
-    if (!st.ok() && IsFatal(st.error_code())) {
-      std::lock_guard<std::mutex> lock(mu_);
-      failure_ = st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED
-                     ? FromGrpc(st, absl::StrCat("stream from teacher at ", options_.address,
-                                                 " (this student's --max_receive_message_bytes is ",
-                                                 options_.max_receive_message_bytes, ")"))
-                     : FromGrpc(st, absl::StrCat("teacher at ", options_.address, " refused the subscription"));
-      cv_.notify_all();
-      return;
-    }
-    if (++failures >= options_.max_attempts) {
-      std::lock_guard<std::mutex> lock(mu_);
-      failure_ = absl::UnavailableError(absl::StrCat("teacher at ", options_.address, " lost: the stream failed ",
-                                                     failures, " times in a row; last error: ", why));
-      cv_.notify_all();
-      return;
-    }
-    std::fprintf(stderr, "student: stream from %s broke (%s); resubscribing at %ld:%ld, attempt %d/%d in %.1fs\n",
-                 options_.address.c_str(), why.c_str(), static_cast<long>(from.epoch),
-                 static_cast<long>(from.next_batch), failures, options_.max_attempts - 1,
-                 absl::ToDoubleSeconds(backoff));
+    absl::StatusOr<absl::Duration> pause = wait.Failed(StreamFailure(r.status), CursorText(resume_at));
+    if (!pause.ok()) return Fail(pause.status());
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, absl::ToChronoNanoseconds(backoff), [this] { return stop_; });
-    backoff *= 2;
+    cv_.wait_for(lock, absl::ToChronoNanoseconds(*pause), [this] { return stop_; });
     ++reconnects_;
   }
 }
@@ -438,35 +605,108 @@ absl::StatusOr<StudentBatch> TeacherClient::Next(double* wait_seconds) {
   if (!queue_.empty()) {
     StudentBatch b = std::move(queue_.front());
     queue_.pop_front();
-    if (!b.end_of_data) consumed_ = {b.epoch, b.index + 1};
+    if (!b.end_of_data) {
+      consumed_.epoch = b.epoch;
+      consumed_.next_batch = b.index + 1;
+    }
     return b;
   }
   if (!failure_.ok()) return failure_;
   return absl::CancelledError("client stopped");
 }
 
-absl::StatusOr<int> TeacherClient::Ack(const std::vector<int64_t>& batch_ids, std::optional<StreamCursor> committed) {
+grpc::Status TeacherClient::SendAck(uint64_t generation, const std::vector<int64_t>& batch_ids,
+                                    const std::optional<StreamCursor>& committed) {
   v1::AckRequest req;
   req.set_version(v1::PROTOCOL_VERSION_CURRENT);
   req.set_subscriber_id(options_.subscriber_id);
   req.set_rank(options_.rank);
+  req.set_subscription_generation(generation);
   for (int64_t id : batch_ids) req.add_batch_ids(id);
   if (committed.has_value()) {
     req.mutable_committed()->set_epoch(committed->epoch);
     req.mutable_committed()->set_next_batch(committed->next_batch);
   }
-  absl::Duration backoff = options_.initial_backoff;
-  grpc::Status st;
-  for (int attempt = 1; attempt <= options_.max_attempts; ++attempt) {
-    v1::AckResponse resp;
-    auto ctx = NewContext(true);
-    st = stub_->Ack(ctx.get(), req, &resp);
-    if (st.ok()) return resp.credits();
-    if (IsFatal(st.error_code())) break;
-    std::this_thread::sleep_for(absl::ToChronoNanoseconds(backoff));
-    backoff *= 2;
+  v1::AckResponse resp;
+  auto ctx = NewContext(true);
+  return stub_->Ack(ctx.get(), req, &resp);
+}
+
+void TeacherClient::WaitForNewSubscription(uint64_t generation, absl::Duration d) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, absl::ToChronoNanoseconds(d),
+               [&] { return stop_ || !failure_.ok() || generation_ != generation; });
+}
+
+absl::Status TeacherClient::Ack(const StudentBatch& batch) {
+  const absl::Time deadline = absl::Now() + options_.teacher_wait;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // Replaced, or the teacher is gone after the end of data: the
+      // teacher dropped that subscription's buffers itself.
+      if (generation_ != batch.generation || stop_) return absl::OkStatus();
+    }
+    const grpc::Status st = SendAck(batch.generation, {batch.batch_id}, std::nullopt);
+    if (st.ok()) return absl::OkStatus();
+    if (!IsAway(st.error_code())) return FromGrpc(st, absl::StrCat("Ack to ", options_.address));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (generation_ != batch.generation || ended_) return absl::OkStatus();
+      // Refused as superseded while this is still our subscription:
+      // another student subscribed with this id and rank.
+      if (st.error_code() == grpc::StatusCode::ABORTED) return FromGrpc(st, absl::StrCat("Ack to ", options_.address));
+    }
+    if (absl::Now() >= deadline) return FromGrpc(st, absl::StrCat("Ack to ", options_.address));
+    // Until the reader notices the teacher went away and resubscribes.
+    WaitForNewSubscription(batch.generation, options_.max_backoff);
   }
-  return FromGrpc(st, absl::StrCat("Ack to ", options_.address));
+}
+
+absl::Status TeacherClient::Commit(const StreamCursor& cursor, bool wait, bool always_send) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!always_send && !CursorBefore(acknowledged_, cursor)) return absl::OkStatus();
+    if (CursorBefore(checkpointed_, cursor)) checkpointed_ = cursor;  // every later Subscribe reports it
+  }
+  const absl::Time deadline = absl::Now() + options_.teacher_wait;
+  bool must_send = always_send;
+  while (true) {
+    uint64_t generation = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!must_send && !CursorBefore(acknowledged_, cursor)) return absl::OkStatus();
+      if (!failure_.ok()) return failure_;
+      if (stop_) return absl::CancelledError("client stopped");
+      generation = generation_;
+    }
+    if (generation != 0) {
+      const grpc::Status st = SendAck(generation, {}, cursor);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (st.ok()) {
+        if (CursorBefore(acknowledged_, cursor)) acknowledged_ = cursor;
+        return absl::OkStatus();
+      }
+      const bool superseded_by_other = st.error_code() == grpc::StatusCode::ABORTED && generation_ == generation;
+      if (!IsAway(st.error_code()) || superseded_by_other) {
+        return FromGrpc(st, absl::StrCat("commit of ", cursor.epoch, ":", cursor.next_batch, " to ", options_.address));
+      }
+      if (generation_ == generation && ended_) {
+        // The teacher restarted after the end of data: one more
+        // subscription carries the commit.
+        generation_ = 0;
+        resubscribe_ = true;
+        cv_.notify_all();
+      }
+    }
+    if (!wait) return absl::OkStatus();  // the next Subscribe carries it
+    if (absl::Now() >= deadline) {
+      return absl::UnavailableError(absl::StrCat("teacher at ", options_.address, " did not take the commit of ",
+                                                 cursor.epoch, ":", cursor.next_batch, " within --teacher_wait_s=",
+                                                 absl::ToDoubleSeconds(options_.teacher_wait)));
+    }
+    WaitForNewSubscription(generation, options_.max_backoff);
+  }
 }
 
 }  // namespace e3

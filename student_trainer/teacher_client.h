@@ -1,8 +1,12 @@
 // The student's side of TeacherService: connects with retries, fetches the
 // frozen weights, and streams batches on a background thread into a
 // bounded prefetch queue (so a step never waits on decoding). A broken
-// stream is resubscribed with backoff from the first batch the trainer
-// has not consumed; after the retry budget the failure is reported.
+// stream (the teacher killed, drained, restarted, or unreachable) is
+// resubscribed from the first batch the trainer has not consumed, after
+// GetInfo shows the same model and data stream, for up to teacher_wait;
+// each Subscribe also carries the last checkpoint cursor, so a commit the
+// teacher missed while away lands with it (docs/DECISIONS.md, "A teacher
+// restarted mid-run").
 #ifndef E3_STUDENT_TRAINER_TEACHER_CLIENT_H_
 #define E3_STUDENT_TRAINER_TEACHER_CLIENT_H_
 
@@ -19,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/data_fingerprint.h"
 #include "common/rpc/keepalive.h"
 #include "common/rpc/peer_auth.h"
 #include "absl/status/statusor.h"
@@ -50,8 +55,14 @@ struct TeacherClientOptions {
   std::string device = "cpu";
   absl::Duration transfer_timeout = absl::Seconds(120);  // one device transfer, the teacher's send included
   absl::Duration rpc_timeout = absl::Seconds(30);
-  int max_attempts = 6;  // consecutive failed attempts before giving up
+  int max_attempts = 6;  // attempts at the first GetInfo before giving up
   absl::Duration initial_backoff = absl::Milliseconds(500);
+  // Once streaming: how long a teacher may stay away (killed and
+  // restarted, drained, unreachable) before the run fails; retries back
+  // off to max_backoff, and a line is logged every progress_every.
+  absl::Duration teacher_wait = absl::Seconds(1800);
+  absl::Duration max_backoff = absl::Seconds(2);
+  absl::Duration progress_every = absl::Seconds(10);
   PeerAuthOptions auth;  // TLS and the shared token (common/rpc/peer_auth.h)
   KeepaliveOptions keepalive;  // a teacher that stops answering is noticed in seconds
   // Caps on what the teacher can make this student hold: one message (an
@@ -73,7 +84,12 @@ struct TeacherInfo {
   int64_t draft_vocab_size = 0;
   int64_t batches_per_epoch = 0;
   int64_t epochs = 0;
+  DataFingerprint fingerprint;  // of the data stream it serves
 };
+
+// What differs between two teachers' models as the draft sees them
+// (dims, aux layers, draft vocab size); empty when nothing does.
+std::vector<std::string> ModelDifferences(const TeacherInfo& a, const TeacherInfo& b);
 
 struct FrozenWeights {
   at::Tensor embed_tokens;  // [V, H]
@@ -93,6 +109,7 @@ struct StudentBatch {
   std::vector<int64_t> sample_ids;
   TttBatch tensors;  // on the client's device for device transports, else on the CPU
   TransportKind transport = TransportKind::kInline;
+  uint64_t generation = 0;  // the subscription that delivered it
 };
 
 struct EvalSetFetch {
@@ -115,19 +132,55 @@ class TeacherClient {
   // has one, how far its generation is, and once ready its batches.
   absl::StatusOr<EvalSetFetch> FetchEvalSet();
 
-  // Starts streaming from `resume` on the background thread.
+  // Starts streaming from `resume` (a checkpoint's cursor, or 0:0) on the
+  // background thread. A cursor made under another data fingerprint than
+  // the teacher's is refused here, naming what differs.
   absl::Status Start(StreamCursor resume);
+  // The fingerprint this client's cursor belongs to: the checkpoint's, or
+  // the teacher's when the student started fresh.
+  DataFingerprint fingerprint() const;
   // The next batch, blocking; `wait_seconds` gets the time spent blocked.
   absl::StatusOr<StudentBatch> Next(double* wait_seconds);
-  // Acks trained batches; `committed` reports a checkpoint's cursor.
-  absl::StatusOr<int> Ack(const std::vector<int64_t>& batch_ids, std::optional<StreamCursor> committed);
+  // Acks a trained batch (frees its buffer at the teacher, returns a
+  // credit). A batch of a subscription since replaced needs none: the
+  // teacher dropped its buffers when the student resubscribed.
+  absl::Status Ack(const StudentBatch& batch);
+  // Reports a checkpoint's cursor as committed. Without `wait`, a teacher
+  // that is away gets it with the next Subscribe; with it, returns once the
+  // teacher has it (at most teacher_wait).
+  // `always_send`: sent even when the teacher took this cursor already (a
+  // draining teacher waits for one commit from each rank it served).
+  absl::Status Commit(const StreamCursor& cursor, bool wait, bool always_send = false);
   int reconnects() const { return reconnects_; }
 
  private:
   explicit TeacherClient(TeacherClientOptions options) : options_(std::move(options)) {}
+  // GetInfo once, within `timeout`, parsed and checked.
+  absl::StatusOr<TeacherInfo> FetchInfo(absl::Duration timeout, grpc::Status* rpc_status);
+  // After the teacher was away: the same model and data stream as before?
+  // FailedPrecondition (fatal) if not; the transport's error if it is
+  // still unreachable.
+  absl::Status RecheckTeacher();
   void ReaderLoop();
-  // One Subscribe stream from `from`; returns its final status.
-  grpc::Status StreamOnce(StreamCursor from, bool* saw_end, bool* received_any);
+  // Waits for the next subscription to make (false: stopping) and says
+  // where it resumes and what it reports committed.
+  bool NextSubscription(StreamCursor* from, StreamCursor* committed);
+  // Ends streaming with `failure`, which Next() then returns.
+  void Fail(absl::Status failure);
+  v1::SubscribeRequest SubscribeRequestFor(const StreamCursor& from, const StreamCursor& committed);
+  struct StreamResult {
+    grpc::Status status;
+    bool accepted = false;  // the teacher sent the subscription's generation
+    bool saw_end = false;
+  };
+  // One Subscribe stream from `from`, reporting `committed`.
+  StreamResult StreamOnce(const StreamCursor& from, const StreamCursor& committed);
+  // Sends one Ack of `generation`.
+  grpc::Status SendAck(uint64_t generation, const std::vector<int64_t>& batch_ids,
+                       const std::optional<StreamCursor>& committed);
+  // Waits (interruptibly) up to `d` or until the subscription changes.
+  void WaitForNewSubscription(uint64_t generation, absl::Duration d);
+  std::string StreamFailure(const grpc::Status& st) const;
   absl::StatusOr<StudentBatch> Decode(const v1::BatchDescriptor& d);
   // Fetches a device payload (NCCL receive or CUDA IPC copy) into one
   // block of this client's GPU memory.
@@ -140,11 +193,19 @@ class TeacherClient {
   std::unique_ptr<v1::TeacherService::Stub> stub_;
   TeacherInfo info_;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<StudentBatch> queue_;
   StreamCursor consumed_;  // first batch the trainer has not taken
-  uint64_t stream_generation_ = 0;
+  StreamCursor checkpointed_;  // the last checkpoint's cursor, sent with every Subscribe
+  StreamCursor acknowledged_;  // the furthest commit the teacher confirmed
+  DataFingerprint stream_fingerprint_;  // what consumed_ and checkpointed_ belong to
+  std::string shm_prefix_;     // the teacher process's segments (a restart changes it)
+  // The live subscription's generation; 0 while there is none (a clean
+  // end of data keeps it: the teacher still takes its acks).
+  uint64_t generation_ = 0;
+  bool ended_ = false;        // the stream delivered the end of data
+  bool resubscribe_ = false;  // after the end: a commit needs a new subscription
   absl::Status failure_;
   bool stop_ = false;
   grpc::ClientContext* active_ = nullptr;

@@ -9,10 +9,6 @@
 namespace e3 {
 namespace {
 
-bool SameCursor(const StreamCursor& a, const StreamCursor& b) {
-  return a.epoch == b.epoch && a.next_batch == b.next_batch;
-}
-
 void LogTeacher(const TeacherClientOptions& client, const std::string& address,
                 const TeacherInfo& ti) {
   std::printf(
@@ -33,14 +29,7 @@ absl::Status CheckTeachersAgree(const std::vector<const TeacherInfo*>& infos,
                                 const std::vector<std::string>& addresses) {
   const TeacherInfo& a = *infos[0];
   for (size_t i = 1; i < infos.size(); ++i) {
-    const TeacherInfo& b = *infos[i];
-    std::vector<std::string> differ;
-    if (b.config.hidden_size != a.config.hidden_size) differ.push_back("hidden_size");
-    if (b.config.num_hidden_layers != a.config.num_hidden_layers)
-      differ.push_back("num_hidden_layers");
-    if (b.config.vocab_size != a.config.vocab_size) differ.push_back("vocab_size");
-    if (b.aux_layer_ids != a.aux_layer_ids) differ.push_back("aux layer ids");
-    if (b.draft_vocab_size != a.draft_vocab_size) differ.push_back("draft vocab size");
+    const std::vector<std::string> differ = ModelDifferences(a, *infos[i]);
     if (!differ.empty()) {
       return absl::FailedPreconditionError(
           absl::StrCat("teachers ", addresses[0], " and ", addresses[i],
@@ -72,8 +61,7 @@ TeacherPool::TeacherPool(std::vector<std::string> addresses,
                          std::vector<std::unique_ptr<TeacherClient>> clients)
     : addresses_(std::move(addresses)),
       clients_(std::move(clients)),
-      turns_(clients_.size()),
-      committed_(clients_.size()) {}
+      turns_(clients_.size()) {}
 
 absl::StatusOr<std::unique_ptr<TeacherPool>> TeacherPool::Connect(
     const std::vector<std::string>& addresses, const TeacherClientOptions& client) {
@@ -112,7 +100,6 @@ absl::Status TeacherPool::Start(const std::vector<StreamCursor>& cursors) {
     return absl::InternalError(
         absl::StrCat(cursors.size(), " cursors for ", clients_.size(), " teachers"));
   }
-  committed_ = cursors;
   for (size_t i = 0; i < clients_.size(); ++i) E3_RETURN_IF_ERROR(clients_[i]->Start(cursors[i]));
   return absl::OkStatus();
 }
@@ -132,15 +119,13 @@ absl::StatusOr<std::optional<PooledBatch>> TeacherPool::Next() {
   return std::nullopt;
 }
 
-absl::Status TeacherPool::Ack(size_t teacher, int64_t batch_id) {
-  return clients_[teacher]->Ack({batch_id}, std::nullopt).status();
+absl::Status TeacherPool::Ack(size_t teacher, const StudentBatch& batch) {
+  return clients_[teacher]->Ack(batch);
 }
 
-absl::Status TeacherPool::Commit(const std::vector<StreamCursor>& cursors, bool final_report) {
+absl::Status TeacherPool::Commit(const std::vector<StreamCursor>& cursors, bool wait, bool always_send) {
   for (size_t i = 0; i < clients_.size(); ++i) {
-    if (!final_report && SameCursor(cursors[i], committed_[i])) continue;
-    E3_RETURN_IF_ERROR(clients_[i]->Ack({}, cursors[i]).status());
-    committed_[i] = cursors[i];
+    E3_RETURN_IF_ERROR(clients_[i]->Commit(cursors[i], wait, always_send));
   }
   return absl::OkStatus();
 }

@@ -74,13 +74,17 @@ class TeacherPool {
   // The next batch, round-robin over the teachers that still have data;
   // nullopt once every teacher's data has ended.
   absl::StatusOr<std::optional<PooledBatch>> Next();
-  absl::Status Ack(size_t teacher, int64_t batch_id);
+  absl::Status Ack(size_t teacher, const StudentBatch& batch);
   // Reports `cursors` (a checkpoint's) as committed to each teacher whose
-  // cursor moved since the last report. A teacher that saw its whole shard
-  // committed may exit (--exit_when_done), so it is not asked again.
-  // `final_report` reports unchanged cursors too: a draining teacher waits
-  // for each stopping student's last word (Engine::DrainSettled).
-  absl::Status Commit(const std::vector<StreamCursor>& cursors, bool final_report = false);
+  // cursor moved since it last took one. A teacher that saw its whole
+  // shard committed may exit (--exit_when_done), so it is not asked again.
+  // `wait` (the last checkpoint): returns once every teacher has it; else
+  // a teacher that is away gets it when its student resubscribes.
+  // `always_send`: also a cursor a teacher has (the final report of a
+  // student stopped by a signal, which a draining teacher waits for).
+  absl::Status Commit(const std::vector<StreamCursor>& cursors, bool wait, bool always_send = false);
+  // The data stream teacher i's cursor belongs to (after Start).
+  DataFingerprint fingerprint(size_t i) const { return clients_[i]->fingerprint(); }
 
  private:
   TeacherPool(std::vector<std::string> addresses,
@@ -89,7 +93,6 @@ class TeacherPool {
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<TeacherClient>> clients_;
   RoundRobin turns_;
-  std::vector<StreamCursor> committed_;
 };
 
 }  // namespace e3

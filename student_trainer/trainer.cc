@@ -166,8 +166,11 @@ absl::Status Trainer::Build() {
   E3_RETURN_IF_ERROR(BuildTeachersAndDraft());
   E3_RETURN_IF_ERROR(Resume());
   E3_RETURN_IF_ERROR(BuildScheduleAndMetrics());
-  // Each teacher streams from the cursor the checkpoint holds for it.
-  return teachers_->Start(state_.cursors);
+  // Each teacher streams from the cursor the checkpoint holds for it; the
+  // checkpoints keep the data stream each cursor belongs to with it.
+  E3_RETURN_IF_ERROR(teachers_->Start(state_.cursors));
+  for (size_t i = 0; i < state_.cursors.size(); ++i) state_.cursors[i].data = teachers_->fingerprint(i);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<bool> Trainer::TrainOneBatch() {
@@ -187,11 +190,13 @@ absl::StatusOr<bool> Trainer::TrainOneBatch() {
   if (!next->has_value()) return false;
   const PooledBatch& pooled = **next;
   const StudentBatch& batch = pooled.batch;
-  const StreamCursor after = {batch.epoch, batch.index + 1};
+  // Only the position moves: the cursor keeps its data stream's fingerprint.
+  StreamCursor& cursor = state_.cursors[pooled.teacher];
   if (batch.num_tokens == 0 &&
       group_ == nullptr) {  // this rank's share of a small global batch was empty
-    state_.cursors[pooled.teacher] = after;
-    E3_RETURN_IF_ERROR(teachers_->Ack(pooled.teacher, batch.batch_id));
+    cursor.epoch = batch.epoch;
+    cursor.next_batch = batch.index + 1;
+    E3_RETURN_IF_ERROR(teachers_->Ack(pooled.teacher, batch));
     return true;
   }
   const double lr = schedule_.At(state_.step);
@@ -199,10 +204,11 @@ absl::StatusOr<bool> Trainer::TrainOneBatch() {
       const TttOutput out,
       TrainStep(*draft_.draft, *draft_.optimizer, batch.num_tokens > 0 ? &batch.tensors : nullptr,
                 ttt_, lr, state_.step));
-  E3_RETURN_IF_ERROR(teachers_->Ack(pooled.teacher, batch.batch_id));
+  E3_RETURN_IF_ERROR(teachers_->Ack(pooled.teacher, batch));
   state_.step += 1;
   state_.tokens += batch.num_tokens;
-  state_.cursors[pooled.teacher] = after;
+  cursor.epoch = batch.epoch;
+  cursor.next_batch = batch.index + 1;
   summary_.transport = TransportName(batch.transport);
 
   StepRecord r;
@@ -269,11 +275,16 @@ absl::StatusOr<TrainSummary> Trainer::Train() {
     E3_ASSIGN_OR_RETURN(const bool trained, TrainOneBatch());
     if (!trained) break;
   }
+  // The last commit waits for a teacher that is away, unless a signal
+  // asked to stop: the checkpoint holds the cursor, and a restarted student
+  // reports it with its first Subscribe. Stopped by a signal, the cursors
+  // are reported even if a teacher has them (a draining teacher waits for
+  // each rank's last word), and nothing is measured against a teacher that
+  // is draining too; the export still holds the weights just checkpointed.
+  const bool by_signal = summary_.stopped_by_signal;
   E3_RETURN_IF_ERROR(checkpoints_->Save(state_, draft_.trained(), *draft_.optimizer, *teachers_,
-                                        summary_.stopped_by_signal));
-  // Stopped by a signal: the teacher is draining too, so no measurement
-  // against it; the export still holds the weights just checkpointed.
-  if (!summary_.stopped_by_signal) E3_RETURN_IF_ERROR(MeasureAtEnd());
+                                        /*last=*/!by_signal, /*final_report=*/by_signal));
+  if (!by_signal) E3_RETURN_IF_ERROR(MeasureAtEnd());
   E3_RETURN_IF_ERROR(Export());
   const TrainSummary summary = Summary();
   if (!o_.summary_json.empty()) std::ofstream(o_.summary_json) << summary.ToJson() << "\n";

@@ -48,6 +48,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(CausalLM* model, const Da
   auto engine = std::unique_ptr<Engine>(new Engine(model, dataset, std::move(options)));
   engine->lengths_ = dataset->Lengths();
   E3_RETURN_IF_ERROR(engine->ledger_.Open(engine->options_.ledger_path, dataset->size()));
+  engine->next_generation_ = static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()));
+  {
+    std::lock_guard<std::mutex> lock(engine->mu_);
+    engine->RestoreFromLedgerLocked();
+  }
   engine->worker_ = std::thread([e = engine.get()] { e->WorkerLoop(); });
   return engine;
 }
@@ -107,6 +112,24 @@ int64_t Engine::batches_per_epoch(int world) const {
   return batches.ok() ? static_cast<int64_t>(batches->size()) : dataset_->size();
 }
 
+void Engine::RestoreFromLedgerLocked() {
+  const RestoredLedger& r = ledger_.restored();
+  if (r.world == 0) return;
+  world_ = r.world;
+  for (const auto& [rank, c] : r.committed) {
+    if (rank < 0 || rank >= world_ || c.epoch < 0 || c.next_batch < 0) continue;
+    // Not attached and generation 0: known, but nobody subscribes it yet.
+    ranks_[rank].committed = NormalizeLocked({c.epoch, c.next_batch});
+  }
+  std::string committed;
+  for (const auto& [rank, st] : ranks_) {
+    absl::StrAppend(&committed, committed.empty() ? "" : ", ", "rank ", rank, " before ", st.committed.epoch, ":",
+                    st.committed.next_batch);
+  }
+  std::printf("teacher: ledger %s: a world of %d student ranks; committed: %s\n", options_.ledger_path.c_str(),
+              world_, committed.empty() ? "nothing yet" : committed.c_str());
+}
+
 absl::StatusOr<uint64_t> Engine::Subscribe(const SubscribeParams& p) {
   std::function<void()> superseded_notify;
   auto result = SubscribeImpl(p, &superseded_notify);
@@ -129,31 +152,44 @@ absl::StatusOr<uint64_t> Engine::SubscribeImpl(const SubscribeParams& p,
   if (p.resume.epoch < 0 || p.resume.next_batch < 0) {
     return absl::InvalidArgumentError("resume cursor must not be negative");
   }
-  static std::atomic<uint64_t> next_generation{1};
+  if (p.committed.has_value() && p.resume < *p.committed) {
+    return absl::InvalidArgumentError("the committed cursor is past the resume cursor");
+  }
+  E3_RETURN_IF_ERROR(CheckSameDataStream(
+      p.fingerprint, options_.fingerprint,
+      absl::StrCat("subscriber \"", p.subscriber_id, "\" (rank ", p.rank, ")'s cursor ", p.resume.epoch, ":",
+                   p.resume.next_batch)));
   RankState& st = ranks_[p.rank];
   ReclaimLocked(st);
   // Wake the superseded stream (if any) so it sees it is superseded and
   // ends, instead of idling until its client gives up.
   superseded_notify = std::move(st.notify);
+  // A subscriber resumes where its weights end. Behind the committed
+  // cursor, its weights lost batches the ledger counts (an older
+  // checkpoint): the record goes back with it. Ahead of it, the batches
+  // between were consumed and are in its weights, or will be at its next
+  // checkpoint: they stay to be committed, not skipped.
   if (p.resume < st.committed) {
     ledger_.RecordEvent(absl::StrCat("{\"event\":\"rewind\",\"rank\":", p.rank, ",\"from_epoch\":", st.committed.epoch,
                                      ",\"from_batch\":", st.committed.next_batch, ",\"to_epoch\":", p.resume.epoch,
                                      ",\"to_batch\":", p.resume.next_batch, "}"));
+    st.committed = p.resume;
   }
+  if (p.committed.has_value()) CommitLocked(p.rank, st, *p.committed);
   st.subscriber_id = p.subscriber_id;
-  st.generation = next_generation++;
+  st.generation = next_generation_++;
   st.attached = true;
   st.credit_window = std::max(1, std::min(p.credit_window, options_.max_credit_window));
   st.transport = p.transport;
   st.next_compute = NormalizeLocked(p.resume);
-  st.committed = p.resume;
   st.acked_end = p.resume;
+  st.delivered_end = st.next_compute;
   st.end_sent = false;
   st.computing = false;
   st.notify = nullptr;
   ledger_.RecordEvent(absl::StrCat("{\"event\":\"subscribe\",\"rank\":", p.rank, ",\"world\":", world_,
-                                   ",\"subscriber\":\"", p.subscriber_id, "\",\"epoch\":", p.resume.epoch,
-                                   ",\"batch\":", p.resume.next_batch, "}"));
+                                   ",\"subscriber\":\"", p.subscriber_id, "\",\"generation\":", st.generation,
+                                   ",\"epoch\":", p.resume.epoch, ",\"batch\":", p.resume.next_batch, "}"));
   cv_.notify_all();
   return st.generation;
 }
@@ -169,13 +205,15 @@ absl::StatusOr<std::optional<ReadyBatch>> Engine::TakeNext(int rank, uint64_t ge
   auto it = ranks_.find(rank);
   if (it == ranks_.end() || it->second.generation != generation) {
     return absl::FailedPreconditionError(
-        absl::StrCat("rank ", rank, ": this subscription was superseded by a newer one"));
+        absl::StrCat("rank ", rank, ": a newer subscription of the same rank exists; this one (generation ", generation,
+                     ") was superseded"));
   }
   RankState& st = it->second;
   if (!st.ready.empty()) {
     ReadyBatch b = std::move(st.ready.front());
     st.ready.pop_front();
     st.unacked[b.batch_id] = b;
+    st.delivered_end = std::max(st.delivered_end, NormalizeLocked({b.epoch, b.index + 1}));
     ledger_.RecordDelivery(rank, b.epoch, b.index, b.sample_ids);
     return std::optional<ReadyBatch>(std::move(b));
   }
@@ -213,33 +251,67 @@ void Engine::ReclaimLocked(RankState& st) {
 
 absl::StatusOr<int> Engine::Ack(int rank, const std::string& subscriber_id, const std::vector<int64_t>& batch_ids,
                                 std::optional<Cursor> committed) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = ranks_.find(rank);
-  if (it == ranks_.end()) return absl::NotFoundError(absl::StrCat("rank ", rank, " has no subscription"));
-  RankState& st = it->second;
-  if (st.subscriber_id != subscriber_id) {
-    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " is now subscribed by \"", st.subscriber_id,
-                                                      "\", not \"", subscriber_id, "\""));
+  AckParams a;
+  a.rank = rank;
+  a.subscriber_id = subscriber_id;
+  a.batch_ids = batch_ids;
+  a.committed = committed;
+  return Ack(a);
+}
+
+absl::Status Engine::CheckSubscriptionLocked(const AckParams& a, const RankState& st) const {
+  if (st.generation == 0) {
+    // Known from the ledger only: this process has not seen it subscribe.
+    return absl::NotFoundError(absl::StrCat("rank ", a.rank, " has not subscribed to this teacher since it started"));
   }
-  for (int64_t id : batch_ids) {
+  if (st.subscriber_id != a.subscriber_id) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", a.rank, " is now subscribed by \"", st.subscriber_id,
+                                                      "\", not \"", a.subscriber_id, "\""));
+  }
+  if (a.generation != 0 && a.generation != st.generation) {
+    return absl::AbortedError(absl::StrCat(
+        "rank ", a.rank, ": this ack is from subscription generation ", a.generation, " of \"", a.subscriber_id,
+        "\", but a newer subscription of the same id exists (generation ", st.generation,
+        "); the older subscriber is superseded and may not ack or commit"));
+  }
+  return absl::OkStatus();
+}
+
+void Engine::CommitLocked(int rank, RankState& st, const Cursor& committed) {
+  if (!(st.committed < committed)) return;
+  Cursor c = NormalizeLocked(st.committed);
+  while (c < committed && !AtEndLocked(c)) {
+    const GlobalBatch& g = PlanLocked(c.epoch)[c.next_batch];
+    std::vector<int64_t> share;
+    for (size_t i = static_cast<size_t>(rank); i < g.sample_ids.size(); i += world_) share.push_back(g.sample_ids[i]);
+    ledger_.RecordCommit(rank, c.epoch, c.next_batch, share);
+    c = NormalizeLocked({c.epoch, c.next_batch + 1});
+  }
+  st.committed = NormalizeLocked(committed);  // {e, N} means {e + 1, 0}
+}
+
+absl::StatusOr<int> Engine::Ack(const AckParams& a) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = ranks_.find(a.rank);
+  if (it == ranks_.end()) return absl::NotFoundError(absl::StrCat("rank ", a.rank, " has no subscription"));
+  RankState& st = it->second;
+  E3_RETURN_IF_ERROR(CheckSubscriptionLocked(a, st));
+  if (a.committed.has_value() && st.delivered_end < NormalizeLocked(*a.committed)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", a.rank, ": commit through ", a.committed->epoch, ":", a.committed->next_batch,
+        " names batches this subscription was never delivered (it holds up to ", st.delivered_end.epoch, ":",
+        st.delivered_end.next_batch, ")"));
+  }
+  for (int64_t id : a.batch_ids) {
     auto u = st.unacked.find(id);
     if (u == st.unacked.end()) continue;
     const Cursor after{u->second.epoch, u->second.index + 1};
     if (st.acked_end < after) st.acked_end = after;
     st.unacked.erase(u);
   }
-  if (committed.has_value()) st.commit_acks += 1;
-  if (committed.has_value() && st.committed < *committed) {
-    Cursor c = NormalizeLocked(st.committed);
-    const Cursor stop = *committed;
-    while (c < stop && !AtEndLocked(c)) {
-      const GlobalBatch& g = PlanLocked(c.epoch)[c.next_batch];
-      std::vector<int64_t> share;
-      for (size_t i = static_cast<size_t>(rank); i < g.sample_ids.size(); i += world_) share.push_back(g.sample_ids[i]);
-      ledger_.RecordCommit(rank, c.epoch, c.next_batch, share);
-      c = NormalizeLocked({c.epoch, c.next_batch + 1});
-    }
-    st.committed = NormalizeLocked(*committed);  // {e, N} means {e + 1, 0}
+  if (a.committed.has_value()) {
+    st.commit_acks += 1;
+    CommitLocked(a.rank, st, *a.committed);
   }
   cv_.notify_all();
   return std::max(0, st.credit_window - static_cast<int>(st.ready.size() + st.unacked.size()));

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/batch_payload.h"
+#include "common/data_fingerprint.h"
 #include "common/dataset.h"
 #include "common/gpu/device_pool.h"
 #include "common/sample_order.h"
@@ -62,6 +63,9 @@ struct EngineOptions {
   absl::Duration subscriber_timeout = absl::Seconds(60);
   std::string shm_prefix = "/e3";  // segment names: <prefix>-<pid>-<rank>-<batch id>
   std::string ledger_path;         // JSON lines; empty keeps the ledger in memory
+  // What defines the stream (announced in GetInfo); a subscriber's cursor
+  // made under another is refused. Empty: no check.
+  DataFingerprint fingerprint;
 };
 
 struct SubscribeParams {
@@ -71,6 +75,22 @@ struct SubscribeParams {
   int credit_window = 4;
   Cursor resume;
   TransportKind transport = TransportKind::kInline;
+  // The fingerprint `resume` was made under; empty: a fresh student.
+  DataFingerprint fingerprint;
+  // The subscriber's last checkpoint (<= resume), committed as an Ack's
+  // `committed` would be: the commit it could not deliver while the
+  // teacher was away.
+  std::optional<Cursor> committed;
+};
+
+struct AckParams {
+  int rank = 0;
+  std::string subscriber_id;
+  // The subscription whose batches these are; 0: a student without
+  // fencing (only the subscriber id is checked).
+  uint64_t generation = 0;
+  std::vector<int64_t> batch_ids;
+  std::optional<Cursor> committed;  // marks every batch before it committed
 };
 
 struct ReadyBatch {
@@ -104,8 +124,10 @@ class Engine {
   ~Engine();
 
   // (Re)subscribes a rank. Anything the rank had buffered is dropped and
-  // computation restarts at `resume`, so batches it received but did not
-  // commit are delivered again. Returns the subscription's generation.
+  // computation restarts at `resume`: batches delivered before but not
+  // consumed by the student come again; those it consumed stay its own to
+  // commit. Refuses a cursor made under another fingerprint. Returns the
+  // subscription's generation, unique across restarts of this teacher.
   absl::StatusOr<uint64_t> Subscribe(const SubscribeParams& params);
   // Called (without engine locks held) whenever the rank may have a batch.
   void SetNotifier(int rank, uint64_t generation, std::function<void()> notify);
@@ -115,7 +137,11 @@ class Engine {
   // The stream is gone; after subscriber_timeout its buffers are reclaimed.
   void Detach(int rank, uint64_t generation);
   // Frees acked batches and returns the rank's free credits. `committed`
-  // marks every batch before it as committed in the ledger.
+  // marks every batch before it as committed in the ledger; it must not
+  // pass what this subscription was delivered (or resumed at). Aborted when
+  // a newer subscription of the rank exists (a zombie's ack).
+  absl::StatusOr<int> Ack(const AckParams& params);
+  // An Ack without fencing (generation 0).
   absl::StatusOr<int> Ack(int rank, const std::string& subscriber_id, const std::vector<int64_t>& batch_ids,
                           std::optional<Cursor> committed);
   // Stops computing new batches (SIGTERM); streams then end. Remembers
@@ -150,6 +176,9 @@ class Engine {
     Cursor committed;
     Cursor acked_end;          // one past the furthest batch acked
     int64_t commit_acks = 0;   // acks that carried a commit cursor
+    // One past the furthest batch this subscription was handed, or its
+    // resume cursor: commits beyond it name batches it never had.
+    Cursor delivered_end;
     bool end_sent = false;
     bool computing = false;  // the worker is computing this rank's next batch
     std::deque<ReadyBatch> ready;
@@ -170,6 +199,12 @@ class Engine {
   Cursor NormalizeLocked(Cursor c);
   bool AtEndLocked(const Cursor& c) { return c.epoch >= options_.epochs; }
   void ReclaimLocked(RankState& st);
+  // Takes the world and each rank's committed cursor back from the ledger
+  // (a restarted teacher continues the record where it stopped).
+  void RestoreFromLedgerLocked();
+  // Records commits of [st.committed, committed) and moves st.committed.
+  void CommitLocked(int rank, RankState& st, const Cursor& committed);
+  absl::Status CheckSubscriptionLocked(const AckParams& a, const RankState& st) const;
 
   CausalLM* model_;
   const Dataset* dataset_;
@@ -185,6 +220,9 @@ class Engine {
   EngineStats stats_;
   std::atomic<bool> draining_{false};
   std::map<int, int64_t> drain_waits_;  // rank -> its commit_acks when the drain began
+  // Generations start at the wall clock in microseconds, so a subscription
+  // of this process never reuses the number of one before a restart.
+  uint64_t next_generation_ = 0;
   bool stop_ = false;
   std::thread worker_;
   // GPU buffers for device-transport payloads; made by the worker thread

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/file_util.h"
+#include "common/sample_order.h"
 #include "common/status_macros.h"
 
 namespace e3 {
@@ -86,7 +87,23 @@ absl::Status Ledger::Restore(const nlohmann::json& j, const std::string& path, i
     E3_ASSIGN_OR_RETURN(*open_samples, field("dataset_samples"));
     return absl::OkStatus();
   }
-  if (event != "deliver" && event != "commit") return absl::OkStatus();  // subscribe, rewind, ...
+  if (event == "subscribe") {
+    E3_ASSIGN_OR_RETURN(const int64_t world, field("world"));
+    if (world < 1 || world > kMaxWorldSize) {
+      return absl::DataLossError(absl::StrCat(path, ":", line_no, ": subscribe event with world ", world,
+                                              "; expected 1 <= world <= ", kMaxWorldSize));
+    }
+    restored_.world = static_cast<int>(world);
+    return absl::OkStatus();
+  }
+  if (event == "rewind") {
+    E3_ASSIGN_OR_RETURN(const int64_t rank, field("rank"));
+    E3_ASSIGN_OR_RETURN(const int64_t to_epoch, field("to_epoch"));
+    E3_ASSIGN_OR_RETURN(const int64_t to_batch, field("to_batch"));
+    restored_.committed[static_cast<int>(rank)] = {to_epoch, to_batch};
+    return absl::OkStatus();
+  }
+  if (event != "deliver" && event != "commit") return absl::OkStatus();  // reclaim, open, ...
   E3_ASSIGN_OR_RETURN(const int64_t rank, field("rank"));
   E3_ASSIGN_OR_RETURN(const int64_t epoch, field("epoch"));
   E3_ASSIGN_OR_RETURN(const int64_t index, field("index"));
@@ -99,6 +116,9 @@ absl::Status Ledger::Restore(const nlohmann::json& j, const std::string& path, i
     return absl::DataLossError(absl::StrCat(path, ":", line_no, ": commit event without a \"samples\" array"));
   }
   ++commits_[key];
+  // Commits are recorded in cursor order, so the last one read is the
+  // rank's furthest (a rewind in between moved it back first).
+  restored_.committed[static_cast<int>(rank)] = {epoch, index + 1};
   auto& per_sample = committed_per_epoch_[epoch];
   for (const auto& s : j["samples"]) {
     if (!s.is_number_integer()) {

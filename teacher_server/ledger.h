@@ -28,6 +28,20 @@ struct LedgerReport {
   std::string ToJson() const;
 };
 
+// What a restarted teacher takes back from the ledger, so that commits
+// continue where the dead process left them (docs/DECISIONS.md, "A
+// teacher restarted mid-run"): the world its students formed and, per
+// rank, the first batch not committed (after the last commit, or where
+// the last rewind went).
+struct LedgerCursor {
+  int64_t epoch = 0;
+  int64_t next_batch = 0;
+};
+struct RestoredLedger {
+  int world = 0;  // 0: no subscription recorded
+  std::map<int, LedgerCursor> committed;
+};
+
 class Ledger {
  public:
   Ledger() = default;
@@ -51,6 +65,8 @@ class Ledger {
 
   // Epochs counted as complete: [0, complete_epochs).
   LedgerReport Report(int64_t complete_epochs) const;
+  // What Open read back from an existing file.
+  const RestoredLedger& restored() const { return restored_; }
 
  private:
   absl::Status ReadBack(const std::string& path);
@@ -65,6 +81,7 @@ class Ledger {
   std::map<std::tuple<int, int64_t, int64_t>, int64_t> deliveries_;  // (rank, epoch, index) -> sends
   std::map<std::tuple<int, int64_t, int64_t>, int64_t> commits_;
   std::map<int64_t, std::map<int64_t, int64_t>> committed_per_epoch_;  // epoch -> sample -> count
+  RestoredLedger restored_;
 };
 
 }  // namespace e3

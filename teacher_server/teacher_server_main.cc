@@ -34,6 +34,7 @@
 #include "teacher_server/parallel/tp_control.h"
 #include "teacher_server/serialized_model.h"
 #include "teacher_server/serve.h"
+#include "teacher_server/stream_fingerprint.h"
 #include "teacher_server/teacher_metrics.h"
 #include "teacher_server/teacher_service.h"
 
@@ -321,6 +322,10 @@ absl::Status ServeModel(const TeacherServerOptions& o, CausalLM* model) {
   E3_ASSIGN_OR_RETURN(TeacherData data, SetUpTeacherData(o.data, model));
   EngineOptions eopts = o.engine;
   if (eopts.aux_layer_ids.empty()) eopts.aux_layer_ids = model->config().DefaultAuxLayerIds();
+  E3_ASSIGN_OR_RETURN(eopts.fingerprint, StreamFingerprint(o.data, data, eopts));
+  std::printf("teacher: data stream fingerprint: data %s, template %s, samples %s, draft vocab %s\n",
+              eopts.fingerprint.dataset.c_str(), eopts.fingerprint.chat_template.c_str(),
+              eopts.fingerprint.samples.c_str(), eopts.fingerprint.draft_vocab.c_str());
   RemoveStaleShm(eopts.shm_prefix);
   SerializedCausalLM serialized(model);
   E3_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(&serialized, data.dataset.get(), eopts));

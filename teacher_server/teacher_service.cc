@@ -10,6 +10,7 @@
 #include "common/rpc/peer_address.h"
 #include "common/status_macros.h"
 #include "common/torch/tensor_convert.h"
+#include "proto/subscription_wire.h"
 #include "proto/wire_codec.h"
 #include "teacher_server/generation.h"
 
@@ -61,10 +62,15 @@ class SubscribeReactor : public grpc::ServerWriteReactor<v1::BatchDescriptor> {
   };
 
   // `nccl` is set when the subscription negotiated the NCCL transport.
-  SubscribeReactor(Engine* engine, TeacherMetrics* metrics, std::atomic<int>* open_streams, int rank,
-                   uint64_t generation, std::unique_ptr<NcclSender> nccl, int64_t max_send_bytes)
+  SubscribeReactor(grpc::CallbackServerContext* ctx, Engine* engine, TeacherMetrics* metrics,
+                   std::atomic<int>* open_streams, int rank, uint64_t generation, std::unique_ptr<NcclSender> nccl,
+                   int64_t max_send_bytes)
       : engine_(engine), metrics_(metrics), open_streams_(open_streams), rank_(rank), generation_(generation),
         link_(std::make_shared<Link>()), nccl_(std::move(nccl)), max_send_bytes_(max_send_bytes) {
+    // The acceptance, before any batch: the student learns the generation
+    // its Acks and commits must carry even while no batch is ready.
+    ctx->AddInitialMetadata(kSubscriptionGenerationKey, std::to_string(generation));
+    StartSendInitialMetadata();
     link_->reactor = this;
     ++*open_streams_;
     metrics_->SetSubscribers(*open_streams_);
@@ -372,6 +378,7 @@ grpc::ServerUnaryReactor* TeacherServiceImpl::GetInfo(grpc::CallbackServerContex
   resp->set_batches_per_epoch(engine_->batches_per_epoch(std::max(1, req->world_size())));
   resp->set_epochs(engine_->options().epochs);
   resp->set_shm_prefix(engine_->shm_segment_prefix());
+  *resp->mutable_data_fingerprint() = FingerprintToWire(engine_->options().fingerprint);
   return FinishUnary(ctx, grpc::Status::OK);
 }
 
@@ -421,9 +428,11 @@ grpc::ServerWriteReactor<v1::BatchDescriptor>* TeacherServiceImpl::Subscribe(grp
   p.credit_window = req->credit_window() > 0 ? req->credit_window() : 4;
   p.resume = {req->resume().epoch(), req->resume().next_batch()};
   p.transport = *transport;
+  if (req->has_resume_fingerprint()) p.fingerprint = FingerprintFromWire(req->resume_fingerprint());
+  if (req->has_committed()) p.committed = Cursor{req->committed().epoch(), req->committed().next_batch()};
   auto generation = engine_->Subscribe(p);
   if (!generation.ok()) return new ErrorWriteReactor<v1::BatchDescriptor>(ToGrpcStatus(generation.status()));
-  return new SubscribeReactor(engine_, metrics_, &open_streams_, p.rank, *generation, std::move(nccl),
+  return new SubscribeReactor(ctx, engine_, metrics_, &open_streams_, p.rank, *generation, std::move(nccl),
                               options_.messages.max_send_bytes);
 }
 
@@ -433,10 +442,13 @@ grpc::ServerUnaryReactor* TeacherServiceImpl::Ack(grpc::CallbackServerContext* c
   auto version = CheckProtocolVersion(req->version(), "student");
   if (!version.ok()) return FinishUnary(ctx, ToGrpcStatus(version));
   if (auto s = CheckAckRequest(*req, limits_); !s.ok()) return FinishUnary(ctx, ToGrpcStatus(s));
-  std::optional<Cursor> committed;
-  if (req->has_committed()) committed = Cursor{req->committed().epoch(), req->committed().next_batch()};
-  auto credits = engine_->Ack(req->rank(), req->subscriber_id(),
-                              std::vector<int64_t>(req->batch_ids().begin(), req->batch_ids().end()), committed);
+  AckParams a;
+  a.rank = req->rank();
+  a.subscriber_id = req->subscriber_id();
+  a.generation = req->subscription_generation();
+  a.batch_ids.assign(req->batch_ids().begin(), req->batch_ids().end());
+  if (req->has_committed()) a.committed = Cursor{req->committed().epoch(), req->committed().next_batch()};
+  auto credits = engine_->Ack(a);
   if (!credits.ok()) return FinishUnary(ctx, ToGrpcStatus(credits.status()));
   resp->set_credits(*credits);
   return FinishUnary(ctx, grpc::Status::OK);

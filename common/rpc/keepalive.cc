@@ -23,10 +23,11 @@ void AddServerKeepalive(const KeepaliveOptions& o, grpc::ServerBuilder* builder)
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, Ms(o.ping_timeout));
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  // Clients ping as often as ping_every; the server must not take that
-  // for abuse (GOAWAY "too_many_pings").
+  // Clients ping as often as their own ping_every (students may set it
+  // down to a second); the server must not take that for abuse (GOAWAY
+  // "too_many_pings").
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
-                              std::max(1, Ms(o.ping_every) / 2));
+                              std::max(1, std::min(Ms(o.ping_every), Ms(kMinClientPing)) / 2));
 }
 
 }  // namespace e3

@@ -13,6 +13,9 @@
 
 namespace e3 {
 
+// The most often a client may ping (student --keepalive_ping_s >= 1).
+inline constexpr std::chrono::milliseconds kMinClientPing{1000};
+
 struct KeepaliveOptions {
   std::chrono::milliseconds ping_every{10000};
   std::chrono::milliseconds ping_timeout{5000};

@@ -37,8 +37,11 @@ absl::StatusOr<int64_t> NonNegative(const Json& object, const char* key, const s
 
 std::string TrainerStateToJson(const TrainerState& state) {
   Json cursors = Json::array();
-  for (const StreamCursor& c : state.cursors)
-    cursors.push_back({{"epoch", c.epoch}, {"next_batch", c.next_batch}});
+  for (const StreamCursor& c : state.cursors) {
+    Json cursor = {{"epoch", c.epoch}, {"next_batch", c.next_batch}};
+    if (!c.data.empty()) cursor["fingerprint"] = FingerprintToJson(c.data);
+    cursors.push_back(std::move(cursor));
+  }
   Json j = {{"step", state.step},
             {"cursors", cursors},
             {"tokens", state.tokens},
@@ -71,7 +74,13 @@ absl::StatusOr<TrainerState> ParseTrainerState(const std::string& text, const st
     if (!epoch.ok()) return epoch.status();
     auto next = NonNegative(c, "next_batch", at, false);
     if (!next.ok()) return next.status();
-    st.cursors.push_back({*epoch, *next});
+    StreamCursor cursor{*epoch, *next, {}};
+    if (c.contains("fingerprint")) {
+      auto data = FingerprintFromJson(c["fingerprint"], absl::StrCat(at, "fingerprint"));
+      if (!data.ok()) return data.status();
+      cursor.data = *data;
+    }
+    st.cursors.push_back(std::move(cursor));
   }
   auto tokens = NonNegative(j, "tokens", where, false);
   if (!tokens.ok()) return tokens.status();

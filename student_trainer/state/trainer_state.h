@@ -9,16 +9,23 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/data_fingerprint.h"
 
 namespace e3 {
 
-// Where a stream resumes: the first batch not yet consumed or committed.
+// Where a stream resumes: the first batch not yet consumed or committed,
+// and the data stream the position belongs to (empty: not known yet).
 struct StreamCursor {
+  // A position alone ({epoch, next_batch}) has no fingerprint yet.
+  StreamCursor(int64_t e = 0, int64_t n = 0, DataFingerprint d = {})
+      : epoch(e), next_batch(n), data(std::move(d)) {}
   int64_t epoch = 0;
   int64_t next_batch = 0;
+  DataFingerprint data;
 };
 
 struct TrainerState {
@@ -32,7 +39,9 @@ struct TrainerState {
 std::string TrainerStateToJson(const TrainerState& state);
 // `source` names the file in errors. DataLoss unless "step" is an integer
 // >= 0 and "cursors" an array of {"epoch", "next_batch"} integers >= 0;
-// "tokens" (integer >= 0) and "subscriber_id" (string) may be absent.
+// "tokens" (integer >= 0), "subscriber_id" (string) and each cursor's
+// "fingerprint" (common/data_fingerprint.h; absent in older checkpoints)
+// may be absent.
 absl::StatusOr<TrainerState> ParseTrainerState(const std::string& text, const std::string& source);
 
 }  // namespace e3

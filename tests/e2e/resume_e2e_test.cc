@@ -6,46 +6,21 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <map>
-#include <sstream>
 
-#include "nlohmann/json.hpp"
+#include "tests/e2e/ledger_scan.h"
 #include "tests/e2e/subprocess.h"
 
 namespace e3 {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::ReadFile;
 using testing::Subprocess;
 
 const std::string kSrc = E3_SOURCE_DIR;
 constexpr int kSamples = 60;
 
-struct LedgerScan {
-  int64_t max_committed_index = -1;
-  int64_t deliveries = 0;
-  int64_t redeliveries = 0;
-  std::map<int64_t, int> committed;  // epoch-0 sample -> times committed
-};
-
-LedgerScan Scan(const std::string& path) {
-  LedgerScan s;
-  std::istringstream in(ReadFile(path));
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded()) continue;  // a line being written
-    if (j["event"] == "commit") {
-      s.max_committed_index = std::max<int64_t>(s.max_committed_index, j["index"].get<int64_t>());
-      for (auto& id : j["samples"]) s.committed[id.get<int64_t>()] += 1;
-    } else if (j["event"] == "deliver") {
-      s.deliveries += 1;
-      if (j["send"].get<int>() > 1) s.redeliveries += 1;
-    }
-  }
-  return s;
-}
+using testing::LedgerScan;
+LedgerScan Scan(const std::string& path) { return testing::ScanLedger(path); }
 
 std::vector<std::string> StudentArgs(const std::string& port, const std::string& dir) {
   return {testing::StudentBinary(), "--teacher=127.0.0.1:" + port, "--lr=1e-3", "--checkpoint_dir=" + dir + "/ckpt",

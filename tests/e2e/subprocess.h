@@ -50,6 +50,7 @@ class Subprocess {
     }
   }
   bool running() const { return pid_ > 0 && !status_.has_value(); }
+  pid_t pid() const { return pid_; }
   void Signal(int sig) { if (running()) ::kill(pid_, sig); }
   // The wait status once the process ends within `timeout`.
   std::optional<int> Wait(std::chrono::milliseconds timeout) {

@@ -115,6 +115,26 @@ TEST(RequestLimitsTest, SubscribeOtherFields) {
   ExpectRefused(CheckSubscribeRequest(r, Limits()), "student_device is -1");
 }
 
+TEST(RequestLimitsTest, SubscribeCommitAndFingerprint) {
+  v1::SubscribeRequest r = GoodSubscribe();
+  r.mutable_resume()->set_next_batch(4);
+  r.mutable_committed()->set_next_batch(4);
+  EXPECT_TRUE(CheckSubscribeRequest(r, Limits()).ok());
+  r.mutable_committed()->set_next_batch(5);
+  ExpectRefused(CheckSubscribeRequest(r, Limits()),
+                "SubscribeRequest.committed is 0:5, past resume 0:4; expected committed <= resume");
+  r.mutable_committed()->set_next_batch(-1);
+  ExpectRefused(CheckSubscribeRequest(r, Limits()), "SubscribeRequest.committed is {epoch 0, next_batch -1}");
+  r = GoodSubscribe();
+  r.mutable_resume_fingerprint()->set_samples("0123456789abcdef");
+  EXPECT_TRUE(CheckSubscribeRequest(r, Limits()).ok());
+  r.mutable_resume_fingerprint()->set_samples(std::string("a\nb"));
+  ExpectRefused(CheckSubscribeRequest(r, Limits()), "SubscribeRequest.resume_fingerprint.samples has byte 0x0a");
+  r = GoodSubscribe();
+  r.mutable_resume_fingerprint()->set_tokens_per_batch(-2);
+  ExpectRefused(CheckSubscribeRequest(r, Limits()), "SubscribeRequest.resume_fingerprint has a negative");
+}
+
 TEST(RequestLimitsTest, Ack) {
   v1::AckRequest r;
   r.set_subscriber_id("rank-0");

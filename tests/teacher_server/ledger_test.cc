@@ -1,5 +1,6 @@
 // The ledger on disk: a restarted teacher reads its file back, so the
-// report covers every process of the run; a half-written last line (the
+// report covers every process of the run and commits continue from each
+// rank's committed cursor; a half-written last line (the
 // process died mid-write) is cut off; a corrupt line or a file of another
 // dataset is an error naming the file.
 #include "teacher_server/ledger.h"
@@ -51,6 +52,36 @@ TEST_F(LedgerTest, AReopenedLedgerCoversTheWholeRun) {
   EXPECT_EQ(r.committed_samples, 6);
   EXPECT_EQ(r.samples_committed_twice, 0);
   EXPECT_EQ(r.samples_never_committed, 0);
+}
+
+TEST_F(LedgerTest, AReopenedLedgerGivesBackTheWorldAndEachRanksCommittedCursor) {
+  {
+    Ledger first;
+    ASSERT_TRUE(first.Open(path_, 8).ok());
+    EXPECT_EQ(first.restored().world, 0) << "a new file restores nothing";
+    first.RecordEvent(R"({"event":"subscribe","rank":0,"world":2,"subscriber":"rank-0","epoch":0,"batch":0})");
+    first.RecordCommit(0, 0, 0, {0});
+    first.RecordCommit(0, 0, 1, {2});
+    first.RecordCommit(1, 0, 0, {1});
+    // Rank 1 came back from an older checkpoint.
+    first.RecordEvent(R"({"event":"rewind","rank":1,"from_epoch":0,"from_batch":1,"to_epoch":0,"to_batch":0})");
+  }
+  Ledger second;
+  ASSERT_TRUE(second.Open(path_, 8).ok());
+  EXPECT_EQ(second.restored().world, 2);
+  ASSERT_EQ(second.restored().committed.size(), 2u);
+  EXPECT_EQ(second.restored().committed.at(0).epoch, 0);
+  EXPECT_EQ(second.restored().committed.at(0).next_batch, 2);
+  EXPECT_EQ(second.restored().committed.at(1).next_batch, 0);
+}
+
+TEST_F(LedgerTest, ASubscribeEventWithAnImpossibleWorldIsAnError) {
+  AppendRaw("{\"event\":\"open\",\"dataset_samples\":4}\n{\"event\":\"subscribe\",\"rank\":0,\"world\":0}\n");
+  Ledger ledger;
+  absl::Status st = ledger.Open(path_, 4);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(st.message().find(path_ + ":2"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("world 0"), std::string::npos) << st;
 }
 
 TEST_F(LedgerTest, AHalfWrittenLastLineIsCutOff) {

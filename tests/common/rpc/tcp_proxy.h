@@ -2,7 +2,8 @@
 // to port() to a target port, until Freeze(), after which it moves no more
 // bytes either way but keeps every socket open: to both ends the peer is
 // still connected and has simply stopped answering, as a hung host or a
-// partition that drops packets looks. One thread, poll(2).
+// partition that drops packets looks. Thaw() heals the partition: what
+// waited in the sockets moves on. One thread, poll(2).
 #ifndef E3_TESTS_COMMON_RPC_TCP_PROXY_H_
 #define E3_TESTS_COMMON_RPC_TCP_PROXY_H_
 
@@ -49,6 +50,7 @@ class TcpProxy {
 
   int port() const { return port_; }
   void Freeze() { frozen_ = true; }
+  void Thaw() { frozen_ = false; }
   int connections() const { return accepted_.load(); }
 
  private:

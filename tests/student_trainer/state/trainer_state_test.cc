@@ -28,6 +28,33 @@ TEST(TrainerStateTest, RoundTrips) {
   EXPECT_EQ(back->subscriber_id, "rank-0");
 }
 
+TEST(TrainerStateTest, CursorsKeepTheirDataFingerprint) {
+  TrainerState st;
+  StreamCursor c{0, 9, {}};
+  c.data.dataset = "00000000000000aa";
+  c.data.chat_template = "00000000000000ab";
+  c.data.samples = "00000000000000ac";
+  c.data.draft_vocab = "00000000000000ad";
+  c.data.data_seed = 18446744073709551615ull;  // any uint64 seed
+  c.data.epochs = 3;
+  c.data.num_data_shards = 2;
+  c.data.data_shard = 1;
+  c.data.tokens_per_batch = 4096;
+  st.cursors = {c, {2, 0, {}}};
+  auto back = ParseTrainerState(TrainerStateToJson(st), "s.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->cursors.size(), 2u);
+  EXPECT_TRUE(FingerprintDifferences(back->cursors[0].data, c.data).empty());
+  EXPECT_EQ(back->cursors[0].data.data_seed, 18446744073709551615ull);
+  EXPECT_TRUE(back->cursors[1].data.empty()) << "no fingerprint stays none";
+
+  auto bad = ParseTrainerState(R"({"step": 1, "cursors": [{"fingerprint": {"epochs": -1}}]})", "s.json");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("s.json: cursors[0].fingerprint.epochs"));
+  bad = ParseTrainerState(R"({"step": 1, "cursors": [{"fingerprint": {"samples": 7}}]})", "s.json");
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("cursors[0].fingerprint.samples: expected a string"));
+}
+
 TEST(TrainerStateTest, OptionalFieldsMayBeAbsent) {
   auto st = ParseTrainerState(R"({"step": 3, "cursors": [{}]})", "s.json");
   ASSERT_TRUE(st.ok()) << st.status();

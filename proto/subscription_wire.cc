@@ -1,0 +1,41 @@
+#include "proto/subscription_wire.h"
+
+#include "absl/strings/numbers.h"
+
+namespace e3 {
+
+v1::DataFingerprint FingerprintToWire(const DataFingerprint& f) {
+  v1::DataFingerprint w;
+  w.set_dataset(f.dataset);
+  w.set_chat_template(f.chat_template);
+  w.set_samples(f.samples);
+  w.set_data_seed(f.data_seed);
+  w.set_epochs(f.epochs);
+  w.set_num_data_shards(f.num_data_shards);
+  w.set_data_shard(f.data_shard);
+  w.set_tokens_per_batch(f.tokens_per_batch);
+  w.set_draft_vocab(f.draft_vocab);
+  return w;
+}
+
+DataFingerprint FingerprintFromWire(const v1::DataFingerprint& w) {
+  DataFingerprint f;
+  f.dataset = w.dataset();
+  f.chat_template = w.chat_template();
+  f.samples = w.samples();
+  f.data_seed = w.data_seed();
+  f.epochs = w.epochs();
+  f.num_data_shards = w.num_data_shards();
+  f.data_shard = w.data_shard();
+  f.tokens_per_batch = w.tokens_per_batch();
+  f.draft_vocab = w.draft_vocab();
+  return f;
+}
+
+std::optional<uint64_t> ParseSubscriptionGeneration(const std::string& value) {
+  uint64_t g = 0;
+  if (!absl::SimpleAtoi(value, &g) || g == 0) return std::nullopt;
+  return g;
+}
+
+}  // namespace e3

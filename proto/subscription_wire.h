@@ -1,0 +1,28 @@
+// What a subscription carries besides batches: the data fingerprint its
+// cursor belongs to (common/data_fingerprint.h) and the generation that
+// fences a superseded subscriber's Acks. Shared by the teacher service and
+// the student client, so both spell them the same.
+#ifndef E3_PROTO_SUBSCRIPTION_WIRE_H_
+#define E3_PROTO_SUBSCRIPTION_WIRE_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "common/data_fingerprint.h"
+#include "proto/teacher.pb.h"
+
+namespace e3 {
+
+// The Subscribe stream's initial-metadata key holding the generation.
+inline constexpr char kSubscriptionGenerationKey[] = "e3-subscription-generation";
+
+v1::DataFingerprint FingerprintToWire(const DataFingerprint& f);
+DataFingerprint FingerprintFromWire(const v1::DataFingerprint& w);
+
+// The generation in a metadata value; nullopt unless it is a decimal > 0.
+std::optional<uint64_t> ParseSubscriptionGeneration(const std::string& value);
+
+}  // namespace e3
+
+#endif  // E3_PROTO_SUBSCRIPTION_WIRE_H_
