@@ -464,6 +464,7 @@ TeacherClient::StreamResult TeacherClient::StreamOnce(const StreamCursor& from, 
     result.accepted = true;
     std::lock_guard<std::mutex> lock(mu_);
     generation_ = generation;
+    last_generation_ = generation;
     // The subscription carried the checkpoint's cursor: committed.
     if (CursorBefore(acknowledged_, committed)) acknowledged_ = committed;
     cv_.notify_all();
@@ -679,7 +680,11 @@ absl::Status TeacherClient::Commit(const StreamCursor& cursor, bool wait, bool a
       if (!failure_.ok()) return failure_;
       if (stop_) return absl::CancelledError("client stopped");
       generation = generation_;
+      // A teacher draining on the same signal ended the stream but keeps the
+      // subscription: the final report goes to the last one.
+      if (generation == 0 && must_send) generation = last_generation_;
     }
+    must_send = false;
     if (generation != 0) {
       const grpc::Status st = SendAck(generation, {}, cursor);
       std::lock_guard<std::mutex> lock(mu_);

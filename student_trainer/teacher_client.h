@@ -204,6 +204,7 @@ class TeacherClient {
   // The live subscription's generation; 0 while there is none (a clean
   // end of data keeps it: the teacher still takes its acks).
   uint64_t generation_ = 0;
+  uint64_t last_generation_ = 0;  // of the last accepted subscription, kept after its stream ends
   bool ended_ = false;        // the stream delivered the end of data
   bool resubscribe_ = false;  // after the end: a commit needs a new subscription
   absl::Status failure_;
