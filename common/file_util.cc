@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -100,7 +101,7 @@ std::string Dirname(const std::string& path) {
 
 absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  if (!f) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
   std::stringstream ss;
   ss << f.rdbuf();
   if (f.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));
@@ -117,29 +118,56 @@ absl::Status SyncDirectory(const std::string& dir) {
   return absl::OkStatus();
 }
 
-absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
+namespace {
+
+// Writes all of `pieces` to `fd`; returns the bytes written and, when short,
+// the errno of the failing write.
+std::pair<uint64_t, int> WriteAll(int fd, const std::vector<absl::string_view>& pieces) {
+  uint64_t written = 0;
+  for (absl::string_view piece : pieces) {
+    size_t done = 0;
+    while (done < piece.size()) {
+      const ssize_t n = ::write(fd, piece.data() + done, piece.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return {written + done, errno};
+      if (n == 0) return {written + done, EIO};
+      done += static_cast<size_t>(n);
+    }
+    written += done;
+  }
+  return {written, 0};
+}
+
+}  // namespace
+
+absl::Status WriteFilePiecesAtomically(const std::string& path,
+                                       const std::vector<absl::string_view>& pieces) {
+  uint64_t total = 0;
+  for (absl::string_view piece : pieces) total += piece.size();
   const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot open for writing: ", std::strerror(errno)));
-  size_t written = 0;
-  while (written < contents.size()) {
-    const ssize_t n = ::write(fd, contents.data() + written, contents.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    written += static_cast<size_t>(n);
-  }
+  auto [written, err] = WriteAll(fd, pieces);
   // The contents reach the disk before the rename makes them the file's:
   // a crash leaves the old file or the whole new one, never a torn one.
-  const bool ok = written == contents.size() && ::fsync(fd) == 0;
-  const int err = errno;
+  // fsync can fail too where the filesystem allocates late (ENOSPC).
+  const bool synced = err == 0 && ::fsync(fd) == 0;
+  if (err == 0 && !synced) err = errno;
   ::close(fd);
-  if (!ok) {
+  if (err != 0) {
     std::remove(tmp.c_str());
-    return absl::DataLossError(absl::StrCat(tmp, ": write failed after ", written, " of ", contents.size(),
-                                            " bytes: ", std::strerror(err)));
+    const std::string what =
+        written < total ? absl::StrCat("write failed after ", written, " of ", total, " bytes (",
+                                       total - written, " bytes not written)")
+                        : absl::StrCat("fsync of all ", total, " bytes failed");
+    return absl::DataLossError(absl::StrCat(path, ": ", what, " to ", tmp, ": ", std::strerror(err)));
   }
   E3_RETURN_IF_ERROR(RenamePath(tmp, path));
   return SyncDirectory(Dirname(path));
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
+  return WriteFilePiecesAtomically(path, {absl::string_view(contents)});
 }
 
 absl::StatusOr<std::string> MakeTempDir(const std::string& prefix) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace e3 {
 
@@ -30,8 +31,13 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 // the directory: after a crash `path` holds the old contents or the whole
 // new ones. Processes writing the same path never share a temporary file.
 // A failed write (disk full, file size limit) removes the temporary and
-// names the byte count; the old file stays.
+// names the file, the bytes written and the bytes it could not write; the
+// old file stays.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
+// The same for contents given as consecutive pieces (a header and tensor
+// data), so that large files are not copied into one buffer first.
+absl::Status WriteFilePiecesAtomically(const std::string& path,
+                                       const std::vector<absl::string_view>& pieces);
 // fsync of a directory: makes the renames and creations inside it durable.
 absl::Status SyncDirectory(const std::string& dir);
 // A fresh directory under $TMPDIR (or /tmp) named <prefix>XXXXXX.

@@ -73,6 +73,9 @@ struct RunConfig {
     double grad_clip = 0.5;
     int64_t max_steps = 0;
     int64_t checkpoint_every = 100;
+    int64_t keep_checkpoints = 2;
+    std::string on_checkpoint_save_error = "stop";     // or continue
+    std::string on_checkpoint_load_error = "stop";     // or start_fresh
     int64_t log_every = 10;
     int64_t eval_every = 0;
     int64_t eval_chain = 7;

@@ -1,12 +1,7 @@
 #include "common/safetensors.h"
 
-#include <unistd.h>
-
-#include <cstdio>
-#include <cstring>
-#include <fstream>
-
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
 #include "nlohmann/json.hpp"
 
 namespace e3 {
@@ -163,29 +158,16 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
   }
   std::string text = header.dump();
   while ((text.size() + 8) % 8 != 0) text.push_back(' ');  // align the data section
-  std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot open for writing"));
-    uint64_t n = text.size();
-    unsigned char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-    f.write(reinterpret_cast<const char*>(len), 8);
-    f.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const auto& [name, t] : sorted) {
-      f.write(reinterpret_cast<const char*>(t->data.data()), static_cast<std::streamsize>(t->data.size()));
-    }
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      return absl::DataLossError(absl::StrCat(tmp, ": write failed (disk full?)"));
-    }
+  uint64_t n = text.size();
+  char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<char>(n >> (8 * i));
+  std::vector<absl::string_view> pieces = {absl::string_view(len, 8), text};
+  for (const auto& [name, t] : sorted) {
+    pieces.emplace_back(reinterpret_cast<const char*>(t->data.data()), t->data.size());
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot rename ", tmp, " into place"));
-  }
-  return absl::OkStatus();
+  // Durable: checkpoints and exports are built from these files, and a
+  // `latest` pointer must never name a file the disk has not got.
+  return WriteFilePiecesAtomically(path, pieces);
 }
 
 }  // namespace e3

@@ -55,8 +55,10 @@ struct TensorToWrite {
   std::vector<uint8_t> data;
 };
 
-// Writes atomically (temp file + rename), tensors in name order, each
-// aligned to 8 bytes as the reference writer does.
+// Writes atomically and durably (WriteFilePiecesAtomically: temp file,
+// fsync, rename, fsync of the directory), tensors in name order, each
+// aligned to 8 bytes as the reference writer does. A failed write names the
+// file and the bytes it could not write, and leaves the old file.
 absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                               const std::map<std::string, std::string>& metadata = {});
 

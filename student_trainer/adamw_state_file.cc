@@ -55,27 +55,62 @@ absl::Status WriteAdamWState(const std::string& path, int64_t step,
   return WriteSafetensors(path, tensors, {{kStepKey, absl::StrCat(step)}});
 }
 
+namespace {
+
+constexpr const char* kMomentPrefixes[] = {"exp_avg.", "exp_avg_sq."};
+
+// The step in the metadata; DataLoss naming the file when it is not a count.
+absl::StatusOr<int64_t> StepOf(const SafetensorsFile& file) {
+  int64_t step = 0;
+  auto it = file.metadata().find(kStepKey);
+  if (it == file.metadata().end() || !absl::SimpleAtoi(it->second, &step) || step < 0) {
+    return absl::DataLossError(
+        absl::StrCat(file.path(), ": metadata \"step\": expected a count of steps"));
+  }
+  return step;
+}
+
+// Every moment of every (name, shape) is in `file` with that shape.
+absl::Status CheckMoments(const SafetensorsFile& file,
+                          const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes) {
+  for (const auto& [name, shape] : shapes) {
+    for (const char* prefix : kMomentPrefixes) {
+      auto view = file.Get(prefix + name);
+      if (!view.ok()) return absl::DataLossError(std::string(view.status().message()));
+      if (view->shape != shape) {
+        return absl::DataLossError(
+            absl::StrCat(file.path(), ": ", prefix, name, ": shape does not match the draft's"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckAdamWState(const std::string& path,
+                             const std::vector<std::pair<std::string, at::Tensor>>& params) {
+  E3_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(path));
+  E3_RETURN_IF_ERROR(StepOf(*file).status());
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  for (const auto& [name, p] : params) shapes.emplace_back(name, p.sizes().vec());
+  return CheckMoments(*file, shapes);
+}
+
 absl::StatusOr<int64_t> ReadAdamWState(const std::string& path,
                                        const std::vector<NamedMoments>& into) {
   E3_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(path));
-  int64_t step = 0;
-  auto it = file->metadata().find(kStepKey);
-  if (it == file->metadata().end() || !absl::SimpleAtoi(it->second, &step) || step < 0) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": metadata \"step\": expected a count of steps"));
-  }
+  E3_ASSIGN_OR_RETURN(const int64_t step, StepOf(*file));
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  for (const NamedMoments& m : into) shapes.emplace_back(m.name, m.exp_avg.sizes().vec());
+  E3_RETURN_IF_ERROR(CheckMoments(*file, shapes));
   torch::NoGradGuard no_grad;
   for (const NamedMoments& m : into) {
     for (const auto& [prefix, dst] :
          {std::pair<std::string, at::Tensor>{"exp_avg.", m.exp_avg},
           std::pair<std::string, at::Tensor>{"exp_avg_sq.", m.exp_avg_sq}}) {
-      auto view = file->Get(prefix + m.name);
-      if (!view.ok()) return absl::DataLossError(std::string(view.status().message()));
-      if (view->shape != dst.sizes().vec()) {
-        return absl::DataLossError(
-            absl::StrCat(path, ": ", prefix, m.name, ": shape does not match the draft's"));
-      }
-      E3_ASSIGN_OR_RETURN(at::Tensor t, ViewToTensor(*view, at::kFloat));
+      E3_ASSIGN_OR_RETURN(const TensorView view, file->Get(prefix + m.name));
+      E3_ASSIGN_OR_RETURN(at::Tensor t, ViewToTensor(view, at::kFloat));
       try {
         dst.copy_(t);
       } catch (const c10::Error& e) {

@@ -30,8 +30,15 @@ absl::Status WriteAdamWState(const std::string& path, int64_t step,
                              const std::vector<NamedMoments>& moments);
 // Copies the file's moments into `into` (every name must be there, with
 // its shape) and returns the step. DataLoss names the file and the tensor.
+// Every check precedes the first copy: a file that fails leaves `into` as
+// it was (a checkpoint then falls back to an older one, checkpoint.h).
 absl::StatusOr<int64_t> ReadAdamWState(const std::string& path,
                                        const std::vector<NamedMoments>& into);
+// The checks alone, against the trained parameters (moments have their
+// shapes): the file opens whole, holds the step and both moments of every
+// parameter with its shape.
+absl::Status CheckAdamWState(const std::string& path,
+                             const std::vector<std::pair<std::string, at::Tensor>>& params);
 
 // Zero moments (fp32, or fp64 for fp64 parameters) shaped as `params`.
 std::vector<NamedMoments> ZeroMoments(const std::vector<std::pair<std::string, at::Tensor>>& params);

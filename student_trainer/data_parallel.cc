@@ -33,10 +33,12 @@ absl::Status BroadcastTrainedWeights(ProcessGroup* group, Eagle3DraftImpl& train
   return absl::OkStatus();
 }
 
-absl::Status Barrier(ProcessGroup* group, const at::Device& device) {
-  if (group == nullptr) return absl::OkStatus();
+absl::StatusOr<bool> AgreeWithRank0(ProcessGroup* group, const at::Device& device, bool value) {
+  if (group == nullptr) return value;
   // A broadcast of one element: NCCL needs a tensor on the device.
-  return group->Broadcast(torch::zeros({1}, torch::TensorOptions().device(device)), 0);
+  at::Tensor flag = torch::full({1}, value ? 1.0 : 0.0, torch::TensorOptions().device(device));
+  E3_RETURN_IF_ERROR(group->Broadcast(flag, 0));
+  return flag.item<double>() != 0.0;
 }
 
 absl::StatusOr<bool> AnyRank(ProcessGroup* group, bool local, const at::Device& device) {

@@ -1,7 +1,7 @@
 // The student's data parallelism around the optimizer's gradient
 // reduction (draft_optimizer.h): the c10d group the ranks meet on, the
-// broadcast that starts every rank from rank 0's weights, and the barrier
-// after rank 0 writes a checkpoint.
+// broadcast that starts every rank from rank 0's weights, and the
+// agreement on rank 0's checkpoint after it writes one.
 #ifndef E3_STUDENT_TRAINER_DATA_PARALLEL_H_
 #define E3_STUDENT_TRAINER_DATA_PARALLEL_H_
 
@@ -25,8 +25,10 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> JoinDataParallelGroup(const Launch
 absl::Status BroadcastTrainedWeights(ProcessGroup* group, Eagle3DraftImpl& trained,
                                      DraftOptimizer& optimizer);
 
-// Returns once every rank is here (nothing to wait for on one rank).
-absl::Status Barrier(ProcessGroup* group, const at::Device& device);
+// Rank 0's `value` on every rank, once every rank is here (`value` itself
+// on one rank): rank 0 says whether its checkpoint was written, so that all
+// ranks commit, go on or stop together.
+absl::StatusOr<bool> AgreeWithRank0(ProcessGroup* group, const at::Device& device, bool value);
 
 // True on every rank when `local` is true on any: ranks stop together, so
 // none is left inside a collective the others never join (each rank sees

@@ -79,10 +79,10 @@ absl::Status Mismatch(const std::string& source, const std::string& field, int64
       source, ": field \"", field, "\" is ", file_value, ", but the draft has ", draft_value));
 }
 
-absl::Status LoadDraftWeightsImpl(Eagle3DraftImpl& draft, const SafetensorsFile& file) {
-  torch::NoGradGuard no_grad;
-  const at::Device device = draft.options().device;
-  for (auto& [name, param] : draft.ExportedParameters()) {
+// Every name, shape, dtype and the vocab map, before anything is copied: a
+// file that fails leaves the draft as it was.
+absl::Status CheckDraftWeights(const Eagle3DraftImpl& draft, const SafetensorsFile& file) {
+  for (const auto& [name, param] : draft.ExportedParameters()) {
     E3_ASSIGN_OR_RETURN(TensorView view, file.Get(name));
     if (view.shape != param.sizes().vec()) {
       return absl::InvalidArgumentError(
@@ -95,10 +95,6 @@ absl::Status LoadDraftWeightsImpl(Eagle3DraftImpl& draft, const SafetensorsFile&
                                                      "\": expected a float dtype, got ",
                                                      std::string(DTypeName(view.dtype))));
     }
-    E3_ASSIGN_OR_RETURN(at::Tensor value, ViewToTensor(view, param.scalar_type(), device));
-    // copy_ keeps the parameter's identity (optimizer state refers to it).
-    at::Tensor target = param;
-    target.copy_(value);
   }
   // The vocab map decides which target head rows the draft holds, so a
   // file trained with another map cannot be resumed into this draft.
@@ -121,6 +117,20 @@ absl::Status LoadDraftWeightsImpl(Eagle3DraftImpl& draft, const SafetensorsFile&
           "\": the vocab map differs from the draft's (its target head rows were chosen with "
           "another map); build the draft with LoadVocabMap on this file"));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LoadDraftWeightsImpl(Eagle3DraftImpl& draft, const SafetensorsFile& file) {
+  E3_RETURN_IF_ERROR(CheckDraftWeights(draft, file));
+  torch::NoGradGuard no_grad;
+  const at::Device device = draft.options().device;
+  for (auto& [name, param] : draft.ExportedParameters()) {
+    E3_ASSIGN_OR_RETURN(TensorView view, file.Get(name));
+    E3_ASSIGN_OR_RETURN(at::Tensor value, ViewToTensor(view, param.scalar_type(), device));
+    // copy_ keeps the parameter's identity (optimizer state refers to it).
+    at::Tensor target = param;
+    target.copy_(value);
   }
   return absl::OkStatus();
 }

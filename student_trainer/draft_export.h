@@ -52,7 +52,8 @@ absl::StatusOr<Eagle3DraftConfig> ReadDraftConfig(const std::string& config_json
 // Copies the trainable weights of `file` into `draft` (converted to its
 // dtype and device) after checking every name and shape. When the file
 // holds d2t/t2d they must equal the draft's: its target head rows were
-// chosen with its own map. Errors name the file and the tensor.
+// chosen with its own map. Errors name the file and the tensor. Every check
+// precedes the first copy, so a file that fails leaves the draft as it was.
 absl::Status LoadDraftWeights(Eagle3DraftImpl& draft, const SafetensorsFile& file);
 
 // Reads an ExportDraft folder into `draft`: config.json must describe the

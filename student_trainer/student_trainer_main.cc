@@ -24,6 +24,7 @@
 #include "common/run_config.h"
 #include "common/service_flags.h"
 #include "common/status_macros.h"
+#include "student_trainer/checkpoint_manager.h"
 #include "student_trainer/student_metrics.h"
 #include "student_trainer/trainer.h"
 
@@ -76,6 +77,15 @@ ABSL_FLAG(uint64_t, init_seed, e3::RunConfig().draft.init_seed, "seed of the dra
 ABSL_FLAG(uint64_t, seed, 0, "deprecated: use --init_seed");
 ABSL_FLAG(std::string, checkpoint_dir, "", "checkpoints (and resume) here");
 ABSL_FLAG(int64_t, checkpoint_every, 100, "steps between checkpoints");
+ABSL_FLAG(int, keep_checkpoints, e3::kMinKeepCheckpoints,
+          "checkpoints kept in --checkpoint_dir (at least 2: the newest, and the one a resume falls back to when "
+          "the newest is damaged)");
+ABSL_FLAG(std::string, on_checkpoint_save_error, "stop",
+          "a checkpoint that cannot be written (disk full): stop the run, or continue training (reported; the "
+          "previous checkpoint stays the newest)");
+ABSL_FLAG(std::string, on_checkpoint_load_error, "stop",
+          "no checkpoint in --checkpoint_dir loads (a damaged newest one is always skipped for an older one): "
+          "stop, or start_fresh from the initial draft");
 ABSL_FLAG(std::string, output_dir, "", "export the final draft here (config.json + model.safetensors)");
 ABSL_FLAG(std::string, export_dtype, "bfloat16", "dtype of the exported weights");
 ABSL_FLAG(int, log_every, 10, "steps between log lines");
@@ -202,6 +212,15 @@ absl::StatusOr<TrainerOptions> OptionsFromFlags() {
   o.init_seed = absl::GetFlag(FLAGS_init_seed);
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  if (o.keep_checkpoints < kMinKeepCheckpoints) {
+    return absl::InvalidArgumentError(absl::StrCat("--keep_checkpoints: expected an integer >= ", kMinKeepCheckpoints,
+                                                   " (the newest and its fallback), got ", o.keep_checkpoints));
+  }
+  o.on_checkpoint_save_error = absl::GetFlag(FLAGS_on_checkpoint_save_error);
+  E3_RETURN_IF_ERROR(ParseOnCheckpointSaveError(o.on_checkpoint_save_error).status());
+  o.on_checkpoint_load_error = absl::GetFlag(FLAGS_on_checkpoint_load_error);
+  E3_RETURN_IF_ERROR(ParseOnCheckpointLoadError(o.on_checkpoint_load_error).status());
   o.output_dir = absl::GetFlag(FLAGS_output_dir);
   o.export_dtype = absl::GetFlag(FLAGS_export_dtype);
   o.log_every = absl::GetFlag(FLAGS_log_every);
@@ -242,6 +261,10 @@ void PrintSummary(const TrainSummary& s, int rank) {
   }
   if (!s.export_dir.empty()) std::printf("  exported draft: %s\n", s.export_dir.c_str());
   if (!s.last_checkpoint.empty()) std::printf("  last checkpoint: %s\n", s.last_checkpoint.c_str());
+  if (s.checkpoint_failures > 0) {
+    std::printf("  checkpoints not written: %ld (--on_checkpoint_save_error=continue)\n",
+                static_cast<long>(s.checkpoint_failures));
+  }
   if (s.stopped_by_signal) std::printf("  stopped by signal after checkpointing\n");
   std::fflush(stdout);
 }
@@ -305,5 +328,9 @@ int main(int argc, char** argv) {
   sa.sa_handler = [](int) { e3::g_stop = true; };
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  // Past a file size limit (ulimit -f) write() then fails with EFBIG, which
+  // the checkpoint reports as it would a full disk, instead of the signal
+  // killing the process mid-write.
+  signal(SIGXFSZ, SIG_IGN);
   return e3::Main();
 }

@@ -119,6 +119,9 @@ absl::Status Trainer::Resume() {
   CheckpointManagerOptions c;
   c.dir = o_.checkpoint_dir;
   c.every = o_.checkpoint_every;
+  c.keep = o_.keep_checkpoints;
+  E3_ASSIGN_OR_RETURN(c.on_save_error, ParseOnCheckpointSaveError(o_.on_checkpoint_save_error));
+  E3_ASSIGN_OR_RETURN(c.on_load_error, ParseOnCheckpointLoadError(o_.on_checkpoint_load_error));
   c.rank = rank();
   c.group = group_.get();
   c.device = device_;
@@ -267,6 +270,7 @@ TrainSummary Trainer::Summary() {
   summary_.first = metrics_->first();
   summary_.last = metrics_->last();
   summary_.last_checkpoint = checkpoints_->last_path();
+  summary_.checkpoint_failures = checkpoints_->failures();
   return summary_;
 }
 
@@ -306,6 +310,7 @@ std::string TrainSummary::ToJson() const {
       {"last", WindowJson(last)},
       {"export_dir", export_dir},
       {"last_checkpoint", last_checkpoint},
+      {"checkpoint_failures", checkpoint_failures},
       {"resumed", resumed},
       {"resumed_from_step", resumed_from_step},
       {"stopped_by_signal", stopped_by_signal},

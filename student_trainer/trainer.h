@@ -60,6 +60,11 @@ struct TrainerOptions {
   int64_t max_steps = 0;        // 0: until the teacher's data ends
   std::string checkpoint_dir;   // empty: no checkpoints (and no resume)
   int64_t checkpoint_every = 100;
+  int keep_checkpoints = 2;     // >= 2: the newest and its fallback
+  // A checkpoint that cannot be written: "stop" or "continue" training.
+  std::string on_checkpoint_save_error = "stop";
+  // No checkpoint in checkpoint_dir loads: "stop" or "start_fresh".
+  std::string on_checkpoint_load_error = "stop";
   std::string output_dir;       // final export; empty: none
   std::string export_dtype = "bfloat16";
   int log_every = 10;
@@ -85,6 +90,7 @@ struct TrainSummary {
   WindowStats first, last;  // averages over the first and last windows
   std::string export_dir;
   std::string last_checkpoint;
+  int64_t checkpoint_failures = 0;  // not written (--on_checkpoint_save_error=continue)
   bool resumed = false;
   int64_t resumed_from_step = 0;
   bool stopped_by_signal = false;

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 
 namespace e3 {
@@ -163,6 +164,35 @@ TEST(RunConfigTest, TheShippedExamplesAreValid) {
   auto missing = LoadRunConfig("/nonexistent/run.yaml");
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(Message(missing.status()).find("/nonexistent/run.yaml"), std::string::npos);
+}
+
+// What a failed checkpoint does is set in the run file like any other
+// schedule key, and reaches only the student.
+TEST(RunConfigTest, CheckpointFailurePoliciesMapToTheStudentsFlags) {
+  auto c = ParseRunConfig(
+      "schedule:\n  keep_checkpoints: 3\n  on_checkpoint_save_error: continue\n"
+      "  on_checkpoint_load_error: start_fresh\n",
+      "run.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto student = ServiceFlags(*c, ServiceRole::kStudent);
+  auto teacher = ServiceFlags(*c, ServiceRole::kTeacher);
+  ASSERT_TRUE(student.ok() && teacher.ok());
+  std::map<std::string, std::string> flags;
+  for (const ServiceFlag& f : *student) flags[f.flag] = f.value;
+  EXPECT_EQ(flags["keep_checkpoints"], "3");
+  EXPECT_EQ(flags["on_checkpoint_save_error"], "continue");
+  EXPECT_EQ(flags["on_checkpoint_load_error"], "start_fresh");
+  for (const ServiceFlag& f : *teacher) EXPECT_EQ(f.flag.find("checkpoint"), std::string::npos) << f.flag;
+
+  auto bad = ParseRunConfig("schedule:\n  on_checkpoint_save_error: retry\n", "run.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(Message(bad.status()).find("run.yaml: schedule.on_checkpoint_save_error: expected stop or continue"),
+            std::string::npos)
+      << bad.status();
+  auto one = ParseRunConfig("schedule:\n  keep_checkpoints: 1\n", "run.yaml");
+  ASSERT_FALSE(one.ok());
+  EXPECT_NE(Message(one.status()).find("schedule.keep_checkpoints: expected an integer >= 2"), std::string::npos)
+      << one.status();
 }
 
 TEST(RunConfigTest, EveryKeyMapsToAFlagOrTheLauncher) {

@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,14 +29,28 @@ inline std::string BuildDir() {
 inline std::string TeacherBinary() { return BuildDir() + "/teacher_server/teacher_server"; }
 inline std::string StudentBinary() { return BuildDir() + "/student_trainer/student_trainer"; }
 
+// What the child runs under besides its arguments.
+struct SubprocessLimits {
+  // RLIMIT_FSIZE: no file the process writes may grow past this (0: no
+  // limit). It stands in for a full disk, portably (no mount, no root);
+  // SIGXFSZ keeps its default, so the process must ignore it itself to see
+  // EFBIG instead of dying.
+  rlim_t file_size_bytes = 0;
+};
+
 class Subprocess {
  public:
-  Subprocess(std::vector<std::string> argv, const std::string& log_path) : log_(log_path) {
+  Subprocess(std::vector<std::string> argv, const std::string& log_path, const SubprocessLimits& limits = {})
+      : log_(log_path) {
     pid_ = ::fork();
     if (pid_ == 0) {
       int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(fd, 1);
       ::dup2(fd, 2);
+      if (limits.file_size_bytes > 0) {
+        const rlimit limit{limits.file_size_bytes, limits.file_size_bytes};
+        if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(126);
+      }
       std::vector<char*> args;
       for (auto& a : argv) args.push_back(a.data());
       args.push_back(nullptr);
