@@ -69,7 +69,12 @@ absl::Status CheckpointManager::Save(const TrainerState& state, const Eagle3Draf
                                      DraftOptimizer& optimizer, TeacherPool& teachers, bool last,
                                      bool final_report) {
   if (options_.dir.empty()) return absl::OkStatus();
+  if (state.step == saved_step_ && !saved_ok_) {
+    return absl::OkStatus();  // this step's save failed (continue): nothing to commit, not retried
+  }
   if (state.step != saved_step_) {
+    saved_step_ = state.step;
+    saved_ok_ = false;
     absl::Status written = absl::OkStatus();
     if (options_.rank == 0) {
       absl::StatusOr<std::string> path =
@@ -82,9 +87,9 @@ absl::Status CheckpointManager::Save(const TrainerState& state, const Eagle3Draf
     }
     // Every rank learns rank 0's outcome, so that all commit, go on or stop together.
     E3_ASSIGN_OR_RETURN(const bool saved, AgreeWithRank0(options_.group, options_.device, written.ok()));
-    // Not saved: nothing is committed (a later save of this step tries again).
+    // Not saved: nothing is committed.
     if (!saved) return Failed(state.step, written);
-    saved_step_ = state.step;
+    saved_ok_ = true;
   }
   // Only now are the batches before each cursor committed.
   return teachers.Commit(state.cursors, last, final_report);

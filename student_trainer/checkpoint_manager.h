@@ -76,6 +76,7 @@ class CheckpointManager {
 
   CheckpointManagerOptions options_;
   int64_t saved_step_ = -1;
+  bool saved_ok_ = true;  // whether saved_step_'s checkpoint was written
   std::string last_path_;
   int64_t failures_ = 0;
 };
