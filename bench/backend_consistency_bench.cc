@@ -26,7 +26,6 @@
 // ablation of the differences.
 //
 //   ./build/bench/backend_consistency_bench --model_dir=examples/tiny-code-llama --dtype=bfloat16
-#include <torch/torch.h>
 
 #include <cmath>
 #include <cstdio>
@@ -40,6 +39,7 @@
 #include "bench/random_samples.h"
 #include "common/model_dir.h"
 #include "common/torch/tensor_convert.h"
+#include "common/torch/torch_core.h"
 #include "teacher_server/causal_lm.h"
 
 ABSL_FLAG(std::string, model_dir, "examples/tiny-code-llama", "Hugging Face model directory");

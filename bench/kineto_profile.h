@@ -4,8 +4,6 @@
 #ifndef E3_BENCH_KINETO_PROFILE_H_
 #define E3_BENCH_KINETO_PROFILE_H_
 
-#include <torch/torch.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -17,6 +15,9 @@
 
 #ifdef E3_HAS_CUDA
 #include <torch/csrc/autograd/profiler_kineto.h>
+
+#include "common/torch/torch_core.h"
+
 #endif
 
 namespace e3::bench {

@@ -10,7 +10,6 @@
 //
 //   ./build/bench/moe_layer_bench --device=cuda:0
 //   ./build/bench/moe_layer_bench --device=cpu --dtype=float32 --tokens=256 --experts=16 --intermediate=64
-#include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
@@ -22,6 +21,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
 #include "common/torch/tensor_convert.h"
+#include "common/torch/torch_core.h"
 #include "teacher_server/layers/moe.h"
 #include "tests/teacher_server/random_experts.h"
 

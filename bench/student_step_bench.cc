@@ -13,7 +13,6 @@
 // throughput, to be set against the --world_size=1 run.
 //
 //   ./build/bench/student_step_bench --shape=llama-8b --device=cuda:0
-#include <torch/torch.h>
 #ifdef E3_HAS_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
@@ -31,6 +30,7 @@
 #include "bench/kineto_profile.h"
 #include "common/torch/tensor_convert.h"
 #include "common/torch/process_group.h"
+#include "common/torch/torch_core.h"
 #include "student_trainer/eagle3_draft.h"
 #include "student_trainer/draft_optimizer.h"
 #include "student_trainer/ops/ttt_attention.h"

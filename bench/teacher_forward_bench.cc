@@ -23,7 +23,6 @@
 //   ./build/bench/teacher_forward_bench --model_dir=examples/tiny-code-llama
 //   ./build/bench/teacher_forward_bench --model_dir=M --device=cuda --dtype=bfloat16
 //       --shapes=8x1024,200/2048/512/1400/320/900/1750/640 --logits   (one line)
-#include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
@@ -45,6 +44,7 @@
 #include "common/model_dir.h"
 #include "common/status_macros.h"
 #include "common/torch/tensor_convert.h"
+#include "common/torch/torch_core.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/parallel/tp_control.h"
 

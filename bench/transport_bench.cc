@@ -23,7 +23,6 @@
 #include <sys/wait.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/torch.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -42,6 +41,7 @@
 #include "common/gpu/device_pool.h"
 #include "common/gpu/nccl_channel.h"
 #include "common/shm_segment.h"
+#include "common/torch/torch_core.h"
 #include "proto/teacher.grpc.pb.h"
 
 ABSL_FLAG(std::string, sizes_mib, "64,256,1024", "payload sizes in MiB");

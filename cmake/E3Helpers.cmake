@@ -11,39 +11,78 @@ function(e3_apply_common target)
   target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
 endfunction()
 
-# One PCH for every LibTorch target: torch/torch.h is ~60% of their compile
-# time. GCC only accepts a PCH built with the same code-model flags, and
-# libraries compile with -fPIC while executables compile with -fPIE, so there
-# are two: e3_torch_pch (a library) and e3_torch_pch_exe (an executable).
-function(_e3_make_torch_pch name kind)
-  if(kind STREQUAL "EXECUTABLE")
-    add_executable(${name} ${PROJECT_SOURCE_DIR}/cmake/torch_pch_main.cc)
-  else()
-    add_library(${name} STATIC ${PROJECT_SOURCE_DIR}/cmake/torch_pch.cc)
-  endif()
+# One PCH for every LibTorch target: common/torch/torch_core.h (the parts
+# of LibTorch the code uses) is most of their compile time. GCC only
+# accepts a PCH built with the same code-model flags; libraries compile
+# with -fPIC, so executables that reuse it do too (they still link as PIE).
+function(_e3_make_torch_pch)
+  add_library(e3_torch_pch STATIC ${PROJECT_SOURCE_DIR}/cmake/torch_pch.cc)
   # Same flags as its users, or GCC rejects the PCH: they all get
   # -pthread from gRPC/Abseil (it defines _REENTRANT, which the torch
   # headers test), and glibc's in-libc pthreads keep Threads::Threads from
   # adding it, so add it here.
-  target_link_libraries(${name} PRIVATE e3_torch Threads::Threads)
-  target_compile_options(${name} PRIVATE -pthread)
-  target_precompile_headers(${name} PRIVATE <torch/torch.h>)
+  target_link_libraries(e3_torch_pch PRIVATE e3_torch Threads::Threads)
+  target_compile_options(e3_torch_pch PRIVATE -pthread)
+  target_precompile_headers(e3_torch_pch PRIVATE "${PROJECT_SOURCE_DIR}/common/torch/torch_core.h")
 endfunction()
 
+# Sets `out` to whether `file` includes LibTorch, directly or through the
+# project's own headers (include paths from the source root). Answers are
+# kept for the whole configure run.
+function(_e3_includes_torch file out)
+  get_property(_known GLOBAL PROPERTY "E3_INCLUDES_TORCH:${file}" SET)
+  if(_known)
+    get_property(_answer GLOBAL PROPERTY "E3_INCLUDES_TORCH:${file}")
+    set(${out} ${_answer} PARENT_SCOPE)
+    return()
+  endif()
+  set_property(GLOBAL PROPERTY "E3_INCLUDES_TORCH:${file}" FALSE)  # include cycles end here
+  set(_answer FALSE)
+  file(STRINGS ${file} _includes REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"]")
+  foreach(_line IN LISTS _includes)
+    if(_line MATCHES "<(torch|ATen|c10)/")
+      set(_answer TRUE)
+    elseif(_line MATCHES "\"([^\"]+)\"")
+      # (CMAKE_MATCH_1 is only set once MATCHES ran, so test it apart.)
+      set(_header "${PROJECT_SOURCE_DIR}/${CMAKE_MATCH_1}")
+      if(EXISTS "${_header}")
+        _e3_includes_torch("${_header}" _answer)
+      endif()
+    endif()
+    if(_answer)
+      break()
+    endif()
+  endforeach()
+  set_property(GLOBAL PROPERTY "E3_INCLUDES_TORCH:${file}" ${_answer})
+  set(${out} ${_answer} PARENT_SCOPE)
+endfunction()
+
+# Gives `target`'s sources that include LibTorch the shared PCH. The others
+# compile without it: a PCH of LibTorch costs a file that does not use it
+# about 4 s of compile time (GCC still processes the headers' inline code).
 function(e3_use_torch_pch target)
   if(NOT E3_USE_PCH)
     return()
   endif()
+  if(NOT TARGET e3_torch_pch)
+    _e3_make_torch_pch()
+  endif()
+  target_precompile_headers(${target} REUSE_FROM e3_torch_pch)
   get_target_property(_type ${target} TYPE)
   if(_type STREQUAL "EXECUTABLE")
-    set(_pch e3_torch_pch_exe)
-  else()
-    set(_pch e3_torch_pch)
+    target_compile_options(${target} PRIVATE -fPIC)
   endif()
-  if(NOT TARGET ${_pch})
-    _e3_make_torch_pch(${_pch} ${_type})
-  endif()
-  target_precompile_headers(${target} REUSE_FROM ${_pch})
+  get_target_property(_sources ${target} SOURCES)
+  foreach(_src IN LISTS _sources)
+    get_filename_component(_path ${_src} ABSOLUTE)
+    if(NOT _path MATCHES "\\.(cc|cpp)$" OR NOT EXISTS ${_path})
+      continue()
+    endif()
+    _e3_includes_torch(${_path} _uses_torch)
+    if(NOT _uses_torch)
+      set_source_files_properties(${_src} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+    endif()
+  endforeach()
 endfunction()
 
 function(e3_library)

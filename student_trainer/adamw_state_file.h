@@ -7,14 +7,13 @@
 #ifndef E3_STUDENT_TRAINER_ADAMW_STATE_FILE_H_
 #define E3_STUDENT_TRAINER_ADAMW_STATE_FILE_H_
 
-#include <torch/torch.h>
-
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/torch/torch_core.h"
 
 namespace e3 {
 

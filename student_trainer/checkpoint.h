@@ -19,14 +19,13 @@
 #ifndef E3_STUDENT_TRAINER_CHECKPOINT_H_
 #define E3_STUDENT_TRAINER_CHECKPOINT_H_
 
-#include <torch/torch.h>
-
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/torch/torch_core.h"
 #include "student_trainer/draft_optimizer.h"
 #include "student_trainer/eagle3_draft.h"
 #include "student_trainer/state/trainer_state.h"

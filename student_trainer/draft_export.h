@@ -19,13 +19,12 @@
 #ifndef E3_STUDENT_TRAINER_DRAFT_EXPORT_H_
 #define E3_STUDENT_TRAINER_DRAFT_EXPORT_H_
 
-#include <torch/torch.h>
-
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/safetensors.h"
+#include "common/torch/torch_core.h"
 #include "student_trainer/eagle3_draft.h"
 
 namespace e3 {

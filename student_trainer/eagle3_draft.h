@@ -19,8 +19,6 @@
 #ifndef E3_STUDENT_TRAINER_EAGLE3_DRAFT_H_
 #define E3_STUDENT_TRAINER_EAGLE3_DRAFT_H_
 
-#include <torch/torch.h>
-
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -31,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
 #include "common/torch/rope.h"
+#include "common/torch/torch_core.h"
 #include "common/vocab_map.h"
 #include "student_trainer/flat_parameters.h"
 

@@ -22,14 +22,13 @@
 #ifndef E3_STUDENT_TRAINER_FLAT_PARAMETERS_H_
 #define E3_STUDENT_TRAINER_FLAT_PARAMETERS_H_
 
-#include <torch/torch.h>
-
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/torch/torch_core.h"
 
 namespace e3 {
 

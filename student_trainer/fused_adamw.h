@@ -9,10 +9,9 @@
 #ifndef E3_STUDENT_TRAINER_FUSED_ADAMW_H_
 #define E3_STUDENT_TRAINER_FUSED_ADAMW_H_
 
-#include <torch/torch.h>
-
 #include <cstdint>
 
+#include "common/torch/torch_core.h"
 #include "student_trainer/adamw_state_file.h"
 #include "student_trainer/draft_optimizer.h"
 

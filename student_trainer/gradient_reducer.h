@@ -11,14 +11,13 @@
 #ifndef E3_STUDENT_TRAINER_GRADIENT_REDUCER_H_
 #define E3_STUDENT_TRAINER_GRADIENT_REDUCER_H_
 
-#include <torch/torch.h>
-
 #include <cstddef>
 #include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "common/torch/process_group.h"
+#include "common/torch/torch_core.h"
 
 namespace e3 {
 

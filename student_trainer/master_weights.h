@@ -6,11 +6,10 @@
 #ifndef E3_STUDENT_TRAINER_MASTER_WEIGHTS_H_
 #define E3_STUDENT_TRAINER_MASTER_WEIGHTS_H_
 
-#include <torch/torch.h>
-
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/torch/torch_core.h"
 
 namespace e3 {
 

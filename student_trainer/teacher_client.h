@@ -11,7 +11,6 @@
 #define E3_STUDENT_TRAINER_TEACHER_CLIENT_H_
 
 #include <grpcpp/grpcpp.h>
-#include <torch/torch.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -31,6 +30,7 @@
 #include "common/gpu/cuda_ipc.h"
 #include "common/gpu/nccl_channel.h"
 #include "common/model_config.h"
+#include "common/torch/torch_core.h"
 #include "common/transport.h"
 #include "common/vocab_map.h"
 #include "proto/teacher.grpc.pb.h"

@@ -38,13 +38,12 @@
 #ifndef E3_STUDENT_TRAINER_TTT_H_
 #define E3_STUDENT_TRAINER_TTT_H_
 
-#include <torch/torch.h>
-
 #include <cstdint>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/torch/torch_core.h"
 #include "student_trainer/eagle3_draft.h"
 
 namespace e3 {

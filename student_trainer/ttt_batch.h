@@ -3,14 +3,13 @@
 #ifndef E3_STUDENT_TRAINER_TTT_BATCH_H_
 #define E3_STUDENT_TRAINER_TTT_BATCH_H_
 
-#include <torch/torch.h>
-
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/torch/torch_core.h"
 #include "student_trainer/eagle3_draft.h"
 #include "student_trainer/ttt.h"
 

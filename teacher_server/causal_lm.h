@@ -3,8 +3,6 @@
 #ifndef E3_TEACHER_SERVER_CAUSAL_LM_H_
 #define E3_TEACHER_SERVER_CAUSAL_LM_H_
 
-#include <torch/torch.h>
-
 #include <functional>
 #include <memory>
 #include <string>
@@ -13,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
 #include "common/model_dir.h"
+#include "common/torch/torch_core.h"
 #include "teacher_server/forward_types.h"
 #include "teacher_server/layers/attention.h"
 #include "teacher_server/layers/gemm_tuning.h"

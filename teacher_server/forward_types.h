@@ -4,12 +4,11 @@
 #ifndef E3_TEACHER_SERVER_FORWARD_TYPES_H_
 #define E3_TEACHER_SERVER_FORWARD_TYPES_H_
 
-#include <torch/torch.h>
-
 #include <cstdint>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/torch/torch_core.h"
 
 namespace e3 {
 

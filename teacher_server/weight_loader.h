@@ -3,14 +3,13 @@
 #ifndef E3_TEACHER_SERVER_WEIGHT_LOADER_H_
 #define E3_TEACHER_SERVER_WEIGHT_LOADER_H_
 
-#include <torch/torch.h>
-
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/model_dir.h"
+#include "common/torch/torch_core.h"
 
 namespace e3 {
 

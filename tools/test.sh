@@ -11,6 +11,15 @@ JOBS=${JOBS:-$(nproc)}
 # Let ccache hit across checkouts in different directories.
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 start=$(date +%s)
+# Prints how long each phase took, so that CI's 25-minute budget can be
+# kept by knowing where the time goes.
+phase_start=$start
+phase_done() {
+  local now
+  now=$(date +%s)
+  echo "tools/test.sh: phase '$1' took $(( now - phase_start ))s"
+  phase_start=$now
+}
 
 # Without the `gpu`-labelled tests (they could only skip here; the GPU
 # machine builds and runs them) and the benchmarks (CI runs none); see
@@ -18,7 +27,9 @@ start=$(date +%s)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
   -DE3_BUILD_GPU_TESTS=OFF -DE3_BUILD_BENCH=OFF
 cmake --build build -j"$JOBS"
+phase_done "main build"
 ctest --test-dir build --output-on-failure -j"$JOBS" -LE gpu --timeout 900
+phase_done "main tests"
 
 # Sanitizers, built by clang-14 (libFuzzer and TSan come with it).
 # ASan+UBSan: the code that does not load LibTorch (parsers, tokenizer,
@@ -29,10 +40,12 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPIL
   -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" \
   -DE3_SANITIZE=ON -DE3_FUZZ=ON -DE3_WITH_TORCH=OFF -DE3_BUILD_BENCH=OFF -DE3_BUILD_GPU_TESTS=OFF
 cmake --build build-asan -j"$JOBS"
+phase_done "asan build"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   LSAN_OPTIONS=suppressions=$PWD/tools/lsan.supp \
   ctest --test-dir build-asan --output-on-failure -j"$JOBS" -L notorch -LE gpu --timeout 900
 ./tools/fuzz.sh --seconds "${FUZZ_SECONDS:-10}" --jobs "$JOBS" build-asan
+phase_done "asan tests and fuzzing"
 
 # ThreadSanitizer on the threads whose hand-offs are ours: the teacher's
 # engine (worker, subscriptions, acks, notifier), its service on loopback
@@ -51,7 +64,9 @@ cmake -S . -B build-tsan -G Ninja -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPIL
   -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -gline-tables-only -DNDEBUG" \
   -DE3_TSAN=ON -DE3_BUILD_BENCH=OFF -DE3_BUILD_GPU_TESTS=OFF
 cmake --build build-tsan -j"$JOBS" --target "${tsan_targets[@]}"
+phase_done "tsan build"
 TSAN_OPTIONS="suppressions=$PWD/tools/tsan.supp" \
   ctest --test-dir build-tsan --output-on-failure -j"$JOBS" --timeout 900 -R "^(${tsan_tests})\."
 
+phase_done "tsan tests"
 echo "tools/test.sh: all CPU tests passed in $(( $(date +%s) - start ))s"

@@ -7,8 +7,6 @@
 #ifndef E3_COMMON_TORCH_PROCESS_GROUP_H_
 #define E3_COMMON_TORCH_PROCESS_GROUP_H_
 
-#include <torch/torch.h>
-
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -16,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/torch/torch_core.h"
 
 namespace e3 {
 

@@ -8,12 +8,11 @@
 #ifndef E3_COMMON_TORCH_ROPE_H_
 #define E3_COMMON_TORCH_ROPE_H_
 
-#include <torch/torch.h>
-
 #include <cstdint>
 #include <utility>
 
 #include "common/model_config.h"
+#include "common/torch/torch_core.h"
 
 namespace e3::rope {
 

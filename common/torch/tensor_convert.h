@@ -3,11 +3,10 @@
 #ifndef E3_COMMON_TORCH_TENSOR_CONVERT_H_
 #define E3_COMMON_TORCH_TENSOR_CONVERT_H_
 
-#include <torch/torch.h>
-
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
 #include "common/safetensors.h"
+#include "common/torch/torch_core.h"
 
 namespace e3 {
 

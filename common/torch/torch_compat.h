@@ -3,8 +3,9 @@
 #ifndef E3_COMMON_TORCH_TORCH_COMPAT_H_
 #define E3_COMMON_TORCH_TORCH_COMPAT_H_
 
-#include <torch/torch.h>
 #include <torch/version.h>
+
+#include "common/torch/torch_core.h"
 
 namespace e3::compat {
 

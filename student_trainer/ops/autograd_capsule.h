@@ -5,9 +5,9 @@
 #ifndef E3_STUDENT_TRAINER_OPS_AUTOGRAD_CAPSULE_H_
 #define E3_STUDENT_TRAINER_OPS_AUTOGRAD_CAPSULE_H_
 
-#include <torch/torch.h>
-
 #include <memory>
+
+#include "common/torch/torch_core.h"
 
 namespace e3::ops {
 

@@ -13,10 +13,10 @@
 #ifndef E3_STUDENT_TRAINER_OPS_DRAFT_HEAD_LOSS_H_
 #define E3_STUDENT_TRAINER_OPS_DRAFT_HEAD_LOSS_H_
 
-#include <torch/torch.h>
-
 #include <cstdint>
 #include <vector>
+
+#include "common/torch/torch_core.h"
 
 namespace e3::ops {
 

@@ -7,9 +7,8 @@
 #ifndef E3_STUDENT_TRAINER_OPS_KERNEL_SWITCH_H_
 #define E3_STUDENT_TRAINER_OPS_KERNEL_SWITCH_H_
 
-#include <torch/torch.h>
-
 #ifdef E3_HAS_CUDA
+#include "common/torch/torch_core.h"
 #include "student_trainer/kernels/student_kernels.h"
 #endif
 

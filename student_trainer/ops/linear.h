@@ -8,7 +8,7 @@
 #ifndef E3_STUDENT_TRAINER_OPS_LINEAR_H_
 #define E3_STUDENT_TRAINER_OPS_LINEAR_H_
 
-#include <torch/torch.h>
+#include "common/torch/torch_core.h"
 
 namespace e3::ops {
 

@@ -5,9 +5,9 @@
 #ifndef E3_STUDENT_TRAINER_OPS_RMS_NORM_H_
 #define E3_STUDENT_TRAINER_OPS_RMS_NORM_H_
 
-#include <torch/torch.h>
-
 #include <utility>
+
+#include "common/torch/torch_core.h"
 
 namespace e3::ops {
 

@@ -5,7 +5,7 @@
 #ifndef E3_STUDENT_TRAINER_OPS_SILU_MUL_H_
 #define E3_STUDENT_TRAINER_OPS_SILU_MUL_H_
 
-#include <torch/torch.h>
+#include "common/torch/torch_core.h"
 
 namespace e3::ops {
 

@@ -25,11 +25,11 @@
 #ifndef E3_STUDENT_TRAINER_OPS_TTT_ATTENTION_H_
 #define E3_STUDENT_TRAINER_OPS_TTT_ATTENTION_H_
 
-#include <torch/torch.h>
-
 #include <cstdint>
 #include <memory>
 #include <vector>
+
+#include "common/torch/torch_core.h"
 
 namespace e3::ops {
 

@@ -3,11 +3,10 @@
 #ifndef E3_TEACHER_SERVER_LAYERS_ATTENTION_H_
 #define E3_TEACHER_SERVER_LAYERS_ATTENTION_H_
 
-#include <torch/torch.h>
-
 #include <cstdint>
 #include <vector>
 
+#include "common/torch/torch_core.h"
 #include "teacher_server/layers/gemm.h"
 
 namespace e3 {

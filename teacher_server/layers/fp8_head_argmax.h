@@ -21,10 +21,10 @@
 #ifndef E3_TEACHER_SERVER_LAYERS_FP8_HEAD_ARGMAX_H_
 #define E3_TEACHER_SERVER_LAYERS_FP8_HEAD_ARGMAX_H_
 
-#include <torch/torch.h>
-
 #include <cstdint>
 #include <memory>
+
+#include "common/torch/torch_core.h"
 
 namespace e3 {
 

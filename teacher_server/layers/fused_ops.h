@@ -10,7 +10,7 @@
 #ifndef E3_TEACHER_SERVER_LAYERS_FUSED_OPS_H_
 #define E3_TEACHER_SERVER_LAYERS_FUSED_OPS_H_
 
-#include <torch/torch.h>
+#include "common/torch/torch_core.h"
 
 namespace e3 {
 

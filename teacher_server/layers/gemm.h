@@ -22,12 +22,12 @@
 #ifndef E3_TEACHER_SERVER_LAYERS_GEMM_H_
 #define E3_TEACHER_SERVER_LAYERS_GEMM_H_
 
-#include <torch/torch.h>
-
 #include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "common/torch/torch_core.h"
 
 namespace e3 {
 

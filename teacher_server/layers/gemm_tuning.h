@@ -27,14 +27,13 @@
 #ifndef E3_TEACHER_SERVER_LAYERS_GEMM_TUNING_H_
 #define E3_TEACHER_SERVER_LAYERS_GEMM_TUNING_H_
 
-#include <torch/torch.h>
-
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/torch/torch_core.h"
 #include "teacher_server/layers/gemm.h"
 
 namespace e3 {

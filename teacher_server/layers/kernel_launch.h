@@ -6,8 +6,8 @@
 
 #ifdef E3_HAS_CUDA
 #include <c10/cuda/CUDAStream.h>
-#include <torch/torch.h>
 
+#include "common/torch/torch_core.h"
 #include "teacher_server/kernels/fused_kernels.h"
 
 namespace e3 {

@@ -10,12 +10,11 @@
 #ifndef E3_TEACHER_SERVER_LAYERS_KV_CACHE_H_
 #define E3_TEACHER_SERVER_LAYERS_KV_CACHE_H_
 
-#include <torch/torch.h>
-
 #include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/torch/torch_core.h"
 #include "teacher_server/layers/attention.h"
 
 namespace e3 {

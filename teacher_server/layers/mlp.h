@@ -2,8 +2,7 @@
 #ifndef E3_TEACHER_SERVER_LAYERS_MLP_H_
 #define E3_TEACHER_SERVER_LAYERS_MLP_H_
 
-#include <torch/torch.h>
-
+#include "common/torch/torch_core.h"
 #include "teacher_server/layers/gemm.h"
 
 namespace e3 {

@@ -6,11 +6,10 @@
 #ifndef E3_TEACHER_SERVER_LAYERS_MOE_H_
 #define E3_TEACHER_SERVER_LAYERS_MOE_H_
 
-#include <torch/torch.h>
-
 #include <cstdint>
 #include <vector>
 
+#include "common/torch/torch_core.h"
 #include "teacher_server/layers/mlp.h"
 
 namespace e3 {

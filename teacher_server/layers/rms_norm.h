@@ -4,7 +4,7 @@
 #ifndef E3_TEACHER_SERVER_LAYERS_RMS_NORM_H_
 #define E3_TEACHER_SERVER_LAYERS_RMS_NORM_H_
 
-#include <torch/torch.h>
+#include "common/torch/torch_core.h"
 
 namespace e3 {
 

@@ -4,11 +4,10 @@
 #ifndef E3_TEACHER_SERVER_LAYERS_ROTARY_H_
 #define E3_TEACHER_SERVER_LAYERS_ROTARY_H_
 
-#include <torch/torch.h>
-
 #include <utility>
 
 #include "common/model_config.h"
+#include "common/torch/torch_core.h"
 
 namespace e3 {
 

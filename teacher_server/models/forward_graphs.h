@@ -27,8 +27,6 @@
 #ifndef E3_TEACHER_SERVER_MODELS_FORWARD_GRAPHS_H_
 #define E3_TEACHER_SERVER_MODELS_FORWARD_GRAPHS_H_
 
-#include <torch/torch.h>
-
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -39,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "common/torch/torch_core.h"
 #include "teacher_server/forward_types.h"
 #include "teacher_server/layers/attention.h"
 

@@ -5,12 +5,11 @@
 #ifndef E3_TEACHER_SERVER_PARALLEL_TP_GROUP_H_
 #define E3_TEACHER_SERVER_PARALLEL_TP_GROUP_H_
 
-#include <torch/torch.h>
-
 #include <memory>
 #include <vector>
 
 #include "common/torch/process_group.h"
+#include "common/torch/torch_core.h"
 
 namespace e3 {
 

@@ -24,18 +24,14 @@ using namespace std::chrono_literals;
 using testing::ReadFile;
 using testing::Subprocess;
 
-const std::string kSrc = E3_SOURCE_DIR;
 
 class CheckpointE2eTest : public ::testing::Test {
  protected:
   void StartTeacher(const std::string& name) {
     dir_ = testing::ScratchDir(name);
     teacher_ = std::make_unique<Subprocess>(
-        std::vector<std::string>{testing::TeacherBinary(), "--model_dir=" + kSrc + "/examples/tiny-code-llama",
-                                 "--data=" + kSrc + "/examples/data/train_conversations.jsonl", "--max_samples=120",
-                                 "--max_seq_len=192", "--tokens_per_batch=384", "--draft_vocab_size=256",
-                                 "--listen=127.0.0.1:0", "--port_file=" + dir_ + "/port", "--subscriber_timeout_s=2",
-                                 "--threads=1"},
+        testing::TinyTeacherArgv(dir_, {"--max_samples=120", "--max_seq_len=192", "--tokens_per_batch=384",
+                                        "--draft_vocab_size=256", "--subscriber_timeout_s=2"}),
         dir_ + "/teacher.log");
     ASSERT_TRUE(testing::WaitForFile(dir_ + "/port", 60s)) << teacher_->Log();
     port_ = testing::ReadPortFile(dir_ + "/port");

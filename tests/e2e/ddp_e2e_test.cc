@@ -21,15 +21,12 @@ using testing::FreePort;
 using testing::ReadFile;
 using testing::Subprocess;
 
-const std::string kSrc = E3_SOURCE_DIR;
 
 TEST(DdpE2eTest, TwoStudentRanksTrainTheirShardsInLockstep) {
   const std::string dir = testing::ScratchDir("ddp_e2e");
-  Subprocess teacher({testing::TeacherBinary(), "--model_dir=" + kSrc + "/examples/tiny-code-llama",
-                      "--data=" + kSrc + "/examples/data/train_conversations.jsonl", "--max_samples=80",
-                      "--max_seq_len=256", "--tokens_per_batch=512", "--draft_vocab_size=512",
-                      "--listen=127.0.0.1:0", "--port_file=" + dir + "/port", "--ledger=" + dir + "/ledger.jsonl",
-                      "--exit_when_done", "--threads=1"},
+  Subprocess teacher(testing::TinyTeacherArgv(dir, {"--max_samples=80", "--max_seq_len=256", "--tokens_per_batch=512",
+                                                    "--draft_vocab_size=512", "--ledger=" + dir + "/ledger.jsonl",
+                                                    "--exit_when_done"}),
                      dir + "/teacher.log");
   ASSERT_TRUE(testing::WaitForFile(dir + "/port", 60s)) << teacher.Log();
   const std::string port = testing::ReadPortFile(dir + "/port");

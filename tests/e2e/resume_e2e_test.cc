@@ -16,7 +16,6 @@ namespace {
 using namespace std::chrono_literals;
 using testing::Subprocess;
 
-const std::string kSrc = E3_SOURCE_DIR;
 constexpr int kSamples = 60;
 
 using testing::LedgerScan;
@@ -30,12 +29,10 @@ std::vector<std::string> StudentArgs(const std::string& port, const std::string&
 
 TEST(ResumeE2eTest, KilledStudentResumesWithNoSampleLostOrTrainedTwice) {
   const std::string dir = testing::ScratchDir("resume_e2e");
-  Subprocess teacher({testing::TeacherBinary(), "--model_dir=" + kSrc + "/examples/tiny-code-llama",
-                      "--data=" + kSrc + "/examples/data/train_conversations.jsonl",
-                      "--max_samples=" + std::to_string(kSamples), "--max_seq_len=192", "--tokens_per_batch=384",
-                      "--draft_vocab_size=256", "--listen=127.0.0.1:0", "--port_file=" + dir + "/port",
-                      "--ledger=" + dir + "/ledger.jsonl", "--exit_when_done", "--subscriber_timeout_s=2",
-                      "--threads=1"},
+  Subprocess teacher(testing::TinyTeacherArgv(dir, {"--max_samples=" + std::to_string(kSamples), "--max_seq_len=192",
+                                                    "--tokens_per_batch=384", "--draft_vocab_size=256",
+                                                    "--ledger=" + dir + "/ledger.jsonl", "--exit_when_done",
+                                                    "--subscriber_timeout_s=2"}),
                      dir + "/teacher.log");
   ASSERT_TRUE(testing::WaitForFile(dir + "/port", 60s)) << teacher.Log();
   const std::string port = testing::ReadPortFile(dir + "/port");

@@ -23,7 +23,6 @@ using testing::FreePort;
 using testing::ReadFile;
 using testing::Subprocess;
 
-const std::string kSrc = E3_SOURCE_DIR;
 
 // Global batch indices the ledger shows committed, per rank.
 std::map<int, std::multiset<int64_t>> Commits(const std::string& path) {
@@ -40,11 +39,9 @@ std::map<int, std::multiset<int64_t>> Commits(const std::string& path) {
 
 TEST(SigtermE2eTest, StudentsCheckpointAndTheDrainingTeacherRecordsTheirFinalCommit) {
   const std::string dir = testing::ScratchDir("sigterm_e2e");
-  Subprocess teacher({testing::TeacherBinary(), "--model_dir=" + kSrc + "/examples/tiny-code-llama",
-                      "--data=" + kSrc + "/examples/data/train_conversations.jsonl", "--max_samples=200",
-                      "--max_seq_len=192", "--tokens_per_batch=384", "--draft_vocab_size=256",
-                      "--listen=127.0.0.1:0", "--port_file=" + dir + "/port", "--ledger=" + dir + "/ledger.jsonl",
-                      "--metrics_port=-1", "--threads=1"},
+  Subprocess teacher(testing::TinyTeacherArgv(dir, {"--max_samples=200", "--max_seq_len=192", "--tokens_per_batch=384",
+                                                    "--draft_vocab_size=256", "--ledger=" + dir + "/ledger.jsonl",
+                                                    "--metrics_port=-1"}),
                      dir + "/teacher.log");
   ASSERT_TRUE(testing::WaitForFile(dir + "/port", 60s)) << teacher.Log();
   const std::string port = testing::ReadPortFile(dir + "/port");

@@ -29,6 +29,19 @@ inline std::string BuildDir() {
 inline std::string TeacherBinary() { return BuildDir() + "/teacher_server/teacher_server"; }
 inline std::string StudentBinary() { return BuildDir() + "/student_trainer/student_trainer"; }
 
+// The teacher_server command line the end-to-end tests start from: the
+// bundled tiny model and conversations, served on loopback with its port
+// written to `dir`/port and one worker thread (CI has two cores), then
+// `flags` (data limits, ledger, drain behaviour).
+inline std::vector<std::string> TinyTeacherArgv(const std::string& dir, const std::vector<std::string>& flags) {
+  const std::string src = E3_SOURCE_DIR;
+  std::vector<std::string> argv = {TeacherBinary(), "--model_dir=" + src + "/examples/tiny-code-llama",
+                                   "--data=" + src + "/examples/data/train_conversations.jsonl",
+                                   "--listen=127.0.0.1:0", "--port_file=" + dir + "/port", "--threads=1"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  return argv;
+}
+
 // What the child runs under besides its arguments.
 struct SubprocessLimits {
   // RLIMIT_FSIZE: no file the process writes may grow past this (0: no

@@ -5,7 +5,6 @@
 // pass only what the engine and the model can take (rank < world <=
 // kMaxWorldSize, ids in the vocab, prompt and new tokens within the caps),
 // and transport negotiation on what passed picks one both sides listed.
-#include <google/protobuf/stubs/logging.h>
 
 #include <cstdint>
 #include <vector>
@@ -15,6 +14,7 @@
 #include "proto/request_limits.h"
 #include "proto/wire_codec.h"
 #include "tests/fuzz/fuzz_input.h"
+#include "tests/fuzz/quiet_protobuf_init.h"
 
 namespace {
 
@@ -80,13 +80,6 @@ bool Parse(const uint8_t* data, size_t size, T* msg) {
 }
 
 }  // namespace
-
-// protobuf logs every string field of invalid UTF-8 it refuses; the
-// refusal is what is tested, the log line only slows the run.
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  google::protobuf::SetLogHandler(nullptr);
-  return 0;
-}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;

@@ -4,7 +4,6 @@
 // dims of a small model (proto/weight_download.h), a GetInfo response's
 // config and weight shapes. Refused with a message, or tensors whose bytes
 // lie in memory the student holds and agree with shape and dtype.
-#include <google/protobuf/stubs/logging.h>
 
 #include <cstdint>
 #include <cstring>
@@ -13,6 +12,7 @@
 #include "proto/weight_download.h"
 #include "proto/wire_codec.h"
 #include "tests/fuzz/fuzz_input.h"
+#include "tests/fuzz/quiet_protobuf_init.h"
 
 namespace {
 
@@ -81,13 +81,6 @@ void Info(const e3::v1::GetInfoResponse& resp) {
 }
 
 }  // namespace
-
-// protobuf logs every string field of invalid UTF-8 it refuses; the
-// refusal is what is tested, the log line only slows the run.
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  google::protobuf::SetLogHandler(nullptr);
-  return 0;
-}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;

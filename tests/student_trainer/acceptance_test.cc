@@ -7,10 +7,10 @@
 // drafting one token at a time with a KV cache (run on the GPU machine and
 // in the e2e test).
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include <vector>
 
+#include "common/torch/torch_core.h"
 #include "student_trainer/acceptance.h"
 #include "student_trainer/ttt.h"
 #include "tests/student_trainer/tiny_draft.h"

@@ -7,7 +7,6 @@
 #define E3_TESTS_STUDENT_TRAINER_EAGLE3_GOLDEN_H_
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
@@ -19,6 +18,7 @@
 
 #include "common/safetensors.h"
 #include "common/torch/tensor_convert.h"
+#include "common/torch/torch_core.h"
 #include "nlohmann/json.hpp"
 #include "student_trainer/draft_export.h"
 #include "student_trainer/eagle3_draft.h"

@@ -1,10 +1,10 @@
 // fp32 master weights under a bf16 draft: the optimizer updates fp32
 // copies, so updates far below bf16's resolution still accumulate, and the
 // working weights are always the masters rounded to bf16.
+#include "common/torch/torch_core.h"
 #include "student_trainer/master_weights.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include "student_trainer/ttt.h"
 #include "tests/student_trainer/tiny_draft.h"

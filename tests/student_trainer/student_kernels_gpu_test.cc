@@ -11,7 +11,6 @@
 // by summation order only: 1e-3. Indices (argmax) are exact where the
 // top-2 logits are apart by more than the rounding.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include <cmath>
 #include <functional>
@@ -19,6 +18,7 @@
 #include <vector>
 
 #include "common/torch/torch_compat.h"
+#include "common/torch/torch_core.h"
 #include "student_trainer/ops/draft_head_loss.h"
 #include "student_trainer/ops/kernel_switch.h"
 #include "student_trainer/ops/rms_norm.h"

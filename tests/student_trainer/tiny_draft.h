@@ -5,11 +5,11 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include <cstdint>
 #include <vector>
 
+#include "common/torch/torch_core.h"
 #include "student_trainer/eagle3_draft.h"
 #include "student_trainer/ttt.h"
 

@@ -8,13 +8,13 @@
 // gives the hidden states a plain forward of the whole sequence gives, and
 // the cache refuses what would not fit.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include <set>
 #include <string>
 #include <vector>
 
 #include "common/model_dir.h"
+#include "common/torch/torch_core.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/generation.h"
 #include "teacher_server/layers/kv_cache.h"

@@ -2,14 +2,13 @@
 #ifndef E3_TESTS_TEACHER_SERVER_GOLDEN_FIXTURE_H_
 #define E3_TESTS_TEACHER_SERVER_GOLDEN_FIXTURE_H_
 
-#include <torch/torch.h>
-
 #include <map>
 #include <string>
 #include <vector>
 
 #include "common/safetensors.h"
 #include "common/torch/tensor_convert.h"
+#include "common/torch/torch_core.h"
 #include "nlohmann/json.hpp"
 
 namespace e3::testing {

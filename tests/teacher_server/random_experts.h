@@ -2,11 +2,10 @@
 #ifndef E3_TESTS_TEACHER_SERVER_RANDOM_EXPERTS_H_
 #define E3_TESTS_TEACHER_SERVER_RANDOM_EXPERTS_H_
 
-#include <torch/torch.h>
-
 #include <cstdint>
 #include <utility>
 
+#include "common/torch/torch_core.h"
 #include "teacher_server/layers/mlp.h"
 #include "teacher_server/layers/moe.h"
 

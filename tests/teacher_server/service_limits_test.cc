@@ -17,8 +17,7 @@
 #include "proto/wire_codec.h"
 #include "teacher_server/engine.h"
 #include "teacher_server/teacher_service.h"
-#include "tests/teacher_server/golden_fixture.h"
-#include "tests/teacher_server/synthetic_dataset.h"
+#include "tests/teacher_server/loopback_teacher.h"
 
 namespace e3 {
 namespace {
@@ -29,72 +28,22 @@ void SetDeadline(grpc::ClientContext* ctx) {
   ctx->set_deadline(std::chrono::system_clock::now() + 20s);
 }
 
-// A teacher with the given caps on 127.0.0.1:0 and a stub whose own caps
-// are generous, so that the server's are the ones tested.
-struct Teacher {
-  std::unique_ptr<Engine> engine;
-  TeacherMetrics metrics;
-  std::unique_ptr<TeacherServiceImpl> service;
-  std::unique_ptr<grpc::Server> server;
-  std::unique_ptr<v1::TeacherService::Stub> stub;
-  ~Teacher() {
-    stub.reset();
-    if (server) {
-      server->Shutdown(std::chrono::system_clock::now() + 2s);
-      server->Wait();
-    }
-    server.reset();
-    service.reset();
-    engine.reset();
-  }
-};
-
 class ServiceLimitsTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = ModelDir::Open(testing::SourcePath("tests/fixtures/golden/rand_default_mha"))
-               .value()
-               .release();
-    model_ = LoadCausalLM(*dir_, ModelOptions{}).value().release();
-    dataset_ = testing::MakeSyntheticDataset(40, 3).release();
-    vocab_ = new VocabMap(CalibrateVocabMap(dataset_->samples(), 256, 100).value());
-  }
-  static void TearDownTestSuite() {
-    delete vocab_;
-    delete dataset_;
-    delete model_;
-    delete dir_;
-  }
+  static void SetUpTestSuite() { m_ = testing::LoadLoopbackModel(40, 3, 100).release(); }
+  static void TearDownTestSuite() { delete m_; }
 
-  std::unique_ptr<Teacher> Start(ServiceOptions sopts) {
-    auto t = std::make_unique<Teacher>();
+  // A teacher with the given caps and a stub whose own caps are generous,
+  // so that the server's are the ones tested.
+  std::unique_ptr<testing::LoopbackTeacher> Start(ServiceOptions sopts) {
     EngineOptions eopts;
     eopts.tokens_per_batch = 120;
     eopts.aux_layer_ids = {0, 2, 4};
     eopts.transports = {TransportKind::kInline};
-    auto engine = Engine::Create(model_, dataset_, eopts);
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    if (!engine.ok()) return nullptr;
-    t->engine = std::move(engine).value();
-    auto service =
-        TeacherServiceImpl::Create(t->engine.get(), model_, vocab_, dataset_, &t->metrics, sopts);
-    EXPECT_TRUE(service.ok()) << service.status();
-    if (!service.ok()) return nullptr;
-    t->service = std::move(service).value();
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(t->service.get());
-    ApplyMessageLimits(sopts.messages, &builder);
-    t->server = builder.BuildAndStart();
-    EXPECT_GT(port, 0);
-    if (!t->server || port == 0) return nullptr;
     grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(64 << 20);
     args.SetMaxReceiveMessageSize(64 << 20);
-    t->stub = v1::TeacherService::NewStub(grpc::CreateCustomChannel(
-        absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials(), args));
-    return t;
+    return testing::StartLoopbackTeacher(*m_, eopts, sopts, nullptr, args);
   }
 
   static v1::SubscribeRequest Subscribe(const std::string& id, int rank, int world) {
@@ -134,7 +83,7 @@ class ServiceLimitsTest : public ::testing::Test {
   }
 
   // An honest student still gets its first batch and its ack is taken.
-  static void ExpectServesAnHonestStudent(Teacher& t) {
+  static void ExpectServesAnHonestStudent(testing::LoopbackTeacher& t) {
     v1::BatchDescriptor d;
     grpc::Status st = FirstBatch(*t.stub, Subscribe("honest", 0, 1), &d);
     ASSERT_TRUE(st.ok()) << st.error_message();
@@ -160,16 +109,8 @@ class ServiceLimitsTest : public ::testing::Test {
     EXPECT_NE(st.error_message().find(message), std::string::npos) << st.error_message();
   }
 
-  static ModelDir* dir_;
-  static CausalLM* model_;
-  static Dataset* dataset_;
-  static VocabMap* vocab_;
+  static inline testing::LoopbackModel* m_ = nullptr;
 };
-
-ModelDir* ServiceLimitsTest::dir_ = nullptr;
-CausalLM* ServiceLimitsTest::model_ = nullptr;
-Dataset* ServiceLimitsTest::dataset_ = nullptr;
-VocabMap* ServiceLimitsTest::vocab_ = nullptr;
 
 TEST_F(ServiceLimitsTest, RankAndWorldOutsideTheBoundsAreRefused) {
   auto t = Start(ServiceOptions{});
@@ -252,7 +193,7 @@ TEST(BatchIdTest, DistinctAtTheBoundsAndWithinInt64) {
 TEST_F(ServiceLimitsTest, EpochsPastTheBatchIdRangeAreRefused) {
   EngineOptions eopts;
   eopts.epochs = kMaxEpochs + 1;
-  auto engine = Engine::Create(model_, dataset_, eopts);
+  auto engine = Engine::Create(m_->model.get(), m_->dataset.get(), eopts);
   ASSERT_FALSE(engine.ok());
   EXPECT_NE(engine.status().message().find("epochs is 900001; expected 1 <= epochs <= 900000"),
             std::string::npos)
@@ -364,13 +305,13 @@ TEST_F(ServiceLimitsTest, ABatchOverTheSendCapEndsTheStreamNamingTheFlag) {
 TEST_F(ServiceLimitsTest, CapsOutsideGrpcsRangeAreRefusedAtStart) {
   EngineOptions eopts;
   eopts.aux_layer_ids = {0, 2, 4};
-  auto engine = Engine::Create(model_, dataset_, eopts);
+  auto engine = Engine::Create(m_->model.get(), m_->dataset.get(), eopts);
   ASSERT_TRUE(engine.ok()) << engine.status();
   TeacherMetrics metrics;
   ServiceOptions sopts;
   sopts.messages.max_send_bytes = int64_t{3} << 30;
   auto service =
-      TeacherServiceImpl::Create(engine->get(), model_, vocab_, dataset_, &metrics, sopts);
+      TeacherServiceImpl::Create(engine->get(), m_->model.get(), m_->vocab.get(), m_->dataset.get(), &metrics, sopts);
   ASSERT_FALSE(service.ok());
   EXPECT_NE(service.status().message().find("--max_send_message_bytes is 3221225472"),
             std::string::npos)

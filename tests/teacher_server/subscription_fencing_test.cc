@@ -20,31 +20,12 @@
 #include "common/vocab_map.h"
 #include "proto/subscription_wire.h"
 #include "teacher_server/teacher_service.h"
-#include "tests/teacher_server/golden_fixture.h"
-#include "tests/teacher_server/synthetic_dataset.h"
+#include "tests/teacher_server/loopback_teacher.h"
 
 namespace e3 {
 namespace {
 
 using namespace std::chrono_literals;
-
-// One teacher process as far as a student can tell: engine, service and
-// server on 127.0.0.1:0, and a stub.
-struct Teacher {
-  std::unique_ptr<Engine> engine;
-  TeacherMetrics metrics;
-  std::unique_ptr<TeacherServiceImpl> service;
-  std::unique_ptr<grpc::Server> server;
-  std::unique_ptr<v1::TeacherService::Stub> stub;
-
-  ~Teacher() {
-    stub.reset();
-    if (server) server->Shutdown(std::chrono::system_clock::now() + 2s);
-    server.reset();
-    service.reset();
-    engine.reset();
-  }
-};
 
 // A Subscribe stream and the generation its acceptance announced.
 struct Stream {
@@ -55,18 +36,8 @@ struct Stream {
 
 class SubscriptionFencingTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = ModelDir::Open(testing::SourcePath("tests/fixtures/golden/rand_default_mha")).value().release();
-    model_ = LoadCausalLM(*dir_, ModelOptions{}).value().release();
-    dataset_ = testing::MakeSyntheticDataset(12, 5).release();
-    vocab_ = new VocabMap(CalibrateVocabMap(dataset_->samples(), 256, 100).value());
-  }
-  static void TearDownTestSuite() {
-    delete vocab_;
-    delete dataset_;
-    delete model_;
-    delete dir_;
-  }
+  static void SetUpTestSuite() { m_ = testing::LoadLoopbackModel(12, 5, 100).release(); }
+  static void TearDownTestSuite() { delete m_; }
 
   EngineOptions Options() const {
     EngineOptions o;
@@ -83,25 +54,8 @@ class SubscriptionFencingTest : public ::testing::Test {
     return o;
   }
 
-  std::unique_ptr<Teacher> Start(EngineOptions o) {
-    auto t = std::make_unique<Teacher>();
-    auto engine = Engine::Create(model_, dataset_, std::move(o));
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    if (!engine.ok()) return nullptr;
-    t->engine = std::move(engine).value();
-    auto service = TeacherServiceImpl::Create(t->engine.get(), model_, vocab_, dataset_, &t->metrics, {});
-    EXPECT_TRUE(service.ok()) << service.status();
-    if (!service.ok()) return nullptr;
-    t->service = std::move(service).value();
-    int port = 0;
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(t->service.get());
-    t->server = builder.BuildAndStart();
-    if (!t->server || port == 0) return nullptr;
-    t->stub = v1::TeacherService::NewStub(
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
-    return t;
+  std::unique_ptr<testing::LoopbackTeacher> Start(EngineOptions o) {
+    return testing::StartLoopbackTeacher(*m_, std::move(o));
   }
 
   static v1::SubscribeRequest Req(const std::string& id, int64_t epoch = 0, int64_t next = 0) {
@@ -116,7 +70,7 @@ class SubscriptionFencingTest : public ::testing::Test {
     return req;
   }
 
-  static Stream Subscribe(Teacher& t, const v1::SubscribeRequest& req) {
+  static Stream Subscribe(testing::LoopbackTeacher& t, const v1::SubscribeRequest& req) {
     Stream s;
     s.ctx->set_deadline(std::chrono::system_clock::now() + 60s);
     s.reader = t.stub->Subscribe(s.ctx.get(), req);
@@ -131,7 +85,7 @@ class SubscriptionFencingTest : public ::testing::Test {
 
   // One Ack as `id` of `generation`: `batch_ids`, and a commit through
   // {0, next} when next >= 0 ({1, 0} past the last batch).
-  static grpc::Status Ack(Teacher& t, const std::string& id, uint64_t generation, std::vector<int64_t> batch_ids,
+  static grpc::Status Ack(testing::LoopbackTeacher& t, const std::string& id, uint64_t generation, std::vector<int64_t> batch_ids,
                           int64_t commit_next = -1) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + 10s);
@@ -145,10 +99,7 @@ class SubscriptionFencingTest : public ::testing::Test {
     return t.stub->Ack(&ctx, req, &resp);
   }
 
-  static inline ModelDir* dir_ = nullptr;
-  static inline CausalLM* model_ = nullptr;
-  static inline Dataset* dataset_ = nullptr;
-  static inline VocabMap* vocab_ = nullptr;
+  static inline testing::LoopbackModel* m_ = nullptr;
 };
 
 TEST_F(SubscriptionFencingTest, ZombieWithTheSameIdIsFencedByItsGeneration) {
@@ -280,7 +231,7 @@ TEST_F(SubscriptionFencingTest, RestartedTeacherContinuesItsLedgerExactlyOnce) {
   LedgerReport r = t->engine->ledger_report();
   EXPECT_EQ(r.epochs, 1);
   EXPECT_EQ(r.committed_batches, per_epoch);
-  EXPECT_EQ(r.committed_samples, dataset_->size());
+  EXPECT_EQ(r.committed_samples, m_->dataset->size());
   EXPECT_EQ(r.samples_committed_twice, 0);
   EXPECT_EQ(r.samples_never_committed, 0);
   (void)RemoveAll(*dir);

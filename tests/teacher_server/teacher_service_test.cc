@@ -32,8 +32,7 @@
 #include "teacher_server/eval_set.h"
 #include "teacher_server/generation.h"
 #include "teacher_server/serialized_model.h"
-#include "tests/teacher_server/golden_fixture.h"
-#include "tests/teacher_server/synthetic_dataset.h"
+#include "tests/teacher_server/loopback_teacher.h"
 
 namespace e3 {
 namespace {
@@ -93,44 +92,13 @@ int CountShm(const std::string& prefix) {
   return n;
 }
 
-// One live teacher: engine + service + gRPC server on 127.0.0.1:0, and a
-// client stub connected to it.
-struct Teacher {
-  std::unique_ptr<Engine> engine;
-  TeacherMetrics metrics;
-  std::unique_ptr<TeacherServiceImpl> service;
-  std::unique_ptr<grpc::Server> server;
-  int port = 0;
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<v1::TeacherService::Stub> stub;
-
-  ~Teacher() {
-    stub.reset();
-    channel.reset();
-    if (server) {
-      server->Shutdown(std::chrono::system_clock::now() + 2s);
-      server->Wait();
-    }
-    server.reset();
-    service.reset();
-    engine.reset();
-  }
-};
-
 class TeacherServiceTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = ModelDir::Open(testing::SourcePath("tests/fixtures/golden/rand_default_mha")).value().release();
-    model_ = LoadCausalLM(*dir_, ModelOptions{}).value().release();
-    dataset_ = testing::MakeSyntheticDataset(40, 3).release();
-    vocab_ = new VocabMap(CalibrateVocabMap(dataset_->samples(), 256, kDraftVocab).value());
+    grpc::EnableDefaultHealthCheckService(true);
+    m_ = testing::LoadLoopbackModel(40, 3, kDraftVocab).release();
   }
-  static void TearDownTestSuite() {
-    delete vocab_;
-    delete dataset_;
-    delete model_;
-    delete dir_;
-  }
+  static void TearDownTestSuite() { delete m_; }
 
   EngineOptions DefaultEngineOptions() const {
     EngineOptions o;
@@ -141,30 +109,10 @@ class TeacherServiceTest : public ::testing::Test {
     return o;
   }
 
-  std::unique_ptr<Teacher> StartTeacher(EngineOptions eopts, const Dataset* dataset = nullptr) {
-    if (dataset == nullptr) dataset = dataset_;
-    auto t = std::make_unique<Teacher>();
-    auto engine = Engine::Create(model_, dataset, std::move(eopts));
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    if (!engine.ok()) return nullptr;
-    t->engine = std::move(engine).value();
+  std::unique_ptr<testing::LoopbackTeacher> StartTeacher(EngineOptions eopts, const Dataset* dataset = nullptr) {
     ServiceOptions sopts;
     sopts.hostname = "host-a";
-    auto service = TeacherServiceImpl::Create(t->engine.get(), model_, vocab_, dataset, &t->metrics, sopts);
-    EXPECT_TRUE(service.ok()) << service.status();
-    if (!service.ok()) return nullptr;
-    t->service = std::move(service).value();
-    grpc::EnableDefaultHealthCheckService(true);
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &t->port);
-    builder.RegisterService(t->service.get());
-    t->server = builder.BuildAndStart();
-    EXPECT_NE(t->server, nullptr);
-    EXPECT_GT(t->port, 0);
-    if (!t->server || t->port == 0) return nullptr;
-    t->channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", t->port), grpc::InsecureChannelCredentials());
-    t->stub = v1::TeacherService::NewStub(t->channel);
-    return t;
+    return testing::StartLoopbackTeacher(*m_, std::move(eopts), sopts, dataset);
   }
 
   static v1::SubscribeRequest SubscribeReq(const std::string& id, const std::string& host,
@@ -192,8 +140,8 @@ class TeacherServiceTest : public ::testing::Test {
     std::vector<std::vector<int32_t>> samples;
     for (int64_t s : d.sample_ids()) {
       ASSERT_GE(s, 0);
-      ASSERT_LT(s, dataset_->size());
-      const Sample& sample = (*dataset_)[s];
+      ASSERT_LT(s, m_->dataset->size());
+      const Sample& sample = (*m_->dataset)[s];
       want_ids.insert(want_ids.end(), sample.input_ids.begin(), sample.input_ids.end());
       want_mask.insert(want_mask.end(), sample.loss_mask.begin(), sample.loss_mask.end());
       want_cu.push_back(static_cast<int32_t>(want_ids.size()));
@@ -242,7 +190,7 @@ class TeacherServiceTest : public ::testing::Test {
     ForwardOptions fwd;
     fwd.aux_layer_ids = {0, 2, 4};
     fwd.return_argmax = true;
-    auto out = model_->Forward(*batch, fwd);
+    auto out = m_->model->Forward(*batch, fwd);
     ASSERT_TRUE(out.ok()) << out.status();
     at::Tensor got_aux = torch::from_blob(const_cast<uint8_t*>(aux->data), {T, 192}, torch::kFloat).clone();
     at::Tensor got_last = torch::from_blob(const_cast<uint8_t*>(last->data), {T, 64}, torch::kFloat).clone();
@@ -252,10 +200,7 @@ class TeacherServiceTest : public ::testing::Test {
     EXPECT_TRUE(torch::equal(got_argmax, out->target_argmax.to(torch::kInt)));
   }
 
-  static inline ModelDir* dir_ = nullptr;
-  static inline CausalLM* model_ = nullptr;
-  static inline Dataset* dataset_ = nullptr;
-  static inline VocabMap* vocab_ = nullptr;
+  static inline testing::LoopbackModel* m_ = nullptr;
   const std::string shm_prefix_ = absl::StrCat("/e3svctest", ::getpid());
 };
 
@@ -287,7 +232,7 @@ TEST_F(TeacherServiceTest, GetInfoDescribesModelDataAndTransports) {
   EXPECT_NE(m.config_json().find("\"vocab_size\": 256"), std::string::npos) << m.config_json();
   EXPECT_EQ(resp.dataset_samples(), 40);
   int64_t tokens = 0;
-  for (const Sample& sample : dataset_->samples()) tokens += sample.size();
+  for (const Sample& sample : m_->dataset->samples()) tokens += sample.size();
   EXPECT_EQ(resp.dataset_tokens(), tokens);
   ASSERT_EQ(resp.transports_size(), 2);
   EXPECT_EQ(resp.transports(0), v1::TRANSPORT_SHM);
@@ -350,7 +295,7 @@ TEST_F(TeacherServiceTest, GetWeightsStreamsTheFrozenTensors) {
             (std::vector<int64_t>{256, 64}));
   ASSERT_EQ(embed.bytes.size(), 256u * 64 * 4);
   at::Tensor e = torch::from_blob(const_cast<char*>(embed.bytes.data()), {256, 64}, torch::kFloat);
-  EXPECT_TRUE(torch::equal(e, model_->embed_tokens().contiguous()));
+  EXPECT_TRUE(torch::equal(e, m_->model->embed_tokens().contiguous()));
 
   const Assembled& head = got["target_head"];
   EXPECT_EQ(head.ref.dtype(), v1::DTYPE_F32);
@@ -358,12 +303,12 @@ TEST_F(TeacherServiceTest, GetWeightsStreamsTheFrozenTensors) {
             (std::vector<int64_t>{kDraftVocab, 64}));
   ASSERT_EQ(head.bytes.size(), static_cast<size_t>(kDraftVocab) * 64 * 4);
   at::Tensor h = torch::from_blob(const_cast<char*>(head.bytes.data()), {kDraftVocab, 64}, torch::kFloat);
-  at::Tensor lm = model_->lm_head();
+  at::Tensor lm = m_->model->lm_head();
   for (int64_t i = 0; i < kDraftVocab; ++i) {
-    ASSERT_TRUE(torch::equal(h[i], lm[vocab_->DraftToTarget(i)])) << "draft row " << i;
+    ASSERT_TRUE(torch::equal(h[i], lm[m_->vocab->DraftToTarget(i)])) << "draft row " << i;
   }
   // The rows are a real selection, not the head's first rows.
-  EXPECT_NE(vocab_->TargetIds(), [] {
+  EXPECT_NE(m_->vocab->TargetIds(), [] {
     std::vector<int64_t> first(kDraftVocab);
     for (int64_t i = 0; i < kDraftVocab; ++i) first[i] = i;
     return first;
@@ -376,13 +321,13 @@ TEST_F(TeacherServiceTest, GetWeightsStreamsTheFrozenTensors) {
   ASSERT_EQ(d2t.bytes.size(), static_cast<size_t>(kDraftVocab) * 8);
   std::vector<int64_t> d2t_got(kDraftVocab);
   std::memcpy(d2t_got.data(), d2t.bytes.data(), d2t.bytes.size());
-  EXPECT_EQ(d2t_got, vocab_->d2t);
+  EXPECT_EQ(d2t_got, m_->vocab->d2t);
 
   const Assembled& t2d = got["t2d"];
   EXPECT_EQ(t2d.ref.dtype(), v1::DTYPE_BOOL);
   ASSERT_EQ(std::vector<int64_t>(t2d.ref.shape().begin(), t2d.ref.shape().end()), std::vector<int64_t>{256});
   ASSERT_EQ(t2d.bytes.size(), 256u);
-  EXPECT_EQ(std::vector<uint8_t>(t2d.bytes.begin(), t2d.bytes.end()), vocab_->t2d);
+  EXPECT_EQ(std::vector<uint8_t>(t2d.bytes.begin(), t2d.bytes.end()), m_->vocab->t2d);
 
   // Asking by name returns only that tensor.
   {
@@ -705,14 +650,14 @@ TEST_F(TeacherServiceTest, GenerateIsGreedyArgmaxOfTheForward) {
   const int max_new = 6;
   // Expected: repeated argmax of the last position's full logits.
   std::vector<int32_t> ids = prompt, expected;
-  const std::set<int64_t> eos(model_->config().eos_token_ids.begin(), model_->config().eos_token_ids.end());
+  const std::set<int64_t> eos(m_->model->config().eos_token_ids.begin(), m_->model->config().eos_token_ids.end());
   for (int step = 0; step < max_new; ++step) {
     auto batch = PackSamples({ids}, 256, at::kCPU);
     ASSERT_TRUE(batch.ok()) << batch.status();
     ForwardOptions fwd;
     fwd.return_logits = true;
     fwd.return_argmax = false;
-    auto out = model_->Forward(*batch, fwd);
+    auto out = m_->model->Forward(*batch, fwd);
     ASSERT_TRUE(out.ok()) << out.status();
     ASSERT_EQ(out->logits.size(0), static_cast<int64_t>(ids.size()));
     const int32_t next = static_cast<int32_t>(out->logits[-1].argmax().item<int64_t>());
@@ -788,7 +733,7 @@ TEST_F(TeacherServiceTest, GetEvalSetServesGenerateContinuationsWithTheirAuxStat
   EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(st.error_message().find("--eval_prompts"), std::string::npos) << st.error_message();
 
-  SerializedCausalLM serialized(model_);
+  SerializedCausalLM serialized(m_->model.get());
   const std::vector<std::vector<int32_t>> prompts = {{3, 17, 42}, {7, 8, 9, 10, 11, 12}, {100}, {55, 66}};
   EvalSetOptions eo;
   eo.max_new_tokens = 6;
@@ -811,7 +756,7 @@ TEST_F(TeacherServiceTest, GetEvalSetServesGenerateContinuationsWithTheirAuxStat
   ASSERT_TRUE(chunks[0].ready());
   GenerationOptions g;
   g.max_new_tokens = 6;
-  auto want = GenerateContinuations(*model_, prompts, g);
+  auto want = GenerateContinuations(*m_->model, prompts, g);
   ASSERT_TRUE(want.ok()) << want.status();
   size_t next_prompt = 0;
   for (const auto& chunk : chunks) {
@@ -837,7 +782,7 @@ TEST_F(TeacherServiceTest, GetEvalSetServesGenerateContinuationsWithTheirAuxStat
     auto batch = PackSamples(samples, 256, at::kCPU);
     ForwardOptions fwd;
     fwd.aux_layer_ids = {0, 2, 4};
-    auto out = model_->Forward(*batch, fwd);
+    auto out = m_->model->Forward(*batch, fwd);
     ASSERT_TRUE(out.ok());
     at::Tensor got = torch::from_blob(const_cast<uint8_t*>(aux->data), {ids->shape[0], 192}, torch::kFloat);
     EXPECT_TRUE(torch::allclose(got, out->aux_hidden, 1e-5, 1e-5));

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "common/safetensors.h"
 #include "common/torch/tensor_convert.h"
 #include "nlohmann/json.hpp"
@@ -243,8 +244,9 @@ TEST(SlurmJobTest, HeterogeneousJobTrainsSurvivesScancelAndResumesExactlyOnce) {
   const std::string teachers = ReadFile(out + "/teachers.log");
   ASSERT_EQ(state2, "COMPLETED") << ReadFile(out + "/job-" + job2 + ".out") << teachers << students
                                  << slurm.Logs();
-  EXPECT_EQ(Count(students, " at step " + std::to_string(steps1) + ", cursor"), 2)
-      << students;
+  // Each rank names the checkpoint the first job's signal saved.
+  const std::string resumed = absl::StrFormat("checkpoints/step-%08d at step %d, cursor", steps1, steps1);
+  EXPECT_EQ(Count(students, resumed), 2) << students;
 
   // The draft trained: the second job continued from the first's step,
   // and each rank's step log (both jobs append to it) holds every step
