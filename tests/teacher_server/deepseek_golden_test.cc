@@ -127,6 +127,30 @@ TEST(DeepseekForwardTest, SamplesDoNotSeeEachOtherAndGenerationIsRefused) {
   EXPECT_NE((*model)->Techniques().find("reference ops"), std::string::npos);
 }
 
+// --backend=sgl leaves DeepSeek on the reference ops (Techniques says so);
+// the outputs stay within the goldens' bound (here on the CPU, where the
+// varlen request falls back to SDPA with v padded and cut).
+TEST(DeepseekForwardTest, SglBackendKeepsTheReferenceNumerics) {
+  const GoldenCase c = LoadGoldenCase("rand_deepseek_v3_fp8");
+  auto dir = ModelDir::Open(c.model_dir);
+  ASSERT_TRUE(dir.ok());
+  ModelOptions options;
+  ASSERT_TRUE(SetBackend("sgl", &options).ok());
+  auto model = LoadCausalLM(**dir, options);
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::printf("techniques: %s\n", (*model)->Techniques().c_str());
+  EXPECT_NE((*model)->Techniques().find("FP8 block-scaled weights dequantized at load"), std::string::npos);
+  auto batch = MakePackedBatch(c.tensors.at("input_ids").to(at::kLong), c.cu_seqlens, 256, at::kCPU);
+  ASSERT_TRUE(batch.ok());
+  ForwardOptions fwd;
+  fwd.aux_layer_ids = c.aux_layer_ids;
+  auto out = (*model)->Forward(*batch, fwd);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_LT(RelInf(out->aux_hidden, c.tensors.at("aux_hidden")), kRelTol);
+  EXPECT_LT(RelInf(out->last_hidden, c.tensors.at("last_hidden")), kRelTol);
+  EXPECT_TRUE(out->target_argmax.equal(c.tensors.at("target_argmax")));
+}
+
 // The official DeepSeek-V3 config.json (transformers 4.x layout: rope_scaling
 // with "type", the FP8 quantization_config, num_key_value_heads 128).
 constexpr char kDeepseekV3Config[] = R"({
