@@ -1,6 +1,8 @@
 #include "common/dtype.h"
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -22,6 +24,7 @@ size_t DTypeSize(DType dtype) {
     case DType::kI8:
     case DType::kU8:
     case DType::kBool:
+    case DType::kF8E4M3:
       return 1;
   }
   return 0;
@@ -39,6 +42,7 @@ std::string_view DTypeName(DType dtype) {
     case DType::kI8: return "I8";
     case DType::kU8: return "U8";
     case DType::kBool: return "BOOL";
+    case DType::kF8E4M3: return "F8_E4M3";
   }
   return "?";
 }
@@ -46,13 +50,13 @@ std::string_view DTypeName(DType dtype) {
 absl::StatusOr<DType> ParseDType(std::string_view name) {
   static constexpr DType kAll[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kF64,
                                    DType::kI64, DType::kI32, DType::kI16, DType::kI8,
-                                   DType::kU8,  DType::kBool};
+                                   DType::kU8,  DType::kBool, DType::kF8E4M3};
   for (DType d : kAll) {
     if (DTypeName(d) == name) return d;
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "unsupported dtype \"", std::string(name),
-      "\" (expected one of F32, F16, BF16, F64, I64, I32, I16, I8, U8, BOOL)"));
+      "\" (expected one of F32, F16, BF16, F64, I64, I32, I16, I8, U8, BOOL, F8_E4M3)"));
 }
 
 absl::StatusOr<DType> ParseComputeDType(std::string_view name) {
@@ -125,6 +129,21 @@ uint16_t FloatToF16(float value) {
   }
   uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
   return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+}
+
+float Fp8E4M3ToFloat(uint8_t bits) {
+  const bool negative = (bits & 0x80u) != 0;
+  const int exponent = (bits >> 3) & 0xf;
+  const int mantissa = bits & 0x7;
+  float magnitude;
+  if (exponent == 0xf && mantissa == 0x7) {
+    magnitude = std::numeric_limits<float>::quiet_NaN();  // the only NaNs; no infinities
+  } else if (exponent == 0) {
+    magnitude = std::ldexp(static_cast<float>(mantissa), -9);  // subnormal: m/8 * 2^(1-7)
+  } else {
+    magnitude = std::ldexp(1.0f + static_cast<float>(mantissa) / 8.0f, exponent - 7);
+  }
+  return negative ? -magnitude : magnitude;
 }
 
 }  // namespace e3

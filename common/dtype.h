@@ -12,7 +12,9 @@
 
 namespace e3 {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kF64, kI64, kI32, kI16, kI8, kU8, kBool };
+// kF8E4M3 is float8_e4m3fn, as FP8 checkpoints store weights (safetensors
+// "F8_E4M3"); it is read from disk only, never sent on the wire.
+enum class DType : uint8_t { kF32, kF16, kBF16, kF64, kI64, kI32, kI16, kI8, kU8, kBool, kF8E4M3 };
 
 // Bytes per element.
 size_t DTypeSize(DType dtype);
@@ -27,6 +29,9 @@ float Bf16ToFloat(uint16_t bits);
 uint16_t FloatToBf16(float value);  // round to nearest even, NaN kept
 float F16ToFloat(uint16_t bits);
 uint16_t FloatToF16(float value);  // round to nearest even
+// float8_e4m3fn (1 sign, 4 exponent bits with bias 7, 3 mantissa bits; no
+// infinities, 0x7f and 0xff are NaN; largest finite 448), exactly.
+float Fp8E4M3ToFloat(uint8_t bits);
 
 }  // namespace e3
 

@@ -1,6 +1,7 @@
 #include "common/model_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -201,6 +202,111 @@ absl::Status ParseMoe(const Fields& f, const json& root, ModelConfig* c) {
   return absl::OkStatus();
 }
 
+// transformers' yarn_get_mscale.
+double YarnGetMscale(double scale, double mscale) { return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+
+// The multi-head latent attention fields and the softmax scale.
+absl::Status ParseMla(const Fields& f, ModelConfig* c) {
+  DeepseekConfig& d = c->deepseek;
+  if (f.Has("q_lora_rank")) {
+    E3_ASSIGN_OR_RETURN(d.q_lora_rank, f.PositiveInt("q_lora_rank"));
+  }
+  E3_ASSIGN_OR_RETURN(d.kv_lora_rank, f.PositiveInt("kv_lora_rank"));
+  E3_ASSIGN_OR_RETURN(d.qk_nope_head_dim, f.PositiveInt("qk_nope_head_dim"));
+  E3_ASSIGN_OR_RETURN(d.qk_rope_head_dim, f.PositiveInt("qk_rope_head_dim"));
+  E3_ASSIGN_OR_RETURN(d.v_head_dim, f.PositiveInt("v_head_dim"));
+  if (d.qk_rope_head_dim % 2 != 0) return f.Error("qk_rope_head_dim", "must be even for rotary embeddings");
+  if (c->architecture == Architecture::kDeepseekV3) {
+    E3_ASSIGN_OR_RETURN(d.rope_interleave, f.Bool("rope_interleave", true));
+  }
+  // MLA gives every query head its own key and value from the shared
+  // latent; num_key_value_heads (128 in V3's config) plays no part.
+  c->num_key_value_heads = c->num_attention_heads;
+  // The rope covers the qk_rope_head_dim part of each head (HF sets
+  // head_dim to it for these configs).
+  c->head_dim = d.qk_rope_head_dim;
+  return absl::OkStatus();
+}
+
+// After the rope is parsed: transformers 5.17's yarn_apply_mscale.
+void SetMlaSoftmaxScale(ModelConfig* c) {
+  DeepseekConfig& d = c->deepseek;
+  d.softmax_scale = 1.0 / std::sqrt(static_cast<double>(d.qk_nope_head_dim + d.qk_rope_head_dim));
+  const std::optional<double>& all_dim = c->rope.mscale_all_dim;
+  if (c->rope.type != RopeType::kDefault && all_dim.has_value() && *all_dim != 0) {
+    const double m = YarnGetMscale(c->rope.factor, *all_dim);
+    d.softmax_scale *= m * m;
+  }
+}
+
+// DeepSeekMoE: routed experts in groups, shared experts, dense first layers.
+absl::Status ParseDeepseekMoe(const Fields& f, ModelConfig* c) {
+  DeepseekConfig& d = c->deepseek;
+  MoeConfig& m = c->moe;
+  E3_ASSIGN_OR_RETURN(m.num_experts, f.PositiveInt("n_routed_experts"));
+  E3_ASSIGN_OR_RETURN(m.top_k, f.PositiveInt("num_experts_per_tok"));
+  E3_ASSIGN_OR_RETURN(m.intermediate_size, f.PositiveInt("moe_intermediate_size"));
+  E3_ASSIGN_OR_RETURN(m.norm_topk_prob, f.Bool("norm_topk_prob", false));
+  if (c->architecture == Architecture::kDeepseekV3) {
+    d.scoring = DeepseekConfig::Scoring::kSigmoid;
+    d.group_limited = true;
+  } else {
+    std::string method;
+    E3_ASSIGN_OR_RETURN(method, f.Str("topk_method", "greedy"));
+    if (method != "greedy" && method != "group_limited_greedy") {
+      return f.Error("topk_method", absl::StrCat("\"", method, "\" is unsupported; expected \"greedy\" or "
+                                                 "\"group_limited_greedy\""));
+    }
+    d.group_limited = method == "group_limited_greedy";
+  }
+  E3_ASSIGN_OR_RETURN(d.n_group, f.Int("n_group", 1));
+  E3_ASSIGN_OR_RETURN(d.topk_group, f.Int("topk_group", 1));
+  if (d.n_group <= 0 || m.num_experts % d.n_group != 0) {
+    return f.Error("n_group", absl::StrCat("expected a positive divisor of n_routed_experts (", m.num_experts,
+                                           "), got ", d.n_group));
+  }
+  if (d.group_limited && (d.topk_group <= 0 || d.topk_group > d.n_group)) {
+    return f.Error("topk_group", absl::StrCat("expected an integer in [1, n_group = ", d.n_group, "], got ",
+                                              d.topk_group));
+  }
+  const int64_t reachable = d.group_limited ? d.topk_group * (m.num_experts / d.n_group) : m.num_experts;
+  if (m.top_k > reachable) {
+    return f.Error("num_experts_per_tok", absl::StrCat("top-k ", m.top_k, " exceeds the ", reachable,
+                                                       " experts its topk_group groups hold"));
+  }
+  E3_ASSIGN_OR_RETURN(d.routed_scaling_factor, f.Num("routed_scaling_factor", 1.0));
+  E3_ASSIGN_OR_RETURN(d.n_shared_experts, f.Int("n_shared_experts", 0));
+  E3_ASSIGN_OR_RETURN(d.first_k_dense_replace, f.Int("first_k_dense_replace", 0));
+  E3_ASSIGN_OR_RETURN(d.moe_layer_freq, f.Int("moe_layer_freq", 1));
+  if (d.n_shared_experts < 0) return f.Error("n_shared_experts", "expected a non-negative integer");
+  if (d.first_k_dense_replace < 0) return f.Error("first_k_dense_replace", "expected a non-negative integer");
+  if (d.moe_layer_freq <= 0) return f.Error("moe_layer_freq", "expected a positive integer");
+  return absl::OkStatus();
+}
+
+// quantization_config: FP8 with block scales, or absent.
+absl::Status ParseQuantization(const json& root, const std::string& source, QuantizationConfig* q) {
+  if (!root.contains("quantization_config") || root.at("quantization_config").is_null()) return absl::OkStatus();
+  const json& obj = root.at("quantization_config");
+  Fields f(obj, source, "quantization_config.");
+  if (!obj.is_object()) return Fields(root, source, "").Error("quantization_config", "expected an object");
+  std::string method;
+  E3_ASSIGN_OR_RETURN(method, f.Str("quant_method", ""));
+  if (method != "fp8" || !f.Has("weight_block_size")) {
+    return f.Error("quant_method", absl::StrCat("\"", method, "\" is unsupported; expected \"fp8\" with "
+                                                "weight_block_size (block-scaled float8_e4m3fn weights)"));
+  }
+  const json& block = obj.at("weight_block_size");
+  if (!block.is_array() || block.size() != 2 || !block[0].is_number_integer() || !block[1].is_number_integer() ||
+      block[0].get<int64_t>() <= 0 || block[1].get<int64_t>() <= 0) {
+    return f.Error("weight_block_size", absl::StrCat("expected two positive integers, got ", block.dump()));
+  }
+  q->fp8_block = true;
+  q->block_rows = block[0].get<int64_t>();
+  q->block_cols = block[1].get<int64_t>();
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const char* RopeTypeName(RopeType type) {
@@ -215,6 +321,11 @@ const char* RopeTypeName(RopeType type) {
 
 bool ModelConfig::IsMoeLayer(int64_t i) const {
   if (moe.num_experts == 0) return false;
+  if (IsDeepseek()) {
+    // DeepSeek's own rule; transformers 5.17 reads first_k_dense_replace
+    // alone, which agrees for every released config (moe_layer_freq 1).
+    return i >= deepseek.first_k_dense_replace && i % deepseek.moe_layer_freq == 0;
+  }
   if (std::find(moe.mlp_only_layers.begin(), moe.mlp_only_layers.end(), i) != moe.mlp_only_layers.end()) {
     return false;
   }
@@ -243,7 +354,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
   static const std::pair<const char*, Architecture> kSupported[] = {
       {"LlamaForCausalLM", Architecture::kLlama},     {"Qwen2ForCausalLM", Architecture::kQwen2},
       {"Qwen3ForCausalLM", Architecture::kQwen3},     {"MixtralForCausalLM", Architecture::kMixtral},
-      {"Qwen3MoeForCausalLM", Architecture::kQwen3Moe}};
+      {"Qwen3MoeForCausalLM", Architecture::kQwen3Moe},
+      {"DeepseekV2ForCausalLM", Architecture::kDeepseekV2}, {"DeepseekV3ForCausalLM", Architecture::kDeepseekV3}};
   bool known = false;
   for (const auto& [name, arch] : kSupported) {
     if (c.architecture_name == name) {
@@ -263,12 +375,15 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
   E3_ASSIGN_OR_RETURN(c.num_hidden_layers, f.PositiveInt("num_hidden_layers"));
   E3_ASSIGN_OR_RETURN(c.num_attention_heads, f.PositiveInt("num_attention_heads"));
   E3_ASSIGN_OR_RETURN(c.num_key_value_heads, f.Int("num_key_value_heads", c.num_attention_heads));
-  if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0) {
+  // (MLA ignores it: ParseMla.)
+  if (!c.IsDeepseek() && (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0)) {
     return f.Error("num_key_value_heads",
                    absl::StrCat("must divide num_attention_heads (", c.num_attention_heads, "), got ",
                                 c.num_key_value_heads));
   }
-  if (f.Has("head_dim")) {
+  if (c.IsDeepseek()) {
+    E3_RETURN_IF_ERROR(ParseMla(f, &c));  // head_dim is the rope part of a head
+  } else if (f.Has("head_dim")) {
     E3_ASSIGN_OR_RETURN(c.head_dim, f.PositiveInt("head_dim"));
   } else {
     if (c.hidden_size % c.num_attention_heads != 0) {
@@ -293,6 +408,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
   c.qk_norm = c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe;
   E3_RETURN_IF_ERROR(ParseSlidingWindow(f, &c));
   E3_RETURN_IF_ERROR(ParseMoe(f, root, &c));
+  if (c.IsDeepseek()) E3_RETURN_IF_ERROR(ParseDeepseekMoe(f, &c));
+  E3_RETURN_IF_ERROR(ParseQuantization(root, source, &c.quantization));
   std::string act;
   E3_ASSIGN_OR_RETURN(act, f.Str("hidden_act", "silu"));
   if (act != "silu") return f.Error("hidden_act", absl::StrCat("\"", act, "\" is unsupported; expected \"silu\""));
@@ -302,6 +419,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
     E3_ASSIGN_OR_RETURN(c.torch_dtype, f.Str("torch_dtype", ""));
   }
   E3_ASSIGN_OR_RETURN(c.rope, ParseRope(root, source, c.max_position_embeddings));
+  if (c.IsDeepseek()) SetMlaSoftmaxScale(&c);
   if (f.Has("bos_token_id")) {
     E3_ASSIGN_OR_RETURN(c.bos_token_id, f.Int("bos_token_id"));
   }

@@ -36,8 +36,10 @@ struct RopeConfig {
 };
 
 // The Llama family: one pre-norm decoder, differing in attention biases,
-// q/k norms and whether the MLP is a routed mixture of experts.
-enum class Architecture { kLlama, kQwen2, kQwen3, kMixtral, kQwen3Moe };
+// q/k norms and whether the MLP is a routed mixture of experts. The
+// DeepSeek family (V2, V3 and Kimi-K2, which is V3) adds latent attention
+// and DeepSeekMoE (DeepseekConfig below).
+enum class Architecture { kLlama, kQwen2, kQwen3, kMixtral, kQwen3Moe, kDeepseekV2, kDeepseekV3 };
 
 // Sparse MoE MLP (Mixtral, Qwen3-MoE): softmax over the router's logits in
 // fp32, top-k, optionally renormalised over the chosen k.
@@ -48,6 +50,48 @@ struct MoeConfig {
   bool norm_topk_prob = true;     // Mixtral always; Qwen3-MoE per config
   int64_t decoder_sparse_step = 1;
   std::vector<int64_t> mlp_only_layers;  // dense layers in a MoE model
+};
+
+// DeepSeek-V2/V3 (models/deepseek_lm.h). Field names follow their
+// config.json; moe.{num_experts, top_k, intermediate_size, norm_topk_prob}
+// hold n_routed_experts, num_experts_per_tok, moe_intermediate_size and
+// norm_topk_prob.
+struct DeepseekConfig {
+  // Multi-head latent attention.
+  int64_t q_lora_rank = 0;  // 0: a plain q_proj (V2-Lite's null)
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  // V3's rope_interleave (default true): the rope dims are (even, odd)
+  // pairs, rotated and written out as [evens, odds]. V2 rotates the pairs
+  // as complex numbers in fp32 and keeps them interleaved.
+  bool rope_interleave = true;
+  // qk_head_dim^-0.5, times yarn_get_mscale(factor, mscale_all_dim)^2 under
+  // a non-default rope with mscale_all_dim set (transformers 5.17's
+  // yarn_apply_mscale, for both V2 and V3).
+  double softmax_scale = 0;
+  // DeepSeekMoE.
+  enum class Scoring { kSoftmax, kSigmoid };  // V2, V3
+  Scoring scoring = Scoring::kSoftmax;
+  // V2's topk_method: "greedy" or "group_limited_greedy" (groups ranked by
+  // their best expert). V3 always limits groups, ranked by the sum of their
+  // best two biased scores ("noaux_tc").
+  bool group_limited = false;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  double routed_scaling_factor = 1.0;
+  int64_t n_shared_experts = 0;  // one MLP of n * moe_intermediate_size beside the routed ones
+  int64_t first_k_dense_replace = 0;
+  int64_t moe_layer_freq = 1;
+};
+
+// A checkpoint's quantization_config, where it has one. Only FP8 with
+// block scales (DeepSeek-V3/R1, Kimi-K2, Qwen3-FP8) is read: weights in
+// float8_e4m3fn, each with weight_scale_inv [ceil(out/b0), ceil(in/b1)].
+struct QuantizationConfig {
+  bool fp8_block = false;
+  int64_t block_rows = 128, block_cols = 128;  // weight_block_size
 };
 
 struct ModelConfig {
@@ -74,6 +118,8 @@ struct ModelConfig {
   // the window instead of silently attending past it.
   int64_t sliding_window = 0;
   MoeConfig moe;
+  DeepseekConfig deepseek;  // kDeepseekV2/V3 only
+  QuantizationConfig quantization;
   std::string torch_dtype;  // "bfloat16", ... (empty when absent)
   RopeConfig rope;
   std::optional<int64_t> bos_token_id;
@@ -83,8 +129,12 @@ struct ModelConfig {
   // The SpecForge/ModelOpt default aux layers: [1, L/2 - 1, L - 4].
   std::vector<int32_t> DefaultAuxLayerIds() const;
   // Whether decoder layer i uses the routed-experts MLP (Qwen3-MoE's rule:
-  // not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0).
+  // not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0;
+  // DeepSeek's: i >= first_k_dense_replace and i % moe_layer_freq == 0).
   bool IsMoeLayer(int64_t i) const;
+  bool IsDeepseek() const {
+    return architecture == Architecture::kDeepseekV2 || architecture == Architecture::kDeepseekV3;
+  }
   int64_t rotary_dim() const {
     return static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);
   }

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "teacher_server/models/decoder_lm.h"
+#include "teacher_server/models/deepseek_lm.h"
 #include "teacher_server/parallel/micro_batches.h"
 
 namespace e3 {
@@ -29,8 +30,12 @@ int64_t MicroBatchSplit(const ModelOptions& options, const std::vector<int64_t>&
 }
 
 absl::StatusOr<std::unique_ptr<CausalLM>> LoadCausalLM(const ModelDir& dir, const ModelOptions& options) {
-  // Every supported architecture (ModelConfig's Architecture) is a
-  // DecoderLM variant.
+  if (dir.config().IsDeepseek()) {
+    auto model = DeepseekLM::Load(dir, options);
+    if (!model.ok()) return model.status();
+    return std::unique_ptr<CausalLM>(std::move(model).value());
+  }
+  // The Llama family (the other Architecture values) is a DecoderLM.
   auto model = DecoderLM::Load(dir, options);
   if (!model.ok()) return model.status();
   return std::unique_ptr<CausalLM>(std::move(model).value());

@@ -1,25 +1,42 @@
 #include "teacher_server/weight_loader.h"
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/torch/tensor_convert.h"
+#include "teacher_server/fp8_weights.h"
 
 namespace e3 {
 
-absl::StatusOr<at::Tensor> WeightLoader::Load(const std::string& name, const std::vector<int64_t>& shape) {
-  E3_ASSIGN_OR_RETURN(TensorView view, dir_.Get(name, shape));
-  E3_ASSIGN_OR_RETURN(at::Tensor t, ViewToTensor(view, dtype_, device_));
+absl::StatusOr<at::Tensor> WeightLoader::Convert(const TensorView& view, int64_t dim, int64_t begin,
+                                                 int64_t length) {
+  at::Tensor t;
+  if (view.dtype == DType::kF8E4M3) {
+    // A block-scaled FP8 weight: its scales sit beside it.
+    if (!absl::EndsWith(view.name, ".weight")) {
+      return absl::InvalidArgumentError(absl::StrCat(view.file, ": tensor \"", view.name,
+                                                     "\" is F8_E4M3 but not a \".weight\" with block scales"));
+    }
+    E3_ASSIGN_OR_RETURN(TensorView scale, dir_.Get(view.name + "_scale_inv"));
+    E3_ASSIGN_OR_RETURN(t, DequantizeFp8Block(view, scale, dir_.config().quantization, dim, begin, length, dtype_,
+                                              device_));
+  } else {
+    E3_ASSIGN_OR_RETURN(t, ViewSliceToTensor(view, dim, begin, length, dtype_, device_));
+  }
   ++loaded_;
   if (on_progress_) on_progress_(loaded_, expected_total_);
   return t;
 }
 
+absl::StatusOr<at::Tensor> WeightLoader::Load(const std::string& name, const std::vector<int64_t>& shape) {
+  E3_ASSIGN_OR_RETURN(TensorView view, dir_.Get(name, shape));
+  return Convert(view, 0, 0, view.shape.empty() ? 0 : view.shape[0]);
+}
+
 absl::StatusOr<at::Tensor> WeightLoader::LoadSlice(const std::string& name, const std::vector<int64_t>& shape,
                                                    int64_t dim, int64_t begin, int64_t length) {
   E3_ASSIGN_OR_RETURN(TensorView view, dir_.Get(name, shape));
-  E3_ASSIGN_OR_RETURN(at::Tensor t, ViewSliceToTensor(view, dim, begin, length, dtype_, device_));
-  ++loaded_;
-  if (on_progress_) on_progress_(loaded_, expected_total_);
-  return t;
+  return Convert(view, dim, begin, length);
 }
 
 absl::StatusOr<at::Tensor> WeightLoader::LoadOptional(const std::string& name, const std::vector<int64_t>& shape) {

@@ -1,5 +1,6 @@
 // Loads named weights from a ModelDir into tensors of the compute dtype,
-// checking each shape against what the config implies.
+// checking each shape against what the config implies. Block-scaled FP8
+// weights (fp8_weights.h) are dequantized on the way.
 #ifndef E3_TEACHER_SERVER_WEIGHT_LOADER_H_
 #define E3_TEACHER_SERVER_WEIGHT_LOADER_H_
 
@@ -33,6 +34,8 @@ class WeightLoader {
   int64_t loaded() const { return loaded_; }
 
  private:
+  absl::StatusOr<at::Tensor> Convert(const TensorView& view, int64_t dim, int64_t begin, int64_t length);
+
   const ModelDir& dir_;
   at::ScalarType dtype_;
   at::Device device_;

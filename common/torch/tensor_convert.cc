@@ -24,6 +24,10 @@ absl::StatusOr<at::ScalarType> ToScalarType(DType dtype) {
     case DType::kI8: return at::kChar;
     case DType::kU8: return at::kByte;
     case DType::kBool: return at::kBool;
+    case DType::kF8E4M3:
+      // LibTorch 1.13 has no float8 type, and an FP8 weight means nothing
+      // without its block scales: teacher_server/fp8_weights.h decodes it.
+      return absl::InvalidArgumentError("F8_E4M3 tensors are decoded with their block scales (fp8_weights.h)");
   }
   return absl::InvalidArgumentError("unknown DType");
 }

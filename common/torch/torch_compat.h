@@ -5,6 +5,8 @@
 
 #include <torch/version.h>
 
+#include <cmath>
+
 #include "common/torch/torch_core.h"
 
 namespace e3::compat {
@@ -25,6 +27,20 @@ inline at::Tensor ScaledDotProductAttention(const at::Tensor& q, const at::Tenso
   return std::get<0>(at::_scaled_dot_product_attention(
       q, k, v, mask.defined() ? c10::optional<at::Tensor>(mask) : c10::nullopt, 0.0,
       /*need_attn_weights=*/false, is_causal));
+#endif
+}
+
+// The same with an explicit softmax scale (multi-head latent attention's
+// is not 1/sqrt(head_dim)). LibTorch 2.1+ takes the scale; 1.13's private op
+// always uses 1/sqrt(D), so q is scaled beforehand to give the same product.
+inline at::Tensor ScaledDotProductAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                            const at::Tensor& mask, bool is_causal, double scale) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  return at::scaled_dot_product_attention(q, k, v, mask.defined() ? c10::optional<at::Tensor>(mask) : c10::nullopt,
+                                          0.0, is_causal, scale);
+#else
+  const double default_scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  return ScaledDotProductAttention(q * (scale / default_scale), k, v, mask, is_causal);
 #endif
 }
 

@@ -98,7 +98,10 @@ at::Tensor PackedCausalAttention(const at::Tensor& q, const at::Tensor& k, const
   }
   const std::vector<int64_t>& cu_seqlens = layout.cu_seqlens;
   const int64_t n_rep = q.size(1) / k.size(1);
-  at::Tensor out = torch::empty_like(q);
+  // v's head dim may differ from q's (multi-head latent attention).
+  at::Tensor out = torch::empty({q.size(0), q.size(1), v.size(-1)}, q.options());
+  // SDPA's own scale is 1/sqrt(D); a model with another passes it.
+  const bool default_scale = std::abs(scaling * std::sqrt(static_cast<double>(q.size(-1))) - 1.0) < 1e-12;
   for (size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
     const int64_t begin = cu_seqlens[s];
     const int64_t n = cu_seqlens[s + 1] - begin;
@@ -114,10 +117,11 @@ at::Tensor PackedCausalAttention(const at::Tensor& q, const at::Tensor& k, const
       at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
       o = at::matmul(probs, vs);
     } else {
-      // The default SDPA scale is 1/sqrt(D), which is Llama's `scaling`.
-      o = compat::ScaledDotProductAttention(qs.unsqueeze(0), ks.unsqueeze(0), vs.unsqueeze(0), at::Tensor(),
-                                            /*is_causal=*/true)
-              .squeeze(0);
+      o = default_scale ? compat::ScaledDotProductAttention(qs.unsqueeze(0), ks.unsqueeze(0), vs.unsqueeze(0),
+                                                            at::Tensor(), /*is_causal=*/true)
+                        : compat::ScaledDotProductAttention(qs.unsqueeze(0), ks.unsqueeze(0), vs.unsqueeze(0),
+                                                            at::Tensor(), /*is_causal=*/true, scaling);
+      o = o.squeeze(0);
     }
     out.narrow(0, begin, n).copy_(o.transpose(0, 1));
   }

@@ -93,8 +93,8 @@ at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const A
                          const AttentionOptions& options, const at::Tensor& residual = at::Tensor(),
                          KvCacheSlot cache = {});
 
-// q: [T, heads, D], k/v: [T, kv_heads, D] (last dimension contiguous).
-// Returns [T, heads, D].
+// q/k: [T, heads or kv_heads, D], v: [T, kv_heads, Dv] (last dimension
+// contiguous). Returns [T, heads, Dv]. kFlashVarlen needs Dv == D.
 at::Tensor PackedCausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const PackedLayout& layout, double scaling, AttentionKernel kernel);
 

@@ -53,7 +53,11 @@ std::tuple<at::Tensor, at::Tensor> Route(const at::Tensor& x, const MoeWeights& 
 
 at::Tensor SparseMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing, bool fused_activation) {
   auto [weights, chosen] = Route(x, w, routing);
+  return WeightedExpertsSum(x, w, weights, chosen, fused_activation);
+}
 
+at::Tensor WeightedExpertsSum(const at::Tensor& x, const MoeWeights& w, const at::Tensor& weights,
+                              const at::Tensor& chosen, bool fused_activation) {
   at::Tensor out = torch::zeros_like(x);
   // Which (token, slot) pairs chose each local expert: one pass over the
   // [T, k] choices instead of one comparison per expert.
@@ -76,7 +80,7 @@ at::Tensor SparseMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting&
     at::Tensor tok = tokens.narrow(0, begin, n[e]);
     at::Tensor y = SwiGluMlp(x.index_select(0, tok), w.experts[e], fused_activation) *
                    weights.index({tok, slots.narrow(0, begin, n[e])}).unsqueeze(-1);
-    out.index_add_(0, tok, y);
+    out.index_add_(0, tok, y.to(x.scalar_type()));
     begin += n[e];
   }
   return out;

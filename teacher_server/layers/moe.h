@@ -38,6 +38,15 @@ struct MoeRouting {
 at::Tensor SparseMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing,
                      bool fused_activation = false);
 
+// SparseMoe's experts for a routing made elsewhere (DeepSeekMoE's router,
+// layers/deepseek_moe.h): chosen [T, k] expert ids, weights [T, k] in x's
+// dtype or fp32. Each expert's output times its weight (in fp32 when the
+// weights are, as transformers multiplies) is rounded to x's dtype and
+// accumulated in expert-id order. Experts outside w's local range add
+// nothing (expert parallelism).
+at::Tensor WeightedExpertsSum(const at::Tensor& x, const MoeWeights& w, const at::Tensor& weights,
+                              const at::Tensor& chosen, bool fused_activation = false);
+
 // Whether StackExperts takes these experts: fused gate_up (FuseGateUp), no
 // biases, at least one expert.
 bool ExpertsStackable(const MoeWeights& w);

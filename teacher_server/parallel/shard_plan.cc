@@ -88,6 +88,15 @@ absl::StatusOr<ShardPlan> ShardPlan::Make(const ModelConfig& c, int rank, int tp
     p.experts = Even(c.moe.num_experts, ep_size, rank / moe_tp);
     p.expert_intermediate = Even(c.moe.intermediate_size, moe_tp, rank % moe_tp);
   }
+  if (c.IsDeepseek() && c.deepseek.n_shared_experts > 0) {
+    // Split, not replicated: each rank computes 1/tp of it and the sum
+    // rides on the all-reduce the routed experts need anyway.
+    const int64_t shared = c.moe.intermediate_size * c.deepseek.n_shared_experts;
+    if (shared % tp_size != 0) {
+      return NotDivisible(c, "moe_intermediate_size * n_shared_experts", shared, ranks);
+    }
+    p.shared_expert_intermediate = Even(shared, tp_size, rank);
+  }
   return p;
 }
 

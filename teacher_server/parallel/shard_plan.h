@@ -9,7 +9,10 @@
 //   - MoE: experts split over ep_size groups; inside a group each expert's
 //     intermediate dimension is split over the tp / ep_size ranks (SGLang's
 //     moe_tp_size). ep_size = 1 is pure TP of every expert; ep_size = tp
-//     gives each rank whole experts.
+//     gives each rank whole experts;
+//   - DeepSeek's shared experts: one MLP, its intermediate dimension split
+//     over all tp ranks like a dense MLP (whatever ep_size); MLA's heads
+//     split like query heads (q_heads).
 // Every partial result (o_proj, down_proj, experts, embedding) is summed by
 // one all-reduce over all tp ranks.
 #ifndef E3_TEACHER_SERVER_PARALLEL_SHARD_PLAN_H_
@@ -39,6 +42,7 @@ struct ShardPlan {
   ShardRange vocab;                // embedding and lm_head rows
   ShardRange experts;              // MoE: the experts this rank computes
   ShardRange expert_intermediate;  // MoE: its slice of each of them
+  ShardRange shared_expert_intermediate;  // DeepSeek: its slice of the shared experts
 
   bool sharded() const { return tp_size > 1; }
   // Biases after a row-parallel product are added by one rank only, so the

@@ -2,12 +2,17 @@
 // tiny-code-llama; a real student_trainer process trains a draft until the
 // teacher's data ends. The loss falls, acc_0 rises, /metrics answers while
 // training, the export reloads, and the teacher's ledger shows every sample
-// committed exactly once.
+// committed exactly once. A second run does the same against a small random
+// DeepSeek-V3 teacher (MLA, DeepSeekMoE).
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <regex>
 
+#include <random>
+
+#include "common/dtype.h"
+#include "common/file_util.h"
 #include "common/safetensors.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
@@ -23,9 +28,10 @@ using testing::Subprocess;
 
 const std::string kSrc = E3_SOURCE_DIR;
 
-std::vector<std::string> TeacherArgs(const std::string& dir) {
+std::vector<std::string> TeacherArgs(const std::string& dir,
+                                     const std::string& model_dir = kSrc + "/examples/tiny-code-llama") {
   return {testing::TeacherBinary(),
-          "--model_dir=" + kSrc + "/examples/tiny-code-llama",
+          "--model_dir=" + model_dir,
           "--data=" + kSrc + "/examples/data/train_conversations.jsonl",
           "--max_samples=80",
           "--max_seq_len=256",
@@ -110,6 +116,93 @@ TEST(TrainE2eTest, StudentLearnsFromALiveTeacherAndExports) {
   EXPECT_NE(tlog.find("\"samples_committed_twice\":0"), std::string::npos) << tlog;
   EXPECT_NE(tlog.find("\"samples_never_committed\":0"), std::string::npos) << tlog;
   EXPECT_NE(tlog.find("\"epochs\":1"), std::string::npos) << tlog;
+}
+
+// A DeepSeek-V3 model directory a teacher can serve on chat data: the
+// golden rand_deepseek_v3 model (bf16, 4 layers, hidden 64) with its
+// vocabulary grown to tiny-code-llama's 8192 (the new embedding and head
+// rows random, N(0, 0.08) as the rest), and tiny-code-llama's tokenizer and
+// chat template.
+std::string DeepseekModelDir(const std::string& out) {
+  const std::string golden = kSrc + "/tests/fixtures/golden/rand_deepseek_v3";
+  const std::string tiny = kSrc + "/examples/tiny-code-llama";
+  const std::string dir = JoinPath(out, "deepseek_v3");
+  EXPECT_TRUE(MakeDirs(dir).ok());
+  constexpr int64_t kVocab = 8192;
+  nlohmann::json config = nlohmann::json::parse(ReadFile(JoinPath(golden, "config.json")));
+  const nlohmann::json tiny_config = nlohmann::json::parse(ReadFile(JoinPath(tiny, "config.json")));
+  config["vocab_size"] = kVocab;
+  config["bos_token_id"] = tiny_config.at("bos_token_id");
+  config["eos_token_id"] = tiny_config.at("eos_token_id");
+  std::ofstream(JoinPath(dir, "config.json")) << config.dump(2) << "\n";
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}) {
+    std::ofstream(JoinPath(dir, f), std::ios::binary) << ReadFile(JoinPath(tiny, f));
+  }
+  auto file = SafetensorsFile::Open(JoinPath(golden, "model.safetensors"));
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return dir;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 0.08f);
+  std::vector<TensorToWrite> tensors;
+  for (const std::string& name : (*file)->Names()) {
+    const TensorView view = *(*file)->Get(name);
+    TensorToWrite t{name, view.dtype, view.shape, {view.data, view.data + view.nbytes}};
+    if (name == "model.embed_tokens.weight" || name == "lm_head.weight") {
+      EXPECT_EQ(view.dtype, DType::kBF16);
+      const int64_t grown = (kVocab - view.shape[0]) * view.shape[1];
+      for (int64_t i = 0; i < grown; ++i) {
+        const uint16_t bits = FloatToBf16(normal(rng));
+        t.data.push_back(static_cast<uint8_t>(bits & 0xff));
+        t.data.push_back(static_cast<uint8_t>(bits >> 8));
+      }
+      t.shape[0] = kVocab;
+    }
+    tensors.push_back(std::move(t));
+  }
+  const absl::Status st = WriteSafetensors(JoinPath(dir, "model.safetensors"), tensors, {{"format", "pt"}});
+  EXPECT_TRUE(st.ok()) << st;
+  return dir;
+}
+
+TEST(TrainE2eTest, StudentLearnsFromADeepseekTeacher) {
+  const std::string dir = testing::ScratchDir("train_e2e_deepseek");
+  const std::string model_dir = DeepseekModelDir(dir);
+  Subprocess teacher(TeacherArgs(dir, model_dir), dir + "/teacher.log");
+  ASSERT_TRUE(testing::WaitForFile(dir + "/port", 60s)) << teacher.Log();
+  const std::string port = testing::ReadPortFile(dir + "/port");
+  Subprocess student({testing::StudentBinary(), "--teacher=127.0.0.1:" + port, "--lr=2e-3", "--warmup_steps=2",
+                      "--checkpoint_dir=" + dir + "/ckpt", "--checkpoint_every=10", "--output_dir=" + dir + "/export",
+                      "--summary_json=" + dir + "/summary.json", "--log_every=5", "--threads=1"},
+                     dir + "/student.log");
+  auto st = student.Wait(240s);
+  ASSERT_TRUE(st.has_value()) << "student did not finish in 240 s\n" << student.Log();
+  ASSERT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << student.Log() << teacher.Log();
+  auto tst = teacher.Wait(30s);
+  ASSERT_TRUE(tst.has_value()) << "teacher did not exit when done\n" << teacher.Log();
+  EXPECT_TRUE(WIFEXITED(*tst) && WEXITSTATUS(*tst) == 0) << teacher.Log();
+  EXPECT_NE(teacher.Log().find("DeepseekV3ForCausalLM"), std::string::npos) << teacher.Log();
+
+  auto summary = nlohmann::json::parse(ReadFile(dir + "/summary.json"));
+  const double first_loss = summary["first"]["loss"], last_loss = summary["last"]["loss"];
+  std::printf("deepseek e2e: %ld steps, loss %.3f -> %.3f, acc_0 %.3f -> %.3f\n",
+              static_cast<long>(summary["steps"].get<int64_t>()), first_loss, last_loss,
+              summary["first"]["acc"][0].get<double>(), summary["last"]["acc"][0].get<double>());
+  EXPECT_GE(summary["steps"].get<int64_t>(), 30);
+  EXPECT_LT(last_loss, first_loss);
+
+  // The export carries the DeepSeek target's width and its default aux ids
+  // ([1, L/2 - 1, L - 4] for L = 4).
+  auto cfg = ReadDraftConfig(dir + "/export/config.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->target_hidden_size, 64);
+  EXPECT_EQ(cfg->aux_layer_ids, (std::vector<int32_t>{1, 1, 0}));
+  auto weights = SafetensorsFile::Open(dir + "/export/model.safetensors");
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_EQ((*weights)->Get("fc.weight")->shape, (std::vector<int64_t>{64, 192}));
+  EXPECT_EQ((*weights)->Get("t2d")->shape, (std::vector<int64_t>{8192}));
+  const std::string tlog = teacher.Log();
+  EXPECT_NE(tlog.find("\"samples_committed_twice\":0"), std::string::npos) << tlog;
+  EXPECT_NE(tlog.find("\"samples_never_committed\":0"), std::string::npos) << tlog;
 }
 
 }  // namespace

@@ -97,7 +97,15 @@ INSTANTIATE_TEST_SUITE_P(
                       // expert per shard; micro-batches of 200 and 103 tokens.
                       Sgl(TpRun{"rand_qwen2", 2, 1}), Sgl(TpRun{"rand_qwen3_moe", 2, 2}),
                       // a vocab of 255: shards of 128 and 127 rows (untied and tied heads)
-                      Trimmed(TpRun{"rand_llama3_gqa", 2, 1}), Trimmed(Sgl(TpRun{"rand_linear_headdim", 2, 1}))),
+                      Trimmed(TpRun{"rand_llama3_gqa", 2, 1}), Trimmed(Sgl(TpRun{"rand_linear_headdim", 2, 1})),
+                      // DeepSeek MLA: heads of q_b/kv_b/o_proj split, q_a/kv_a
+                      // replicated; every expert's slice on both ranks (EP=1),
+                      // the shared expert split
+                      TpRun{"rand_deepseek_v3", 2, 1},
+                      // 2 expert groups of 2 ranks, FP8 weights dequantized per slice
+                      TpRun{"rand_deepseek_v3_fp8", 4, 2},
+                      // whole experts per rank, softmax routing, plain q_proj split
+                      TpRun{"rand_deepseek_v2_lite", 2, 2}),
     [](const ::testing::TestParamInfo<TpRun>& info) {
       return absl::StrCat(info.param.golden_case, "_tp", info.param.tp_size, "_ep", info.param.ep_size,
                           info.param.sgl ? "_sgl" : "", info.param.vocab_trim > 0 ? "_uneven_vocab" : "");

@@ -1,0 +1,316 @@
+#include "teacher_server/models/deepseek_lm.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "teacher_server/layers/fused_ops.h"
+#include "teacher_server/layers/gemm.h"
+#include "teacher_server/layers/rms_norm.h"
+#include "teacher_server/weight_loader.h"
+
+namespace e3 {
+namespace {
+
+MlaRope RopeLayout(const ModelConfig& c) {
+  if (c.architecture == Architecture::kDeepseekV2) return MlaRope::kComplexPairs;
+  return c.deepseek.rope_interleave ? MlaRope::kInterleaved : MlaRope::kHalves;
+}
+
+// The slice `r` of a SwiGLU MLP's intermediate dimension I under `prefix`
+// (gate_proj/up_proj rows, down_proj columns).
+absl::Status LoadSwiGlu(WeightLoader& w, const std::string& prefix, int64_t I, int64_t H, ShardRange r,
+                        MlpWeights* m) {
+  E3_ASSIGN_OR_RETURN(m->gate_proj, w.LoadSlice(prefix + "gate_proj.weight", {I, H}, 0, r.begin, r.size));
+  E3_ASSIGN_OR_RETURN(m->up_proj, w.LoadSlice(prefix + "up_proj.weight", {I, H}, 0, r.begin, r.size));
+  E3_ASSIGN_OR_RETURN(m->down_proj, w.LoadSlice(prefix + "down_proj.weight", {H, I}, 1, r.begin, r.size));
+  return absl::OkStatus();
+}
+
+// Tensors a layer loads, for the progress callback's total.
+int64_t TensorsPerLayer(const ModelConfig& c, const ShardPlan& plan, bool moe) {
+  const DeepseekConfig& d = c.deepseek;
+  int64_t n = 2 + (d.q_lora_rank > 0 ? 3 : 1) + 4 + (c.attention_bias ? (d.q_lora_rank > 0 ? 3 : 2) : 0);
+  if (!moe) return n + 3;
+  return n + 1 + (c.architecture == Architecture::kDeepseekV3 ? 1 : 0) + 3 * plan.experts.size +
+         (d.n_shared_experts > 0 ? 3 : 0);
+}
+
+// The aux layers' outputs as the forward passes them.
+class AuxCapture {
+ public:
+  explicit AuxCapture(const std::vector<int32_t>& ids) : ids_(ids), states_(ids.size()) {}
+  void Capture(int64_t layer, const at::Tensor& h) {
+    for (size_t k = 0; k < ids_.size(); ++k) {
+      if (ids_[k] == layer) states_[k] = h;
+    }
+  }
+  at::Tensor Concatenated() const { return states_.empty() ? at::Tensor() : torch::cat(states_, -1); }
+
+ private:
+  const std::vector<int32_t>& ids_;
+  std::vector<at::Tensor> states_;
+};
+
+}  // namespace
+
+DeepseekLM::DeepseekLM(ModelConfig config, ModelOptions options)
+    : config_(std::move(config)), options_(std::move(options)),
+      rotary_(config_.rope, config_.deepseek.qk_rope_head_dim, options_.device),
+      routing_(DeepseekRouting::FromConfig(config_)) {}
+
+absl::StatusOr<std::unique_ptr<DeepseekLM>> DeepseekLM::Load(const ModelDir& dir, const ModelOptions& options) {
+  const ModelConfig& c = dir.config();
+  if (c.mlp_bias) {
+    return absl::InvalidArgumentError(absl::StrCat(c.source, ": field \"mlp_bias\": true is unsupported for ",
+                                                   c.architecture_name, "; expected false"));
+  }
+  auto model = std::unique_ptr<DeepseekLM>(new DeepseekLM(c, options));
+  const int tp_size = options.tp ? options.tp->size() : 1;
+  const int tp_rank = options.tp ? options.tp->rank() : 0;
+  const int ep_size = options.tp ? options.tp->ep_size() : 1;
+  E3_ASSIGN_OR_RETURN(model->plan_, ShardPlan::Make(c, tp_rank, tp_size, ep_size));
+  const DeepseekConfig& d = c.deepseek;
+  model->mla_shape_ = {model->plan_.q_heads.size, d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim,
+                       d.kv_lora_rank, d.softmax_scale, RopeLayout(c)};
+  try {
+    E3_RETURN_IF_ERROR(model->LoadWeights(dir));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(dir.path(), ": loading weights failed: ", e.what_without_backtrace()));
+  }
+  return model;
+}
+
+absl::Status DeepseekLM::LoadWeights(const ModelDir& dir) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  int64_t total = 3;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) total += TensorsPerLayer(c, plan_, c.IsMoeLayer(i));
+  WeightLoader w(dir, options_.dtype, options_.device, options_.on_progress, total);
+  // V3's e_score_correction_bias stays fp32, as transformers keeps it
+  // (_keep_in_fp32_modules_strict): in bf16 its small differences between
+  // experts would round away and change the routing.
+  WeightLoader fp32(dir, at::kFloat, options_.device);
+  E3_ASSIGN_OR_RETURN(embed_tokens_, w.LoadSlice("model.embed_tokens.weight", {V, H}, 0, plan_.vocab.begin,
+                                                 plan_.vocab.size));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    Layer layer;
+    E3_ASSIGN_OR_RETURN(layer.input_layernorm, w.Load(p + "input_layernorm.weight", {H}));
+    E3_ASSIGN_OR_RETURN(layer.post_attention_layernorm, w.Load(p + "post_attention_layernorm.weight", {H}));
+    E3_RETURN_IF_ERROR(LoadAttention(w, p + "self_attn.", &layer.attn));
+    layer.is_moe = c.IsMoeLayer(i);
+    if (layer.is_moe) {
+      E3_RETURN_IF_ERROR(LoadMoe(w, fp32, p + "mlp.", &layer.moe));
+    } else {
+      E3_RETURN_IF_ERROR(LoadSwiGlu(w, p + "mlp.", c.intermediate_size, H, plan_.intermediate, &layer.mlp));
+    }
+    layers_.push_back(std::move(layer));
+  }
+  E3_ASSIGN_OR_RETURN(norm_, w.Load("model.norm.weight", {H}));
+  const std::string head_name = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  if (c.tie_word_embeddings) {
+    lm_head_ = embed_tokens_;
+  } else {
+    E3_ASSIGN_OR_RETURN(lm_head_, w.LoadSlice(head_name, {V, H}, 0, plan_.vocab.begin, plan_.vocab.size));
+  }
+  if (!plan_.sharded()) {
+    full_embed_tokens_ = embed_tokens_;
+    full_lm_head_ = lm_head_;
+  } else if (plan_.rank == 0) {
+    // Rank 0 serves GetWeights: whole tables, kept on the host.
+    WeightLoader host(dir, options_.dtype, at::kCPU);
+    E3_ASSIGN_OR_RETURN(full_embed_tokens_, host.Load("model.embed_tokens.weight", {V, H}));
+    full_lm_head_ = full_embed_tokens_;
+    if (!c.tie_word_embeddings) {
+      E3_ASSIGN_OR_RETURN(full_lm_head_, host.Load(head_name, {V, H}));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeepseekLM::LoadAttention(WeightLoader& w, const std::string& p, MlaWeights* a) const {
+  const ModelConfig& c = config_;
+  const DeepseekConfig& d = c.deepseek;
+  const int64_t H = c.hidden_size, heads = c.num_attention_heads;
+  const int64_t qk = d.qk_nope_head_dim + d.qk_rope_head_dim, kv = d.qk_nope_head_dim + d.v_head_dim;
+  const int64_t h0 = plan_.q_heads.begin, hn = plan_.q_heads.size;
+  // Per-head projections: this rank's heads' rows (columns of o_proj).
+  if (d.q_lora_rank > 0) {
+    const int64_t r = d.q_lora_rank;
+    E3_ASSIGN_OR_RETURN(a->q_a_proj, w.Load(p + "q_a_proj.weight", {r, H}));
+    E3_ASSIGN_OR_RETURN(a->q_a_layernorm, w.Load(p + "q_a_layernorm.weight", {r}));
+    E3_ASSIGN_OR_RETURN(a->q_b_proj, w.LoadSlice(p + "q_b_proj.weight", {heads * qk, r}, 0, h0 * qk, hn * qk));
+    if (c.attention_bias) {
+      E3_ASSIGN_OR_RETURN(a->q_a_bias, w.Load(p + "q_a_proj.bias", {r}));
+    }
+  } else {
+    E3_ASSIGN_OR_RETURN(a->q_proj, w.LoadSlice(p + "q_proj.weight", {heads * qk, H}, 0, h0 * qk, hn * qk));
+  }
+  const int64_t latent = d.kv_lora_rank + d.qk_rope_head_dim;
+  E3_ASSIGN_OR_RETURN(a->kv_a_proj_with_mqa, w.Load(p + "kv_a_proj_with_mqa.weight", {latent, H}));
+  E3_ASSIGN_OR_RETURN(a->kv_a_layernorm, w.Load(p + "kv_a_layernorm.weight", {d.kv_lora_rank}));
+  E3_ASSIGN_OR_RETURN(a->kv_b_proj,
+                      w.LoadSlice(p + "kv_b_proj.weight", {heads * kv, d.kv_lora_rank}, 0, h0 * kv, hn * kv));
+  E3_ASSIGN_OR_RETURN(a->o_proj, w.LoadSlice(p + "o_proj.weight", {H, heads * d.v_head_dim}, 1, h0 * d.v_head_dim,
+                                             hn * d.v_head_dim));
+  if (c.attention_bias) {
+    E3_ASSIGN_OR_RETURN(a->kv_a_bias, w.Load(p + "kv_a_proj_with_mqa.bias", {latent}));
+    if (plan_.adds_reduced_bias()) {
+      E3_ASSIGN_OR_RETURN(a->o_bias, w.Load(p + "o_proj.bias", {H}));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeepseekLM::LoadMoe(WeightLoader& w, WeightLoader& fp32, const std::string& p,
+                                 DeepseekMoeWeights* m) const {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, E = c.moe.num_experts, I = c.moe.intermediate_size;
+  E3_ASSIGN_OR_RETURN(m->routed.router, w.Load(p + "gate.weight", {E, H}));
+  if (c.architecture == Architecture::kDeepseekV3) {
+    E3_ASSIGN_OR_RETURN(m->score_bias, fp32.Load(p + "gate.e_score_correction_bias", {E}));
+  }
+  m->routed.first_expert = plan_.experts.begin;
+  for (int64_t e = plan_.experts.begin; e < plan_.experts.end(); ++e) {
+    MlpWeights expert;
+    E3_RETURN_IF_ERROR(
+        LoadSwiGlu(w, absl::StrCat(p, "experts.", e, "."), I, H, plan_.expert_intermediate, &expert));
+    m->routed.experts.push_back(std::move(expert));
+  }
+  if (c.deepseek.n_shared_experts > 0) {
+    E3_RETURN_IF_ERROR(LoadSwiGlu(w, p + "shared_experts.", I * c.deepseek.n_shared_experts, H,
+                                  plan_.shared_expert_intermediate, &m->shared));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeepseekLM::CheckForward(const PackedBatch& batch, const ForwardOptions& options) const {
+  for (int32_t id : options.aux_layer_ids) {
+    if (id < 0 || id >= config_.num_hidden_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("aux layer id ", id, " is outside [0, ",
+                                                     config_.num_hidden_layers, ") for ", config_.source));
+    }
+  }
+  if (batch.num_tokens() == 0) return absl::InvalidArgumentError("empty batch");
+  if (options.kv_cache != nullptr) {
+    return absl::UnimplementedError(absl::StrCat(config_.architecture_name, ": generation with a KV cache is not "
+                                                 "implemented for multi-head latent attention"));
+  }
+  return absl::OkStatus();
+}
+
+std::string DeepseekLM::Techniques() const {
+  std::vector<std::string> parts = {"reference ops (the sgl fusions, kernels and graphs are not applied to MLA)"};
+  switch (options_.attention) {
+    case AttentionKernel::kEager:
+      parts.push_back("eager attention per sample");
+      break;
+    case AttentionKernel::kSdpa:
+      parts.push_back("SDPA per sample");
+      break;
+    case AttentionKernel::kFlashVarlen:
+      parts.push_back("fused varlen attention where it applies, v padded to the qk head dim");
+      break;
+  }
+  parts.push_back("ATen GEMMs");
+  parts.push_back("experts by a loop");
+  parts.push_back("target argmax from logits");
+  if (config_.quantization.fp8_block) {
+    parts.push_back(absl::StrCat("FP8 block-scaled weights dequantized at load to ", c10::toString(options_.dtype)));
+  }
+  if (plan_.sharded()) parts.push_back(absl::StrCat("tp ", plan_.tp_size, " (ep ", plan_.ep_size, ")"));
+  return absl::StrJoin(parts, "; ");
+}
+
+absl::StatusOr<GemmTuningResult> DeepseekLM::TuneGemms(const GemmTuningOptions&) {
+  GemmTuningResult result;
+  result.skipped = "DeepSeek's layers run ATen's GEMMs";
+  return result;
+}
+
+absl::StatusOr<ForwardOutput> DeepseekLM::Forward(const PackedBatch& batch, const ForwardOptions& options) {
+  E3_RETURN_IF_ERROR(CheckForward(batch, options));
+  try {
+    // Gloo runs collectives on its own threads, which may not write
+    // inference tensors: a sharded forward uses plain no-grad mode.
+    c10::InferenceMode inference(!plan_.sharded());
+    torch::NoGradGuard no_grad;
+    return Run(batch, options);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(config_.architecture_name, " forward failed: ",
+                                            e.what_without_backtrace()));
+  }
+}
+
+at::Tensor DeepseekLM::Reduced(at::Tensor partial) {
+  if (plan_.sharded()) {
+    partial = partial.contiguous();
+    options_.tp->AllReduceSum(partial);
+  }
+  return partial;
+}
+
+ForwardOutput DeepseekLM::Run(const PackedBatch& batch, const ForwardOptions& options) {
+  const double eps = config_.rms_norm_eps;
+  // Every rank runs the same samples whole (a leader's micro-batch split
+  // is not used here, on any rank alike).
+  const PackedLayout layout = MakePackedLayout(batch.cu_seqlens, options_.device, options_.attention);
+  at::Tensor h = plan_.sharded() ? options_.tp->VocabParallelEmbedding(batch.input_ids, embed_tokens_,
+                                                                       plan_.vocab.begin)
+                                 : at::embedding(embed_tokens_, batch.input_ids);
+  // fp32; the V3 rope casts them to the activations' dtype, V2's does not.
+  auto [cos, sin] = rotary_.CosSin(batch.position_ids, at::kFloat);
+  AuxCapture aux(options.aux_layer_ids);
+  for (int64_t i = 0; i < static_cast<int64_t>(layers_.size()); ++i) {
+    const Layer& layer = layers_[i];
+    at::Tensor x = RmsNorm(h, layer.input_layernorm, eps);
+    h = h + Reduced(MlaAttention(x, layer.attn, mla_shape_, cos, sin, layout, options_.attention, GemmPath::kAten));
+    x = RmsNorm(h, layer.post_attention_layernorm, eps);
+    h = h + Reduced(layer.is_moe ? DeepseekMoe(x, layer.moe, routing_) : SwiGluMlp(x, layer.mlp));
+    aux.Capture(i, h);
+  }
+  ForwardOutput out;
+  out.last_hidden = RmsNorm(h, norm_, eps);
+  out.aux_hidden = aux.Concatenated();
+  Head(options, &out);
+  return out;
+}
+
+void DeepseekLM::Head(const ForwardOptions& options, ForwardOutput* out) {
+  if (!options.return_logits && !options.return_argmax) return;
+  const at::Tensor& x = out->last_hidden;
+  const int64_t T = x.size(0);
+  // Chunks of about 1 GiB of logits, so that the whole [T, V] never exists
+  // unless it was asked for.
+  const int64_t chunk_rows = LmHeadChunkRows(lm_head_.size(0) * lm_head_.element_size());
+  std::vector<at::Tensor> logits, argmax, best;
+  for (int64_t start = 0; start < T; start += chunk_rows) {
+    at::Tensor chunk = at::linear(x.narrow(0, start, std::min(chunk_rows, T - start)), lm_head_);
+    if (plan_.sharded() && options.return_logits) {
+      // Vocab shards are ceil(V / tp) rows except the last: gather padded.
+      const int64_t rows = (config_.vocab_size + plan_.tp_size - 1) / plan_.tp_size;
+      const at::Tensor padded = at::constant_pad_nd(chunk, {0, rows - chunk.size(1)});
+      chunk = torch::cat(options_.tp->AllGather(padded), -1).narrow(-1, 0, config_.vocab_size);
+    }
+    if (options.return_argmax) {
+      argmax.push_back(RowArgmax(chunk, /*fused=*/false));
+      if (plan_.sharded() && !options.return_logits) {
+        best.push_back(chunk.gather(-1, argmax.back().to(at::kLong).unsqueeze(-1)).squeeze(-1));
+      }
+    }
+    if (options.return_logits) logits.push_back(chunk);
+  }
+  if (options.return_logits) out->logits = torch::cat(logits);
+  if (!options.return_argmax) return;
+  out->target_argmax = torch::cat(argmax);
+  if (!best.empty()) {
+    // Each rank's best column over its rows, combined (ties to the lowest id).
+    out->target_argmax = options_.tp->VocabParallelArgmax(out->target_argmax, torch::cat(best), plan_.vocab.begin);
+  }
+}
+
+}  // namespace e3
