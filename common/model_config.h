@@ -36,8 +36,9 @@ struct RopeConfig {
 };
 
 // The Llama family: one pre-norm decoder, differing in attention biases,
-// q/k norms and whether the MLP is a routed mixture of experts.
-enum class Architecture { kLlama, kQwen2, kQwen3, kMixtral, kQwen3Moe };
+// q/k norms and whether the MLP is a routed mixture of experts. GPT-OSS
+// (kGptOss) has a model file of its own (teacher_server/models/gpt_oss_lm.h).
+enum class Architecture { kLlama, kQwen2, kQwen3, kMixtral, kQwen3Moe, kGptOss };
 
 // Sparse MoE MLP (Mixtral, Qwen3-MoE): softmax over the router's logits in
 // fp32, top-k, optionally renormalised over the chosen k.
@@ -74,6 +75,17 @@ struct ModelConfig {
   // the window instead of silently attending past it.
   int64_t sliding_window = 0;
   MoeConfig moe;
+  // GPT-OSS (GptOssForCausalLM); see its modeling_gpt_oss.py.
+  struct GptOss {
+    // Per layer: whether it attends within sliding_window (config
+    // `layer_types`: "sliding_attention" or "full_attention").
+    std::vector<bool> sliding_layers;
+    double swiglu_alpha = 1.702;  // the experts' clamped SwiGLU
+    double swiglu_limit = 7.0;
+    // quantization_config.quant_method "mxfp4": the experts ship as
+    // *_blocks / *_scales (dequantized at load).
+    bool mxfp4_experts = false;
+  } gpt_oss;
   std::string torch_dtype;  // "bfloat16", ... (empty when absent)
   RopeConfig rope;
   std::optional<int64_t> bos_token_id;

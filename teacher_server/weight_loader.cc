@@ -1,22 +1,47 @@
 #include "teacher_server/weight_loader.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/torch/tensor_convert.h"
 
 namespace e3 {
 
+namespace {
+
+// Raw bytes are loaded only from raw bytes: a float tensor cast to uint8
+// would be garbage, not an error.
+absl::Status CheckRaw(const TensorView& view, at::ScalarType dtype) {
+  if (dtype != at::kByte || view.dtype == DType::kU8) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(view.file, ": tensor \"", view.name, "\": expected dtype U8"));
+}
+
+}  // namespace
+
 absl::StatusOr<at::Tensor> WeightLoader::Load(const std::string& name, const std::vector<int64_t>& shape) {
+  return LoadAs(name, shape, dtype_);
+}
+
+absl::StatusOr<at::Tensor> WeightLoader::LoadSlice(const std::string& name, const std::vector<int64_t>& shape,
+                                                   int64_t dim, int64_t begin, int64_t length) {
+  return LoadSliceAs(name, shape, dim, begin, length, dtype_);
+}
+
+absl::StatusOr<at::Tensor> WeightLoader::LoadAs(const std::string& name, const std::vector<int64_t>& shape,
+                                                at::ScalarType dtype) {
   E3_ASSIGN_OR_RETURN(TensorView view, dir_.Get(name, shape));
-  E3_ASSIGN_OR_RETURN(at::Tensor t, ViewToTensor(view, dtype_, device_));
+  E3_RETURN_IF_ERROR(CheckRaw(view, dtype));
+  E3_ASSIGN_OR_RETURN(at::Tensor t, ViewToTensor(view, dtype, device_));
   ++loaded_;
   if (on_progress_) on_progress_(loaded_, expected_total_);
   return t;
 }
 
-absl::StatusOr<at::Tensor> WeightLoader::LoadSlice(const std::string& name, const std::vector<int64_t>& shape,
-                                                   int64_t dim, int64_t begin, int64_t length) {
+absl::StatusOr<at::Tensor> WeightLoader::LoadSliceAs(const std::string& name, const std::vector<int64_t>& shape,
+                                                     int64_t dim, int64_t begin, int64_t length,
+                                                     at::ScalarType dtype) {
   E3_ASSIGN_OR_RETURN(TensorView view, dir_.Get(name, shape));
-  E3_ASSIGN_OR_RETURN(at::Tensor t, ViewSliceToTensor(view, dim, begin, length, dtype_, device_));
+  E3_RETURN_IF_ERROR(CheckRaw(view, dtype));
+  E3_ASSIGN_OR_RETURN(at::Tensor t, ViewSliceToTensor(view, dim, begin, length, dtype, device_));
   ++loaded_;
   if (on_progress_) on_progress_(loaded_, expected_total_);
   return t;

@@ -9,14 +9,17 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
+#include "teacher_server/layers/clamped_swiglu.h"
 #include "teacher_server/layers/mlp.h"
 
 namespace e3 {
 
 struct MoeWeights {
   at::Tensor router;                // [num_experts, H]: every expert, so every rank routes alike
+  at::Tensor router_bias;           // [num_experts] (GPT-OSS); undefined when absent
   int64_t first_expert = 0;         // global id of experts[0]
   std::vector<MlpWeights> experts;  // this rank's experts, in id order
   // Set by StackExperts: every local expert's fused gate_up [E, 2I, H] and
@@ -30,6 +33,12 @@ struct MoeRouting {
   // GroupedMoe under EP: gather and activate only this rank's (token,
   // expert) pairs (false, the bench's ablation: every pair, as before).
   bool rank_rows_only = true;
+  // GPT-OSS: the top-k of the router's logits, then a softmax over those k
+  // in the logits' dtype (GptOssTopKRouter); else the softmax over every
+  // expert in fp32, then the top-k (`normalize` then applies).
+  bool topk_then_softmax = false;
+  // GPT-OSS's experts (clamped_swiglu.h); else SwiGluMlp.
+  std::optional<ClampedSwiGlu> clamped_swiglu = std::nullopt;
 };
 
 // x: [T, H]. Follows transformers' numerics: router logits in x's dtype,
