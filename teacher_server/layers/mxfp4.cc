@@ -45,7 +45,9 @@ absl::StatusOr<at::Tensor> DequantizeMxfp4(const at::Tensor& blocks, const at::T
   const at::Tensor table = E2m1Table(blocks.device());
   const at::Tensor codes = blocks.to(at::kLong);
   // [..., G, 16, 2]: low nibble (element 2j) before high nibble (2j + 1).
-  const at::Tensor values = torch::stack({table.index({codes.bitwise_and(0x0F)}), table.index({codes.bitwise_right_shift(4)})}, -1);
+  const at::Tensor low = table.index({codes.bitwise_and(0x0F)});
+  const at::Tensor high = table.index({codes.bitwise_right_shift(4)});
+  const at::Tensor values = torch::stack({low, high}, -1);
   at::Tensor out = values.flatten(-2) * E8m0ToFloat(scales).unsqueeze(-1);
   std::vector<int64_t> shape(scales.sizes().begin(), scales.sizes().end());
   shape.back() *= kMxfp4BlockSize;

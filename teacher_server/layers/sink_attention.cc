@@ -65,7 +65,8 @@ at::Tensor PackedSinkAttention(const at::Tensor& q, const at::Tensor& k, const a
     if (sliding_window > 0) chunk = std::min(chunk, sliding_window);
     for (int64_t q0 = 0; q0 < n; q0 += chunk) {
       const int64_t nq = std::min(chunk, n - q0);
-      out.narrow(0, begin + q0, nq).copy_(AttendRows(qs, ks, vs, q0, nq, scaling, sinks, sliding_window).transpose(0, 1));
+      const at::Tensor rows = AttendRows(qs, ks, vs, q0, nq, scaling, sinks, sliding_window);
+      out.narrow(0, begin + q0, nq).copy_(rows.transpose(0, 1));
     }
   }
   return out;

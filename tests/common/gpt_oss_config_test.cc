@@ -29,7 +29,9 @@ std::string HubConfig(const std::string& layer_types, const std::string& quant_m
 
 std::string Layers(int n) {
   std::string s = "[";
-  for (int i = 0; i < n; ++i) s += std::string(i ? ", " : "") + (i % 2 == 0 ? "\"sliding_attention\"" : "\"full_attention\"");
+  for (int i = 0; i < n; ++i) {
+    s += std::string(i ? ", " : "") + (i % 2 == 0 ? "\"sliding_attention\"" : "\"full_attention\"");
+  }
   return s + "]";
 }
 
