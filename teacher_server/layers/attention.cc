@@ -178,9 +178,10 @@ at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const A
   at::Tensor o;
   if (w.sinks.defined() || shape.sliding_window > 0) {
     // No fused kernel here takes a sink column (transformers, too, runs
-    // GPT-OSS eagerly), and the cache's paths know no window.
-    TORCH_CHECK(cache.cache == nullptr, "attention with sinks or a sliding window does not run over a KV cache");
-    o = PackedSinkAttention(q, k, v, layout, scaling, w.sinks, shape.sliding_window);
+    // GPT-OSS eagerly), and the cache's own paths know no window.
+    o = cache.cache != nullptr
+            ? CachedSinkAttention(q, k, v, cache, layout, scaling, w.sinks, shape.sliding_window)
+            : PackedSinkAttention(q, k, v, layout, scaling, w.sinks, shape.sliding_window);
   } else if (cache.cache != nullptr) {
     o = cache.cache->Attend(cache.layer, q, k, v, scaling, layout, options.kernel);
   } else {

@@ -31,6 +31,14 @@ at::Tensor PackedSinkAttention(const at::Tensor& q, const at::Tensor& k, const a
                                const PackedLayout& layout, double scaling, const at::Tensor& sinks,
                                int64_t sliding_window);
 
+// The same over a generation's cache (layers/kv_cache.h): stores the new
+// tokens' k and v, then each sample's queries, at positions after its
+// sequence's cached ones, attend over the cached keys and its own. The
+// window counts cached keys as it counts the sample's own.
+at::Tensor CachedSinkAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, KvCacheSlot cache,
+                               const PackedLayout& layout, double scaling, const at::Tensor& sinks,
+                               int64_t sliding_window);
+
 }  // namespace e3
 
 #endif  // E3_TEACHER_SERVER_LAYERS_SINK_ATTENTION_H_

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "teacher_server/layers/kv_cache.h"
 #include "teacher_server/layers/mxfp4.h"
 #include "teacher_server/layers/rms_norm.h"
 #include "teacher_server/weight_loader.h"
@@ -230,10 +231,19 @@ absl::Status GptOssLM::CheckForward(const PackedBatch& batch, const ForwardOptio
     }
   }
   if (batch.num_tokens() == 0) return absl::InvalidArgumentError("empty batch");
-  if (options.kv_cache != nullptr) {
-    return absl::UnimplementedError(absl::StrCat(config_.architecture_name,
-                                                 ": generation over a KV cache is not implemented (sinks and "
-                                                 "sliding windows are not in the cache's attention)"));
+  if (options.kv_cache != nullptr) E3_RETURN_IF_ERROR(CheckCache(*options.kv_cache));
+  return absl::OkStatus();
+}
+
+absl::Status GptOssLM::CheckCache(const KvCache& cache) const {
+  if (plan_.sharded()) {
+    return absl::UnimplementedError("generation with a KV cache runs in one process; this teacher is sharded "
+                                    "(--tp_size > 1)");
+  }
+  if (!cache.appending() || cache.layers() != config_.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("the KV cache holds ", cache.layers(),
+                                                   " layers and must be between BeginAppend and CommitAppend; ",
+                                                   config_.source, " has ", config_.num_hidden_layers));
   }
   return absl::OkStatus();
 }
@@ -267,8 +277,8 @@ ForwardOutput GptOssLM::Run(const PackedBatch& batch, const ForwardOptions& opti
   for (int64_t i = 0; i < static_cast<int64_t>(layers_.size()); ++i) {
     const Layer& layer = layers_[i];
     at::Tensor x = RmsNormWeightInFp32(h, layer.input_layernorm, eps);
-    at::Tensor delta =
-        SelfAttention(x, layer.attn, layer.sliding ? sliding_shape_ : full_shape_, cos, sin, layout, attn);
+    at::Tensor delta = SelfAttention(x, layer.attn, layer.sliding ? sliding_shape_ : full_shape_, cos, sin, layout,
+                                     attn, at::Tensor(), KvCacheSlot{options.kv_cache, i});
     Reduce(delta);
     h = h + delta;
     x = RmsNormWeightInFp32(h, layer.post_attention_layernorm, eps);

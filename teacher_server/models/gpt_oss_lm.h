@@ -15,9 +15,10 @@
 // holding the slice that starts at 0; every partial sum is all-reduced, so
 // each aux hidden state is whole on every rank.
 //
-// Not here: generation over a KV cache (Forward refuses it), and the sgl
-// backend's fused attention, grouped experts and CUDA graphs (GPT-OSS runs
-// the reference paths under either backend; Techniques() says so).
+// Generation runs over a KV cache (one process), through the same sink
+// attention. Not here: the sgl backend's fused attention, grouped experts
+// and CUDA graphs (GPT-OSS runs the reference paths under either backend
+// but for fused q/k/v and rope in place; Techniques() says so).
 #ifndef E3_TEACHER_SERVER_MODELS_GPT_OSS_LM_H_
 #define E3_TEACHER_SERVER_MODELS_GPT_OSS_LM_H_
 
@@ -34,6 +35,7 @@
 
 namespace e3 {
 
+class KvCache;
 class WeightLoader;
 
 class GptOssLM : public CausalLM {
@@ -69,6 +71,8 @@ class GptOssLM : public CausalLM {
   // nn.Linear layout, from either checkpoint form.
   absl::Status LoadExpertMatrices(WeightLoader& w, const std::string& prefix, at::Tensor* gate_up,
                                   at::Tensor* down) const;
+  // A generation's cache: one process, the model's layers, mid-append.
+  absl::Status CheckCache(const KvCache& cache) const;
   ForwardOutput Run(const PackedBatch& batch, const ForwardOptions& options);
   // Under TP: t summed over the ranks (in place); else nothing.
   void Reduce(at::Tensor& t) const;

@@ -197,19 +197,39 @@ TEST(GptOssForwardTest, TheWindowDropsKeys) {
   EXPECT_FALSE(torch::allclose(last[0].narrow(0, 8, 12), last[1].narrow(0, 8, 12), 1e-3, 1e-3));
 }
 
-TEST(GptOssForwardTest, RefusesAKvCache) {
+// A forward of several tokens on a cached prefix longer than the window
+// gives the hidden states of the whole sequence in one plain forward
+// (generation_test.cc checks greedy decoding token by token).
+TEST(GptOssForwardTest, ACachedPrefixMatchesTheWholeSequence) {
   const GoldenCase c = LoadGoldenCase("rand_gpt_oss");
   std::unique_ptr<ModelDir> dir;
   auto model = LoadModel(c, &dir);
   ASSERT_NE(model, nullptr);
   const ModelConfig& cfg = model->config();
-  KvCache cache(cfg.num_hidden_layers, 1, 16, cfg.num_key_value_heads, cfg.head_dim, at::TensorOptions());
+  std::vector<int32_t> ids(23);
+  for (int i = 0; i < 23; ++i) ids[i] = (i * 53 + 9) % 128;
+  const std::vector<int32_t> prefix(ids.begin(), ids.begin() + 13), rest(ids.begin() + 13, ids.end());
+  KvCache cache(cfg.num_hidden_layers, 1, 32, cfg.num_key_value_heads, cfg.head_dim, at::TensorOptions());
   ForwardOptions fwd;
+  fwd.aux_layer_ids = {0, 1, 2};
   fwd.kv_cache = &cache;
-  auto out = model->Forward(*PackSamples({{1, 2, 3}}, 128, at::kCPU), fwd);
-  ASSERT_FALSE(out.ok());
-  EXPECT_EQ(out.status().code(), absl::StatusCode::kUnimplemented) << out.status();
-  EXPECT_NE(out.status().message().find("GptOssForCausalLM"), std::string::npos) << out.status();
+  for (const auto& part : {prefix, rest}) {
+    ASSERT_TRUE(cache.BeginAppend({0}, {0, static_cast<int64_t>(part.size())}).ok());
+    auto batch = PackSamples({part}, 128, at::kCPU);
+    ASSERT_TRUE(batch.ok());
+    // Positions continue after the cached prefix.
+    batch->position_ids = batch->position_ids + (part.size() == rest.size() ? 13 : 0);
+    auto out = model->Forward(*batch, fwd);
+    ASSERT_TRUE(out.ok()) << out.status();
+    cache.CommitAppend();
+    if (part.size() != rest.size()) continue;
+    fwd.kv_cache = nullptr;
+    auto whole = model->Forward(*PackSamples({ids}, 128, at::kCPU), fwd);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    EXPECT_TRUE(torch::allclose(out->aux_hidden, whole->aux_hidden.narrow(0, 13, 10), 1e-5, 1e-5))
+        << (out->aux_hidden - whole->aux_hidden.narrow(0, 13, 10)).abs().max();
+    EXPECT_TRUE(out->target_argmax.equal(whole->target_argmax.narrow(0, 13, 10)));
+  }
 }
 
 }  // namespace
