@@ -197,6 +197,23 @@ TEST(GptOssForwardTest, TheWindowDropsKeys) {
   EXPECT_FALSE(torch::allclose(last[0].narrow(0, 8, 12), last[1].narrow(0, 8, 12), 1e-3, 1e-3));
 }
 
+// A config that announces MXFP4 experts over a checkpoint without them is
+// an error naming the directory and the tensor it lacks.
+TEST(GptOssForwardTest, Mxfp4ConfigWithoutBlocksNamesTheMissingTensor) {
+  const GoldenCase c = LoadGoldenCase("rand_gpt_oss");
+  const std::string dir = testing::ScratchDir("gpt_oss_no_blocks");
+  nlohmann::json config = nlohmann::json::parse(testing::ReadFile(c.model_dir + "/config.json"));
+  config["quantization_config"] = {{"quant_method", "mxfp4"}};
+  std::ofstream(dir + "/config.json") << config.dump();
+  ASSERT_EQ(::symlink((c.model_dir + "/model.safetensors").c_str(), (dir + "/model.safetensors").c_str()), 0);
+  auto opened = ModelDir::Open(dir);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  auto model = LoadCausalLM(**opened, ModelOptions{});
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.status().message().find("model.layers.0.mlp.experts.gate_up_proj_blocks"), std::string::npos)
+      << model.status();
+}
+
 // A forward of several tokens on a cached prefix longer than the window
 // gives the hidden states of the whole sequence in one plain forward
 // (generation_test.cc checks greedy decoding token by token).
