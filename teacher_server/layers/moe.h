@@ -1,6 +1,7 @@
-// The routed mixture-of-experts MLP of Mixtral and Qwen3-MoE: a router
-// picks top-k experts per token; each expert is a SwiGLU MLP; the outputs
-// are summed with the router's weights. Under expert parallelism a rank
+// The routed mixture-of-experts MLP of Mixtral, Qwen3-MoE and GPT-OSS: a
+// router picks top-k experts per token; each expert is a SwiGLU MLP
+// (GPT-OSS: the clamped variant with biases); the outputs are summed with
+// the router's weights. Under expert parallelism a rank
 // holds only some experts (and under TP a slice of each); it returns the
 // partial sum of its experts, which the caller all-reduces.
 #ifndef E3_TEACHER_SERVER_LAYERS_MOE_H_
@@ -42,8 +43,9 @@ struct MoeRouting {
 };
 
 // x: [T, H]. Follows transformers' numerics: router logits in x's dtype,
-// softmax in fp32, top-k, optional renormalisation, weights cast to x's
-// dtype; experts accumulated in id order with index_add.
+// softmax in fp32, top-k, optional renormalisation (GPT-OSS: the router's
+// bias, top-k of the logits, softmax over them in their dtype), weights
+// cast to x's dtype; experts accumulated in id order with index_add.
 // `fused_activation` as in SwiGluMlp.
 at::Tensor SparseMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing,
                      bool fused_activation = false);
