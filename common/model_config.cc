@@ -192,6 +192,11 @@ absl::Status ParseMoe(const Fields& f, const json& root, ModelConfig* c) {
         m.mlp_only_layers.push_back(x.get<int64_t>());
       }
     }
+  } else if (c->architecture == Architecture::kGptOss) {
+    // Every layer routed; each expert's width is intermediate_size.
+    E3_ASSIGN_OR_RETURN(m.num_experts, f.PositiveInt("num_local_experts"));
+    E3_ASSIGN_OR_RETURN(m.top_k, f.PositiveInt("num_experts_per_tok"));
+    m.intermediate_size = c->intermediate_size;
   } else {
     return absl::OkStatus();
   }
@@ -307,6 +312,43 @@ absl::Status ParseQuantization(const json& root, const std::string& source, Quan
   return absl::OkStatus();
 }
 
+// GPT-OSS's layer kinds, SwiGLU constants and expert quantization, with
+// GptOssConfig's defaults (transformers 5.17 configuration_gpt_oss.py):
+// without layer_types, even layers slide and odd ones attend fully.
+absl::Status ParseGptOss(const Fields& f, const json& root, ModelConfig* c) {
+  ModelConfig::GptOss& g = c->gpt_oss;
+  g.sliding_layers.resize(static_cast<size_t>(c->num_hidden_layers));
+  if (f.Has("layer_types")) {
+    const json& v = root.at("layer_types");
+    if (!v.is_array() || static_cast<int64_t>(v.size()) != c->num_hidden_layers) {
+      return f.Error("layer_types", absl::StrCat("expected a list of ", c->num_hidden_layers, " layer types"));
+    }
+    for (size_t i = 0; i < v.size(); ++i) {
+      const std::string t = v[i].is_string() ? v[i].get<std::string>() : "";
+      if (t != "sliding_attention" && t != "full_attention") {
+        return f.Error("layer_types", absl::StrCat("entry ", i, ": expected \"sliding_attention\" or "
+                                                   "\"full_attention\", got ", v[i].dump()));
+      }
+      g.sliding_layers[i] = t == "sliding_attention";
+    }
+  } else {
+    for (size_t i = 0; i < g.sliding_layers.size(); ++i) g.sliding_layers[i] = i % 2 == 0;
+  }
+  E3_ASSIGN_OR_RETURN(g.swiglu_alpha, f.Num("swiglu_alpha", 1.702));
+  E3_ASSIGN_OR_RETURN(g.swiglu_limit, f.Num("swiglu_limit", 7.0));
+  if (g.swiglu_limit <= 0) return f.Error("swiglu_limit", "expected a positive number");
+  if (!f.Has("quantization_config")) return absl::OkStatus();
+  const json& q = root.at("quantization_config");
+  if (!q.is_object()) return f.Error("quantization_config", "expected an object");
+  Fields qf(q, c->source, "quantization_config.");
+  E3_ASSIGN_OR_RETURN(std::string method, qf.Str("quant_method", ""));
+  if (method != "mxfp4") {
+    return qf.Error("quant_method", absl::StrCat("\"", method, "\" is unsupported; expected \"mxfp4\""));
+  }
+  g.mxfp4_experts = true;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const char* RopeTypeName(RopeType type) {
@@ -355,7 +397,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
       {"LlamaForCausalLM", Architecture::kLlama},     {"Qwen2ForCausalLM", Architecture::kQwen2},
       {"Qwen3ForCausalLM", Architecture::kQwen3},     {"MixtralForCausalLM", Architecture::kMixtral},
       {"Qwen3MoeForCausalLM", Architecture::kQwen3Moe},
-      {"DeepseekV2ForCausalLM", Architecture::kDeepseekV2}, {"DeepseekV3ForCausalLM", Architecture::kDeepseekV3}};
+      {"DeepseekV2ForCausalLM", Architecture::kDeepseekV2}, {"DeepseekV3ForCausalLM", Architecture::kDeepseekV3},
+      {"GptOssForCausalLM", Architecture::kGptOss}};
   bool known = false;
   for (const auto& [name, arch] : kSupported) {
     if (c.architecture_name == name) {
@@ -409,7 +452,13 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
   E3_RETURN_IF_ERROR(ParseSlidingWindow(f, &c));
   E3_RETURN_IF_ERROR(ParseMoe(f, root, &c));
   if (c.IsDeepseek()) E3_RETURN_IF_ERROR(ParseDeepseekMoe(f, &c));
-  E3_RETURN_IF_ERROR(ParseQuantization(root, source, &c.quantization));
+  // GPT-OSS reads its own quantization_config (MXFP4 experts); the others
+  // may have block-scaled FP8 weights.
+  if (c.architecture == Architecture::kGptOss) {
+    E3_RETURN_IF_ERROR(ParseGptOss(f, root, &c));
+  } else {
+    E3_RETURN_IF_ERROR(ParseQuantization(root, source, &c.quantization));
+  }
   std::string act;
   E3_ASSIGN_OR_RETURN(act, f.Str("hidden_act", "silu"));
   if (act != "silu") return f.Error("hidden_act", absl::StrCat("\"", act, "\" is unsupported; expected \"silu\""));

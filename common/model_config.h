@@ -38,8 +38,9 @@ struct RopeConfig {
 // The Llama family: one pre-norm decoder, differing in attention biases,
 // q/k norms and whether the MLP is a routed mixture of experts. The
 // DeepSeek family (V2, V3 and Kimi-K2, which is V3) adds latent attention
-// and DeepSeekMoE (DeepseekConfig below).
-enum class Architecture { kLlama, kQwen2, kQwen3, kMixtral, kQwen3Moe, kDeepseekV2, kDeepseekV3 };
+// and DeepSeekMoE (DeepseekConfig below); it and GPT-OSS have model files
+// of their own (teacher_server/models/deepseek_lm.h, gpt_oss_lm.h).
+enum class Architecture { kLlama, kQwen2, kQwen3, kMixtral, kQwen3Moe, kDeepseekV2, kDeepseekV3, kGptOss };
 
 // Sparse MoE MLP (Mixtral, Qwen3-MoE): softmax over the router's logits in
 // fp32, top-k, optionally renormalised over the chosen k.
@@ -120,6 +121,17 @@ struct ModelConfig {
   MoeConfig moe;
   DeepseekConfig deepseek;  // kDeepseekV2/V3 only
   QuantizationConfig quantization;
+  // GPT-OSS (GptOssForCausalLM); see its modeling_gpt_oss.py.
+  struct GptOss {
+    // Per layer: whether it attends within sliding_window (config
+    // `layer_types`: "sliding_attention" or "full_attention").
+    std::vector<bool> sliding_layers;
+    double swiglu_alpha = 1.702;  // the experts' clamped SwiGLU
+    double swiglu_limit = 7.0;
+    // quantization_config.quant_method "mxfp4": the experts ship as
+    // *_blocks / *_scales (dequantized at load).
+    bool mxfp4_experts = false;
+  } gpt_oss;
   std::string torch_dtype;  // "bfloat16", ... (empty when absent)
   RopeConfig rope;
   std::optional<int64_t> bos_token_id;

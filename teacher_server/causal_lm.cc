@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "teacher_server/models/decoder_lm.h"
 #include "teacher_server/models/deepseek_lm.h"
+#include "teacher_server/models/gpt_oss_lm.h"
 #include "teacher_server/parallel/micro_batches.h"
 
 namespace e3 {
@@ -35,7 +36,12 @@ absl::StatusOr<std::unique_ptr<CausalLM>> LoadCausalLM(const ModelDir& dir, cons
     if (!model.ok()) return model.status();
     return std::unique_ptr<CausalLM>(std::move(model).value());
   }
-  // The Llama family (the other Architecture values) is a DecoderLM.
+  if (dir.config().architecture == Architecture::kGptOss) {
+    auto gpt_oss = GptOssLM::Load(dir, options);
+    if (!gpt_oss.ok()) return gpt_oss.status();
+    return std::unique_ptr<CausalLM>(std::move(gpt_oss).value());
+  }
+  // Every other supported architecture is a DecoderLM variant.
   auto model = DecoderLM::Load(dir, options);
   if (!model.ok()) return model.status();
   return std::unique_ptr<CausalLM>(std::move(model).value());

@@ -31,10 +31,20 @@ class WeightLoader {
   absl::StatusOr<at::Tensor> LoadSlice(const std::string& name, const std::vector<int64_t>& shape, int64_t dim,
                                        int64_t begin, int64_t length);
 
+  // As Load and LoadSlice, into `dtype` instead of the loader's (GPT-OSS's
+  // fp32 norms). With kByte the stored tensor must be uint8 (MXFP4 blocks
+  // and scales), which is then loaded as stored.
+  absl::StatusOr<at::Tensor> LoadAs(const std::string& name, const std::vector<int64_t>& shape, at::ScalarType dtype);
+  absl::StatusOr<at::Tensor> LoadSliceAs(const std::string& name, const std::vector<int64_t>& shape, int64_t dim,
+                                         int64_t begin, int64_t length, at::ScalarType dtype);
+
   int64_t loaded() const { return loaded_; }
 
  private:
-  absl::StatusOr<at::Tensor> Convert(const TensorView& view, int64_t dim, int64_t begin, int64_t length);
+  // The slice [begin, begin + length) of `dim` of `view` in `dtype`
+  // (dequantized first when it is block-scaled FP8), counted as loaded.
+  absl::StatusOr<at::Tensor> Convert(const TensorView& view, int64_t dim, int64_t begin, int64_t length,
+                                     at::ScalarType dtype);
 
   const ModelDir& dir_;
   at::ScalarType dtype_;

@@ -12,6 +12,7 @@
 #include "teacher_server/layers/kv_cache.h"
 #include "teacher_server/layers/rms_norm.h"
 #include "teacher_server/layers/rotary.h"
+#include "teacher_server/layers/sink_attention.h"
 
 namespace e3 {
 namespace {
@@ -178,8 +179,18 @@ at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const A
     k = RopeOnPrefix(k, cos, sin, shape.rotary_dim);
   }
   const double scaling = 1.0 / std::sqrt(static_cast<double>(shape.head_dim));
-  at::Tensor o = cache.cache != nullptr ? cache.cache->Attend(cache.layer, q, k, v, scaling, layout, options.kernel)
-                                        : PackedCausalAttention(q, k, v, layout, scaling, options.kernel);
+  at::Tensor o;
+  if (w.sinks.defined() || shape.sliding_window > 0) {
+    // No fused kernel here takes a sink column (transformers, too, runs
+    // GPT-OSS eagerly), and the cache's own paths know no window.
+    o = cache.cache != nullptr
+            ? CachedSinkAttention(q, k, v, cache, layout, scaling, w.sinks, shape.sliding_window)
+            : PackedSinkAttention(q, k, v, layout, scaling, w.sinks, shape.sliding_window);
+  } else if (cache.cache != nullptr) {
+    o = cache.cache->Attend(cache.layer, q, k, v, scaling, layout, options.kernel);
+  } else {
+    o = PackedCausalAttention(q, k, v, layout, scaling, options.kernel);
+  }
   return Gemm(o.reshape({T, shape.num_heads * shape.head_dim}), w.o_proj, w.o_bias, residual, options.gemm);
 }
 

@@ -62,12 +62,16 @@ struct AttentionShape {
   int64_t head_dim = 0;
   int64_t rotary_dim = 0;
   double qk_norm_eps = 1e-6;  // used when q_norm/k_norm are set
+  // Keys a query sees, itself included, on a sliding-window layer (GPT-OSS;
+  // sink_attention.h). 0: every earlier key of its sample.
+  int64_t sliding_window = 0;
 };
 
 struct AttentionWeights {
   at::Tensor q_proj, k_proj, v_proj, o_proj;  // [out, in], nn.Linear layout
   at::Tensor q_bias, k_bias, v_bias, o_bias;  // undefined when absent
   at::Tensor q_norm, k_norm;  // [D] per-head RMSNorm before rope (Qwen3); undefined when absent
+  at::Tensor sinks;           // [heads] learned softmax sinks (GPT-OSS); undefined when absent
   // Set by FuseQkv: [q_out + 2 kv_out, in] (and its bias); q/k/v_proj are
   // then released.
   at::Tensor qkv_proj, qkv_bias;
@@ -86,6 +90,9 @@ struct KvCacheSlot {
 
 // x: [T, H]; cos/sin: [T, rotary_dim]. Returns [T, H]: the attention
 // output, plus `residual` when that is defined (added in the o_proj GEMM).
+// With sinks or a sliding window the core is PackedSinkAttention or, over a
+// cache, CachedSinkAttention (sink_attention.h), whatever options.kernel
+// says.
 // With a cache the new tokens' keys and values are stored there and the
 // tokens attend over their sequences' cached ones too.
 at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const AttentionShape& shape,

@@ -61,12 +61,22 @@ void KvCache::CommitAppend() {
   appending_ = false;
 }
 
-at::Tensor KvCache::Attend(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           double scaling, const PackedLayout& layout, AttentionKernel kernel) {
-  TORCH_CHECK(appending_, "KvCache::Attend outside BeginAppend/CommitAppend");
+void KvCache::Store(int64_t layer, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(appending_, "KvCache: storing keys outside BeginAppend/CommitAppend");
   const int64_t kvh = k.size(1), d = k.size(2);
   keys_[layer].view({sequences() * capacity_, kvh, d}).index_copy_(0, rows_, k);
   values_[layer].view({sequences() * capacity_, kvh, d}).index_copy_(0, rows_, v);
+}
+
+std::pair<at::Tensor, at::Tensor> KvCache::SampleKeysValues(int64_t layer, size_t s) const {
+  const int64_t b = sequence_ids_[s], total = lengths_[b] + cu_seqlens_[s + 1] - cu_seqlens_[s];
+  return {keys_[layer][b].narrow(0, 0, total), values_[layer][b].narrow(0, 0, total)};
+}
+
+at::Tensor KvCache::Attend(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           double scaling, const PackedLayout& layout, AttentionKernel kernel) {
+  Store(layer, k, v);
+  const int64_t d = k.size(2);
   bool empty = true, one_token_each = true;
   for (size_t s = 0; s < sequence_ids_.size(); ++s) {
     empty = empty && lengths_[sequence_ids_[s]] == 0;

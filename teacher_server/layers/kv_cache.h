@@ -11,6 +11,7 @@
 #define E3_TEACHER_SERVER_LAYERS_KV_CACHE_H_
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -43,6 +44,15 @@ class KvCache {
   // sequences runs PackedCausalAttention as an uncached forward would.
   at::Tensor Attend(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scaling,
                     const PackedLayout& layout, AttentionKernel kernel);
+
+  // For attention cores of their own (sinks and sliding windows,
+  // sink_attention.h): Store keeps the new tokens' roped k and v as Attend
+  // does; then, for sample s of the forward being appended, Past is its
+  // sequence's cached length before this forward and SampleKeysValues its
+  // keys and values so far, [Past(s) + its tokens, kv_heads, D].
+  void Store(int64_t layer, const at::Tensor& k, const at::Tensor& v);
+  int64_t Past(size_t s) const { return lengths_[sequence_ids_[s]]; }
+  std::pair<at::Tensor, at::Tensor> SampleKeysValues(int64_t layer, size_t s) const;
 
  private:
   // One token per sequence: [n, heads, D] against each sequence's cache,

@@ -40,13 +40,25 @@ at::Tensor GroupedLinear(const at::Tensor& a, const at::Tensor& w, const at::Ten
 }
 
 // The router's choice for each token: the top-k experts' ids and their
-// weights in x's dtype (logits in x's dtype, softmax in fp32, optional
-// renormalisation, as transformers routes).
+// weights in x's dtype. Mixtral and Qwen3-MoE: logits in x's dtype,
+// softmax in fp32, top-k, optional renormalisation. GPT-OSS: logits with
+// the router's bias, top-k, softmax over those k in the logits' dtype.
 std::tuple<at::Tensor, at::Tensor> Route(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing) {
-  const at::Tensor probs = at::softmax(at::linear(x, w.router), -1, at::kFloat);
+  const at::Tensor logits = at::linear(x, w.router, w.router_bias);
+  if (routing.topk_then_softmax) {
+    auto [top, chosen] = logits.topk(routing.top_k, -1);
+    return {at::softmax(top, -1, top.scalar_type()).to(x.scalar_type()), chosen};
+  }
+  const at::Tensor probs = at::softmax(logits, -1, at::kFloat);
   auto [weights, chosen] = probs.topk(routing.top_k, -1);
   if (routing.normalize) weights = weights / weights.sum(-1, /*keepdim=*/true);
   return {weights.to(x.scalar_type()), chosen};
+}
+
+// One expert's output for the rows x routed to it.
+at::Tensor ExpertMlp(const at::Tensor& x, const MlpWeights& w, const MoeRouting& routing, bool fused_activation) {
+  return routing.clamped_swiglu ? ClampedSwiGluMlp(x, w, *routing.clamped_swiglu)
+                                : SwiGluMlp(x, w, fused_activation);
 }
 
 }  // namespace
@@ -78,7 +90,7 @@ at::Tensor WeightedExpertsSum(const at::Tensor& x, const MoeWeights& w, const at
   for (int64_t e = 0; e < num_local; ++e) {
     if (n[e] == 0) continue;
     at::Tensor tok = tokens.narrow(0, begin, n[e]);
-    at::Tensor y = SwiGluMlp(x.index_select(0, tok), w.experts[e], fused_activation) *
+    at::Tensor y = ExpertMlp(x.index_select(0, tok), w.experts[e], routing, fused_activation) *
                    weights.index({tok, slots.narrow(0, begin, n[e])}).unsqueeze(-1);
     out.index_add_(0, tok, y.to(x.scalar_type()));
     begin += n[e];
@@ -115,6 +127,7 @@ bool GroupedMoeStaysOnDevice(const MoeWeights& w, at::ScalarType dtype, at::Devi
 
 at::Tensor GroupedMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing, bool fused_activation) {
   TORCH_CHECK(w.stacked_gate_up.defined(), "GroupedMoe needs StackExperts");
+  TORCH_CHECK(!routing.clamped_swiglu, "GroupedMoe runs SiLU-mul experts only");
   const int64_t T = x.size(0), k = routing.top_k, E = static_cast<int64_t>(w.experts.size());
   auto [weights, chosen] = Route(x, w, routing);
   // Each token's choices in expert-id order: the order SparseMoe adds them.

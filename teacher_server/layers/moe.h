@@ -1,21 +1,25 @@
-// The routed mixture-of-experts MLP of Mixtral and Qwen3-MoE: a router
-// picks top-k experts per token; each expert is a SwiGLU MLP; the outputs
-// are summed with the router's weights. Under expert parallelism a rank
+// The routed mixture-of-experts MLP of Mixtral, Qwen3-MoE and GPT-OSS: a
+// router picks top-k experts per token; each expert is a SwiGLU MLP
+// (GPT-OSS: the clamped variant with biases); the outputs are summed with
+// the router's weights. Under expert parallelism a rank
 // holds only some experts (and under TP a slice of each); it returns the
 // partial sum of its experts, which the caller all-reduces.
 #ifndef E3_TEACHER_SERVER_LAYERS_MOE_H_
 #define E3_TEACHER_SERVER_LAYERS_MOE_H_
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "common/torch/torch_core.h"
+#include "teacher_server/layers/clamped_swiglu.h"
 #include "teacher_server/layers/mlp.h"
 
 namespace e3 {
 
 struct MoeWeights {
   at::Tensor router;                // [num_experts, H]: every expert, so every rank routes alike
+  at::Tensor router_bias;           // [num_experts] (GPT-OSS); undefined when absent
   int64_t first_expert = 0;         // global id of experts[0]
   std::vector<MlpWeights> experts;  // this rank's experts, in id order
   // Set by StackExperts: every local expert's fused gate_up [E, 2I, H] and
@@ -29,11 +33,18 @@ struct MoeRouting {
   // GroupedMoe under EP: gather and activate only this rank's (token,
   // expert) pairs (false, the bench's ablation: every pair, as before).
   bool rank_rows_only = true;
+  // GPT-OSS: the top-k of the router's logits, then a softmax over those k
+  // in the logits' dtype (GptOssTopKRouter); else the softmax over every
+  // expert in fp32, then the top-k (`normalize` then applies).
+  bool topk_then_softmax = false;
+  // GPT-OSS's experts (clamped_swiglu.h); else SwiGluMlp.
+  std::optional<ClampedSwiGlu> clamped_swiglu = std::nullopt;
 };
 
 // x: [T, H]. Follows transformers' numerics: router logits in x's dtype,
-// softmax in fp32, top-k, optional renormalisation, weights cast to x's
-// dtype; experts accumulated in id order with index_add.
+// softmax in fp32, top-k, optional renormalisation (GPT-OSS: the router's
+// bias, top-k of the logits, softmax over them in their dtype), weights
+// cast to x's dtype; experts accumulated in id order with index_add.
 // `fused_activation` as in SwiGluMlp.
 at::Tensor SparseMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing,
                      bool fused_activation = false);

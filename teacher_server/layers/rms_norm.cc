@@ -11,4 +11,11 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return weight * h.to(x.scalar_type());
 }
 
+at::Tensor RmsNormWeightInFp32(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  // https://github.com/huggingface/transformers/blob/main/src/transformers/models/gpt_oss/modeling_gpt_oss.py
+  at::Tensor h = x.to(at::kFloat);
+  h = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return (weight * h).to(x.scalar_type());
+}
+
 }  // namespace e3

@@ -82,7 +82,9 @@ absl::StatusOr<ShardPlan> ShardPlan::Make(const ModelConfig& c, int rank, int tp
     }
     const int moe_tp = tp_size / ep_size;
     if (c.moe.intermediate_size % moe_tp != 0) {
-      return NotDivisible(c, c.architecture == Architecture::kMixtral ? "intermediate_size" : "moe_intermediate_size",
+      return NotDivisible(c, c.architecture == Architecture::kMixtral || c.architecture == Architecture::kGptOss
+                                 ? "intermediate_size"
+                                 : "moe_intermediate_size",
                           c.moe.intermediate_size, absl::StrCat(moe_tp, " ranks per expert group"));
     }
     p.experts = Even(c.moe.num_experts, ep_size, rank / moe_tp);

@@ -122,7 +122,10 @@ TEST(GenerationGroupsTest, KvCacheBytesCapTheGroupsOfSimilarLength) {
 
 INSTANTIATE_TEST_SUITE_P(Models, GenerationTest,
                          ::testing::Values("rand_default_mha", "rand_llama3_gqa", "rand_qwen3", "rand_yarn_mqa",
-                                           "rand_mixtral"));
+                                           "rand_mixtral",
+                                           // sinks and a window of 8 under prompts of up to 12 tokens
+                                           // plus 9 new ones: the cached keys leave the window
+                                           "rand_gpt_oss", "rand_gpt_oss_mxfp4"));
 
 TEST(KvCacheTest, SeveralTokensOnACachedPrefixMatchTheWholeSequence) {
   auto model = LoadFixture("rand_llama3_gqa");

@@ -93,6 +93,12 @@ INSTANTIATE_TEST_SUITE_P(
                       TpRun{"rand_qwen3_moe", 2, 2},         // EP=2: whole experts per rank
                       TpRun{"rand_qwen3_moe", 4, 2},         // 2 groups of 2: experts and their slices
                       TpRun{"rand_qwen3_moe_unnorm", 4, 4},  // 1 expert per rank, kv replicated
+                      // GPT-OSS: sinks and q/k/v biases split by head, o_proj's
+                      // bias added once; each expert's intermediate split with
+                      // its gate/up biases, its down bias added once.
+                      TpRun{"rand_gpt_oss", 2, 1},
+                      TpRun{"rand_gpt_oss_mxfp4", 2, 2},  // EP=2: whole MXFP4 experts per rank
+                      TpRun{"rand_gpt_oss_mxfp4", 4, 2},  // kv replicated, experts in 2 groups of 2
                       // sgl: fused qkv (with biases) and fused gate-up per local
                       // expert per shard; micro-batches of 200 and 103 tokens.
                       Sgl(TpRun{"rand_qwen2", 2, 1}), Sgl(TpRun{"rand_qwen3_moe", 2, 2}),

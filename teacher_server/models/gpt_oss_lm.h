@@ -1,0 +1,97 @@
+// GptOssForCausalLM (OpenAI's gpt-oss-20b/120b), following transformers
+// 5.17's modeling_gpt_oss.py over packed batches: a pre-norm decoder whose
+// attention has biases on q/k/v/o, a learned sink logit per head and, on
+// the layers `layer_types` names, a sliding window; YaRN rope; and a
+// routed-experts MLP in every layer (a biased router, softmax over the
+// top-k logits, clamped SwiGLU experts with biases). Experts load from
+// either checkpoint form: gate_up_proj [E, H, 2I] / down_proj [E, I, H] as
+// save_pretrained writes them, or MXFP4 blocks and scales as OpenAI ships
+// them, dequantized at load into the compute dtype (layers/mxfp4.h).
+//
+// With ModelOptions::tp set, this rank holds its ShardPlan's slices: heads
+// (with their biases and sinks) column-parallel, o_proj row-parallel with
+// its bias on rank 0, the experts split over ep groups and each expert's
+// intermediate dimension over its group, its down_proj bias on the rank
+// holding the slice that starts at 0; every partial sum is all-reduced, so
+// each aux hidden state is whole on every rank.
+//
+// Generation runs over a KV cache (one process), through the same sink
+// attention. Not here: the sgl backend's fused attention, grouped experts
+// and CUDA graphs (GPT-OSS runs the reference paths under either backend
+// but for fused q/k/v and rope in place; Techniques() says so).
+#ifndef E3_TEACHER_SERVER_MODELS_GPT_OSS_LM_H_
+#define E3_TEACHER_SERVER_MODELS_GPT_OSS_LM_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "teacher_server/causal_lm.h"
+#include "teacher_server/layers/attention.h"
+#include "teacher_server/layers/moe.h"
+#include "teacher_server/layers/rotary.h"
+#include "teacher_server/models/lm_head.h"
+#include "teacher_server/parallel/shard_plan.h"
+
+namespace e3 {
+
+class KvCache;
+class WeightLoader;
+
+class GptOssLM : public CausalLM {
+ public:
+  static absl::StatusOr<std::unique_ptr<GptOssLM>> Load(const ModelDir& dir, const ModelOptions& options);
+
+  absl::Status CheckForward(const PackedBatch& batch, const ForwardOptions& options) const override;
+  absl::StatusOr<ForwardOutput> Forward(const PackedBatch& batch, const ForwardOptions& options) override;
+  const ModelConfig& config() const override { return config_; }
+  const ModelOptions& options() const override { return options_; }
+  at::Tensor embed_tokens() const override { return full_embed_tokens_; }
+  at::Tensor lm_head() const override { return full_lm_head_; }
+  std::string Techniques() const override;
+  absl::StatusOr<GemmTuningResult> TuneGemms(const GemmTuningOptions& options) override;
+  const ShardPlan& shard_plan() const { return plan_; }
+
+ private:
+  struct Layer {
+    at::Tensor input_layernorm, post_attention_layernorm;  // fp32, as transformers keeps them
+    bool sliding = false;
+    AttentionWeights attn;
+    MoeWeights moe;
+  };
+
+  GptOssLM(ModelConfig config, ModelOptions options)
+      : config_(std::move(config)), options_(std::move(options)),
+        rotary_(config_.rope, config_.rotary_dim(), options_.device) {}
+  absl::Status LoadWeights(const ModelDir& dir);
+  absl::Status LoadTables(const ModelDir& dir, WeightLoader& w);
+  absl::Status LoadAttention(WeightLoader& w, const std::string& prefix, AttentionWeights* a) const;
+  absl::Status LoadExperts(WeightLoader& w, const std::string& prefix, MoeWeights* moe) const;
+  // This rank's experts' gate_up [n, 2I, H] and down [n, H, I] in the
+  // nn.Linear layout, from either checkpoint form.
+  absl::Status LoadExpertMatrices(WeightLoader& w, const std::string& prefix, at::Tensor* gate_up,
+                                  at::Tensor* down) const;
+  // A generation's cache: one process, the model's layers, mid-append.
+  absl::Status CheckCache(const KvCache& cache) const;
+  ForwardOutput Run(const PackedBatch& batch, const ForwardOptions& options);
+  // Under TP: t summed over the ranks (in place); else nothing.
+  void Reduce(at::Tensor& t) const;
+
+  ModelConfig config_;
+  ModelOptions options_;
+  ShardPlan plan_;
+  RotaryEmbedding rotary_;
+  AttentionShape full_shape_, sliding_shape_;
+  MoeRouting routing_;
+  LmHead head_;
+  at::Tensor embed_tokens_;  // this rank's vocab rows
+  at::Tensor norm_;          // fp32
+  // The whole tables, for GetWeights (on a sharded rank 0 a host copy;
+  // undefined on other sharded ranks).
+  at::Tensor full_embed_tokens_, full_lm_head_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace e3
+
+#endif  // E3_TEACHER_SERVER_MODELS_GPT_OSS_LM_H_
