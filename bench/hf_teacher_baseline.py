@@ -36,6 +36,27 @@ SHAPES = {
                               num_attention_heads=32, num_key_value_heads=4, head_dim=128, vocab_size=151936,
                               tie_word_embeddings=False, rope_theta=1000000.0, bos_token_id=151643,
                               eos_token_id=151645),
+    # DeepSeek-V2-Lite's dimensions (latent attention with kv_lora 512, no
+    # q_lora; 64 routed experts of 1408, 6 per token, 2 shared; layer 0
+    # dense) with 8 of its 27 layers: 4.1B parameters.
+    "deepseek-v2-lite-8l": dict(arch="deepseek_v2", hidden_size=2048, intermediate_size=10944,
+                                moe_intermediate_size=1408, num_hidden_layers=8, num_attention_heads=16,
+                                num_key_value_heads=16, n_routed_experts=64, num_experts_per_tok=6,
+                                n_shared_experts=2, first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=None,
+                                qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, topk_method="greedy",
+                                n_group=1, topk_group=1, norm_topk_prob=False, routed_scaling_factor=1.0,
+                                vocab_size=102400, tie_word_embeddings=False, bos_token_id=100000,
+                                eos_token_id=100001, max_position_embeddings=163840,
+                                rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=40.0,
+                                                     original_max_position_embeddings=4096, beta_fast=32.0,
+                                                     beta_slow=1.0, mscale=0.707, mscale_all_dim=0.707)),
+    # GPT-OSS-20B's dimensions (64 query / 8 KV heads of 64 with sinks,
+    # sliding window 128 on alternate layers, 32 experts of 2880, 4 per
+    # token) with 6 of its 24 layers: 5.2B parameters, experts in bf16.
+    "gpt-oss-20b-6l": dict(arch="gpt_oss", hidden_size=2880, intermediate_size=2880, num_hidden_layers=6,
+                           num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=32,
+                           num_experts_per_tok=4, sliding_window=128, vocab_size=201088,
+                           tie_word_embeddings=False, max_position_embeddings=131072),
 }
 
 
@@ -64,7 +85,17 @@ def main():
 
     shape = dict(SHAPES[args.shape])
     arch = shape.pop("arch", "llama")
-    if arch == "qwen3_moe":
+    if arch == "deepseek_v2":
+        cfg = transformers.DeepseekV2Config(rms_norm_eps=1e-6, attn_implementation="sdpa", torch_dtype="bfloat16",
+                                            **shape)
+        model_class = transformers.DeepseekV2ForCausalLM
+    elif arch == "gpt_oss":
+        # GPT-OSS's sinks need transformers' eager attention (sdpa has no
+        # sink term).
+        cfg = transformers.GptOssConfig(rms_norm_eps=1e-5, attn_implementation="eager", torch_dtype="bfloat16",
+                                        **shape)
+        model_class = transformers.GptOssForCausalLM
+    elif arch == "qwen3_moe":
         cfg = transformers.Qwen3MoeConfig(max_position_embeddings=40960, rms_norm_eps=1e-6,
                                           attn_implementation="sdpa", torch_dtype="bfloat16", **shape)
         model_class = transformers.Qwen3MoeForCausalLM

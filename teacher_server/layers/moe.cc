@@ -56,20 +56,21 @@ std::tuple<at::Tensor, at::Tensor> Route(const at::Tensor& x, const MoeWeights& 
 }
 
 // One expert's output for the rows x routed to it.
-at::Tensor ExpertMlp(const at::Tensor& x, const MlpWeights& w, const MoeRouting& routing, bool fused_activation) {
-  return routing.clamped_swiglu ? ClampedSwiGluMlp(x, w, *routing.clamped_swiglu)
-                                : SwiGluMlp(x, w, fused_activation);
+at::Tensor ExpertMlp(const at::Tensor& x, const MlpWeights& w, const std::optional<ClampedSwiGlu>& clamped_swiglu,
+                     bool fused_activation) {
+  return clamped_swiglu ? ClampedSwiGluMlp(x, w, *clamped_swiglu) : SwiGluMlp(x, w, fused_activation);
 }
 
 }  // namespace
 
 at::Tensor SparseMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing, bool fused_activation) {
   auto [weights, chosen] = Route(x, w, routing);
-  return WeightedExpertsSum(x, w, weights, chosen, fused_activation);
+  return WeightedExpertsSum(x, w, weights, chosen, fused_activation, routing.clamped_swiglu);
 }
 
 at::Tensor WeightedExpertsSum(const at::Tensor& x, const MoeWeights& w, const at::Tensor& weights,
-                              const at::Tensor& chosen, bool fused_activation) {
+                              const at::Tensor& chosen, bool fused_activation,
+                              const std::optional<ClampedSwiGlu>& clamped_swiglu) {
   at::Tensor out = torch::zeros_like(x);
   // Which (token, slot) pairs chose each local expert: one pass over the
   // [T, k] choices instead of one comparison per expert.
@@ -90,7 +91,7 @@ at::Tensor WeightedExpertsSum(const at::Tensor& x, const MoeWeights& w, const at
   for (int64_t e = 0; e < num_local; ++e) {
     if (n[e] == 0) continue;
     at::Tensor tok = tokens.narrow(0, begin, n[e]);
-    at::Tensor y = ExpertMlp(x.index_select(0, tok), w.experts[e], routing, fused_activation) *
+    at::Tensor y = ExpertMlp(x.index_select(0, tok), w.experts[e], clamped_swiglu, fused_activation) *
                    weights.index({tok, slots.narrow(0, begin, n[e])}).unsqueeze(-1);
     out.index_add_(0, tok, y.to(x.scalar_type()));
     begin += n[e];

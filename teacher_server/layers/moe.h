@@ -54,9 +54,11 @@ at::Tensor SparseMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting&
 // dtype or fp32. Each expert's output times its weight (in fp32 when the
 // weights are, as transformers multiplies) is rounded to x's dtype and
 // accumulated in expert-id order. Experts outside w's local range add
-// nothing (expert parallelism).
+// nothing (expert parallelism). The experts are SwiGLU MLPs, or GPT-OSS's
+// clamped variant when `clamped_swiglu` is set.
 at::Tensor WeightedExpertsSum(const at::Tensor& x, const MoeWeights& w, const at::Tensor& weights,
-                              const at::Tensor& chosen, bool fused_activation = false);
+                              const at::Tensor& chosen, bool fused_activation = false,
+                              const std::optional<ClampedSwiGlu>& clamped_swiglu = std::nullopt);
 
 // Whether StackExperts takes these experts: fused gate_up (FuseGateUp), no
 // biases, at least one expert.
