@@ -95,6 +95,8 @@ ForwardGraphs::~ForwardGraphs() = default;
 std::optional<ForwardOutput> ForwardGraphs::Run(const PackedBatch& batch, const ForwardOptions& options,
                                                 const RunFn& run) {
 #ifdef E3_HAS_CUDA
+  // CUDA graphs capture CUDA work only; a CUDA build also runs CPU models.
+  if (!device_.is_cuda()) return std::nullopt;
   if (options.return_logits || max_graphs_ <= 0 || batch.num_samples() < 1) return std::nullopt;
   std::lock_guard<std::mutex> lock(mu_);
   if (disabled_) return std::nullopt;

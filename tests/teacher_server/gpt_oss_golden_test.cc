@@ -192,8 +192,10 @@ TEST(GptOssForwardTest, TheWindowDropsKeys) {
     ASSERT_TRUE(out.ok()) << out.status();
     last.push_back(out->last_hidden);
   }
-  EXPECT_TRUE(torch::allclose(last[0].narrow(0, 0, 8), last[1].narrow(0, 0, 8), 1e-5, 1e-6))
-      << (last[0].narrow(0, 0, 8) - last[1].narrow(0, 0, 8)).abs().max();
+  // Equal up to rounding: the two windows run the attention in different
+  // shapes, and LibTorch's CPU kernels (BLIS on Debian, MKL in pip's
+  // builds) round those differently. Same bound as against transformers.
+  EXPECT_LT(RelInf(last[1].narrow(0, 0, 8), last[0].narrow(0, 0, 8)), kRelTol);
   EXPECT_FALSE(torch::allclose(last[0].narrow(0, 8, 12), last[1].narrow(0, 8, 12), 1e-3, 1e-3));
 }
 
@@ -243,8 +245,8 @@ TEST(GptOssForwardTest, ACachedPrefixMatchesTheWholeSequence) {
     fwd.kv_cache = nullptr;
     auto whole = model->Forward(*PackSamples({ids}, 128, at::kCPU), fwd);
     ASSERT_TRUE(whole.ok()) << whole.status();
-    EXPECT_TRUE(torch::allclose(out->aux_hidden, whole->aux_hidden.narrow(0, 13, 10), 1e-5, 1e-5))
-        << (out->aux_hidden - whole->aux_hidden.narrow(0, 13, 10)).abs().max();
+    // Up to rounding (the cached keys meet the new queries in other shapes).
+    EXPECT_LT(RelInf(out->aux_hidden, whole->aux_hidden.narrow(0, 13, 10)), kRelTol);
     EXPECT_TRUE(out->target_argmax.equal(whole->target_argmax.narrow(0, 13, 10)));
   }
 }
