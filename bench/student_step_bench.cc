@@ -168,7 +168,8 @@ int Main() {
     frozen.vocab.d2t.push_back(t - i);
     frozen.vocab.t2d[static_cast<size_t>(t)] = 1;
   }
-  frozen.target_lm_head = torch::randn({N, s.hidden}, on.dtype(at::kFloat)) * 0.02;
+  // bf16 values in fp32, as a bf16 checkpoint's head arrives from the teacher.
+  frozen.target_lm_head = (torch::randn({N, s.hidden}, on.dtype(at::kFloat)) * 0.02).to(at::kBFloat16).to(at::kFloat);
 
   Eagle3DraftOptions opts;
   opts.config = c;

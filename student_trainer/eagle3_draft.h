@@ -226,8 +226,14 @@ class Eagle3DraftImpl : public torch::nn::Module {
   torch::nn::Linear lm_head{nullptr};
 
  private:
+  // TargetLogits takes the 16-bit GEMM with an fp32 result for these states.
+  bool UsesFloatOutMm(const at::Tensor& last_hidden) const;
+
   Eagle3DraftOptions options_;
   rope::InvFrequencies rope_freqs_;
+  // target_head in the 16-bit dtype where that holds it exactly (CUDA
+  // builds with LibTorch 2.8+); else undefined.
+  at::Tensor target_head_16bit_;
   std::shared_ptr<FlatParameters> flat_;
   std::vector<uint8_t> t2d_host_;
 };

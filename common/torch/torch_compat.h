@@ -166,6 +166,20 @@ inline at::Tensor GroupedMm(const at::Tensor&, const at::Tensor&, const at::Tens
 }
 #endif
 
+// a @ b for bf16 or fp16 CUDA matrices with fp32 accumulation and an fp32
+// result: the exact products of the 16-bit values, summed in fp32, never
+// rounded to 16 bits. LibTorch 2.8+ with CUDA has the op (mm's out_dtype);
+// callers check kHasMmFloatOut and otherwise multiply fp32 copies.
+#if (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)) && defined(E3_HAS_CUDA)
+constexpr bool kHasMmFloatOut = true;
+inline at::Tensor MmFloatOut(const at::Tensor& a, const at::Tensor& b) { return at::mm(a, b, at::kFloat); }
+#else
+constexpr bool kHasMmFloatOut = false;
+inline at::Tensor MmFloatOut(const at::Tensor&, const at::Tensor&) {
+  TORCH_CHECK(false, "mm with an fp32 result from 16-bit inputs needs LibTorch 2.8+ with CUDA");
+}
+#endif
+
 // Lets fp32 matmuls on CUDA use TF32 tensor cores while in scope, then
 // restores the process-wide setting (which is off by default in C++).
 class ScopedTf32Matmul {

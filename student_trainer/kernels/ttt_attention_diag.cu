@@ -28,11 +28,74 @@ __device__ __forceinline__ int64_t KvHeadOf(const TttAttentionShape& s, int64_t 
   return h / (s.q_heads / s.kv_heads);
 }
 
+// This lane's kPerLane consecutive features of the row at p, read as one
+// 4-16 byte access where the address allows (it does for every view the
+// step passes: head offsets are multiples of head_dim), else one by one.
 template <typename T, int kPerLane>
 __device__ __forceinline__ void LoadLane(const T* p, float (&v)[kPerLane]) {
-  const int lane = threadIdx.x & 31;
+  using P = Pack<T, kPerLane>;
+  const T* at = p + (threadIdx.x & 31) * kPerLane;
+  if (reinterpret_cast<uintptr_t>(at) % sizeof(P) == 0) {
+    const P pack = *reinterpret_cast<const P*>(at);
 #pragma unroll
-  for (int e = 0; e < kPerLane; ++e) v[e] = Num<T>::ToF(p[lane * kPerLane + e]);
+    for (int e = 0; e < kPerLane; ++e) v[e] = Num<T>::ToF(pack.v[e]);
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) v[e] = Num<T>::ToF(at[e]);
+}
+
+// The same for fp32 rows: float4 accesses when kPerLane is a multiple of 4.
+template <int kPerLane>
+__device__ __forceinline__ bool Float4Lane(const float* at) {
+  return kPerLane % 4 == 0 && reinterpret_cast<uintptr_t>(at) % 16 == 0;
+}
+template <int kPerLane>
+__device__ __forceinline__ void StoreLaneF(float* p, const float (&v)[kPerLane]) {
+  float* at = p + (threadIdx.x & 31) * kPerLane;
+  if (Float4Lane<kPerLane>(at)) {
+#pragma unroll
+    for (int e = 0; e + 3 < kPerLane; e += 4) {
+      *reinterpret_cast<float4*>(at + e) = make_float4(v[e], v[e + 1], v[e + 2], v[e + 3]);
+    }
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) at[e] = v[e];
+}
+template <int kPerLane>
+__device__ __forceinline__ void AddLaneF(float* p, const float (&v)[kPerLane]) {
+  float* at = p + (threadIdx.x & 31) * kPerLane;
+  if (Float4Lane<kPerLane>(at)) {
+#pragma unroll
+    for (int e = 0; e + 3 < kPerLane; e += 4) {
+      float4 x = *reinterpret_cast<float4*>(at + e);
+      x.x += v[e];
+      x.y += v[e + 1];
+      x.z += v[e + 2];
+      x.w += v[e + 3];
+      *reinterpret_cast<float4*>(at + e) = x;
+    }
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) at[e] += v[e];
+}
+
+// This lane's features written to a 16-bit row.
+template <typename T, int kPerLane>
+__device__ __forceinline__ void StoreLane(T* p, const float (&v)[kPerLane]) {
+  using P = Pack<T, kPerLane>;
+  T* at = p + (threadIdx.x & 31) * kPerLane;
+  P pack;
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) pack.v[e] = Num<T>::FromF(v[e]);
+  if (reinterpret_cast<uintptr_t>(at) % sizeof(P) == 0) {
+    *reinterpret_cast<P*>(at) = pack;
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) at[e] = pack.v[e];
 }
 
 template <int kPerLane>
@@ -88,11 +151,8 @@ __global__ void DiagForwardKernel(TttAttentionShape s, const T* __restrict__ q, 
       for (int e = 0; e < kPerLane; ++e) acc[e] += p * vv[e];
     }
   }
-  const int lane = threadIdx.x & 31;
-  T* out = o + (t * s.q_heads + h) * s.head_dim + lane * kPerLane;
-#pragma unroll
-  for (int e = 0; e < kPerLane; ++e) out[e] = Num<T>::FromF(acc[e]);
-  if (lane == 0) lse[h * s.tokens + t] = l;
+  StoreLane<T, kPerLane>(o + (t * s.q_heads + h) * s.head_dim, acc);
+  if ((threadIdx.x & 31) == 0) lse[h * s.tokens + t] = l;
 }
 
 // Scratch layout: [2][kMaxDiagKeys][tokens][q_heads]: p, then ds.
@@ -136,10 +196,13 @@ __global__ void DiagBackwardQueryKernel(TttAttentionShape s, const T* __restrict
       }
     }
   }
-  float* out = dq + row + lane * kPerLane;
-#pragma unroll
-  for (int e = 0; e < kPerLane; ++e) out[e] = acc[e];
+  StoreLaneF<kPerLane>(dq + row, acc);
 }
+
+// Diagonal keys per pass of the key kernel: each query head's q and dO
+// rows are read once per pass (not once per key), while the pass's key
+// and value gradients stay in registers.
+constexpr int kKeysPerPass = 4;
 
 template <typename T, int kPerLane>
 __global__ void DiagBackwardKeyKernel(TttAttentionShape s, const T* __restrict__ q,
@@ -149,27 +212,33 @@ __global__ void DiagBackwardKeyKernel(TttAttentionShape s, const T* __restrict__
   if (warp >= s.tokens * s.kv_heads) return;
   const int64_t t = warp / s.kv_heads, kvh = warp % s.kv_heads;
   const int64_t group = s.q_heads / s.kv_heads;
-  const int lane = threadIdx.x & 31;
-  for (int i = 0; i < num_diag; ++i) {
-    float dk[kPerLane] = {}, dv[kPerLane] = {};
+  for (int first = 0; first < num_diag; first += kKeysPerPass) {
+    float dk[kKeysPerPass][kPerLane] = {}, dv[kKeysPerPass][kPerLane] = {};
     for (int64_t g = 0; g < group; ++g) {
       const int64_t h = kvh * group + g;
-      const float p = scratch[ScratchAt(s, 0, i, t, h)];
-      const float ds = s.scale * scratch[ScratchAt(s, 1, i, t, h)];
       float qv[kPerLane], dov[kPerLane];
       LoadLane<T, kPerLane>(q + t * s.qkv_row + h * s.head_dim, qv);
       LoadLane<T, kPerLane>(d_o + (t * s.q_heads + h) * s.head_dim, dov);
 #pragma unroll
-      for (int e = 0; e < kPerLane; ++e) {
-        dk[e] += ds * qv[e];
-        dv[e] += p * dov[e];
+      for (int k = 0; k < kKeysPerPass; ++k) {
+        const int i = first + k;
+        if (i >= num_diag) break;
+        const float p = scratch[ScratchAt(s, 0, i, t, h)];
+        const float ds = s.scale * scratch[ScratchAt(s, 1, i, t, h)];
+#pragma unroll
+        for (int e = 0; e < kPerLane; ++e) {
+          dk[k][e] += ds * qv[e];
+          dv[k][e] += p * dov[e];
+        }
       }
     }
-    const int64_t at = (t * s.kv_heads + kvh) * s.head_dim + lane * kPerLane;
+    const int64_t at = (t * s.kv_heads + kvh) * s.head_dim;
 #pragma unroll
-    for (int e = 0; e < kPerLane; ++e) {
-      grads.dk[i][at + e] += dk[e];
-      grads.dv[i][at + e] += dv[e];
+    for (int k = 0; k < kKeysPerPass; ++k) {
+      const int i = first + k;
+      if (i >= num_diag) break;
+      AddLaneF<kPerLane>(grads.dk[i] + at, dk[k]);
+      AddLaneF<kPerLane>(grads.dv[i] + at, dv[k]);
     }
   }
 }
