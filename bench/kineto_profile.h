@@ -43,8 +43,16 @@ void ProfileSteps(Step& step, int steps) {
     std::string name;
   };
   std::vector<Span> spans;
+  std::vector<std::pair<uint64_t, uint64_t>> cpu_spans;  // start, end
+  std::vector<std::string> cpu_names;
   for (const auto& e : result->events()) {
-    if (e.deviceType() != c10::DeviceType::CUDA) continue;
+    if (e.deviceType() == c10::DeviceType::CPU) {
+      cpu_spans.push_back({e.startNs(), e.endNs()});
+      cpu_names.push_back(e.name().substr(0, 60));
+    }
+    // Named host ranges (e3::...) come back as GPU-side annotations too:
+    // not kernels.
+    if (e.deviceType() != c10::DeviceType::CUDA || e.name().rfind("e3::", 0) == 0) continue;
     const double us = static_cast<double>(e.durationNs()) / 1e3;
     auto& slot = by_kernel[e.name().substr(0, 90)];
     slot.first += us;
@@ -75,6 +83,19 @@ void ProfileSteps(Step& step, int steps) {
       const size_t i = gaps[g].second;
       std::printf("  gap %8.1f us  after %s\n                 before %s\n", static_cast<double>(gaps[g].first) / 1e3,
                   spans[i - 1].name.c_str(), spans[i].name.c_str());
+      // What the host ran meanwhile: the CPU ops and named ranges that
+      // overlap the gap most.
+      const uint64_t gap_end = spans[i].start, gap_begin = gap_end - gaps[g].first;
+      std::vector<std::pair<uint64_t, size_t>> inside;
+      for (size_t c = 0; c < cpu_spans.size(); ++c) {
+        const uint64_t from = std::max(cpu_spans[c].first, gap_begin), to = std::min(cpu_spans[c].second, gap_end);
+        if (to > from) inside.push_back({to - from, c});
+      }
+      std::sort(inside.rbegin(), inside.rend());
+      for (size_t c = 0; c < inside.size() && c < 8 && g < 3; ++c) {
+        std::printf("      host %8.1f us in the gap  %s\n", static_cast<double>(inside[c].first) / 1e3,
+                    cpu_names[inside[c].second].c_str());
+      }
     }
   }
   std::vector<std::pair<double, std::string>> order;
@@ -82,7 +103,7 @@ void ProfileSteps(Step& step, int steps) {
   std::sort(order.rbegin(), order.rend());
   std::printf("profile: GPU busy %.1f ms per call over %d calls; top kernels (ms per call, launches per call):\n",
               total_us / 1e3 / steps, steps);
-  for (size_t i = 0; i < order.size() && i < 30; ++i) {
+  for (size_t i = 0; i < order.size() && i < 60; ++i) {
     std::printf("  %8.2f %6.0f  %s\n", order[i].first / 1e3 / steps,
                 static_cast<double>(by_kernel[order[i].second].second) / steps, order[i].second.c_str());
   }

@@ -6,12 +6,15 @@
 #include <string>
 #include <vector>
 
+#include <ATen/record_function.h>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "student_trainer/ops/draft_head_loss.h"
 #include "student_trainer/ops/linear.h"
 #include "student_trainer/ops/rms_norm.h"
 #include "student_trainer/ops/silu_mul.h"
+#include "student_trainer/ops/step_rows.h"
 #include "student_trainer/ops/ttt_attention.h"
 #include "student_trainer/ttt_batch.h"
 
@@ -70,10 +73,12 @@ at::Tensor HostLong(const at::Tensor& t) { return t.to(at::kCPU, at::kLong).cont
 // Everything the step needs about the batch's positions, computed on the
 // host, then uploaded in one copy.
 struct Plan {
-  int64_t tokens = 0, length = 0;
+  int64_t tokens = 0, length = 0, pad_rows = 0;
   std::vector<int64_t> cu;
-  // int64 upload: [T + 1] ids (the last is the padding id 0); per step the
-  // row of the once-normalised embeddings each midlayer row reads; [T]
+  // int64 upload: [T + pad_rows] ids (the padding rows hold id 0); per
+  // step the row of the once-normalised embeddings each midlayer row reads
+  // (distinct within a step: a sample's positions past its end read
+  // padding rows of their own); [T]
   // positions; per step the head rows (indices into the step's midlayer
   // rows) and their target rows; per compacted step its midlayer rows'
   // positions and their indices among the previous step's rows; per step
@@ -127,28 +132,43 @@ std::vector<int64_t> IndicesAmong(const std::vector<int64_t>& rows, const std::v
   return out;
 }
 
-absl::StatusOr<Plan> MakePlan(const Eagle3DraftImpl& draft, const TttBatch& batch,
-                              std::vector<int64_t> cu, const TttOptions& options) {
-  const Eagle3DraftConfig& c = draft.config();
+// What the plan reads of the batch, on the host.
+struct HostBatch {
+  at::Tensor ids, top, mask;  // int64 [T], int64 [T], bool [T]
+};
+
+// Copies them from the device first, so that the GPU can run the work that
+// needs no plan (the target distribution, fc) while the host plans.
+absl::StatusOr<HostBatch> DownloadPlanInputs(const Eagle3DraftImpl& draft, const TttBatch& batch) {
+  HostBatch h;
+  h.ids = HostLong(batch.input_ids);
+  h.top = HostLong(batch.target_argmax);
+  h.mask = (batch.loss_mask.to(at::kCPU) != 0).contiguous();
+  E3_RETURN_IF_ERROR(CheckIdRange("input_ids", h.ids, draft.config().vocab_size));
+  E3_RETURN_IF_ERROR(CheckIdRange("target_argmax", h.top, draft.config().vocab_size));
+  return h;
+}
+
+Plan MakePlan(const Eagle3DraftImpl& draft, const HostBatch& batch, std::vector<int64_t> cu,
+              const TttOptions& options) {
+  RECORD_USER_SCOPE("e3::ttt_fast::MakePlan");  // for the profiler: host work the GPU waits for
   Plan p;
   p.tokens = cu.back();
   p.length = options.length;
   p.cu = std::move(cu);
   const int64_t T = p.tokens, L = p.length;
-  const at::Tensor ids = HostLong(batch.input_ids), top = HostLong(batch.target_argmax);
-  E3_RETURN_IF_ERROR(CheckIdRange("input_ids", ids, c.vocab_size));
-  E3_RETURN_IF_ERROR(CheckIdRange("target_argmax", top, c.vocab_size));
-  const at::Tensor mask = (batch.loss_mask.to(at::kCPU) != 0).contiguous();
-  const int64_t* id = ids.data_ptr<int64_t>();
-  const int64_t* am = top.data_ptr<int64_t>();
-  const bool* lm = mask.data_ptr<bool>();
+  p.pad_rows = static_cast<int64_t>(p.cu.size() - 1) * L;
+  const int64_t* id = batch.ids.data_ptr<int64_t>();
+  const int64_t* am = batch.top.data_ptr<int64_t>();
+  const bool* lm = batch.mask.data_ptr<bool>();
   const std::vector<uint8_t>& t2d = draft.t2d_host();
 
-  std::vector<int64_t> end(T), start(T);
+  std::vector<int64_t> end(T), start(T), sample(T);
   for (size_t s = 0; s + 1 < p.cu.size(); ++s) {
     for (int64_t t = p.cu[s]; t < p.cu[s + 1]; ++t) {
       start[t] = p.cu[s];
       end[t] = p.cu[s + 1];
+      sample[t] = static_cast<int64_t>(s);
     }
   }
   // Step 0's masks: a sample's last position has no next token, and a
@@ -171,10 +191,16 @@ absl::StatusOr<Plan> MakePlan(const Eagle3DraftImpl& draft, const TttBatch& batc
       MidlayerRows(trained, T, options.skip_untrained_rows && !all_rows);
 
   p.longs.insert(p.longs.end(), id, id + T);
-  p.longs.push_back(0);
+  p.longs.insert(p.longs.end(), p.pad_rows, 0);
+  // Step j's row t reads position t + j + 1's embedding; past the sample's
+  // end, padding row (sample, overshoot): distinct rows, so the steps'
+  // gradient sum needs no atomics (ops/step_rows.h).
   for (int64_t j = 0; j < L; ++j) {
     p.mid_rows.push_back(static_cast<int64_t>(mid[j].size()));
-    for (int64_t t : mid[j]) p.longs.push_back(t + j + 1 < end[t] ? t + j + 1 : T);
+    for (int64_t t : mid[j]) {
+      const int64_t next = t + j + 1;
+      p.longs.push_back(next < end[t] ? next : T + sample[t] * L + (next - end[t]));
+    }
   }
   for (int64_t t = 0; t < T; ++t) p.longs.push_back(t - start[t]);
   for (int64_t j = 0; j < L; ++j) {
@@ -211,7 +237,7 @@ absl::StatusOr<Plan> MakePlan(const Eagle3DraftImpl& draft, const TttBatch& batc
 
 // The plan on the device, as views of the uploaded buffers.
 struct DevicePlan {
-  at::Tensor ext_ids;                  // [T + 1]
+  at::Tensor ext_ids;                  // [T + pad_rows]
   std::vector<at::Tensor> embed_rows;  // per step, one per midlayer row
   at::Tensor positions;                // [T]
   std::vector<ops::HeadStepRows> head;
@@ -229,6 +255,7 @@ at::Tensor Upload(const at::Tensor& host, const at::Device& device) {
 
 DevicePlan UploadPlan(const Plan& p, const at::Device& device, at::ScalarType weight_type,
                       double step_weight) {
+  RECORD_USER_SCOPE("e3::ttt_fast::UploadPlan");
   const at::Tensor longs = Upload(torch::tensor(p.longs, torch::kLong), device);
   const at::Tensor weights =
       Upload(torch::tensor(p.row_weights, torch::kDouble).to(weight_type), device);
@@ -240,7 +267,7 @@ DevicePlan UploadPlan(const Plan& p, const at::Device& device, at::ScalarType we
     at += n;
     return v;
   };
-  d.ext_ids = take(T + 1);
+  d.ext_ids = take(T + p.pad_rows);
   for (int64_t j = 0; j < p.length; ++j) d.embed_rows.push_back(take(p.mid_rows[j]));
   d.positions = take(T);
   int64_t w_at = 0;
@@ -305,37 +332,39 @@ absl::StatusOr<TttOutput> Run(Eagle3DraftImpl& draft, const TttBatch& batch,
   E3_ASSIGN_OR_RETURN(std::vector<int64_t> cu, ValidateTttBatch(c, batch));
   E3_ASSIGN_OR_RETURN(FastWeights w, GetWeights(draft));
   draft.flat().AttachGrads();
-  E3_ASSIGN_OR_RETURN(Plan plan, MakePlan(draft, batch, std::move(cu), options));
+  E3_ASSIGN_OR_RETURN(HostBatch host_batch, DownloadPlanInputs(draft, batch));
   const at::Device device = draft.options().device;
   const at::ScalarType dtype = draft.options().dtype;
   const at::ScalarType f = AtLeastFloat(dtype);
   const double eps = c.rms_norm_eps;
-  const DevicePlan dp = UploadPlan(plan, device, f, options.step_weight);
+  // Queued before the host plans, so the GPU has work meanwhile.
   const ops::TargetDistribution target =
       Target(draft, batch.last_hidden, NeedsFullTargetHead(options.loss));
+  at::Tensor h =
+      ops::LinearAccumulate(batch.aux_hidden.to(device, dtype), w.fc.w, w.fc.grad, w.anchor);
+  const Plan plan = MakePlan(draft, host_batch, std::move(cu), options);
+  const DevicePlan dp = UploadPlan(plan, device, f, options.step_weight);
 
   // Once per batch: the normalised embeddings of every position (and of
   // the padding id) and their product with the embedding half of q/k/v.
   const at::Tensor embeds = draft.Embed(dp.ext_ids);
   const at::Tensor embeds_n =
       ops::RmsNorm(embeds, w.input_norm.w, w.input_norm.grad, w.anchor, eps);
-  const at::Tensor qkv_embed =
-      ops::LinearAccumulate(embeds_n, w.qkv_embed.w, w.qkv_embed.grad, w.anchor);
+  const ops::ProjectedForSteps qkv_embed =
+      ops::ProjectForSteps(embeds_n, w.qkv_embed.w, w.qkv_embed.grad, w.anchor);
   at::Tensor cos, sin;
   std::tie(cos, sin) = draft.RopeTables(dp.positions);
 
   ops::TttAttentionConfig acfg{c.num_heads, c.num_kv_heads, c.head_dim,
                                1.0 / std::sqrt(static_cast<double>(c.head_dim))};
   auto cache = std::make_shared<ops::TttAttentionCache>(acfg, plan.cu, dp.cu_seqlens);
-  at::Tensor h =
-      ops::LinearAccumulate(batch.aux_hidden.to(device, dtype), w.fc.w, w.fc.grad, w.anchor);
   std::vector<at::Tensor> hiddens;
   for (int64_t j = 0; j < options.length; ++j) {
     const bool compacted = plan.compacted(j);
     if (compacted) h = h.index_select(0, dp.mid_from_prev[j]);
     const at::Tensor hn = ops::RmsNorm(h, w.hidden_norm.w, w.hidden_norm.grad, w.anchor, eps);
     at::Tensor qkv = ops::LinearAccumulate(hn, w.qkv_hidden.w, w.qkv_hidden.grad, w.anchor,
-                                           qkv_embed.index_select(0, dp.embed_rows[j]));
+                                           ops::GatherStepRows(qkv_embed, dp.embed_rows[j]));
     if (j > 0 && options.positions == TttPositions::kAdvancing) {
       std::tie(cos, sin) = draft.RopeTables(dp.positions + j);
     }

@@ -55,6 +55,14 @@ bool SiluMulBackward(Dtype dtype, const void* dout, const void* gate_up, void* d
                      int64_t rows, int64_t cols, void* stream);
 
 // ---------------------------------------------------------------------------
+// Row scatter-add into an fp32 sum: sum[rows[i], c] += src[i, c] for src
+// [n, cols] contiguous (16-bit), rows int64 [n] DISTINCT (any order; no
+// atomics, so a repeated row would race), sum fp32 [*, cols] contiguous.
+// Requires cols % 8 == 0 and 16-byte aligned src and sum.
+bool ScatterAddRows(Dtype dtype, const void* src, const int64_t* rows, float* sum, int64_t n,
+                    int64_t cols, void* stream);
+
+// ---------------------------------------------------------------------------
 // Rotary embedding of a fused q/k/v projection, rotate_half convention
 // (transformers' apply_rotary_pos_emb): qkv [tokens, q_heads + 2 *
 // kv_heads, head_dim] contiguous, q heads, then k heads, then v heads;

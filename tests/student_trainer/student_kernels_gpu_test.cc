@@ -24,6 +24,7 @@
 #include "student_trainer/ops/rms_norm.h"
 #include "student_trainer/ops/rope_qkv.h"
 #include "student_trainer/ops/silu_mul.h"
+#include "student_trainer/ops/step_rows.h"
 #include "student_trainer/ops/ttt_attention.h"
 #include "student_trainer/ttt.h"
 #include "tests/student_trainer/tiny_draft.h"
@@ -185,14 +186,16 @@ TEST_F(StudentKernelsGpuTest, SoftCrossEntropyAcceptanceTerms) {
   EXPECT_TRUE(a[1].equal(z));
 }
 
-// A draft large enough for every kernel (head_dim 64, hidden 256).
-Eagle3Draft GpuDraft(at::ScalarType dtype, int64_t kv_heads, bool keep_full_target_head = false) {
+// A draft large enough for every kernel (hidden 256; head_dim 64 by
+// default, 128 with two query heads).
+Eagle3Draft GpuDraft(at::ScalarType dtype, int64_t kv_heads, bool keep_full_target_head = false,
+                     int64_t head_dim = 64) {
   Eagle3DraftConfig c = testing::TinyConfig();
   c.hidden_size = c.target_hidden_size = 256;
   c.intermediate_size = 704;
-  c.num_heads = 4;
+  c.num_heads = 256 / head_dim;
   c.num_kv_heads = kv_heads;
-  c.head_dim = 64;
+  c.head_dim = head_dim;
   c.vocab_size = 1024;
   c.draft_vocab_size = 512;
   Eagle3DraftOptions o;
@@ -204,6 +207,8 @@ Eagle3Draft GpuDraft(at::ScalarType dtype, int64_t kv_heads, bool keep_full_targ
   o.keep_full_target_head = keep_full_target_head;
   auto frozen = testing::TinyFrozen(c, 11);
   frozen.embed_tokens = frozen.embed_tokens * 0.3;
+  // As a bf16 checkpoint's head arrives: bf16 values in fp32.
+  frozen.target_lm_head = frozen.target_lm_head.to(at::kBFloat16).to(at::kFloat);
   auto d = CreateEagle3Draft(o, frozen);
   EXPECT_TRUE(d.ok()) << d.status();
   return *d;
@@ -229,13 +234,20 @@ TttBatch GpuBatch(const Eagle3DraftConfig& c) {
 
 // The whole fast step with its kernels against the same step in ATen on
 // the same GPU (the attention's diagonal merge included: head_dim 64).
+// head_dim 128 with one kv head: four features per lane in the diagonal
+// merge's 8-byte accesses, and TTT 7's six diagonal keys take the key
+// gradient kernel two passes.
 TEST_F(StudentKernelsGpuTest, FastStepKernelsMatchItsAtenStatement) {
-  for (int64_t kv_heads : {2, 4}) {
-    SCOPED_TRACE(kv_heads);
-    Eagle3Draft draft = GpuDraft(at::kBFloat16, kv_heads);
+  struct Case {
+    int64_t kv_heads, head_dim;
+  };
+  for (const Case& c : {Case{2, 64}, Case{4, 64}, Case{1, 128}}) {
+    SCOPED_TRACE(::testing::Message() << "kv_heads " << c.kv_heads << ", head_dim " << c.head_dim);
+    Eagle3Draft draft = GpuDraft(at::kBFloat16, c.kv_heads, false, c.head_dim);
     const TttBatch batch = GpuBatch(draft->config());
     TttOptions options;
     options.kernels = TttKernels::kFast;
+    options.length = 7;
     auto [k, a] = BothWays([&] {
       draft->flat().ZeroGrad();
       auto out = RunTtt(*draft, batch, options);
@@ -248,6 +260,37 @@ TEST_F(StudentKernelsGpuTest, FastStepKernelsMatchItsAtenStatement) {
       EXPECT_NEAR(k.first.acc[j], a.first.acc[j], 0.03) << j;
     EXPECT_LE(RelInf(k.second, a.second), 5e-2);
   }
+}
+
+// The TTT steps' gradient sum of the q/k/v embedding half: the fp32
+// scatter-add kernel against index_add_, distinct rows within each add,
+// repeated across the two; fp32 sums in another order.
+TEST_F(StudentKernelsGpuTest, StepRowsScatterAddMatchesIndexAdd) {
+  const auto on = torch::TensorOptions().device(at::kCUDA);
+  const at::Tensor dy = at::randn({500, 256}, on).to(at::kBFloat16);
+  const at::Tensor rows = at::randperm(700, on.dtype(at::kLong)).narrow(0, 0, 500);
+  auto [k, a] = BothWays([&] {
+    ops::StepRowsGradient g(700, 256, on.dtype(at::kBFloat16));
+    g.Add(rows, dy);
+    g.Add(rows.flip(0), dy);
+    return g.Take(at::kFloat);
+  });
+  EXPECT_LE(RelInf(k, a), 1e-5);
+}
+
+// A target head that bf16 holds exactly (a bf16 checkpoint's, kept in
+// fp32) and bf16 hidden states: the target logits are their exact fp32
+// product (the 16-bit GEMM with an fp32 result, or TF32 without it), so
+// only the fp32 summation order separates them from fp64.
+TEST_F(StudentKernelsGpuTest, TargetLogitsOfBf16ValuesAreTheirFp32Product) {
+  Eagle3Draft draft = GpuDraft(at::kBFloat16, 2);
+  const at::Tensor head = draft->target_head;
+  ASSERT_TRUE(head.to(at::kBFloat16).to(at::kFloat).equal(head)) << "the fixture's head is not bf16 values";
+  const at::Tensor hidden = at::randn({300, head.size(1)}, head.options()).to(at::kBFloat16);
+  const at::Tensor logits = draft->TargetLogits(hidden);
+  EXPECT_EQ(logits.scalar_type(), at::kFloat);
+  const at::Tensor exact = at::mm(hidden.to(at::kDouble), head.to(at::kDouble).t());
+  EXPECT_LE(RelInf(logits, exact), 1e-5);
 }
 
 // One long sequence runs the causal block in cuDNN over rows padded to a
