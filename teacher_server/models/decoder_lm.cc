@@ -10,6 +10,7 @@
 #include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/gemm.h"
 #include "teacher_server/layers/kv_cache.h"
+#include "teacher_server/models/aux_capture.h"
 #include "teacher_server/parallel/micro_batches.h"
 #include "teacher_server/weight_loader.h"
 
@@ -303,28 +304,6 @@ absl::StatusOr<ForwardOutput> DecoderLM::Forward(const PackedBatch& batch, const
                                             e.what_without_backtrace()));
   }
 }
-
-namespace {
-
-// The aux layers' outputs, collected as the forward passes them: Capture(i,
-// h) keeps layer i's output h when i is an aux layer (ForwardOptions).
-class AuxCapture {
- public:
-  explicit AuxCapture(const std::vector<int32_t>& ids) : ids_(ids), states_(ids.size()) {}
-  void Capture(int64_t layer, const at::Tensor& h) {
-    for (size_t k = 0; k < ids_.size(); ++k) {
-      if (ids_[k] == layer) states_[k] = h;
-    }
-  }
-  // [T, k * H] in id order, or undefined when no aux layer was asked for.
-  at::Tensor Concatenated() const { return states_.empty() ? at::Tensor() : torch::cat(states_, -1); }
-
- private:
-  const std::vector<int32_t>& ids_;
-  std::vector<at::Tensor> states_;
-};
-
-}  // namespace
 
 ForwardOutput DecoderLM::Run(const PackedBatch& batch, const PackedLayout& layout, const ForwardOptions& options) {
   if (plan_.sharded()) return RunSharded(batch, layout, options);

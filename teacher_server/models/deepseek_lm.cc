@@ -10,6 +10,7 @@
 #include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/gemm.h"
 #include "teacher_server/layers/rms_norm.h"
+#include "teacher_server/models/aux_capture.h"
 #include "teacher_server/weight_loader.h"
 
 namespace e3 {
@@ -38,22 +39,6 @@ int64_t TensorsPerLayer(const ModelConfig& c, const ShardPlan& plan, bool moe) {
   return n + 1 + (c.architecture == Architecture::kDeepseekV3 ? 1 : 0) + 3 * plan.experts.size +
          (d.n_shared_experts > 0 ? 3 : 0);
 }
-
-// The aux layers' outputs as the forward passes them.
-class AuxCapture {
- public:
-  explicit AuxCapture(const std::vector<int32_t>& ids) : ids_(ids), states_(ids.size()) {}
-  void Capture(int64_t layer, const at::Tensor& h) {
-    for (size_t k = 0; k < ids_.size(); ++k) {
-      if (ids_[k] == layer) states_[k] = h;
-    }
-  }
-  at::Tensor Concatenated() const { return states_.empty() ? at::Tensor() : torch::cat(states_, -1); }
-
- private:
-  const std::vector<int32_t>& ids_;
-  std::vector<at::Tensor> states_;
-};
 
 }  // namespace
 

@@ -10,6 +10,7 @@
 #include "teacher_server/layers/kv_cache.h"
 #include "teacher_server/layers/mxfp4.h"
 #include "teacher_server/layers/rms_norm.h"
+#include "teacher_server/models/aux_capture.h"
 #include "teacher_server/weight_loader.h"
 
 namespace e3 {
@@ -38,23 +39,6 @@ absl::Status CheckMxfp4Widths(const ModelConfig& c) {
   }
   return absl::OkStatus();
 }
-
-// The outputs of the aux layers, in id order: Capture(i, h) keeps layer
-// i's output when i is an aux id.
-class AuxStates {
- public:
-  explicit AuxStates(const std::vector<int32_t>& ids) : ids_(ids), states_(ids.size()) {}
-  void Capture(int64_t layer, const at::Tensor& h) {
-    for (size_t k = 0; k < ids_.size(); ++k) {
-      if (ids_[k] == layer) states_[k] = h;
-    }
-  }
-  at::Tensor Concatenated() const { return states_.empty() ? at::Tensor() : torch::cat(states_, -1); }
-
- private:
-  const std::vector<int32_t>& ids_;
-  std::vector<at::Tensor> states_;
-};
 
 }  // namespace
 
@@ -273,7 +257,7 @@ ForwardOutput GptOssLM::Run(const PackedBatch& batch, const ForwardOptions& opti
   auto [cos, sin] = rotary_.CosSin(batch.position_ids, h.scalar_type());
   const PackedLayout layout = MakePackedLayout(batch.cu_seqlens, options_.device, AttentionKernel::kEager);
   const AttentionOptions attn{AttentionKernel::kEager, /*rope_in_place=*/options_.fused_kernels, options_.gemm};
-  AuxStates aux(options.aux_layer_ids);
+  AuxCapture aux(options.aux_layer_ids);
   for (int64_t i = 0; i < static_cast<int64_t>(layers_.size()); ++i) {
     const Layer& layer = layers_[i];
     at::Tensor x = RmsNormWeightInFp32(h, layer.input_layernorm, eps);
