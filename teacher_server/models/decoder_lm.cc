@@ -1,6 +1,5 @@
 #include "teacher_server/models/decoder_lm.h"
 
-#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -72,44 +71,27 @@ absl::StatusOr<std::unique_ptr<DecoderLM>> DecoderLM::Load(const ModelDir& dir, 
 
 absl::Status DecoderLM::LoadWeights(const ModelDir& dir) {
   const ModelConfig& c = config_;
-  const int64_t H = c.hidden_size, V = c.vocab_size;
   int64_t total = 3;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) total += TensorsPerLayer(c, plan_, c.IsMoeLayer(i));
   WeightLoader w(dir, options_.dtype, options_.device, options_.on_progress, total);
-  E3_ASSIGN_OR_RETURN(embed_tokens_, w.LoadSlice("model.embed_tokens.weight", {V, H}, 0, plan_.vocab.begin,
-                                                 plan_.vocab.size));
+  E3_RETURN_IF_ERROR(vocab_.LoadEmbedding(w, c, plan_));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     Layer layer;
     E3_RETURN_IF_ERROR(LoadLayer(w, i, &layer));
     layers_.push_back(std::move(layer));
   }
-  E3_ASSIGN_OR_RETURN(norm_, w.Load("model.norm.weight", {H}));
-  const std::string head_name = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-  if (c.tie_word_embeddings) {
-    lm_head_ = embed_tokens_;
-  } else {
-    E3_ASSIGN_OR_RETURN(lm_head_, w.LoadSlice(head_name, {V, H}, 0, plan_.vocab.begin, plan_.vocab.size));
-  }
+  E3_ASSIGN_OR_RETURN(norm_, w.Load("model.norm.weight", {c.hidden_size}));
+  E3_RETURN_IF_ERROR(vocab_.LoadHead(w, c, plan_));
+  head_ = LmHead(vocab_.lm_head, LmHeadOptions{c.vocab_size, plan_.vocab.begin, options_.gemm,
+                                               options_.fused_kernels, plan_.sharded() ? options_.tp : nullptr});
   // Under TP over this rank's vocab rows (a shard the kernels do not take
   // finds its answer from logits instead: HeadArgmax).
-  if (options_.argmax_fp8) fp8_head_ = Fp8HeadArgmax::Prepare(lm_head_);
+  if (options_.argmax_fp8) fp8_head_ = Fp8HeadArgmax::Prepare(vocab_.lm_head);
   if (options_.cuda_graphs && GraphsOffReason().empty()) {
     graphs_ = std::make_unique<ForwardGraphs>(options_.device, options_.graph_token_step, options_.max_cuda_graphs,
                                               options_.graph_min_host_share);
   }
-  if (!plan_.sharded()) {
-    full_embed_tokens_ = embed_tokens_;
-    full_lm_head_ = lm_head_;
-  } else if (plan_.rank == 0) {
-    // Rank 0 serves GetWeights: whole tables, kept on the host.
-    WeightLoader host(dir, options_.dtype, at::kCPU);
-    E3_ASSIGN_OR_RETURN(full_embed_tokens_, host.Load("model.embed_tokens.weight", {V, H}));
-    full_lm_head_ = full_embed_tokens_;
-    if (!c.tie_word_embeddings) {
-      E3_ASSIGN_OR_RETURN(full_lm_head_, host.Load(head_name, {V, H}));
-    }
-  }
-  return absl::OkStatus();
+  return vocab_.LoadWhole(dir, c, plan_, options_.dtype);
 }
 
 absl::Status DecoderLM::LoadLayer(WeightLoader& w, int64_t i, Layer* layer) const {
@@ -309,7 +291,7 @@ ForwardOutput DecoderLM::Run(const PackedBatch& batch, const PackedLayout& layou
   if (plan_.sharded()) return RunSharded(batch, layout, options);
   const double eps = config_.rms_norm_eps;
   const bool fused = options_.fused_kernels;
-  at::Tensor h = at::embedding(embed_tokens_, batch.input_ids);
+  at::Tensor h = at::embedding(vocab_.embed_tokens, batch.input_ids);
   auto [cos, sin] = rotary_.CosSin(batch.position_ids, h.scalar_type());
   const AttentionOptions attn{options_.attention, /*rope_in_place=*/fused, options_.gemm};
   const GemmPath gemm = options_.gemm;
@@ -361,7 +343,7 @@ ForwardOutput DecoderLM::RunSharded(const PackedBatch& batch, const PackedLayout
   const double eps = config_.rms_norm_eps;
   const bool fused = options_.fused_kernels;
   TpGroup& tp = *options_.tp;
-  const at::Tensor h = tp.VocabParallelEmbedding(batch.input_ids, embed_tokens_, plan_.vocab.begin);
+  const at::Tensor h = tp.VocabParallelEmbedding(batch.input_ids, vocab_.embed_tokens, plan_.vocab.begin);
   auto [cos, sin] = rotary_.CosSin(batch.position_ids, h.scalar_type());
   const AttentionOptions attn{options_.attention, /*rope_in_place=*/fused, options_.gemm};
 
@@ -467,54 +449,25 @@ absl::StatusOr<GemmTuningResult> DecoderLM::TuneGemms(const GemmTuningOptions& o
   return TuneGemmsInSequence(GemmSites(), options);
 }
 
-void DecoderLM::ForEachLogitsChunk(const at::Tensor& x,
-                                   const std::function<void(const at::Tensor& logits)>& fn) const {
-  const int64_t T = x.size(0);
-  // About 4200 rows for a 128k vocab in bf16.
-  const int64_t chunk_rows = LmHeadChunkRows(lm_head_.size(0) * lm_head_.element_size());
-  for (int64_t start = 0; start < T; start += chunk_rows) {
-    fn(Gemm(x.narrow(0, start, std::min(chunk_rows, T - start)), lm_head_, at::Tensor(), at::Tensor(), options_.gemm));
-  }
-}
-
 void DecoderLM::Head(const ForwardOptions& options, ForwardOutput* out) {
-  if (options.return_argmax && !options.return_logits) out->target_argmax = HeadArgmax(out->last_hidden);
-  if (!options.return_logits && (!options.return_argmax || out->target_argmax.defined())) return;
-  std::vector<at::Tensor> logits, argmax;
-  ForEachLogitsChunk(out->last_hidden, [&](at::Tensor chunk) {
-    if (plan_.sharded()) {
-      // Logits were asked for (HeadArgmax answers the argmax alone).
-      // Vocab shards are ceil(V / tp) rows except the last: gather padded
-      // (the gathered chunk is tp times this rank's).
-      const int64_t rows = (config_.vocab_size + plan_.tp_size - 1) / plan_.tp_size;
-      at::Tensor padded = at::constant_pad_nd(chunk, {0, rows - chunk.size(1)});
-      chunk = torch::cat(options_.tp->AllGather(padded), -1).narrow(-1, 0, config_.vocab_size);
-    }
-    if (options.return_argmax) argmax.push_back(RowArgmax(chunk, options_.fused_kernels));
-    if (options.return_logits) logits.push_back(chunk);
-  });
-  if (options.return_argmax) out->target_argmax = torch::cat(argmax);
-  if (options.return_logits) out->logits = torch::cat(logits);
+  if (options.return_argmax && !options.return_logits) {
+    out->target_argmax = HeadArgmax(out->last_hidden);
+    if (out->target_argmax.defined()) return;
+  }
+  head_.Apply(options, out);
 }
 
 at::Tensor DecoderLM::HeadArgmax(const at::Tensor& x) {
   if (!plan_.sharded()) {
     at::Tensor argmax;
     if (fp8_head_) argmax = fp8_head_->Argmax(x);
-    if (!argmax.defined() && options_.argmax_in_gemm) argmax = LinearArgmax(x, lm_head_);
+    if (!argmax.defined() && options_.argmax_in_gemm) argmax = LinearArgmax(x, vocab_.lm_head);
     return argmax;
   }
-  at::Tensor local, best;
-  if (fp8_head_) local = fp8_head_->Argmax(x, &best);
-  if (!local.defined()) {
-    std::vector<at::Tensor> locals, bests;
-    ForEachLogitsChunk(x, [&](const at::Tensor& logits) {
-      locals.push_back(RowArgmax(logits, options_.fused_kernels));
-      bests.push_back(logits.gather(-1, locals.back().to(at::kLong).unsqueeze(-1)).squeeze(-1));
-    });
-    local = torch::cat(locals);
-    best = torch::cat(bests);
-  }
+  if (!fp8_head_) return at::Tensor();
+  at::Tensor best;
+  const at::Tensor local = fp8_head_->Argmax(x, &best);
+  if (!local.defined()) return at::Tensor();
   return options_.tp->VocabParallelArgmax(local, best, plan_.vocab.begin);
 }
 

@@ -14,8 +14,8 @@
 #ifndef E3_TEACHER_SERVER_MODELS_DECODER_LM_H_
 #define E3_TEACHER_SERVER_MODELS_DECODER_LM_H_
 
-#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "teacher_server/causal_lm.h"
@@ -25,6 +25,8 @@
 #include "teacher_server/layers/moe.h"
 #include "teacher_server/layers/rotary.h"
 #include "teacher_server/models/forward_graphs.h"
+#include "teacher_server/models/lm_head.h"
+#include "teacher_server/models/vocab_tables.h"
 #include "teacher_server/parallel/shard_plan.h"
 
 namespace e3 {
@@ -39,8 +41,8 @@ class DecoderLM : public CausalLM {
   absl::StatusOr<ForwardOutput> Forward(const PackedBatch& batch, const ForwardOptions& options) override;
   const ModelConfig& config() const override { return config_; }
   const ModelOptions& options() const override { return options_; }
-  at::Tensor embed_tokens() const override { return full_embed_tokens_; }
-  at::Tensor lm_head() const override { return full_lm_head_; }
+  at::Tensor embed_tokens() const override { return vocab_.full_embed_tokens; }
+  at::Tensor lm_head() const override { return vocab_.full_lm_head; }
   std::string Techniques() const override;
   absl::StatusOr<GemmTuningResult> TuneGemms(const GemmTuningOptions& options) override;
   const ShardPlan& shard_plan() const { return plan_; }
@@ -66,22 +68,22 @@ class DecoderLM : public CausalLM {
   // compute where options_.tp_overlap splits it (parallel/micro_batches.h).
   ForwardOutput RunSharded(const PackedBatch& batch, const PackedLayout& layout, const ForwardOptions& options);
   // The lm_head's outputs for out->last_hidden: the target argmax and/or
-  // the logits, as `options` asks.
+  // the logits, as `options` asks; HeadArgmax's where it answers, else
+  // head_'s (from chunked logits).
   void Head(const ForwardOptions& options, ForwardOutput* out);
-  // Calls fn with this rank's logits x lm_head_^T for x's rows, in chunks
-  // of about 1 GiB, so that the full logits never exist at once.
-  void ForEachLogitsChunk(const at::Tensor& x, const std::function<void(const at::Tensor& logits)>& fn) const;
   // Why this model's forward cannot be captured in a CUDA graph, or empty
   // when it can: it needs CUDA, one process (no collectives), MoE layers
   // only through the grouped GEMM (the per-expert loop and the per-group
   // fallback read the routing counts on the host), and the fused varlen
   // attention (the per-sample loop reads the host's offsets).
   std::string GraphsOffReason() const;
-  // The target argmax of x [T, H] (after the final norm) without the
-  // logits. One process: the FP8 candidate search, else the argmax GEMM,
-  // else undefined (the caller then computes logits). Under TP: each rank's
-  // best column among its vocab rows (the FP8 search, else chunked logits),
-  // combined by TpGroup::VocabParallelArgmax, so that every rank issues the
+  // The target argmax of x [T, H] (after the final norm) by the sgl
+  // kernels that never write the logits, or undefined where none applies
+  // (Head then asks head_, whose chunked logits give the same answer). One
+  // process: the FP8 candidate search, else the argmax GEMM. Under TP: each
+  // rank's best column among its vocab rows by the FP8 search, combined by
+  // TpGroup::VocabParallelArgmax; a rank without the search leaves it to
+  // head_, which issues that same collective, so every rank issues the
   // same collectives however it found its answer.
   at::Tensor HeadArgmax(const at::Tensor& x);
   // Whether o_proj and down_proj add the residual in their GEMMs (one
@@ -98,18 +100,16 @@ class DecoderLM : public CausalLM {
   RotaryEmbedding rotary_;
   AttentionShape attn_shape_;
   MoeRouting routing_;
-  at::Tensor embed_tokens_;  // this rank's vocab rows
-  at::Tensor lm_head_;       // this rank's vocab rows
-  // The FP8 candidate search over lm_head_ (options_.argmax_fp8, where it
-  // applies; else null).
+  VocabTables vocab_;
+  // Over vocab_.lm_head: chunked logits, the argmax from them.
+  LmHead head_;
+  // The FP8 candidate search over vocab_.lm_head (options_.argmax_fp8,
+  // where it applies; else null).
   std::unique_ptr<Fp8HeadArgmax> fp8_head_;
   // Captured forwards per token budget (options_.cuda_graphs, where
   // GraphsOffReason is empty; else null).
   std::unique_ptr<ForwardGraphs> graphs_;
   at::Tensor norm_;
-  // The whole tables, for GetWeights: the local ones when unsharded; on a
-  // sharded rank 0 a host copy; undefined on other sharded ranks.
-  at::Tensor full_embed_tokens_, full_lm_head_;
   std::vector<Layer> layers_;
 };
 

@@ -1,13 +1,11 @@
 #include "teacher_server/models/deepseek_lm.h"
 
-#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/gemm.h"
 #include "teacher_server/layers/rms_norm.h"
 #include "teacher_server/models/aux_capture.h"
@@ -71,7 +69,7 @@ absl::StatusOr<std::unique_ptr<DeepseekLM>> DeepseekLM::Load(const ModelDir& dir
 
 absl::Status DeepseekLM::LoadWeights(const ModelDir& dir) {
   const ModelConfig& c = config_;
-  const int64_t H = c.hidden_size, V = c.vocab_size;
+  const int64_t H = c.hidden_size;
   int64_t total = 3;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) total += TensorsPerLayer(c, plan_, c.IsMoeLayer(i));
   WeightLoader w(dir, options_.dtype, options_.device, options_.on_progress, total);
@@ -79,8 +77,7 @@ absl::Status DeepseekLM::LoadWeights(const ModelDir& dir) {
   // (_keep_in_fp32_modules_strict): in bf16 its small differences between
   // experts would round away and change the routing.
   WeightLoader fp32(dir, at::kFloat, options_.device);
-  E3_ASSIGN_OR_RETURN(embed_tokens_, w.LoadSlice("model.embed_tokens.weight", {V, H}, 0, plan_.vocab.begin,
-                                                 plan_.vocab.size));
+  E3_RETURN_IF_ERROR(vocab_.LoadEmbedding(w, c, plan_));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     Layer layer;
@@ -96,25 +93,10 @@ absl::Status DeepseekLM::LoadWeights(const ModelDir& dir) {
     layers_.push_back(std::move(layer));
   }
   E3_ASSIGN_OR_RETURN(norm_, w.Load("model.norm.weight", {H}));
-  const std::string head_name = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-  if (c.tie_word_embeddings) {
-    lm_head_ = embed_tokens_;
-  } else {
-    E3_ASSIGN_OR_RETURN(lm_head_, w.LoadSlice(head_name, {V, H}, 0, plan_.vocab.begin, plan_.vocab.size));
-  }
-  if (!plan_.sharded()) {
-    full_embed_tokens_ = embed_tokens_;
-    full_lm_head_ = lm_head_;
-  } else if (plan_.rank == 0) {
-    // Rank 0 serves GetWeights: whole tables, kept on the host.
-    WeightLoader host(dir, options_.dtype, at::kCPU);
-    E3_ASSIGN_OR_RETURN(full_embed_tokens_, host.Load("model.embed_tokens.weight", {V, H}));
-    full_lm_head_ = full_embed_tokens_;
-    if (!c.tie_word_embeddings) {
-      E3_ASSIGN_OR_RETURN(full_lm_head_, host.Load(head_name, {V, H}));
-    }
-  }
-  return absl::OkStatus();
+  E3_RETURN_IF_ERROR(vocab_.LoadHead(w, c, plan_));
+  head_ = LmHead(vocab_.lm_head, LmHeadOptions{c.vocab_size, plan_.vocab.begin, GemmPath::kAten,
+                                               /*fused_argmax=*/false, plan_.sharded() ? options_.tp : nullptr});
+  return vocab_.LoadWhole(dir, c, plan_, options_.dtype);
 }
 
 absl::Status DeepseekLM::LoadAttention(WeightLoader& w, const std::string& p, MlaWeights* a) const {
@@ -244,9 +226,9 @@ ForwardOutput DeepseekLM::Run(const PackedBatch& batch, const ForwardOptions& op
   // Every rank runs the same samples whole (a leader's micro-batch split
   // is not used here, on any rank alike).
   const PackedLayout layout = MakePackedLayout(batch.cu_seqlens, options_.device, options_.attention);
-  at::Tensor h = plan_.sharded() ? options_.tp->VocabParallelEmbedding(batch.input_ids, embed_tokens_,
+  at::Tensor h = plan_.sharded() ? options_.tp->VocabParallelEmbedding(batch.input_ids, vocab_.embed_tokens,
                                                                        plan_.vocab.begin)
-                                 : at::embedding(embed_tokens_, batch.input_ids);
+                                 : at::embedding(vocab_.embed_tokens, batch.input_ids);
   // fp32; the V3 rope casts them to the activations' dtype, V2's does not.
   auto [cos, sin] = rotary_.CosSin(batch.position_ids, at::kFloat);
   AuxCapture aux(options.aux_layer_ids);
@@ -261,41 +243,8 @@ ForwardOutput DeepseekLM::Run(const PackedBatch& batch, const ForwardOptions& op
   ForwardOutput out;
   out.last_hidden = RmsNorm(h, norm_, eps);
   out.aux_hidden = aux.Concatenated();
-  Head(options, &out);
+  head_.Apply(options, &out);
   return out;
-}
-
-void DeepseekLM::Head(const ForwardOptions& options, ForwardOutput* out) {
-  if (!options.return_logits && !options.return_argmax) return;
-  const at::Tensor& x = out->last_hidden;
-  const int64_t T = x.size(0);
-  // Chunks of about 1 GiB of logits, so that the whole [T, V] never exists
-  // unless it was asked for.
-  const int64_t chunk_rows = LmHeadChunkRows(lm_head_.size(0) * lm_head_.element_size());
-  std::vector<at::Tensor> logits, argmax, best;
-  for (int64_t start = 0; start < T; start += chunk_rows) {
-    at::Tensor chunk = at::linear(x.narrow(0, start, std::min(chunk_rows, T - start)), lm_head_);
-    if (plan_.sharded() && options.return_logits) {
-      // Vocab shards are ceil(V / tp) rows except the last: gather padded.
-      const int64_t rows = (config_.vocab_size + plan_.tp_size - 1) / plan_.tp_size;
-      const at::Tensor padded = at::constant_pad_nd(chunk, {0, rows - chunk.size(1)});
-      chunk = torch::cat(options_.tp->AllGather(padded), -1).narrow(-1, 0, config_.vocab_size);
-    }
-    if (options.return_argmax) {
-      argmax.push_back(RowArgmax(chunk, /*fused=*/false));
-      if (plan_.sharded() && !options.return_logits) {
-        best.push_back(chunk.gather(-1, argmax.back().to(at::kLong).unsqueeze(-1)).squeeze(-1));
-      }
-    }
-    if (options.return_logits) logits.push_back(chunk);
-  }
-  if (options.return_logits) out->logits = torch::cat(logits);
-  if (!options.return_argmax) return;
-  out->target_argmax = torch::cat(argmax);
-  if (!best.empty()) {
-    // Each rank's best column over its rows, combined (ties to the lowest id).
-    out->target_argmax = options_.tp->VocabParallelArgmax(out->target_argmax, torch::cat(best), plan_.vocab.begin);
-  }
 }
 
 }  // namespace e3

@@ -19,7 +19,6 @@
 #ifndef E3_TEACHER_SERVER_MODELS_DEEPSEEK_LM_H_
 #define E3_TEACHER_SERVER_MODELS_DEEPSEEK_LM_H_
 
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +28,8 @@
 #include "teacher_server/layers/mla_attention.h"
 #include "teacher_server/layers/mlp.h"
 #include "teacher_server/layers/rotary.h"
+#include "teacher_server/models/lm_head.h"
+#include "teacher_server/models/vocab_tables.h"
 #include "teacher_server/parallel/shard_plan.h"
 
 namespace e3 {
@@ -43,8 +44,8 @@ class DeepseekLM : public CausalLM {
   absl::StatusOr<ForwardOutput> Forward(const PackedBatch& batch, const ForwardOptions& options) override;
   const ModelConfig& config() const override { return config_; }
   const ModelOptions& options() const override { return options_; }
-  at::Tensor embed_tokens() const override { return full_embed_tokens_; }
-  at::Tensor lm_head() const override { return full_lm_head_; }
+  at::Tensor embed_tokens() const override { return vocab_.full_embed_tokens; }
+  at::Tensor lm_head() const override { return vocab_.full_lm_head; }
   std::string Techniques() const override;
   absl::StatusOr<GemmTuningResult> TuneGemms(const GemmTuningOptions& options) override;
   const ShardPlan& shard_plan() const { return plan_; }
@@ -65,8 +66,6 @@ class DeepseekLM : public CausalLM {
   ForwardOutput Run(const PackedBatch& batch, const ForwardOptions& options);
   // Sums a rank's partial sublayer output over the group (a no-op unsharded).
   at::Tensor Reduced(at::Tensor partial);
-  // The target argmax and/or logits of out->last_hidden, as `options` asks.
-  void Head(const ForwardOptions& options, ForwardOutput* out);
 
   ModelConfig config_;
   ModelOptions options_;
@@ -74,11 +73,10 @@ class DeepseekLM : public CausalLM {
   RotaryEmbedding rotary_;
   MlaShape mla_shape_;
   DeepseekRouting routing_;
-  at::Tensor embed_tokens_, lm_head_;  // this rank's vocab rows
+  VocabTables vocab_;
+  // ATen's GEMM and argmax whatever the backend (Techniques says so).
+  LmHead head_;
   at::Tensor norm_;
-  // The whole tables, for GetWeights: the local ones when unsharded; on a
-  // sharded rank 0 a host copy; undefined on other sharded ranks.
-  at::Tensor full_embed_tokens_, full_lm_head_;
   std::vector<Layer> layers_;
 };
 

@@ -82,34 +82,11 @@ absl::Status GptOssLM::LoadWeights(const ModelDir& dir) {
     layers_.push_back(std::move(layer));
   }
   E3_ASSIGN_OR_RETURN(norm_, w.LoadAs("model.norm.weight", {c.hidden_size}, at::kFloat));
-  return LoadTables(dir, w);
-}
-
-absl::Status GptOssLM::LoadTables(const ModelDir& dir, WeightLoader& w) {
-  const ModelConfig& c = config_;
-  const int64_t H = c.hidden_size, V = c.vocab_size;
-  const std::string head_name = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-  E3_ASSIGN_OR_RETURN(embed_tokens_,
-                      w.LoadSlice("model.embed_tokens.weight", {V, H}, 0, plan_.vocab.begin, plan_.vocab.size));
-  at::Tensor head = embed_tokens_;
-  if (!c.tie_word_embeddings) {
-    E3_ASSIGN_OR_RETURN(head, w.LoadSlice(head_name, {V, H}, 0, plan_.vocab.begin, plan_.vocab.size));
-  }
-  head_ = LmHead(head, LmHeadOptions{V, plan_.vocab.begin, options_.gemm, options_.fused_kernels,
-                                     plan_.sharded() ? options_.tp : nullptr});
-  if (!plan_.sharded()) {
-    full_embed_tokens_ = embed_tokens_;
-    full_lm_head_ = head;
-  } else if (plan_.rank == 0) {
-    // Rank 0 serves GetWeights: whole tables, kept on the host.
-    WeightLoader host(dir, options_.dtype, at::kCPU);
-    E3_ASSIGN_OR_RETURN(full_embed_tokens_, host.Load("model.embed_tokens.weight", {V, H}));
-    full_lm_head_ = full_embed_tokens_;
-    if (!c.tie_word_embeddings) {
-      E3_ASSIGN_OR_RETURN(full_lm_head_, host.Load(head_name, {V, H}));
-    }
-  }
-  return absl::OkStatus();
+  E3_RETURN_IF_ERROR(vocab_.LoadEmbedding(w, c, plan_));
+  E3_RETURN_IF_ERROR(vocab_.LoadHead(w, c, plan_));
+  head_ = LmHead(vocab_.lm_head, LmHeadOptions{c.vocab_size, plan_.vocab.begin, options_.gemm,
+                                               options_.fused_kernels, plan_.sharded() ? options_.tp : nullptr});
+  return vocab_.LoadWhole(dir, c, plan_, options_.dtype);
 }
 
 absl::Status GptOssLM::LoadAttention(WeightLoader& w, const std::string& p, AttentionWeights* a) const {
@@ -252,8 +229,8 @@ void GptOssLM::Reduce(at::Tensor& t) const {
 ForwardOutput GptOssLM::Run(const PackedBatch& batch, const ForwardOptions& options) {
   const double eps = config_.rms_norm_eps;
   at::Tensor h = plan_.sharded()
-                     ? options_.tp->VocabParallelEmbedding(batch.input_ids, embed_tokens_, plan_.vocab.begin)
-                     : at::embedding(embed_tokens_, batch.input_ids);
+                     ? options_.tp->VocabParallelEmbedding(batch.input_ids, vocab_.embed_tokens, plan_.vocab.begin)
+                     : at::embedding(vocab_.embed_tokens, batch.input_ids);
   auto [cos, sin] = rotary_.CosSin(batch.position_ids, h.scalar_type());
   const PackedLayout layout = MakePackedLayout(batch.cu_seqlens, options_.device, AttentionKernel::kEager);
   const AttentionOptions attn{AttentionKernel::kEager, /*rope_in_place=*/options_.fused_kernels, options_.gemm};

@@ -31,6 +31,7 @@
 #include "teacher_server/layers/moe.h"
 #include "teacher_server/layers/rotary.h"
 #include "teacher_server/models/lm_head.h"
+#include "teacher_server/models/vocab_tables.h"
 #include "teacher_server/parallel/shard_plan.h"
 
 namespace e3 {
@@ -46,8 +47,8 @@ class GptOssLM : public CausalLM {
   absl::StatusOr<ForwardOutput> Forward(const PackedBatch& batch, const ForwardOptions& options) override;
   const ModelConfig& config() const override { return config_; }
   const ModelOptions& options() const override { return options_; }
-  at::Tensor embed_tokens() const override { return full_embed_tokens_; }
-  at::Tensor lm_head() const override { return full_lm_head_; }
+  at::Tensor embed_tokens() const override { return vocab_.full_embed_tokens; }
+  at::Tensor lm_head() const override { return vocab_.full_lm_head; }
   std::string Techniques() const override;
   absl::StatusOr<GemmTuningResult> TuneGemms(const GemmTuningOptions& options) override;
   const ShardPlan& shard_plan() const { return plan_; }
@@ -64,7 +65,6 @@ class GptOssLM : public CausalLM {
       : config_(std::move(config)), options_(std::move(options)),
         rotary_(config_.rope, config_.rotary_dim(), options_.device) {}
   absl::Status LoadWeights(const ModelDir& dir);
-  absl::Status LoadTables(const ModelDir& dir, WeightLoader& w);
   absl::Status LoadAttention(WeightLoader& w, const std::string& prefix, AttentionWeights* a) const;
   absl::Status LoadExperts(WeightLoader& w, const std::string& prefix, MoeWeights* moe) const;
   // This rank's experts' gate_up [n, 2I, H] and down [n, H, I] in the
@@ -83,12 +83,9 @@ class GptOssLM : public CausalLM {
   RotaryEmbedding rotary_;
   AttentionShape full_shape_, sliding_shape_;
   MoeRouting routing_;
+  VocabTables vocab_;
   LmHead head_;
-  at::Tensor embed_tokens_;  // this rank's vocab rows
-  at::Tensor norm_;          // fp32
-  // The whole tables, for GetWeights (on a sharded rank 0 a host copy;
-  // undefined on other sharded ranks).
-  at::Tensor full_embed_tokens_, full_lm_head_;
+  at::Tensor norm_;  // fp32
   std::vector<Layer> layers_;
 };
 
