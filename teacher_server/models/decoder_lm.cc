@@ -54,18 +54,11 @@ int64_t TensorsPerLayer(const ModelConfig& c, const ShardPlan& plan, bool moe) {
 absl::StatusOr<std::unique_ptr<DecoderLM>> DecoderLM::Load(const ModelDir& dir, const ModelOptions& options) {
   const ModelConfig& c = dir.config();
   auto model = std::unique_ptr<DecoderLM>(new DecoderLM(c, options));
-  const int tp_size = options.tp ? options.tp->size() : 1;
-  const int tp_rank = options.tp ? options.tp->rank() : 0;
-  const int ep_size = options.tp ? options.tp->ep_size() : 1;
-  E3_ASSIGN_OR_RETURN(model->plan_, ShardPlan::Make(c, tp_rank, tp_size, ep_size));
+  E3_RETURN_IF_ERROR(model->MakePlan());
   model->attn_shape_ = {model->plan_.q_heads.size, model->plan_.kv_heads.size, c.head_dim, c.rotary_dim(),
                         c.rms_norm_eps};
   model->routing_ = {c.moe.top_k, c.moe.norm_topk_prob};
-  try {
-    E3_RETURN_IF_ERROR(model->LoadWeights(dir));
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(dir.path(), ": loading weights failed: ", e.what_without_backtrace()));
-  }
+  E3_RETURN_IF_ERROR(model->LoadCheckpoint(dir));
   return model;
 }
 
@@ -82,8 +75,7 @@ absl::Status DecoderLM::LoadWeights(const ModelDir& dir) {
   }
   E3_ASSIGN_OR_RETURN(norm_, w.Load("model.norm.weight", {c.hidden_size}));
   E3_RETURN_IF_ERROR(vocab_.LoadHead(w, c, plan_));
-  head_ = LmHead(vocab_.lm_head, LmHeadOptions{c.vocab_size, plan_.vocab.begin, options_.gemm,
-                                               options_.fused_kernels, plan_.sharded() ? options_.tp : nullptr});
+  MakeHead(options_.gemm, options_.fused_kernels);
   // Under TP over this rank's vocab rows (a shard the kernels do not take
   // finds its answer from logits instead: HeadArgmax).
   if (options_.argmax_fp8) fp8_head_ = Fp8HeadArgmax::Prepare(vocab_.lm_head);
@@ -156,28 +148,13 @@ absl::Status DecoderLM::LoadLayer(WeightLoader& w, int64_t i, Layer* layer) cons
 }
 
 absl::Status DecoderLM::CheckForward(const PackedBatch& batch, const ForwardOptions& options) const {
-  for (int32_t id : options.aux_layer_ids) {
-    if (id < 0 || id >= config_.num_hidden_layers) {
-      return absl::InvalidArgumentError(absl::StrCat("aux layer id ", id, " is outside [0, ",
-                                                     config_.num_hidden_layers, ") for ", config_.source));
-    }
-  }
-  if (batch.num_tokens() == 0) return absl::InvalidArgumentError("empty batch");
+  E3_RETURN_IF_ERROR(CheckAuxIdsAndTokens(batch, options));
   if (options.micro_batch_split >= batch.num_samples()) {
     return absl::InvalidArgumentError(absl::StrCat("micro_batch_split ", options.micro_batch_split,
                                                    " is not a sample boundary inside a batch of ",
                                                    batch.num_samples(), " samples"));
   }
-  if (options.kv_cache != nullptr) {
-    if (plan_.sharded()) {
-      return absl::UnimplementedError("generation with a KV cache runs in one process; this teacher is sharded (--tp_size > 1)");
-    }
-    if (!options.kv_cache->appending() || options.kv_cache->layers() != config_.num_hidden_layers) {
-      return absl::InvalidArgumentError(absl::StrCat("the KV cache holds ", options.kv_cache->layers(),
-                                                     " layers and must be between BeginAppend and CommitAppend; ",
-                                                     config_.source, " has ", config_.num_hidden_layers));
-    }
-  }
+  if (options.kv_cache != nullptr) E3_RETURN_IF_ERROR(CheckCache(*options.kv_cache));
   if (config_.sliding_window > 0) {
     for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s) {
       const int64_t n = batch.cu_seqlens[s + 1] - batch.cu_seqlens[s];
@@ -269,29 +246,21 @@ std::string DecoderLM::Techniques() const {
 
 absl::StatusOr<ForwardOutput> DecoderLM::Forward(const PackedBatch& batch, const ForwardOptions& options) {
   E3_RETURN_IF_ERROR(CheckForward(batch, options));
-  try {
-    // Gloo runs collectives on its own threads, outside this thread's
-    // InferenceMode, and may not write inference tensors there: a sharded
-    // forward uses plain no-grad mode instead.
-    c10::InferenceMode inference(!plan_.sharded());
-    torch::NoGradGuard no_grad;
+  return Guarded([&]() -> ForwardOutput {
     if (graphs_ && options.kv_cache == nullptr) {
       auto run = [this](const PackedBatch& b, const PackedLayout& l, const ForwardOptions& o) { return Run(b, l, o); };
       std::optional<ForwardOutput> out = graphs_->Run(batch, options, run);
       if (out) return std::move(*out);
     }
     return Run(batch, MakePackedLayout(batch.cu_seqlens, options_.device, options_.attention), options);
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(config_.architecture_name, " forward failed: ",
-                                            e.what_without_backtrace()));
-  }
+  });
 }
 
 ForwardOutput DecoderLM::Run(const PackedBatch& batch, const PackedLayout& layout, const ForwardOptions& options) {
   if (plan_.sharded()) return RunSharded(batch, layout, options);
   const double eps = config_.rms_norm_eps;
   const bool fused = options_.fused_kernels;
-  at::Tensor h = at::embedding(vocab_.embed_tokens, batch.input_ids);
+  at::Tensor h = Embed(batch.input_ids);
   auto [cos, sin] = rotary_.CosSin(batch.position_ids, h.scalar_type());
   const AttentionOptions attn{options_.attention, /*rope_in_place=*/fused, options_.gemm};
   const GemmPath gemm = options_.gemm;
@@ -343,7 +312,7 @@ ForwardOutput DecoderLM::RunSharded(const PackedBatch& batch, const PackedLayout
   const double eps = config_.rms_norm_eps;
   const bool fused = options_.fused_kernels;
   TpGroup& tp = *options_.tp;
-  const at::Tensor h = tp.VocabParallelEmbedding(batch.input_ids, vocab_.embed_tokens, plan_.vocab.begin);
+  const at::Tensor h = Embed(batch.input_ids);
   auto [cos, sin] = rotary_.CosSin(batch.position_ids, h.scalar_type());
   const AttentionOptions attn{options_.attention, /*rope_in_place=*/fused, options_.gemm};
 

@@ -18,34 +18,26 @@
 #include <string>
 #include <vector>
 
-#include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/attention.h"
 #include "teacher_server/layers/fp8_head_argmax.h"
 #include "teacher_server/layers/mlp.h"
 #include "teacher_server/layers/moe.h"
 #include "teacher_server/layers/rotary.h"
+#include "teacher_server/models/causal_lm_base.h"
 #include "teacher_server/models/forward_graphs.h"
-#include "teacher_server/models/lm_head.h"
-#include "teacher_server/models/vocab_tables.h"
-#include "teacher_server/parallel/shard_plan.h"
 
 namespace e3 {
 
 class WeightLoader;
 
-class DecoderLM : public CausalLM {
+class DecoderLM : public CausalLMBase {
  public:
   static absl::StatusOr<std::unique_ptr<DecoderLM>> Load(const ModelDir& dir, const ModelOptions& options);
 
   absl::Status CheckForward(const PackedBatch& batch, const ForwardOptions& options) const override;
   absl::StatusOr<ForwardOutput> Forward(const PackedBatch& batch, const ForwardOptions& options) override;
-  const ModelConfig& config() const override { return config_; }
-  const ModelOptions& options() const override { return options_; }
-  at::Tensor embed_tokens() const override { return vocab_.full_embed_tokens; }
-  at::Tensor lm_head() const override { return vocab_.full_lm_head; }
   std::string Techniques() const override;
   absl::StatusOr<GemmTuningResult> TuneGemms(const GemmTuningOptions& options) override;
-  const ShardPlan& shard_plan() const { return plan_; }
 
  private:
   struct Layer {
@@ -58,9 +50,9 @@ class DecoderLM : public CausalLM {
   };
 
   DecoderLM(ModelConfig config, ModelOptions options)
-      : config_(std::move(config)), options_(std::move(options)),
+      : CausalLMBase(std::move(config), std::move(options)),
         rotary_(config_.rope, config_.rotary_dim(), options_.device) {}
-  absl::Status LoadWeights(const ModelDir& dir);
+  absl::Status LoadWeights(const ModelDir& dir) override;
   absl::Status LoadLayer(WeightLoader& w, int64_t i, Layer* layer) const;
   ForwardOutput Run(const PackedBatch& batch, const PackedLayout& layout, const ForwardOptions& options);
   // Run's tensor-parallel form: every partial product all-reduced, the
@@ -94,15 +86,9 @@ class DecoderLM : public CausalLM {
   // the FP8 search or the argmax GEMM, the experts grouped GEMMs).
   std::vector<GemmSite> GemmSites() const;
 
-  ModelConfig config_;
-  ModelOptions options_;
-  ShardPlan plan_;
   RotaryEmbedding rotary_;
   AttentionShape attn_shape_;
   MoeRouting routing_;
-  VocabTables vocab_;
-  // Over vocab_.lm_head: chunked logits, the argmax from them.
-  LmHead head_;
   // The FP8 candidate search over vocab_.lm_head (options_.argmax_fp8,
   // where it applies; else null).
   std::unique_ptr<Fp8HeadArgmax> fp8_head_;

@@ -41,7 +41,7 @@ int64_t TensorsPerLayer(const ModelConfig& c, const ShardPlan& plan, bool moe) {
 }  // namespace
 
 DeepseekLM::DeepseekLM(ModelConfig config, ModelOptions options)
-    : config_(std::move(config)), options_(std::move(options)),
+    : CausalLMBase(std::move(config), std::move(options)),
       rotary_(config_.rope, config_.deepseek.qk_rope_head_dim, options_.device),
       routing_(DeepseekRouting::FromConfig(config_)) {}
 
@@ -52,18 +52,11 @@ absl::StatusOr<std::unique_ptr<DeepseekLM>> DeepseekLM::Load(const ModelDir& dir
                                                    c.architecture_name, "; expected false"));
   }
   auto model = std::unique_ptr<DeepseekLM>(new DeepseekLM(c, options));
-  const int tp_size = options.tp ? options.tp->size() : 1;
-  const int tp_rank = options.tp ? options.tp->rank() : 0;
-  const int ep_size = options.tp ? options.tp->ep_size() : 1;
-  E3_ASSIGN_OR_RETURN(model->plan_, ShardPlan::Make(c, tp_rank, tp_size, ep_size));
+  E3_RETURN_IF_ERROR(model->MakePlan());
   const DeepseekConfig& d = c.deepseek;
   model->mla_shape_ = {model->plan_.q_heads.size, d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim,
                        d.kv_lora_rank, d.softmax_scale, RopeLayout(c)};
-  try {
-    E3_RETURN_IF_ERROR(model->LoadWeights(dir));
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(dir.path(), ": loading weights failed: ", e.what_without_backtrace()));
-  }
+  E3_RETURN_IF_ERROR(model->LoadCheckpoint(dir));
   return model;
 }
 
@@ -94,8 +87,8 @@ absl::Status DeepseekLM::LoadWeights(const ModelDir& dir) {
   }
   E3_ASSIGN_OR_RETURN(norm_, w.Load("model.norm.weight", {H}));
   E3_RETURN_IF_ERROR(vocab_.LoadHead(w, c, plan_));
-  head_ = LmHead(vocab_.lm_head, LmHeadOptions{c.vocab_size, plan_.vocab.begin, GemmPath::kAten,
-                                               /*fused_argmax=*/false, plan_.sharded() ? options_.tp : nullptr});
+  // ATen's GEMM and argmax whatever the backend (Techniques says so).
+  MakeHead(GemmPath::kAten, /*fused_argmax=*/false);
   return vocab_.LoadWhole(dir, c, plan_, options_.dtype);
 }
 
@@ -156,13 +149,7 @@ absl::Status DeepseekLM::LoadMoe(WeightLoader& w, WeightLoader& fp32, const std:
 }
 
 absl::Status DeepseekLM::CheckForward(const PackedBatch& batch, const ForwardOptions& options) const {
-  for (int32_t id : options.aux_layer_ids) {
-    if (id < 0 || id >= config_.num_hidden_layers) {
-      return absl::InvalidArgumentError(absl::StrCat("aux layer id ", id, " is outside [0, ",
-                                                     config_.num_hidden_layers, ") for ", config_.source));
-    }
-  }
-  if (batch.num_tokens() == 0) return absl::InvalidArgumentError("empty batch");
+  E3_RETURN_IF_ERROR(CheckAuxIdsAndTokens(batch, options));
   if (options.kv_cache != nullptr) {
     return absl::UnimplementedError(absl::StrCat(config_.architecture_name, ": generation with a KV cache is not "
                                                  "implemented for multi-head latent attention"));
@@ -201,24 +188,7 @@ absl::StatusOr<GemmTuningResult> DeepseekLM::TuneGemms(const GemmTuningOptions&)
 
 absl::StatusOr<ForwardOutput> DeepseekLM::Forward(const PackedBatch& batch, const ForwardOptions& options) {
   E3_RETURN_IF_ERROR(CheckForward(batch, options));
-  try {
-    // Gloo runs collectives on its own threads, which may not write
-    // inference tensors: a sharded forward uses plain no-grad mode.
-    c10::InferenceMode inference(!plan_.sharded());
-    torch::NoGradGuard no_grad;
-    return Run(batch, options);
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(config_.architecture_name, " forward failed: ",
-                                            e.what_without_backtrace()));
-  }
-}
-
-at::Tensor DeepseekLM::Reduced(at::Tensor partial) {
-  if (plan_.sharded()) {
-    partial = partial.contiguous();
-    options_.tp->AllReduceSum(partial);
-  }
-  return partial;
+  return Guarded([&] { return Run(batch, options); });
 }
 
 ForwardOutput DeepseekLM::Run(const PackedBatch& batch, const ForwardOptions& options) {
@@ -226,9 +196,7 @@ ForwardOutput DeepseekLM::Run(const PackedBatch& batch, const ForwardOptions& op
   // Every rank runs the same samples whole (a leader's micro-batch split
   // is not used here, on any rank alike).
   const PackedLayout layout = MakePackedLayout(batch.cu_seqlens, options_.device, options_.attention);
-  at::Tensor h = plan_.sharded() ? options_.tp->VocabParallelEmbedding(batch.input_ids, vocab_.embed_tokens,
-                                                                       plan_.vocab.begin)
-                                 : at::embedding(vocab_.embed_tokens, batch.input_ids);
+  at::Tensor h = Embed(batch.input_ids);
   // fp32; the V3 rope casts them to the activations' dtype, V2's does not.
   auto [cos, sin] = rotary_.CosSin(batch.position_ids, at::kFloat);
   AuxCapture aux(options.aux_layer_ids);

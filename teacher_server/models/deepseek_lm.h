@@ -23,32 +23,24 @@
 #include <string>
 #include <vector>
 
-#include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/deepseek_moe.h"
 #include "teacher_server/layers/mla_attention.h"
 #include "teacher_server/layers/mlp.h"
 #include "teacher_server/layers/rotary.h"
-#include "teacher_server/models/lm_head.h"
-#include "teacher_server/models/vocab_tables.h"
-#include "teacher_server/parallel/shard_plan.h"
+#include "teacher_server/models/causal_lm_base.h"
 
 namespace e3 {
 
 class WeightLoader;
 
-class DeepseekLM : public CausalLM {
+class DeepseekLM : public CausalLMBase {
  public:
   static absl::StatusOr<std::unique_ptr<DeepseekLM>> Load(const ModelDir& dir, const ModelOptions& options);
 
   absl::Status CheckForward(const PackedBatch& batch, const ForwardOptions& options) const override;
   absl::StatusOr<ForwardOutput> Forward(const PackedBatch& batch, const ForwardOptions& options) override;
-  const ModelConfig& config() const override { return config_; }
-  const ModelOptions& options() const override { return options_; }
-  at::Tensor embed_tokens() const override { return vocab_.full_embed_tokens; }
-  at::Tensor lm_head() const override { return vocab_.full_lm_head; }
   std::string Techniques() const override;
   absl::StatusOr<GemmTuningResult> TuneGemms(const GemmTuningOptions& options) override;
-  const ShardPlan& shard_plan() const { return plan_; }
 
  private:
   struct Layer {
@@ -60,22 +52,14 @@ class DeepseekLM : public CausalLM {
   };
 
   DeepseekLM(ModelConfig config, ModelOptions options);
-  absl::Status LoadWeights(const ModelDir& dir);
+  absl::Status LoadWeights(const ModelDir& dir) override;
   absl::Status LoadAttention(WeightLoader& w, const std::string& prefix, MlaWeights* a) const;
   absl::Status LoadMoe(WeightLoader& w, WeightLoader& fp32, const std::string& prefix, DeepseekMoeWeights* m) const;
   ForwardOutput Run(const PackedBatch& batch, const ForwardOptions& options);
-  // Sums a rank's partial sublayer output over the group (a no-op unsharded).
-  at::Tensor Reduced(at::Tensor partial);
 
-  ModelConfig config_;
-  ModelOptions options_;
-  ShardPlan plan_;
   RotaryEmbedding rotary_;
   MlaShape mla_shape_;
   DeepseekRouting routing_;
-  VocabTables vocab_;
-  // ATen's GEMM and argmax whatever the backend (Techniques says so).
-  LmHead head_;
   at::Tensor norm_;
   std::vector<Layer> layers_;
 };
