@@ -1,6 +1,5 @@
 #include "teacher_server/models/decoder_lm.h"
 
-#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -10,6 +9,7 @@
 #include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/gemm.h"
 #include "teacher_server/layers/kv_cache.h"
+#include "teacher_server/models/aux_capture.h"
 #include "teacher_server/parallel/micro_batches.h"
 #include "teacher_server/weight_loader.h"
 
@@ -54,61 +54,36 @@ int64_t TensorsPerLayer(const ModelConfig& c, const ShardPlan& plan, bool moe) {
 absl::StatusOr<std::unique_ptr<DecoderLM>> DecoderLM::Load(const ModelDir& dir, const ModelOptions& options) {
   const ModelConfig& c = dir.config();
   auto model = std::unique_ptr<DecoderLM>(new DecoderLM(c, options));
-  const int tp_size = options.tp ? options.tp->size() : 1;
-  const int tp_rank = options.tp ? options.tp->rank() : 0;
-  const int ep_size = options.tp ? options.tp->ep_size() : 1;
-  E3_ASSIGN_OR_RETURN(model->plan_, ShardPlan::Make(c, tp_rank, tp_size, ep_size));
+  E3_RETURN_IF_ERROR(model->MakePlan());
   model->attn_shape_ = {model->plan_.q_heads.size, model->plan_.kv_heads.size, c.head_dim, c.rotary_dim(),
                         c.rms_norm_eps};
   model->routing_ = {c.moe.top_k, c.moe.norm_topk_prob};
-  try {
-    E3_RETURN_IF_ERROR(model->LoadWeights(dir));
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(dir.path(), ": loading weights failed: ", e.what_without_backtrace()));
-  }
+  E3_RETURN_IF_ERROR(model->LoadCheckpoint(dir));
   return model;
 }
 
 absl::Status DecoderLM::LoadWeights(const ModelDir& dir) {
   const ModelConfig& c = config_;
-  const int64_t H = c.hidden_size, V = c.vocab_size;
   int64_t total = 3;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) total += TensorsPerLayer(c, plan_, c.IsMoeLayer(i));
   WeightLoader w(dir, options_.dtype, options_.device, options_.on_progress, total);
-  E3_ASSIGN_OR_RETURN(embed_tokens_, w.LoadSlice("model.embed_tokens.weight", {V, H}, 0, plan_.vocab.begin,
-                                                 plan_.vocab.size));
+  E3_RETURN_IF_ERROR(vocab_.LoadEmbedding(w, c, plan_));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     Layer layer;
     E3_RETURN_IF_ERROR(LoadLayer(w, i, &layer));
     layers_.push_back(std::move(layer));
   }
-  E3_ASSIGN_OR_RETURN(norm_, w.Load("model.norm.weight", {H}));
-  const std::string head_name = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-  if (c.tie_word_embeddings) {
-    lm_head_ = embed_tokens_;
-  } else {
-    E3_ASSIGN_OR_RETURN(lm_head_, w.LoadSlice(head_name, {V, H}, 0, plan_.vocab.begin, plan_.vocab.size));
-  }
+  E3_ASSIGN_OR_RETURN(norm_, w.Load("model.norm.weight", {c.hidden_size}));
+  E3_RETURN_IF_ERROR(vocab_.LoadHead(w, c, plan_));
+  MakeHead(options_.gemm, options_.fused_kernels);
   // Under TP over this rank's vocab rows (a shard the kernels do not take
   // finds its answer from logits instead: HeadArgmax).
-  if (options_.argmax_fp8) fp8_head_ = Fp8HeadArgmax::Prepare(lm_head_);
+  if (options_.argmax_fp8) fp8_head_ = Fp8HeadArgmax::Prepare(vocab_.lm_head);
   if (options_.cuda_graphs && GraphsOffReason().empty()) {
     graphs_ = std::make_unique<ForwardGraphs>(options_.device, options_.graph_token_step, options_.max_cuda_graphs,
                                               options_.graph_min_host_share);
   }
-  if (!plan_.sharded()) {
-    full_embed_tokens_ = embed_tokens_;
-    full_lm_head_ = lm_head_;
-  } else if (plan_.rank == 0) {
-    // Rank 0 serves GetWeights: whole tables, kept on the host.
-    WeightLoader host(dir, options_.dtype, at::kCPU);
-    E3_ASSIGN_OR_RETURN(full_embed_tokens_, host.Load("model.embed_tokens.weight", {V, H}));
-    full_lm_head_ = full_embed_tokens_;
-    if (!c.tie_word_embeddings) {
-      E3_ASSIGN_OR_RETURN(full_lm_head_, host.Load(head_name, {V, H}));
-    }
-  }
-  return absl::OkStatus();
+  return vocab_.LoadWhole(dir, c, plan_, options_.dtype);
 }
 
 absl::Status DecoderLM::LoadLayer(WeightLoader& w, int64_t i, Layer* layer) const {
@@ -173,28 +148,13 @@ absl::Status DecoderLM::LoadLayer(WeightLoader& w, int64_t i, Layer* layer) cons
 }
 
 absl::Status DecoderLM::CheckForward(const PackedBatch& batch, const ForwardOptions& options) const {
-  for (int32_t id : options.aux_layer_ids) {
-    if (id < 0 || id >= config_.num_hidden_layers) {
-      return absl::InvalidArgumentError(absl::StrCat("aux layer id ", id, " is outside [0, ",
-                                                     config_.num_hidden_layers, ") for ", config_.source));
-    }
-  }
-  if (batch.num_tokens() == 0) return absl::InvalidArgumentError("empty batch");
+  E3_RETURN_IF_ERROR(CheckAuxIdsAndTokens(batch, options));
   if (options.micro_batch_split >= batch.num_samples()) {
     return absl::InvalidArgumentError(absl::StrCat("micro_batch_split ", options.micro_batch_split,
                                                    " is not a sample boundary inside a batch of ",
                                                    batch.num_samples(), " samples"));
   }
-  if (options.kv_cache != nullptr) {
-    if (plan_.sharded()) {
-      return absl::UnimplementedError("generation with a KV cache runs in one process; this teacher is sharded (--tp_size > 1)");
-    }
-    if (!options.kv_cache->appending() || options.kv_cache->layers() != config_.num_hidden_layers) {
-      return absl::InvalidArgumentError(absl::StrCat("the KV cache holds ", options.kv_cache->layers(),
-                                                     " layers and must be between BeginAppend and CommitAppend; ",
-                                                     config_.source, " has ", config_.num_hidden_layers));
-    }
-  }
+  if (options.kv_cache != nullptr) E3_RETURN_IF_ERROR(CheckCache(*options.kv_cache));
   if (config_.sliding_window > 0) {
     for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s) {
       const int64_t n = batch.cu_seqlens[s + 1] - batch.cu_seqlens[s];
@@ -286,51 +246,21 @@ std::string DecoderLM::Techniques() const {
 
 absl::StatusOr<ForwardOutput> DecoderLM::Forward(const PackedBatch& batch, const ForwardOptions& options) {
   E3_RETURN_IF_ERROR(CheckForward(batch, options));
-  try {
-    // Gloo runs collectives on its own threads, outside this thread's
-    // InferenceMode, and may not write inference tensors there: a sharded
-    // forward uses plain no-grad mode instead.
-    c10::InferenceMode inference(!plan_.sharded());
-    torch::NoGradGuard no_grad;
+  return Guarded([&]() -> ForwardOutput {
     if (graphs_ && options.kv_cache == nullptr) {
       auto run = [this](const PackedBatch& b, const PackedLayout& l, const ForwardOptions& o) { return Run(b, l, o); };
       std::optional<ForwardOutput> out = graphs_->Run(batch, options, run);
       if (out) return std::move(*out);
     }
     return Run(batch, MakePackedLayout(batch.cu_seqlens, options_.device, options_.attention), options);
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(config_.architecture_name, " forward failed: ",
-                                            e.what_without_backtrace()));
-  }
+  });
 }
-
-namespace {
-
-// The aux layers' outputs, collected as the forward passes them: Capture(i,
-// h) keeps layer i's output h when i is an aux layer (ForwardOptions).
-class AuxCapture {
- public:
-  explicit AuxCapture(const std::vector<int32_t>& ids) : ids_(ids), states_(ids.size()) {}
-  void Capture(int64_t layer, const at::Tensor& h) {
-    for (size_t k = 0; k < ids_.size(); ++k) {
-      if (ids_[k] == layer) states_[k] = h;
-    }
-  }
-  // [T, k * H] in id order, or undefined when no aux layer was asked for.
-  at::Tensor Concatenated() const { return states_.empty() ? at::Tensor() : torch::cat(states_, -1); }
-
- private:
-  const std::vector<int32_t>& ids_;
-  std::vector<at::Tensor> states_;
-};
-
-}  // namespace
 
 ForwardOutput DecoderLM::Run(const PackedBatch& batch, const PackedLayout& layout, const ForwardOptions& options) {
   if (plan_.sharded()) return RunSharded(batch, layout, options);
   const double eps = config_.rms_norm_eps;
   const bool fused = options_.fused_kernels;
-  at::Tensor h = at::embedding(embed_tokens_, batch.input_ids);
+  at::Tensor h = Embed(batch.input_ids);
   auto [cos, sin] = rotary_.CosSin(batch.position_ids, h.scalar_type());
   const AttentionOptions attn{options_.attention, /*rope_in_place=*/fused, options_.gemm};
   const GemmPath gemm = options_.gemm;
@@ -382,7 +312,7 @@ ForwardOutput DecoderLM::RunSharded(const PackedBatch& batch, const PackedLayout
   const double eps = config_.rms_norm_eps;
   const bool fused = options_.fused_kernels;
   TpGroup& tp = *options_.tp;
-  const at::Tensor h = tp.VocabParallelEmbedding(batch.input_ids, embed_tokens_, plan_.vocab.begin);
+  const at::Tensor h = Embed(batch.input_ids);
   auto [cos, sin] = rotary_.CosSin(batch.position_ids, h.scalar_type());
   const AttentionOptions attn{options_.attention, /*rope_in_place=*/fused, options_.gemm};
 
@@ -488,54 +418,25 @@ absl::StatusOr<GemmTuningResult> DecoderLM::TuneGemms(const GemmTuningOptions& o
   return TuneGemmsInSequence(GemmSites(), options);
 }
 
-void DecoderLM::ForEachLogitsChunk(const at::Tensor& x,
-                                   const std::function<void(const at::Tensor& logits)>& fn) const {
-  const int64_t T = x.size(0);
-  // About 4200 rows for a 128k vocab in bf16.
-  const int64_t chunk_rows = LmHeadChunkRows(lm_head_.size(0) * lm_head_.element_size());
-  for (int64_t start = 0; start < T; start += chunk_rows) {
-    fn(Gemm(x.narrow(0, start, std::min(chunk_rows, T - start)), lm_head_, at::Tensor(), at::Tensor(), options_.gemm));
-  }
-}
-
 void DecoderLM::Head(const ForwardOptions& options, ForwardOutput* out) {
-  if (options.return_argmax && !options.return_logits) out->target_argmax = HeadArgmax(out->last_hidden);
-  if (!options.return_logits && (!options.return_argmax || out->target_argmax.defined())) return;
-  std::vector<at::Tensor> logits, argmax;
-  ForEachLogitsChunk(out->last_hidden, [&](at::Tensor chunk) {
-    if (plan_.sharded()) {
-      // Logits were asked for (HeadArgmax answers the argmax alone).
-      // Vocab shards are ceil(V / tp) rows except the last: gather padded
-      // (the gathered chunk is tp times this rank's).
-      const int64_t rows = (config_.vocab_size + plan_.tp_size - 1) / plan_.tp_size;
-      at::Tensor padded = at::constant_pad_nd(chunk, {0, rows - chunk.size(1)});
-      chunk = torch::cat(options_.tp->AllGather(padded), -1).narrow(-1, 0, config_.vocab_size);
-    }
-    if (options.return_argmax) argmax.push_back(RowArgmax(chunk, options_.fused_kernels));
-    if (options.return_logits) logits.push_back(chunk);
-  });
-  if (options.return_argmax) out->target_argmax = torch::cat(argmax);
-  if (options.return_logits) out->logits = torch::cat(logits);
+  if (options.return_argmax && !options.return_logits) {
+    out->target_argmax = HeadArgmax(out->last_hidden);
+    if (out->target_argmax.defined()) return;
+  }
+  head_.Apply(options, out);
 }
 
 at::Tensor DecoderLM::HeadArgmax(const at::Tensor& x) {
   if (!plan_.sharded()) {
     at::Tensor argmax;
     if (fp8_head_) argmax = fp8_head_->Argmax(x);
-    if (!argmax.defined() && options_.argmax_in_gemm) argmax = LinearArgmax(x, lm_head_);
+    if (!argmax.defined() && options_.argmax_in_gemm) argmax = LinearArgmax(x, vocab_.lm_head);
     return argmax;
   }
-  at::Tensor local, best;
-  if (fp8_head_) local = fp8_head_->Argmax(x, &best);
-  if (!local.defined()) {
-    std::vector<at::Tensor> locals, bests;
-    ForEachLogitsChunk(x, [&](const at::Tensor& logits) {
-      locals.push_back(RowArgmax(logits, options_.fused_kernels));
-      bests.push_back(logits.gather(-1, locals.back().to(at::kLong).unsqueeze(-1)).squeeze(-1));
-    });
-    local = torch::cat(locals);
-    best = torch::cat(bests);
-  }
+  if (!fp8_head_) return at::Tensor();
+  at::Tensor best;
+  const at::Tensor local = fp8_head_->Argmax(x, &best);
+  if (!local.defined()) return at::Tensor();
   return options_.tp->VocabParallelArgmax(local, best, plan_.vocab.begin);
 }
 

@@ -14,36 +14,30 @@
 #ifndef E3_TEACHER_SERVER_MODELS_DECODER_LM_H_
 #define E3_TEACHER_SERVER_MODELS_DECODER_LM_H_
 
-#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
-#include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/attention.h"
 #include "teacher_server/layers/fp8_head_argmax.h"
 #include "teacher_server/layers/mlp.h"
 #include "teacher_server/layers/moe.h"
 #include "teacher_server/layers/rotary.h"
+#include "teacher_server/models/causal_lm_base.h"
 #include "teacher_server/models/forward_graphs.h"
-#include "teacher_server/parallel/shard_plan.h"
 
 namespace e3 {
 
 class WeightLoader;
 
-class DecoderLM : public CausalLM {
+class DecoderLM : public CausalLMBase {
  public:
   static absl::StatusOr<std::unique_ptr<DecoderLM>> Load(const ModelDir& dir, const ModelOptions& options);
 
   absl::Status CheckForward(const PackedBatch& batch, const ForwardOptions& options) const override;
   absl::StatusOr<ForwardOutput> Forward(const PackedBatch& batch, const ForwardOptions& options) override;
-  const ModelConfig& config() const override { return config_; }
-  const ModelOptions& options() const override { return options_; }
-  at::Tensor embed_tokens() const override { return full_embed_tokens_; }
-  at::Tensor lm_head() const override { return full_lm_head_; }
   std::string Techniques() const override;
   absl::StatusOr<GemmTuningResult> TuneGemms(const GemmTuningOptions& options) override;
-  const ShardPlan& shard_plan() const { return plan_; }
 
  private:
   struct Layer {
@@ -56,9 +50,9 @@ class DecoderLM : public CausalLM {
   };
 
   DecoderLM(ModelConfig config, ModelOptions options)
-      : config_(std::move(config)), options_(std::move(options)),
+      : CausalLMBase(std::move(config), std::move(options)),
         rotary_(config_.rope, config_.rotary_dim(), options_.device) {}
-  absl::Status LoadWeights(const ModelDir& dir);
+  absl::Status LoadWeights(const ModelDir& dir) override;
   absl::Status LoadLayer(WeightLoader& w, int64_t i, Layer* layer) const;
   ForwardOutput Run(const PackedBatch& batch, const PackedLayout& layout, const ForwardOptions& options);
   // Run's tensor-parallel form: every partial product all-reduced, the
@@ -66,22 +60,22 @@ class DecoderLM : public CausalLM {
   // compute where options_.tp_overlap splits it (parallel/micro_batches.h).
   ForwardOutput RunSharded(const PackedBatch& batch, const PackedLayout& layout, const ForwardOptions& options);
   // The lm_head's outputs for out->last_hidden: the target argmax and/or
-  // the logits, as `options` asks.
+  // the logits, as `options` asks; HeadArgmax's where it answers, else
+  // head_'s (from chunked logits).
   void Head(const ForwardOptions& options, ForwardOutput* out);
-  // Calls fn with this rank's logits x lm_head_^T for x's rows, in chunks
-  // of about 1 GiB, so that the full logits never exist at once.
-  void ForEachLogitsChunk(const at::Tensor& x, const std::function<void(const at::Tensor& logits)>& fn) const;
   // Why this model's forward cannot be captured in a CUDA graph, or empty
   // when it can: it needs CUDA, one process (no collectives), MoE layers
   // only through the grouped GEMM (the per-expert loop and the per-group
   // fallback read the routing counts on the host), and the fused varlen
   // attention (the per-sample loop reads the host's offsets).
   std::string GraphsOffReason() const;
-  // The target argmax of x [T, H] (after the final norm) without the
-  // logits. One process: the FP8 candidate search, else the argmax GEMM,
-  // else undefined (the caller then computes logits). Under TP: each rank's
-  // best column among its vocab rows (the FP8 search, else chunked logits),
-  // combined by TpGroup::VocabParallelArgmax, so that every rank issues the
+  // The target argmax of x [T, H] (after the final norm) by the sgl
+  // kernels that never write the logits, or undefined where none applies
+  // (Head then asks head_, whose chunked logits give the same answer). One
+  // process: the FP8 candidate search, else the argmax GEMM. Under TP: each
+  // rank's best column among its vocab rows by the FP8 search, combined by
+  // TpGroup::VocabParallelArgmax; a rank without the search leaves it to
+  // head_, which issues that same collective, so every rank issues the
   // same collectives however it found its answer.
   at::Tensor HeadArgmax(const at::Tensor& x);
   // Whether o_proj and down_proj add the residual in their GEMMs (one
@@ -92,24 +86,16 @@ class DecoderLM : public CausalLM {
   // the FP8 search or the argmax GEMM, the experts grouped GEMMs).
   std::vector<GemmSite> GemmSites() const;
 
-  ModelConfig config_;
-  ModelOptions options_;
-  ShardPlan plan_;
   RotaryEmbedding rotary_;
   AttentionShape attn_shape_;
   MoeRouting routing_;
-  at::Tensor embed_tokens_;  // this rank's vocab rows
-  at::Tensor lm_head_;       // this rank's vocab rows
-  // The FP8 candidate search over lm_head_ (options_.argmax_fp8, where it
-  // applies; else null).
+  // The FP8 candidate search over vocab_.lm_head (options_.argmax_fp8,
+  // where it applies; else null).
   std::unique_ptr<Fp8HeadArgmax> fp8_head_;
   // Captured forwards per token budget (options_.cuda_graphs, where
   // GraphsOffReason is empty; else null).
   std::unique_ptr<ForwardGraphs> graphs_;
   at::Tensor norm_;
-  // The whole tables, for GetWeights: the local ones when unsharded; on a
-  // sharded rank 0 a host copy; undefined on other sharded ranks.
-  at::Tensor full_embed_tokens_, full_lm_head_;
   std::vector<Layer> layers_;
 };
 

@@ -1,15 +1,14 @@
 #include "teacher_server/models/deepseek_lm.h"
 
-#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/gemm.h"
 #include "teacher_server/layers/rms_norm.h"
+#include "teacher_server/models/aux_capture.h"
 #include "teacher_server/weight_loader.h"
 
 namespace e3 {
@@ -39,26 +38,10 @@ int64_t TensorsPerLayer(const ModelConfig& c, const ShardPlan& plan, bool moe) {
          (d.n_shared_experts > 0 ? 3 : 0);
 }
 
-// The aux layers' outputs as the forward passes them.
-class AuxCapture {
- public:
-  explicit AuxCapture(const std::vector<int32_t>& ids) : ids_(ids), states_(ids.size()) {}
-  void Capture(int64_t layer, const at::Tensor& h) {
-    for (size_t k = 0; k < ids_.size(); ++k) {
-      if (ids_[k] == layer) states_[k] = h;
-    }
-  }
-  at::Tensor Concatenated() const { return states_.empty() ? at::Tensor() : torch::cat(states_, -1); }
-
- private:
-  const std::vector<int32_t>& ids_;
-  std::vector<at::Tensor> states_;
-};
-
 }  // namespace
 
 DeepseekLM::DeepseekLM(ModelConfig config, ModelOptions options)
-    : config_(std::move(config)), options_(std::move(options)),
+    : CausalLMBase(std::move(config), std::move(options)),
       rotary_(config_.rope, config_.deepseek.qk_rope_head_dim, options_.device),
       routing_(DeepseekRouting::FromConfig(config_)) {}
 
@@ -69,24 +52,17 @@ absl::StatusOr<std::unique_ptr<DeepseekLM>> DeepseekLM::Load(const ModelDir& dir
                                                    c.architecture_name, "; expected false"));
   }
   auto model = std::unique_ptr<DeepseekLM>(new DeepseekLM(c, options));
-  const int tp_size = options.tp ? options.tp->size() : 1;
-  const int tp_rank = options.tp ? options.tp->rank() : 0;
-  const int ep_size = options.tp ? options.tp->ep_size() : 1;
-  E3_ASSIGN_OR_RETURN(model->plan_, ShardPlan::Make(c, tp_rank, tp_size, ep_size));
+  E3_RETURN_IF_ERROR(model->MakePlan());
   const DeepseekConfig& d = c.deepseek;
   model->mla_shape_ = {model->plan_.q_heads.size, d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim,
                        d.kv_lora_rank, d.softmax_scale, RopeLayout(c)};
-  try {
-    E3_RETURN_IF_ERROR(model->LoadWeights(dir));
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(dir.path(), ": loading weights failed: ", e.what_without_backtrace()));
-  }
+  E3_RETURN_IF_ERROR(model->LoadCheckpoint(dir));
   return model;
 }
 
 absl::Status DeepseekLM::LoadWeights(const ModelDir& dir) {
   const ModelConfig& c = config_;
-  const int64_t H = c.hidden_size, V = c.vocab_size;
+  const int64_t H = c.hidden_size;
   int64_t total = 3;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) total += TensorsPerLayer(c, plan_, c.IsMoeLayer(i));
   WeightLoader w(dir, options_.dtype, options_.device, options_.on_progress, total);
@@ -94,8 +70,7 @@ absl::Status DeepseekLM::LoadWeights(const ModelDir& dir) {
   // (_keep_in_fp32_modules_strict): in bf16 its small differences between
   // experts would round away and change the routing.
   WeightLoader fp32(dir, at::kFloat, options_.device);
-  E3_ASSIGN_OR_RETURN(embed_tokens_, w.LoadSlice("model.embed_tokens.weight", {V, H}, 0, plan_.vocab.begin,
-                                                 plan_.vocab.size));
+  E3_RETURN_IF_ERROR(vocab_.LoadEmbedding(w, c, plan_));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     Layer layer;
@@ -111,25 +86,10 @@ absl::Status DeepseekLM::LoadWeights(const ModelDir& dir) {
     layers_.push_back(std::move(layer));
   }
   E3_ASSIGN_OR_RETURN(norm_, w.Load("model.norm.weight", {H}));
-  const std::string head_name = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-  if (c.tie_word_embeddings) {
-    lm_head_ = embed_tokens_;
-  } else {
-    E3_ASSIGN_OR_RETURN(lm_head_, w.LoadSlice(head_name, {V, H}, 0, plan_.vocab.begin, plan_.vocab.size));
-  }
-  if (!plan_.sharded()) {
-    full_embed_tokens_ = embed_tokens_;
-    full_lm_head_ = lm_head_;
-  } else if (plan_.rank == 0) {
-    // Rank 0 serves GetWeights: whole tables, kept on the host.
-    WeightLoader host(dir, options_.dtype, at::kCPU);
-    E3_ASSIGN_OR_RETURN(full_embed_tokens_, host.Load("model.embed_tokens.weight", {V, H}));
-    full_lm_head_ = full_embed_tokens_;
-    if (!c.tie_word_embeddings) {
-      E3_ASSIGN_OR_RETURN(full_lm_head_, host.Load(head_name, {V, H}));
-    }
-  }
-  return absl::OkStatus();
+  E3_RETURN_IF_ERROR(vocab_.LoadHead(w, c, plan_));
+  // ATen's GEMM and argmax whatever the backend (Techniques says so).
+  MakeHead(GemmPath::kAten, /*fused_argmax=*/false);
+  return vocab_.LoadWhole(dir, c, plan_, options_.dtype);
 }
 
 absl::Status DeepseekLM::LoadAttention(WeightLoader& w, const std::string& p, MlaWeights* a) const {
@@ -189,13 +149,7 @@ absl::Status DeepseekLM::LoadMoe(WeightLoader& w, WeightLoader& fp32, const std:
 }
 
 absl::Status DeepseekLM::CheckForward(const PackedBatch& batch, const ForwardOptions& options) const {
-  for (int32_t id : options.aux_layer_ids) {
-    if (id < 0 || id >= config_.num_hidden_layers) {
-      return absl::InvalidArgumentError(absl::StrCat("aux layer id ", id, " is outside [0, ",
-                                                     config_.num_hidden_layers, ") for ", config_.source));
-    }
-  }
-  if (batch.num_tokens() == 0) return absl::InvalidArgumentError("empty batch");
+  E3_RETURN_IF_ERROR(CheckAuxIdsAndTokens(batch, options));
   if (options.kv_cache != nullptr) {
     return absl::UnimplementedError(absl::StrCat(config_.architecture_name, ": generation with a KV cache is not "
                                                  "implemented for multi-head latent attention"));
@@ -234,24 +188,7 @@ absl::StatusOr<GemmTuningResult> DeepseekLM::TuneGemms(const GemmTuningOptions&)
 
 absl::StatusOr<ForwardOutput> DeepseekLM::Forward(const PackedBatch& batch, const ForwardOptions& options) {
   E3_RETURN_IF_ERROR(CheckForward(batch, options));
-  try {
-    // Gloo runs collectives on its own threads, which may not write
-    // inference tensors: a sharded forward uses plain no-grad mode.
-    c10::InferenceMode inference(!plan_.sharded());
-    torch::NoGradGuard no_grad;
-    return Run(batch, options);
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(config_.architecture_name, " forward failed: ",
-                                            e.what_without_backtrace()));
-  }
-}
-
-at::Tensor DeepseekLM::Reduced(at::Tensor partial) {
-  if (plan_.sharded()) {
-    partial = partial.contiguous();
-    options_.tp->AllReduceSum(partial);
-  }
-  return partial;
+  return Guarded([&] { return Run(batch, options); });
 }
 
 ForwardOutput DeepseekLM::Run(const PackedBatch& batch, const ForwardOptions& options) {
@@ -259,9 +196,7 @@ ForwardOutput DeepseekLM::Run(const PackedBatch& batch, const ForwardOptions& op
   // Every rank runs the same samples whole (a leader's micro-batch split
   // is not used here, on any rank alike).
   const PackedLayout layout = MakePackedLayout(batch.cu_seqlens, options_.device, options_.attention);
-  at::Tensor h = plan_.sharded() ? options_.tp->VocabParallelEmbedding(batch.input_ids, embed_tokens_,
-                                                                       plan_.vocab.begin)
-                                 : at::embedding(embed_tokens_, batch.input_ids);
+  at::Tensor h = Embed(batch.input_ids);
   // fp32; the V3 rope casts them to the activations' dtype, V2's does not.
   auto [cos, sin] = rotary_.CosSin(batch.position_ids, at::kFloat);
   AuxCapture aux(options.aux_layer_ids);
@@ -276,41 +211,8 @@ ForwardOutput DeepseekLM::Run(const PackedBatch& batch, const ForwardOptions& op
   ForwardOutput out;
   out.last_hidden = RmsNorm(h, norm_, eps);
   out.aux_hidden = aux.Concatenated();
-  Head(options, &out);
+  head_.Apply(options, &out);
   return out;
-}
-
-void DeepseekLM::Head(const ForwardOptions& options, ForwardOutput* out) {
-  if (!options.return_logits && !options.return_argmax) return;
-  const at::Tensor& x = out->last_hidden;
-  const int64_t T = x.size(0);
-  // Chunks of about 1 GiB of logits, so that the whole [T, V] never exists
-  // unless it was asked for.
-  const int64_t chunk_rows = LmHeadChunkRows(lm_head_.size(0) * lm_head_.element_size());
-  std::vector<at::Tensor> logits, argmax, best;
-  for (int64_t start = 0; start < T; start += chunk_rows) {
-    at::Tensor chunk = at::linear(x.narrow(0, start, std::min(chunk_rows, T - start)), lm_head_);
-    if (plan_.sharded() && options.return_logits) {
-      // Vocab shards are ceil(V / tp) rows except the last: gather padded.
-      const int64_t rows = (config_.vocab_size + plan_.tp_size - 1) / plan_.tp_size;
-      const at::Tensor padded = at::constant_pad_nd(chunk, {0, rows - chunk.size(1)});
-      chunk = torch::cat(options_.tp->AllGather(padded), -1).narrow(-1, 0, config_.vocab_size);
-    }
-    if (options.return_argmax) {
-      argmax.push_back(RowArgmax(chunk, /*fused=*/false));
-      if (plan_.sharded() && !options.return_logits) {
-        best.push_back(chunk.gather(-1, argmax.back().to(at::kLong).unsqueeze(-1)).squeeze(-1));
-      }
-    }
-    if (options.return_logits) logits.push_back(chunk);
-  }
-  if (options.return_logits) out->logits = torch::cat(logits);
-  if (!options.return_argmax) return;
-  out->target_argmax = torch::cat(argmax);
-  if (!best.empty()) {
-    // Each rank's best column over its rows, combined (ties to the lowest id).
-    out->target_argmax = options_.tp->VocabParallelArgmax(out->target_argmax, torch::cat(best), plan_.vocab.begin);
-  }
 }
 
 }  // namespace e3

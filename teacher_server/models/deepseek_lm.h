@@ -19,35 +19,28 @@
 #ifndef E3_TEACHER_SERVER_MODELS_DEEPSEEK_LM_H_
 #define E3_TEACHER_SERVER_MODELS_DEEPSEEK_LM_H_
 
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/deepseek_moe.h"
 #include "teacher_server/layers/mla_attention.h"
 #include "teacher_server/layers/mlp.h"
 #include "teacher_server/layers/rotary.h"
-#include "teacher_server/parallel/shard_plan.h"
+#include "teacher_server/models/causal_lm_base.h"
 
 namespace e3 {
 
 class WeightLoader;
 
-class DeepseekLM : public CausalLM {
+class DeepseekLM : public CausalLMBase {
  public:
   static absl::StatusOr<std::unique_ptr<DeepseekLM>> Load(const ModelDir& dir, const ModelOptions& options);
 
   absl::Status CheckForward(const PackedBatch& batch, const ForwardOptions& options) const override;
   absl::StatusOr<ForwardOutput> Forward(const PackedBatch& batch, const ForwardOptions& options) override;
-  const ModelConfig& config() const override { return config_; }
-  const ModelOptions& options() const override { return options_; }
-  at::Tensor embed_tokens() const override { return full_embed_tokens_; }
-  at::Tensor lm_head() const override { return full_lm_head_; }
   std::string Techniques() const override;
   absl::StatusOr<GemmTuningResult> TuneGemms(const GemmTuningOptions& options) override;
-  const ShardPlan& shard_plan() const { return plan_; }
 
  private:
   struct Layer {
@@ -59,26 +52,15 @@ class DeepseekLM : public CausalLM {
   };
 
   DeepseekLM(ModelConfig config, ModelOptions options);
-  absl::Status LoadWeights(const ModelDir& dir);
+  absl::Status LoadWeights(const ModelDir& dir) override;
   absl::Status LoadAttention(WeightLoader& w, const std::string& prefix, MlaWeights* a) const;
   absl::Status LoadMoe(WeightLoader& w, WeightLoader& fp32, const std::string& prefix, DeepseekMoeWeights* m) const;
   ForwardOutput Run(const PackedBatch& batch, const ForwardOptions& options);
-  // Sums a rank's partial sublayer output over the group (a no-op unsharded).
-  at::Tensor Reduced(at::Tensor partial);
-  // The target argmax and/or logits of out->last_hidden, as `options` asks.
-  void Head(const ForwardOptions& options, ForwardOutput* out);
 
-  ModelConfig config_;
-  ModelOptions options_;
-  ShardPlan plan_;
   RotaryEmbedding rotary_;
   MlaShape mla_shape_;
   DeepseekRouting routing_;
-  at::Tensor embed_tokens_, lm_head_;  // this rank's vocab rows
   at::Tensor norm_;
-  // The whole tables, for GetWeights: the local ones when unsharded; on a
-  // sharded rank 0 a host copy; undefined on other sharded ranks.
-  at::Tensor full_embed_tokens_, full_lm_head_;
   std::vector<Layer> layers_;
 };
 

@@ -10,6 +10,7 @@
 #include "teacher_server/layers/kv_cache.h"
 #include "teacher_server/layers/mxfp4.h"
 #include "teacher_server/layers/rms_norm.h"
+#include "teacher_server/models/aux_capture.h"
 #include "teacher_server/weight_loader.h"
 
 namespace e3 {
@@ -39,33 +40,13 @@ absl::Status CheckMxfp4Widths(const ModelConfig& c) {
   return absl::OkStatus();
 }
 
-// The outputs of the aux layers, in id order: Capture(i, h) keeps layer
-// i's output when i is an aux id.
-class AuxStates {
- public:
-  explicit AuxStates(const std::vector<int32_t>& ids) : ids_(ids), states_(ids.size()) {}
-  void Capture(int64_t layer, const at::Tensor& h) {
-    for (size_t k = 0; k < ids_.size(); ++k) {
-      if (ids_[k] == layer) states_[k] = h;
-    }
-  }
-  at::Tensor Concatenated() const { return states_.empty() ? at::Tensor() : torch::cat(states_, -1); }
-
- private:
-  const std::vector<int32_t>& ids_;
-  std::vector<at::Tensor> states_;
-};
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GptOssLM>> GptOssLM::Load(const ModelDir& dir, const ModelOptions& options) {
   const ModelConfig& c = dir.config();
   if (c.gpt_oss.mxfp4_experts) E3_RETURN_IF_ERROR(CheckMxfp4Widths(c));
   auto model = std::unique_ptr<GptOssLM>(new GptOssLM(c, options));
-  const int tp_size = options.tp ? options.tp->size() : 1;
-  const int tp_rank = options.tp ? options.tp->rank() : 0;
-  const int ep_size = options.tp ? options.tp->ep_size() : 1;
-  E3_ASSIGN_OR_RETURN(model->plan_, ShardPlan::Make(c, tp_rank, tp_size, ep_size));
+  E3_RETURN_IF_ERROR(model->MakePlan());
   model->full_shape_ = {model->plan_.q_heads.size, model->plan_.kv_heads.size, c.head_dim, c.rotary_dim(),
                         c.rms_norm_eps};
   model->sliding_shape_ = model->full_shape_;
@@ -73,11 +54,7 @@ absl::StatusOr<std::unique_ptr<GptOssLM>> GptOssLM::Load(const ModelDir& dir, co
   model->routing_.top_k = c.moe.top_k;
   model->routing_.topk_then_softmax = true;
   model->routing_.clamped_swiglu = ClampedSwiGlu{c.gpt_oss.swiglu_alpha, c.gpt_oss.swiglu_limit};
-  try {
-    E3_RETURN_IF_ERROR(model->LoadWeights(dir));
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(dir.path(), ": loading weights failed: ", e.what_without_backtrace()));
-  }
+  E3_RETURN_IF_ERROR(model->LoadCheckpoint(dir));
   return model;
 }
 
@@ -98,34 +75,10 @@ absl::Status GptOssLM::LoadWeights(const ModelDir& dir) {
     layers_.push_back(std::move(layer));
   }
   E3_ASSIGN_OR_RETURN(norm_, w.LoadAs("model.norm.weight", {c.hidden_size}, at::kFloat));
-  return LoadTables(dir, w);
-}
-
-absl::Status GptOssLM::LoadTables(const ModelDir& dir, WeightLoader& w) {
-  const ModelConfig& c = config_;
-  const int64_t H = c.hidden_size, V = c.vocab_size;
-  const std::string head_name = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-  E3_ASSIGN_OR_RETURN(embed_tokens_,
-                      w.LoadSlice("model.embed_tokens.weight", {V, H}, 0, plan_.vocab.begin, plan_.vocab.size));
-  at::Tensor head = embed_tokens_;
-  if (!c.tie_word_embeddings) {
-    E3_ASSIGN_OR_RETURN(head, w.LoadSlice(head_name, {V, H}, 0, plan_.vocab.begin, plan_.vocab.size));
-  }
-  head_ = LmHead(head, LmHeadOptions{V, plan_.vocab.begin, options_.gemm, options_.fused_kernels,
-                                     plan_.sharded() ? options_.tp : nullptr});
-  if (!plan_.sharded()) {
-    full_embed_tokens_ = embed_tokens_;
-    full_lm_head_ = head;
-  } else if (plan_.rank == 0) {
-    // Rank 0 serves GetWeights: whole tables, kept on the host.
-    WeightLoader host(dir, options_.dtype, at::kCPU);
-    E3_ASSIGN_OR_RETURN(full_embed_tokens_, host.Load("model.embed_tokens.weight", {V, H}));
-    full_lm_head_ = full_embed_tokens_;
-    if (!c.tie_word_embeddings) {
-      E3_ASSIGN_OR_RETURN(full_lm_head_, host.Load(head_name, {V, H}));
-    }
-  }
-  return absl::OkStatus();
+  E3_RETURN_IF_ERROR(vocab_.LoadEmbedding(w, c, plan_));
+  E3_RETURN_IF_ERROR(vocab_.LoadHead(w, c, plan_));
+  MakeHead(options_.gemm, options_.fused_kernels);
+  return vocab_.LoadWhole(dir, c, plan_, options_.dtype);
 }
 
 absl::Status GptOssLM::LoadAttention(WeightLoader& w, const std::string& p, AttentionWeights* a) const {
@@ -224,67 +177,30 @@ absl::Status GptOssLM::LoadExperts(WeightLoader& w, const std::string& p, MoeWei
 }
 
 absl::Status GptOssLM::CheckForward(const PackedBatch& batch, const ForwardOptions& options) const {
-  for (int32_t id : options.aux_layer_ids) {
-    if (id < 0 || id >= config_.num_hidden_layers) {
-      return absl::InvalidArgumentError(absl::StrCat("aux layer id ", id, " is outside [0, ",
-                                                     config_.num_hidden_layers, ") for ", config_.source));
-    }
-  }
-  if (batch.num_tokens() == 0) return absl::InvalidArgumentError("empty batch");
+  E3_RETURN_IF_ERROR(CheckAuxIdsAndTokens(batch, options));
   if (options.kv_cache != nullptr) E3_RETURN_IF_ERROR(CheckCache(*options.kv_cache));
-  return absl::OkStatus();
-}
-
-absl::Status GptOssLM::CheckCache(const KvCache& cache) const {
-  if (plan_.sharded()) {
-    return absl::UnimplementedError("generation with a KV cache runs in one process; this teacher is sharded "
-                                    "(--tp_size > 1)");
-  }
-  if (!cache.appending() || cache.layers() != config_.num_hidden_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("the KV cache holds ", cache.layers(),
-                                                   " layers and must be between BeginAppend and CommitAppend; ",
-                                                   config_.source, " has ", config_.num_hidden_layers));
-  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<ForwardOutput> GptOssLM::Forward(const PackedBatch& batch, const ForwardOptions& options) {
   E3_RETURN_IF_ERROR(CheckForward(batch, options));
-  try {
-    // Gloo's threads may not write inference tensors: plain no-grad under TP.
-    c10::InferenceMode inference(!plan_.sharded());
-    torch::NoGradGuard no_grad;
-    return Run(batch, options);
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(config_.architecture_name, " forward failed: ",
-                                            e.what_without_backtrace()));
-  }
-}
-
-void GptOssLM::Reduce(at::Tensor& t) const {
-  if (plan_.sharded()) options_.tp->AllReduceSum(t);
+  return Guarded([&] { return Run(batch, options); });
 }
 
 ForwardOutput GptOssLM::Run(const PackedBatch& batch, const ForwardOptions& options) {
   const double eps = config_.rms_norm_eps;
-  at::Tensor h = plan_.sharded()
-                     ? options_.tp->VocabParallelEmbedding(batch.input_ids, embed_tokens_, plan_.vocab.begin)
-                     : at::embedding(embed_tokens_, batch.input_ids);
+  at::Tensor h = Embed(batch.input_ids);
   auto [cos, sin] = rotary_.CosSin(batch.position_ids, h.scalar_type());
   const PackedLayout layout = MakePackedLayout(batch.cu_seqlens, options_.device, AttentionKernel::kEager);
   const AttentionOptions attn{AttentionKernel::kEager, /*rope_in_place=*/options_.fused_kernels, options_.gemm};
-  AuxStates aux(options.aux_layer_ids);
+  AuxCapture aux(options.aux_layer_ids);
   for (int64_t i = 0; i < static_cast<int64_t>(layers_.size()); ++i) {
     const Layer& layer = layers_[i];
     at::Tensor x = RmsNormWeightInFp32(h, layer.input_layernorm, eps);
-    at::Tensor delta = SelfAttention(x, layer.attn, layer.sliding ? sliding_shape_ : full_shape_, cos, sin, layout,
-                                     attn, at::Tensor(), KvCacheSlot{options.kv_cache, i});
-    Reduce(delta);
-    h = h + delta;
+    h = h + Reduced(SelfAttention(x, layer.attn, layer.sliding ? sliding_shape_ : full_shape_, cos, sin, layout,
+                                  attn, at::Tensor(), KvCacheSlot{options.kv_cache, i}));
     x = RmsNormWeightInFp32(h, layer.post_attention_layernorm, eps);
-    delta = RoutedExperts(x, layer.moe, routing_);
-    Reduce(delta);
-    h = h + delta;
+    h = h + Reduced(RoutedExperts(x, layer.moe, routing_));
     aux.Capture(i, h);
   }
   ForwardOutput out;

@@ -26,31 +26,23 @@
 #include <string>
 #include <vector>
 
-#include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/attention.h"
 #include "teacher_server/layers/moe.h"
 #include "teacher_server/layers/rotary.h"
-#include "teacher_server/models/lm_head.h"
-#include "teacher_server/parallel/shard_plan.h"
+#include "teacher_server/models/causal_lm_base.h"
 
 namespace e3 {
 
-class KvCache;
 class WeightLoader;
 
-class GptOssLM : public CausalLM {
+class GptOssLM : public CausalLMBase {
  public:
   static absl::StatusOr<std::unique_ptr<GptOssLM>> Load(const ModelDir& dir, const ModelOptions& options);
 
   absl::Status CheckForward(const PackedBatch& batch, const ForwardOptions& options) const override;
   absl::StatusOr<ForwardOutput> Forward(const PackedBatch& batch, const ForwardOptions& options) override;
-  const ModelConfig& config() const override { return config_; }
-  const ModelOptions& options() const override { return options_; }
-  at::Tensor embed_tokens() const override { return full_embed_tokens_; }
-  at::Tensor lm_head() const override { return full_lm_head_; }
   std::string Techniques() const override;
   absl::StatusOr<GemmTuningResult> TuneGemms(const GemmTuningOptions& options) override;
-  const ShardPlan& shard_plan() const { return plan_; }
 
  private:
   struct Layer {
@@ -61,34 +53,21 @@ class GptOssLM : public CausalLM {
   };
 
   GptOssLM(ModelConfig config, ModelOptions options)
-      : config_(std::move(config)), options_(std::move(options)),
+      : CausalLMBase(std::move(config), std::move(options)),
         rotary_(config_.rope, config_.rotary_dim(), options_.device) {}
-  absl::Status LoadWeights(const ModelDir& dir);
-  absl::Status LoadTables(const ModelDir& dir, WeightLoader& w);
+  absl::Status LoadWeights(const ModelDir& dir) override;
   absl::Status LoadAttention(WeightLoader& w, const std::string& prefix, AttentionWeights* a) const;
   absl::Status LoadExperts(WeightLoader& w, const std::string& prefix, MoeWeights* moe) const;
   // This rank's experts' gate_up [n, 2I, H] and down [n, H, I] in the
   // nn.Linear layout, from either checkpoint form.
   absl::Status LoadExpertMatrices(WeightLoader& w, const std::string& prefix, at::Tensor* gate_up,
                                   at::Tensor* down) const;
-  // A generation's cache: one process, the model's layers, mid-append.
-  absl::Status CheckCache(const KvCache& cache) const;
   ForwardOutput Run(const PackedBatch& batch, const ForwardOptions& options);
-  // Under TP: t summed over the ranks (in place); else nothing.
-  void Reduce(at::Tensor& t) const;
 
-  ModelConfig config_;
-  ModelOptions options_;
-  ShardPlan plan_;
   RotaryEmbedding rotary_;
   AttentionShape full_shape_, sliding_shape_;
   MoeRouting routing_;
-  LmHead head_;
-  at::Tensor embed_tokens_;  // this rank's vocab rows
-  at::Tensor norm_;          // fp32
-  // The whole tables, for GetWeights (on a sharded rank 0 a host copy;
-  // undefined on other sharded ranks).
-  at::Tensor full_embed_tokens_, full_lm_head_;
+  at::Tensor norm_;  // fp32
   std::vector<Layer> layers_;
 };
 

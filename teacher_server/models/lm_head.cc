@@ -27,7 +27,8 @@ at::Tensor LmHead::Argmax(const at::Tensor& x) const {
   std::vector<at::Tensor> ids, best;
   ForEachChunk(x, [&](const at::Tensor& logits) {
     ids.push_back(RowArgmax(logits, options_.fused_argmax));
-    best.push_back(logits.gather(-1, ids.back().to(at::kLong).unsqueeze(-1)).squeeze(-1));
+    // Each rank's best logit, for combining the ranks' answers.
+    if (options_.tp) best.push_back(logits.gather(-1, ids.back().to(at::kLong).unsqueeze(-1)).squeeze(-1));
   });
   const at::Tensor local = torch::cat(ids);
   if (!options_.tp) return local;

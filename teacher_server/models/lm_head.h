@@ -5,9 +5,9 @@
 // column and value are combined by TpGroup::VocabParallelArgmax (ties to
 // the lowest id, as at::argmax), and requested logits are all-gathered.
 //
-// DecoderLM has its own copy of this with its sgl paths (the FP8 candidate
-// search, the argmax in the GEMM's epilogue); this is the plain one, for
-// models that run neither.
+// Every architecture's head. DecoderLM asks its sgl kernels (the FP8
+// candidate search, the argmax in the GEMM's epilogue) for a lone argmax
+// first and comes here where they do not answer.
 #ifndef E3_TEACHER_SERVER_MODELS_LM_HEAD_H_
 #define E3_TEACHER_SERVER_MODELS_LM_HEAD_H_
 

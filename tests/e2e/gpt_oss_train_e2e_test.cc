@@ -13,6 +13,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/e2e/grafted_gpt_oss_model.h"
 #include "tests/e2e/subprocess.h"
+#include "tests/e2e/training_run.h"
 
 namespace e3 {
 namespace {
@@ -27,24 +28,10 @@ TEST(GptOssTrainE2eTest, ADraftTrainsAgainstAGptOssTeacherAndExports) {
   const std::string dir = testing::ScratchDir("gpt_oss_train_e2e");
   const std::string model = testing::GraftedGptOssModel(kSrc + "/examples/tiny-code-llama", /*experts=*/4,
                                                         /*top_k=*/2, /*window=*/16, /*seed=*/11, dir);
-  Subprocess teacher({testing::TeacherBinary(), "--model_dir=" + model,
-                      "--data=" + kSrc + "/examples/data/train_conversations.jsonl", "--max_samples=60",
-                      "--max_seq_len=256", "--tokens_per_batch=512", "--draft_vocab_size=512",
-                      "--listen=127.0.0.1:0", "--port_file=" + dir + "/port", "--ledger=" + dir + "/ledger.jsonl",
-                      "--exit_when_done", "--threads=1"},
-                     dir + "/teacher.log");
+  Subprocess teacher(testing::TrainingTeacherArgv(dir, model, /*max_samples=*/60), dir + "/teacher.log");
   ASSERT_TRUE(testing::WaitForFile(dir + "/port", 120s)) << teacher.Log();
-  const std::string port = testing::ReadPortFile(dir + "/port");
-  Subprocess student({testing::StudentBinary(), "--teacher=127.0.0.1:" + port, "--lr=2e-3", "--warmup_steps=2",
-                      "--checkpoint_dir=" + dir + "/ckpt", "--checkpoint_every=10", "--output_dir=" + dir + "/export",
-                      "--summary_json=" + dir + "/summary.json", "--log_every=5", "--threads=1"},
-                     dir + "/student.log");
-  auto st = student.Wait(300s);
-  ASSERT_TRUE(st.has_value()) << "student did not finish in 300 s\n" << student.Log();
-  ASSERT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << student.Log() << teacher.Log();
-  auto tst = teacher.Wait(30s);
-  ASSERT_TRUE(tst.has_value()) << "teacher did not exit when done\n" << teacher.Log();
-  EXPECT_TRUE(WIFEXITED(*tst) && WEXITSTATUS(*tst) == 0) << teacher.Log();
+  Subprocess student(testing::TrainingStudentArgv(dir, testing::ReadPortFile(dir + "/port")), dir + "/student.log");
+  ASSERT_NO_FATAL_FAILURE(testing::ExpectTrainingRunEnds(student, teacher, 300s));
   EXPECT_NE(teacher.Log().find("eager sink attention per sample (sliding window 16 on 4 of 8 layers)"),
             std::string::npos)
       << teacher.Log();
@@ -69,9 +56,7 @@ TEST(GptOssTrainE2eTest, ADraftTrainsAgainstAGptOssTeacherAndExports) {
   auto weights = SafetensorsFile::Open(dir + "/export/model.safetensors");
   ASSERT_TRUE(weights.ok()) << weights.status();
   EXPECT_EQ((*weights)->Get("fc.weight")->shape, (std::vector<int64_t>{256, 3 * 256}));
-  const std::string tlog = teacher.Log();
-  EXPECT_NE(tlog.find("\"samples_committed_twice\":0"), std::string::npos) << tlog;
-  EXPECT_NE(tlog.find("\"samples_never_committed\":0"), std::string::npos) << tlog;
+  testing::ExpectEverySampleCommittedOnce(teacher.Log());
 }
 
 }  // namespace

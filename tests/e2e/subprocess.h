@@ -30,16 +30,22 @@ inline std::string TeacherBinary() { return BuildDir() + "/teacher_server/teache
 inline std::string StudentBinary() { return BuildDir() + "/student_trainer/student_trainer"; }
 
 // The teacher_server command line the end-to-end tests start from: the
-// bundled tiny model and conversations, served on loopback with its port
-// written to `dir`/port and one worker thread (CI has two cores), then
-// `flags` (data limits, ledger, drain behaviour).
-inline std::vector<std::string> TinyTeacherArgv(const std::string& dir, const std::vector<std::string>& flags) {
+// model in `model_dir` on the bundled conversations, served on loopback
+// with its port written to `dir`/port and one worker thread (CI has two
+// cores), then `flags` (data limits, ledger, drain behaviour).
+inline std::vector<std::string> TeacherArgv(const std::string& dir, const std::string& model_dir,
+                                            const std::vector<std::string>& flags) {
   const std::string src = E3_SOURCE_DIR;
-  std::vector<std::string> argv = {TeacherBinary(), "--model_dir=" + src + "/examples/tiny-code-llama",
+  std::vector<std::string> argv = {TeacherBinary(), "--model_dir=" + model_dir,
                                    "--data=" + src + "/examples/data/train_conversations.jsonl",
                                    "--listen=127.0.0.1:0", "--port_file=" + dir + "/port", "--threads=1"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   return argv;
+}
+
+// TeacherArgv serving the bundled tiny-code-llama.
+inline std::vector<std::string> TinyTeacherArgv(const std::string& dir, const std::vector<std::string>& flags) {
+  return TeacherArgv(dir, std::string(E3_SOURCE_DIR) + "/examples/tiny-code-llama", flags);
 }
 
 // What the child runs under besides its arguments.

@@ -18,6 +18,7 @@
 #include "nlohmann/json.hpp"
 #include "student_trainer/draft_export.h"
 #include "tests/e2e/subprocess.h"
+#include "tests/e2e/training_run.h"
 
 namespace e3 {
 namespace {
@@ -27,32 +28,14 @@ using testing::ReadFile;
 using testing::Subprocess;
 
 const std::string kSrc = E3_SOURCE_DIR;
-
-std::vector<std::string> TeacherArgs(const std::string& dir,
-                                     const std::string& model_dir = kSrc + "/examples/tiny-code-llama") {
-  return {testing::TeacherBinary(),
-          "--model_dir=" + model_dir,
-          "--data=" + kSrc + "/examples/data/train_conversations.jsonl",
-          "--max_samples=80",
-          "--max_seq_len=256",
-          "--tokens_per_batch=512",
-          "--draft_vocab_size=512",
-          "--listen=127.0.0.1:0",
-          "--port_file=" + dir + "/port",
-          "--ledger=" + dir + "/ledger.jsonl",
-          "--exit_when_done",
-          "--threads=1"};
-}
+constexpr int kMaxSamples = 80;
 
 TEST(TrainE2eTest, StudentLearnsFromALiveTeacherAndExports) {
   const std::string dir = testing::ScratchDir("train_e2e");
-  Subprocess teacher(TeacherArgs(dir), dir + "/teacher.log");
+  Subprocess teacher(testing::TrainingTeacherArgv(dir, kSrc + "/examples/tiny-code-llama", kMaxSamples),
+                     dir + "/teacher.log");
   ASSERT_TRUE(testing::WaitForFile(dir + "/port", 60s)) << teacher.Log();
-  const std::string port = testing::ReadPortFile(dir + "/port");
-  Subprocess student({testing::StudentBinary(), "--teacher=127.0.0.1:" + port, "--lr=2e-3", "--warmup_steps=2",
-                      "--checkpoint_dir=" + dir + "/ckpt", "--checkpoint_every=10", "--output_dir=" + dir + "/export",
-                      "--summary_json=" + dir + "/summary.json", "--log_every=5", "--threads=1"},
-                     dir + "/student.log");
+  Subprocess student(testing::TrainingStudentArgv(dir, testing::ReadPortFile(dir + "/port")), dir + "/student.log");
 
   // Scrape the student's /metrics while it trains.
   std::smatch m;
@@ -78,13 +61,7 @@ TEST(TrainE2eTest, StudentLearnsFromALiveTeacherAndExports) {
     if (!scraped) std::this_thread::sleep_for(200ms);
   }
   EXPECT_TRUE(scraped) << "no step counted on /metrics";
-
-  auto st = student.Wait(240s);
-  ASSERT_TRUE(st.has_value()) << "student did not finish in 240 s\n" << student.Log();
-  ASSERT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << student.Log();
-  auto tst = teacher.Wait(30s);
-  ASSERT_TRUE(tst.has_value()) << "teacher did not exit when done\n" << teacher.Log();
-  EXPECT_TRUE(WIFEXITED(*tst) && WEXITSTATUS(*tst) == 0) << teacher.Log();
+  ASSERT_NO_FATAL_FAILURE(testing::ExpectTrainingRunEnds(student, teacher, 240s));
 
   auto summary = nlohmann::json::parse(ReadFile(dir + "/summary.json"));
   const int64_t steps = summary["steps"].get<int64_t>();
@@ -112,10 +89,8 @@ TEST(TrainE2eTest, StudentLearnsFromALiveTeacherAndExports) {
   EXPECT_FALSE((*weights)->Contains("embed_tokens.weight"));
 
   // Every sample of the epoch was committed exactly once.
-  const std::string tlog = teacher.Log();
-  EXPECT_NE(tlog.find("\"samples_committed_twice\":0"), std::string::npos) << tlog;
-  EXPECT_NE(tlog.find("\"samples_never_committed\":0"), std::string::npos) << tlog;
-  EXPECT_NE(tlog.find("\"epochs\":1"), std::string::npos) << tlog;
+  testing::ExpectEverySampleCommittedOnce(teacher.Log());
+  EXPECT_NE(teacher.Log().find("\"epochs\":1"), std::string::npos) << teacher.Log();
 }
 
 // A DeepSeek-V3 model directory a teacher can serve on chat data: the
@@ -167,19 +142,10 @@ std::string DeepseekModelDir(const std::string& out) {
 TEST(TrainE2eTest, StudentLearnsFromADeepseekTeacher) {
   const std::string dir = testing::ScratchDir("train_e2e_deepseek");
   const std::string model_dir = DeepseekModelDir(dir);
-  Subprocess teacher(TeacherArgs(dir, model_dir), dir + "/teacher.log");
+  Subprocess teacher(testing::TrainingTeacherArgv(dir, model_dir, kMaxSamples), dir + "/teacher.log");
   ASSERT_TRUE(testing::WaitForFile(dir + "/port", 60s)) << teacher.Log();
-  const std::string port = testing::ReadPortFile(dir + "/port");
-  Subprocess student({testing::StudentBinary(), "--teacher=127.0.0.1:" + port, "--lr=2e-3", "--warmup_steps=2",
-                      "--checkpoint_dir=" + dir + "/ckpt", "--checkpoint_every=10", "--output_dir=" + dir + "/export",
-                      "--summary_json=" + dir + "/summary.json", "--log_every=5", "--threads=1"},
-                     dir + "/student.log");
-  auto st = student.Wait(240s);
-  ASSERT_TRUE(st.has_value()) << "student did not finish in 240 s\n" << student.Log();
-  ASSERT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << student.Log() << teacher.Log();
-  auto tst = teacher.Wait(30s);
-  ASSERT_TRUE(tst.has_value()) << "teacher did not exit when done\n" << teacher.Log();
-  EXPECT_TRUE(WIFEXITED(*tst) && WEXITSTATUS(*tst) == 0) << teacher.Log();
+  Subprocess student(testing::TrainingStudentArgv(dir, testing::ReadPortFile(dir + "/port")), dir + "/student.log");
+  ASSERT_NO_FATAL_FAILURE(testing::ExpectTrainingRunEnds(student, teacher, 240s));
   EXPECT_NE(teacher.Log().find("DeepseekV3ForCausalLM"), std::string::npos) << teacher.Log();
 
   auto summary = nlohmann::json::parse(ReadFile(dir + "/summary.json"));
@@ -200,9 +166,7 @@ TEST(TrainE2eTest, StudentLearnsFromADeepseekTeacher) {
   ASSERT_TRUE(weights.ok()) << weights.status();
   EXPECT_EQ((*weights)->Get("fc.weight")->shape, (std::vector<int64_t>{64, 192}));
   EXPECT_EQ((*weights)->Get("t2d")->shape, (std::vector<int64_t>{8192}));
-  const std::string tlog = teacher.Log();
-  EXPECT_NE(tlog.find("\"samples_committed_twice\":0"), std::string::npos) << tlog;
-  EXPECT_NE(tlog.find("\"samples_never_committed\":0"), std::string::npos) << tlog;
+  testing::ExpectEverySampleCommittedOnce(teacher.Log());
 }
 
 }  // namespace

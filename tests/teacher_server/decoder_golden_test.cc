@@ -20,92 +20,40 @@
 #include "common/model_dir.h"
 #include "teacher_server/causal_lm.h"
 #include "tests/teacher_server/golden_fixture.h"
+#include "tests/teacher_server/golden_forward.h"
 
 namespace e3 {
 namespace {
 
 using testing::GoldenCase;
+using testing::GoldenModel;
+using testing::KernelCase;
 using testing::LoadGoldenCase;
-using testing::RelInf;
 
 constexpr double kRelTol = 1e-4;
 
-struct Param {
-  std::string name;
-  AttentionKernel kernel;
-};
-
-class DecoderGoldenTest : public ::testing::TestWithParam<Param> {};
+class DecoderGoldenTest : public ::testing::TestWithParam<KernelCase> {};
 
 TEST_P(DecoderGoldenTest, MatchesTransformersFp32) {
   const GoldenCase c = LoadGoldenCase(GetParam().name);
-  auto dir = ModelDir::Open(c.model_dir);
-  ASSERT_TRUE(dir.ok()) << dir.status();
-  ModelOptions options;
-  options.dtype = at::kFloat;
-  options.attention = GetParam().kernel;
-  auto model = LoadCausalLM(**dir, options);
-  ASSERT_TRUE(model.ok()) << model.status();
-
-  auto batch = MakePackedBatch(c.tensors.at("input_ids").to(at::kLong), c.cu_seqlens,
-                               (*dir)->config().vocab_size, at::kCPU);
-  ASSERT_TRUE(batch.ok()) << batch.status();
-  ForwardOptions fwd;
-  fwd.aux_layer_ids = c.aux_layer_ids;
-  fwd.return_logits = true;
-  auto out = (*model)->Forward(*batch, fwd);
+  const GoldenModel m = testing::LoadGoldenModel(c, testing::ReferenceOptions(GetParam().kernel));
+  ASSERT_NE(m.model, nullptr);
+  auto out = testing::GoldenForward(*m.model, c, /*return_logits=*/true);
   ASSERT_TRUE(out.ok()) << out.status();
-
-  const double aux_err = RelInf(out->aux_hidden, c.tensors.at("aux_hidden"));
-  const double last_err = RelInf(out->last_hidden, c.tensors.at("last_hidden"));
-  at::Tensor rows = c.tensors.at("logits_row_index").to(at::kLong);
-  const double logit_err = RelInf(out->logits.index_select(0, rows), c.tensors.at("logits_rows"));
-  RecordProperty("aux_rel_err", std::to_string(aux_err));
-  RecordProperty("last_rel_err", std::to_string(last_err));
-  RecordProperty("logits_rel_err", std::to_string(logit_err));
-  std::printf("[%s] rel inf error: aux %.3g, last %.3g, logits %.3g\n", c.name.c_str(), aux_err, last_err,
-              logit_err);
-  EXPECT_EQ(out->aux_hidden.sizes(), c.tensors.at("aux_hidden").sizes());
-  EXPECT_LT(aux_err, kRelTol);
-  EXPECT_LT(last_err, kRelTol);
-  EXPECT_LT(logit_err, kRelTol);
-  // The argmax can only differ where the top two logits tie within fp32
-  // noise; none do in these fixtures.
-  EXPECT_TRUE(out->target_argmax.equal(c.tensors.at("target_argmax")));
+  testing::ExpectMatchesGolden(*out, c, kRelTol, c.name);
 }
 
-std::vector<Param> AllCases() {
-  std::vector<Param> out;
-  for (const char* name :
-       {"tiny_code_llama", "rand_llama3_gqa", "rand_yarn_mqa", "rand_linear_headdim", "rand_default_mha",
-        "rand_qwen2", "rand_qwen3", "rand_mixtral", "rand_qwen3_moe", "rand_qwen3_moe_unnorm"}) {
-    out.push_back({name, AttentionKernel::kEager});
-    out.push_back({name, AttentionKernel::kSdpa});
-  }
-  return out;
-}
-
-INSTANTIATE_TEST_SUITE_P(Cases, DecoderGoldenTest, ::testing::ValuesIn(AllCases()),
-                         [](const ::testing::TestParamInfo<Param>& info) {
-                           return info.param.name +
-                                  (info.param.kernel == AttentionKernel::kEager ? "_eager" : "_sdpa");
-                         });
+INSTANTIATE_TEST_SUITE_P(Cases, DecoderGoldenTest,
+                         ::testing::ValuesIn(testing::EagerAndSdpa(
+                             {"tiny_code_llama", "rand_llama3_gqa", "rand_yarn_mqa", "rand_linear_headdim",
+                              "rand_default_mha", "rand_qwen2", "rand_qwen3", "rand_mixtral", "rand_qwen3_moe",
+                              "rand_qwen3_moe_unnorm"})),
+                         testing::KernelCaseName);
 
 TEST(DecoderForwardTest, SamplesDoNotSeeEachOther) {
-  // Packing two samples must give each the outputs it gets alone.
-  const GoldenCase c = LoadGoldenCase("rand_default_mha");
-  auto dir = ModelDir::Open(c.model_dir);
-  ASSERT_TRUE(dir.ok());
-  auto model = LoadCausalLM(**dir, ModelOptions{});
-  ASSERT_TRUE(model.ok());
-  std::vector<int32_t> a = {5, 9, 17, 3, 200, 44, 1}, b = {8, 8, 8, 100};
-  ForwardOptions fwd;
-  fwd.aux_layer_ids = {0, 3};
-  auto packed = (*model)->Forward(*PackSamples({a, b}, 256, at::kCPU), fwd);
-  auto alone_b = (*model)->Forward(*PackSamples({b}, 256, at::kCPU), fwd);
-  ASSERT_TRUE(packed.ok() && alone_b.ok());
-  EXPECT_TRUE(torch::allclose(packed->aux_hidden.narrow(0, 7, 4), alone_b->aux_hidden, 1e-5, 1e-6));
-  EXPECT_TRUE(torch::allclose(packed->last_hidden.narrow(0, 7, 4), alone_b->last_hidden, 1e-5, 1e-6));
+  const GoldenModel m = testing::LoadGoldenModel(LoadGoldenCase("rand_default_mha"), ModelOptions{});
+  ASSERT_NE(m.model, nullptr);
+  testing::ExpectPackedLikeAlone(*m.model, {5, 9, 17, 3, 200, 44, 1}, {8, 8, 8, 100}, {0, 3}, 256);
 }
 
 TEST(DecoderForwardTest, BadInputsAreErrors) {

@@ -27,28 +27,25 @@
 #include "teacher_server/layers/deepseek_moe.h"
 #include "teacher_server/layers/mla_attention.h"
 #include "tests/teacher_server/golden_fixture.h"
+#include "tests/teacher_server/golden_forward.h"
 
 namespace e3 {
 namespace {
 
 using testing::GoldenCase;
+using testing::GoldenModel;
+using testing::KernelCase;
 using testing::LoadGoldenCase;
-using testing::RelInf;
 
 constexpr double kRelTol = 1e-4;
 
-struct Param {
-  std::string name;
-  AttentionKernel kernel;
-};
-
-class DeepseekGoldenTest : public ::testing::TestWithParam<Param> {};
+class DeepseekGoldenTest : public ::testing::TestWithParam<KernelCase> {};
 
 TEST_P(DeepseekGoldenTest, MatchesTransformersFp32) {
   const GoldenCase c = LoadGoldenCase(GetParam().name);
-  auto dir = ModelDir::Open(c.model_dir);
-  ASSERT_TRUE(dir.ok()) << dir.status();
-  const ModelConfig& config = (*dir)->config();
+  const GoldenModel m = testing::LoadGoldenModel(c, testing::ReferenceOptions(GetParam().kernel));
+  ASSERT_NE(m.model, nullptr);
+  const ModelConfig& config = m.dir->config();
   // The config arithmetic against what transformers computed.
   EXPECT_NEAR(config.deepseek.softmax_scale, c.meta.at("hf_softmax_scale").get<double>(), 1e-12);
   const auto mlp_types = c.meta.at("hf_mlp_types").get<std::vector<std::string>>();
@@ -59,76 +56,33 @@ TEST_P(DeepseekGoldenTest, MatchesTransformersFp32) {
   }
   EXPECT_EQ(config.quantization.fp8_block, !c.meta.at("fp8_block").is_null());
 
-  ModelOptions options;
-  options.dtype = at::kFloat;
-  options.attention = GetParam().kernel;
-  auto model = LoadCausalLM(**dir, options);
-  ASSERT_TRUE(model.ok()) << model.status();
-  auto batch = MakePackedBatch(c.tensors.at("input_ids").to(at::kLong), c.cu_seqlens, config.vocab_size, at::kCPU);
-  ASSERT_TRUE(batch.ok()) << batch.status();
-  ForwardOptions fwd;
-  fwd.aux_layer_ids = c.aux_layer_ids;
-  fwd.return_logits = true;
-  auto out = (*model)->Forward(*batch, fwd);
+  auto out = testing::GoldenForward(*m.model, c, /*return_logits=*/true);
   ASSERT_TRUE(out.ok()) << out.status();
-
-  const double aux_err = RelInf(out->aux_hidden, c.tensors.at("aux_hidden"));
-  const double last_err = RelInf(out->last_hidden, c.tensors.at("last_hidden"));
-  const at::Tensor rows = c.tensors.at("logits_row_index").to(at::kLong);
-  const double logit_err = RelInf(out->logits.index_select(0, rows), c.tensors.at("logits_rows"));
-  RecordProperty("aux_rel_err", std::to_string(aux_err));
-  RecordProperty("last_rel_err", std::to_string(last_err));
-  RecordProperty("logits_rel_err", std::to_string(logit_err));
-  std::printf("[%s] rel inf error: aux %.3g, last %.3g, logits %.3g\n", c.name.c_str(), aux_err, last_err,
-              logit_err);
-  EXPECT_EQ(out->aux_hidden.sizes(), c.tensors.at("aux_hidden").sizes());
-  EXPECT_LT(aux_err, kRelTol);
-  EXPECT_LT(last_err, kRelTol);
-  EXPECT_LT(logit_err, kRelTol);
-  EXPECT_TRUE(out->target_argmax.equal(c.tensors.at("target_argmax")));
+  testing::ExpectMatchesGolden(*out, c, kRelTol, c.name);
 
   // The argmax alone (no logits), as the server asks for it.
-  fwd.return_logits = false;
-  auto alone = (*model)->Forward(*batch, fwd);
+  auto alone = testing::GoldenForward(*m.model, c, /*return_logits=*/false);
   ASSERT_TRUE(alone.ok()) << alone.status();
   EXPECT_TRUE(alone->target_argmax.equal(out->target_argmax));
 }
 
-std::vector<Param> AllCases() {
-  std::vector<Param> out;
-  for (const char* name : {"rand_deepseek_v3", "rand_deepseek_v2_lite", "rand_deepseek_v3_fp8"}) {
-    out.push_back({name, AttentionKernel::kEager});
-    out.push_back({name, AttentionKernel::kSdpa});
-  }
-  return out;
-}
-
-INSTANTIATE_TEST_SUITE_P(Cases, DeepseekGoldenTest, ::testing::ValuesIn(AllCases()),
-                         [](const ::testing::TestParamInfo<Param>& info) {
-                           return info.param.name +
-                                  (info.param.kernel == AttentionKernel::kEager ? "_eager" : "_sdpa");
-                         });
+INSTANTIATE_TEST_SUITE_P(Cases, DeepseekGoldenTest,
+                         ::testing::ValuesIn(testing::EagerAndSdpa(
+                             {"rand_deepseek_v3", "rand_deepseek_v2_lite", "rand_deepseek_v3_fp8"})),
+                         testing::KernelCaseName);
 
 TEST(DeepseekForwardTest, SamplesDoNotSeeEachOtherAndGenerationIsRefused) {
-  const GoldenCase c = LoadGoldenCase("rand_deepseek_v3");
-  auto dir = ModelDir::Open(c.model_dir);
-  ASSERT_TRUE(dir.ok());
-  auto model = LoadCausalLM(**dir, ModelOptions{});
-  ASSERT_TRUE(model.ok()) << model.status();
-  std::vector<int32_t> a = {5, 9, 17, 3, 200, 44, 1}, b = {8, 8, 8, 100};
-  ForwardOptions fwd;
-  fwd.aux_layer_ids = {0, 3};
-  auto packed = (*model)->Forward(*PackSamples({a, b}, 256, at::kCPU), fwd);
-  auto alone_b = (*model)->Forward(*PackSamples({b}, 256, at::kCPU), fwd);
-  ASSERT_TRUE(packed.ok() && alone_b.ok());
-  EXPECT_TRUE(torch::allclose(packed->aux_hidden.narrow(0, 7, 4), alone_b->aux_hidden, 1e-5, 1e-6));
-  EXPECT_TRUE(torch::allclose(packed->last_hidden.narrow(0, 7, 4), alone_b->last_hidden, 1e-5, 1e-6));
+  const GoldenModel m = testing::LoadGoldenModel(LoadGoldenCase("rand_deepseek_v3"), ModelOptions{});
+  ASSERT_NE(m.model, nullptr);
+  const std::vector<int32_t> a = {5, 9, 17, 3, 200, 44, 1};
+  testing::ExpectPackedLikeAlone(*m.model, a, {8, 8, 8, 100}, {0, 3}, 256);
 
+  ForwardOptions fwd;
   fwd.aux_layer_ids = {4};
-  auto bad = (*model)->Forward(*PackSamples({a}, 256, at::kCPU), fwd);
+  auto bad = m.model->Forward(*PackSamples({a}, 256, at::kCPU), fwd);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("aux layer id 4"), std::string::npos) << bad.status();
-  EXPECT_NE((*model)->Techniques().find("reference ops"), std::string::npos);
+  EXPECT_NE(m.model->Techniques().find("reference ops"), std::string::npos);
 }
 
 // --backend=sgl leaves DeepSeek on the reference ops (Techniques says so);
@@ -136,23 +90,15 @@ TEST(DeepseekForwardTest, SamplesDoNotSeeEachOtherAndGenerationIsRefused) {
 // varlen request falls back to SDPA with v padded and cut).
 TEST(DeepseekForwardTest, SglBackendKeepsTheReferenceNumerics) {
   const GoldenCase c = LoadGoldenCase("rand_deepseek_v3_fp8");
-  auto dir = ModelDir::Open(c.model_dir);
-  ASSERT_TRUE(dir.ok());
   ModelOptions options;
   ASSERT_TRUE(SetBackend("sgl", &options).ok());
-  auto model = LoadCausalLM(**dir, options);
-  ASSERT_TRUE(model.ok()) << model.status();
-  std::printf("techniques: %s\n", (*model)->Techniques().c_str());
-  EXPECT_NE((*model)->Techniques().find("FP8 block-scaled weights dequantized at load"), std::string::npos);
-  auto batch = MakePackedBatch(c.tensors.at("input_ids").to(at::kLong), c.cu_seqlens, 256, at::kCPU);
-  ASSERT_TRUE(batch.ok());
-  ForwardOptions fwd;
-  fwd.aux_layer_ids = c.aux_layer_ids;
-  auto out = (*model)->Forward(*batch, fwd);
+  const GoldenModel m = testing::LoadGoldenModel(c, options);
+  ASSERT_NE(m.model, nullptr);
+  std::printf("techniques: %s\n", m.model->Techniques().c_str());
+  EXPECT_NE(m.model->Techniques().find("FP8 block-scaled weights dequantized at load"), std::string::npos);
+  auto out = testing::GoldenForward(*m.model, c, /*return_logits=*/false);
   ASSERT_TRUE(out.ok()) << out.status();
-  EXPECT_LT(RelInf(out->aux_hidden, c.tensors.at("aux_hidden")), kRelTol);
-  EXPECT_LT(RelInf(out->last_hidden, c.tensors.at("last_hidden")), kRelTol);
-  EXPECT_TRUE(out->target_argmax.equal(c.tensors.at("target_argmax")));
+  testing::ExpectMatchesGolden(*out, c, kRelTol, c.name + " sgl");
 }
 
 // The official DeepSeek-V3 config.json (transformers 4.x layout: rope_scaling

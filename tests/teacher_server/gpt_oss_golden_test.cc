@@ -28,27 +28,22 @@
 #include "teacher_server/layers/mxfp4.h"
 #include "tests/e2e/subprocess.h"
 #include "tests/teacher_server/golden_fixture.h"
+#include "tests/teacher_server/golden_forward.h"
 
 namespace e3 {
 namespace {
 
 using testing::GoldenCase;
+using testing::GoldenModel;
 using testing::LoadGoldenCase;
 using testing::RelInf;
 
 constexpr double kRelTol = 1e-4;
 
-std::unique_ptr<CausalLM> LoadModel(const GoldenCase& c, std::unique_ptr<ModelDir>* dir,
-                                    const std::string& backend = "hf") {
-  auto opened = ModelDir::Open(c.model_dir);
-  EXPECT_TRUE(opened.ok()) << opened.status();
-  if (!opened.ok()) return nullptr;
-  *dir = std::move(opened).value();
+GoldenModel LoadModel(const GoldenCase& c, const std::string& backend = "hf") {
   ModelOptions options;
   EXPECT_TRUE(SetBackend(backend, &options).ok());
-  auto model = LoadCausalLM(**dir, options);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? std::move(model).value() : nullptr;
+  return testing::LoadGoldenModel(c, options);
 }
 
 struct Param {
@@ -60,34 +55,13 @@ class GptOssGoldenTest : public ::testing::TestWithParam<Param> {};
 
 TEST_P(GptOssGoldenTest, MatchesTransformersFp32) {
   const GoldenCase c = LoadGoldenCase(GetParam().name);
-  std::unique_ptr<ModelDir> dir;
-  auto model = LoadModel(c, &dir, GetParam().backend);
-  ASSERT_NE(model, nullptr);
-  EXPECT_EQ(model->config().architecture, Architecture::kGptOss);
-  auto batch = MakePackedBatch(c.tensors.at("input_ids").to(at::kLong), c.cu_seqlens, dir->config().vocab_size,
-                               at::kCPU);
-  ASSERT_TRUE(batch.ok()) << batch.status();
-  ForwardOptions fwd;
-  fwd.aux_layer_ids = c.aux_layer_ids;
-  fwd.return_logits = true;
-  auto out = model->Forward(*batch, fwd);
+  const GoldenModel m = LoadModel(c, GetParam().backend);
+  ASSERT_NE(m.model, nullptr);
+  EXPECT_EQ(m.model->config().architecture, Architecture::kGptOss);
+  auto out = testing::GoldenForward(*m.model, c, /*return_logits=*/true);
   ASSERT_TRUE(out.ok()) << out.status();
-
-  const double aux_err = RelInf(out->aux_hidden, c.tensors.at("aux_hidden"));
-  const double last_err = RelInf(out->last_hidden, c.tensors.at("last_hidden"));
-  const at::Tensor rows = c.tensors.at("logits_row_index").to(at::kLong);
-  const double logit_err = RelInf(out->logits.index_select(0, rows), c.tensors.at("logits_rows"));
-  RecordProperty("aux_rel_err", std::to_string(aux_err));
-  RecordProperty("last_rel_err", std::to_string(last_err));
-  RecordProperty("logits_rel_err", std::to_string(logit_err));
-  std::printf("[%s %s] rel inf error: aux %.3g, last %.3g, logits %.3g\n", c.name.c_str(),
-              GetParam().backend.c_str(), aux_err, last_err, logit_err);
-  EXPECT_EQ(out->aux_hidden.sizes(), c.tensors.at("aux_hidden").sizes());
-  EXPECT_LT(aux_err, kRelTol);
-  EXPECT_LT(last_err, kRelTol);
-  EXPECT_LT(logit_err, kRelTol);
-  EXPECT_TRUE(out->target_argmax.equal(c.tensors.at("target_argmax")));
-  std::printf("[%s] %s\n", c.name.c_str(), model->Techniques().c_str());
+  testing::ExpectMatchesGolden(*out, c, kRelTol, c.name + " " + GetParam().backend);
+  std::printf("[%s] %s\n", c.name.c_str(), m.model->Techniques().c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GptOssGoldenTest,
@@ -150,10 +124,9 @@ TEST(GptOssMxfp4Test, NibbleOrderAndScales) {
 // layers' masks are at work too), and a sample's first 8 positions are
 // those of its first 8 tokens alone.
 TEST(GptOssForwardTest, SamplesDoNotSeeEachOther) {
-  const GoldenCase c = LoadGoldenCase("rand_gpt_oss");
-  std::unique_ptr<ModelDir> dir;
-  auto model = LoadModel(c, &dir);
-  ASSERT_NE(model, nullptr);
+  const GoldenModel m = LoadModel(LoadGoldenCase("rand_gpt_oss"));
+  ASSERT_NE(m.model, nullptr);
+  CausalLM* model = m.model.get();
   std::vector<int32_t> a(30), b(21);
   for (int i = 0; i < 30; ++i) a[i] = (i * 37 + 5) % 128;
   for (int i = 0; i < 21; ++i) b[i] = (i * 11 + 3) % 128;
@@ -220,10 +193,9 @@ TEST(GptOssForwardTest, Mxfp4ConfigWithoutBlocksNamesTheMissingTensor) {
 // gives the hidden states of the whole sequence in one plain forward
 // (generation_test.cc checks greedy decoding token by token).
 TEST(GptOssForwardTest, ACachedPrefixMatchesTheWholeSequence) {
-  const GoldenCase c = LoadGoldenCase("rand_gpt_oss");
-  std::unique_ptr<ModelDir> dir;
-  auto model = LoadModel(c, &dir);
-  ASSERT_NE(model, nullptr);
+  const GoldenModel m = LoadModel(LoadGoldenCase("rand_gpt_oss"));
+  ASSERT_NE(m.model, nullptr);
+  CausalLM* model = m.model.get();
   const ModelConfig& cfg = model->config();
   std::vector<int32_t> ids(23);
   for (int i = 0; i < 23; ++i) ids[i] = (i * 53 + 9) % 128;

@@ -1,0 +1,68 @@
+// One training run end to end, as the training tests (train_e2e_test.cc,
+// gpt_oss_train_e2e_test.cc) make it: a teacher serving a model until its
+// data ends, one student training a draft against it and exporting, and
+// the checks of how the run ended.
+#ifndef E3_TESTS_E2E_TRAINING_RUN_H_
+#define E3_TESTS_E2E_TRAINING_RUN_H_
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "tests/e2e/subprocess.h"
+
+namespace e3::testing {
+
+// The teacher of a training run: `model_dir` on the first `max_samples`
+// conversations, samples of at most 256 tokens in batches of 512, a draft
+// vocabulary of 512, its ledger in `dir`, and an exit once every sample is
+// committed.
+inline std::vector<std::string> TrainingTeacherArgv(const std::string& dir, const std::string& model_dir,
+                                                    int max_samples) {
+  return TeacherArgv(dir, model_dir,
+                     {"--max_samples=" + std::to_string(max_samples), "--max_seq_len=256", "--tokens_per_batch=512",
+                      "--draft_vocab_size=512", "--ledger=" + dir + "/ledger.jsonl", "--exit_when_done"});
+}
+
+// The student of a training run against the teacher on loopback `port`:
+// a learning rate that moves the tiny drafts within a few dozen steps,
+// checkpoints every 10 steps (each commits its batches in the ledger), the
+// export, summary and log under `dir`, one thread (CI has two cores).
+inline std::vector<std::string> TrainingStudentArgv(const std::string& dir, const std::string& port) {
+  return {StudentBinary(),
+          "--teacher=127.0.0.1:" + port,
+          "--lr=2e-3",
+          "--warmup_steps=2",
+          "--checkpoint_dir=" + dir + "/ckpt",
+          "--checkpoint_every=10",
+          "--output_dir=" + dir + "/export",
+          "--summary_json=" + dir + "/summary.json",
+          "--log_every=5",
+          "--threads=1"};
+}
+
+// The run's end: the student exits 0 within `timeout`, then the teacher,
+// whose data is done, exits 0 within 30 s. Fatal failures return early:
+// call under ASSERT_NO_FATAL_FAILURE.
+inline void ExpectTrainingRunEnds(Subprocess& student, Subprocess& teacher, std::chrono::seconds timeout) {
+  auto st = student.Wait(timeout);
+  ASSERT_TRUE(st.has_value()) << "student did not finish in " << timeout.count() << " s\n" << student.Log();
+  ASSERT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << student.Log() << teacher.Log();
+  auto tst = teacher.Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(tst.has_value()) << "teacher did not exit when done\n" << teacher.Log();
+  EXPECT_TRUE(WIFEXITED(*tst) && WEXITSTATUS(*tst) == 0) << teacher.Log();
+}
+
+// The teacher's closing ledger summary (its log) shows every sample of the
+// epoch committed exactly once.
+inline void ExpectEverySampleCommittedOnce(const std::string& teacher_log) {
+  EXPECT_NE(teacher_log.find("\"samples_committed_twice\":0"), std::string::npos) << teacher_log;
+  EXPECT_NE(teacher_log.find("\"samples_never_committed\":0"), std::string::npos) << teacher_log;
+}
+
+}  // namespace e3::testing
+
+#endif  // E3_TESTS_E2E_TRAINING_RUN_H_
