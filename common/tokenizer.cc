@@ -26,6 +26,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/normalizer.h"
+#include "common/post_processor.h"
 #include "common/pretokenizer.h"
 #include "common/regex_split.h"
 #include "common/status_macros.h"
@@ -322,6 +323,9 @@ class BpeTokenizer final : public Tokenizer {
   static absl::StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& path, const Json& root);
 
   Encoding Encode(std::string_view text) const override;
+  Encoding Encode(std::string_view text, const EncodeOptions& options) const override;
+  absl::StatusOr<Encoding> EncodePair(std::string_view a, std::string_view b,
+                                      const EncodeOptions& options) const override;
   std::string Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const override;
   std::optional<int32_t> TokenToId(std::string_view token) const override;
   std::optional<std::string> IdToToken(int32_t id) const override;
@@ -335,6 +339,9 @@ class BpeTokenizer final : public Tokenizer {
                                     const Json& step, bool last);
   absl::Status LoadDecoder(const std::string& path, const std::string& field, const Json& decoder);
   void BuildDecodingTables();
+  // Encode(text) as the post-processor's input: tokens filled when it
+  // trims offsets.
+  PostEncoding ToPost(std::string_view text) const;
 
   // A pre-tokenizer stage: a Split (a known pattern's matcher, or any
   // pattern through Oniguruma) or Metaspace. ByteLevel, always last, is
@@ -407,6 +414,7 @@ class BpeTokenizer final : public Tokenizer {
   AddedTokenMatcher normalized_matcher_;  // normalized=true: after the normalizer
 
   std::unique_ptr<Normalizer> normalizer_;  // null: none
+  std::unique_ptr<PostProcessor> post_processor_;  // null: none
   std::vector<PreStep> pre_steps_;          // before ByteLevel, in order
   // Byte-level BPE (GPT-2, Llama 3, Qwen): the pre-tokenizer ends in
   // ByteLevel and tokens are bytes. Otherwise SentencePiece-style BPE
@@ -449,6 +457,10 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Load(const std::string&
     E3_RETURN_IF_ERROR(tok->LoadAddedTokens(path, *added));
   const auto decoder = root.find("decoder");
   E3_RETURN_IF_ERROR(tok->LoadDecoder(path, "decoder", decoder == root.end() ? Json() : *decoder));
+  const auto post = root.find("post_processor");
+  if (post != root.end()) {
+    E3_ASSIGN_OR_RETURN(tok->post_processor_, PostProcessor::FromJson(path, "post_processor", *post));
+  }
   tok->BuildDecodingTables();
   return std::unique_ptr<Tokenizer>(std::move(tok));
 }
@@ -776,6 +788,40 @@ Encoding BpeTokenizer::Encode(std::string_view text) const {
     }
   }
   return out;
+}
+
+PostEncoding BpeTokenizer::ToPost(std::string_view text) const {
+  Encoding e = Encode(text);
+  PostEncoding p{std::move(e.ids), std::move(e.offsets), {}};
+  if (post_processor_ && post_processor_->needs_tokens()) {
+    p.tokens.reserve(p.ids.size());
+    for (int32_t id : p.ids) p.tokens.push_back(IdToToken(id).value_or(""));
+  }
+  return p;
+}
+
+Encoding BpeTokenizer::Encode(std::string_view text, const EncodeOptions& options) const {
+  if (!post_processor_) return Encode(text);  // HF without a post_processor adds nothing
+  PostEncoding p = post_processor_->Process({ToPost(text)}, options.add_special_tokens);
+  return Encoding{std::move(p.ids), std::move(p.offsets)};
+}
+
+absl::StatusOr<Encoding> BpeTokenizer::EncodePair(std::string_view a, std::string_view b,
+                                                  const EncodeOptions& options) const {
+  if (!post_processor_) {
+    // HF's default: the two encodings one after the other.
+    Encoding out = Encode(a);
+    Encoding second = Encode(b);
+    out.ids.insert(out.ids.end(), second.ids.begin(), second.ids.end());
+    out.offsets.insert(out.offsets.end(), second.offsets.begin(), second.offsets.end());
+    return out;
+  }
+  if (!post_processor_->supports_pair()) {
+    return absl::FailedPreconditionError(
+        "the tokenizer's post_processor has a TemplateProcessing without a pair template");
+  }
+  PostEncoding p = post_processor_->Process({ToPost(a), ToPost(b)}, options.add_special_tokens);
+  return Encoding{std::move(p.ids), std::move(p.offsets)};
 }
 
 void BpeTokenizer::EncodeNormalizable(std::string_view text, size_t base, Encoding* out) const {

@@ -4,8 +4,10 @@
 // Prepend/Replace normalizers or Metaspace, byte_fallback, their
 // decoders). Encodes and decodes with the same ids as the `tokenizers`
 // library; added/special tokens are matched in the raw text before
-// normalization, as `tokenizers` does. A component it does not know is an
-// error naming the file and the field.
+// normalization, as `tokenizers` does. The post_processor (TemplateProcessing,
+// Bert/RobertaProcessing, ByteLevel, Sequence) applies through
+// Encode(text, EncodeOptions) and EncodePair. A component it does not know
+// is an error naming the file and the field.
 #ifndef E3_COMMON_TOKENIZER_H_
 #define E3_COMMON_TOKENIZER_H_
 
@@ -24,8 +26,17 @@ namespace e3 {
 
 struct Encoding {
   std::vector<int32_t> ids;
-  // [begin, end) byte offsets of each token in the encoded text.
+  // [begin, end) byte offsets of each token in the encoded text (for a
+  // pair, in the text of the token's own sequence, as HF's); (0, 0) for a
+  // token the post-processor added.
   std::vector<std::pair<size_t, size_t>> offsets;
+};
+
+struct EncodeOptions {
+  // HF's add_special_tokens: the post-processor's tokens (a template's BOS,
+  // Bert's [CLS]/[SEP], Roberta's <s>/</s>) around the text. False gives
+  // HF's add_special_tokens=False, post-processor offsets included.
+  bool add_special_tokens = false;
 };
 
 class Tokenizer {
@@ -36,8 +47,19 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
 
   // Encodes `text` without adding BOS/EOS (like add_special_tokens=False):
-  // chat templates put their special tokens in the text themselves.
+  // chat templates put their special tokens in the text themselves, and
+  // transformers' apply_chat_template encodes so. The post-processor is not
+  // run: where a ByteLevel/Roberta post-processor trims offsets
+  // (trim_offsets, GPT-2's), these keep the spaces the tokens carry.
   virtual Encoding Encode(std::string_view text) const = 0;
+  // `text` through the model and then the post_processor, as HF's
+  // encode(text, add_special_tokens=...): ids and offsets equal HF's
+  // (specials at (0, 0); trimmed offsets where the processor trims).
+  virtual Encoding Encode(std::string_view text, const EncodeOptions& options) const = 0;
+  // HF's encode(a, b, add_special_tokens=...): the post-processor's pair
+  // layout. An error when its TemplateProcessing has no pair template.
+  virtual absl::StatusOr<Encoding> EncodePair(std::string_view a, std::string_view b,
+                                              const EncodeOptions& options) const = 0;
   virtual std::string Decode(absl::Span<const int32_t> ids, bool skip_special_tokens = false) const = 0;
   virtual std::optional<int32_t> TokenToId(std::string_view token) const = 0;
   virtual std::optional<std::string> IdToToken(int32_t id) const = 0;

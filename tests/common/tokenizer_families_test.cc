@@ -7,6 +7,13 @@
 // tests/golden/make_tokenizer_families.py, run with `tokenizers` on the GPU
 // machine. E3_TOKENIZER_FAMILIES_DIR points the test at a larger corpus
 // made by the same script (--chars, --out), which is not committed.
+//
+// Post-processors: each family's file carries its published
+// post_processor, and the expectations hold HF's
+// encode(text, add_special_tokens=True) (first lines and pairs in full,
+// every line by hashes); "variants" put the other post-processor types on
+// a family's file. Made by the same script (--post_processors_only); a
+// fixture without these records skips those tests, saying so.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -51,10 +58,14 @@ std::string Hex(uint64_t h) {
   return buf;
 }
 
-// The family's tokenizer.json, unpacked to a temporary file for FromFile.
-std::unique_ptr<Tokenizer> LoadFamily(const std::string& name) {
+std::string FamilyJson(const std::string& name) {
   std::string text;
   for (const std::string& line : ReadLines(kDir + name + ".json.gz")) text += line + "\n";
+  return text;
+}
+
+// A tokenizer.json text, written to a temporary file for FromFile.
+std::unique_ptr<Tokenizer> LoadText(const std::string& name, const std::string& text) {
   const std::string path = ::testing::TempDir() + "/e3_" + name + "_tokenizer.json";
   std::ofstream(path, std::ios::binary) << text;
   auto tok = Tokenizer::FromFile(path);
@@ -62,6 +73,70 @@ std::unique_ptr<Tokenizer> LoadFamily(const std::string& name) {
   EXPECT_TRUE(tok.ok()) << name << ": " << tok.status();
   return tok.ok() ? std::move(tok).value() : nullptr;
 }
+
+// The family's tokenizer.json, unpacked to a temporary file for FromFile.
+std::unique_ptr<Tokenizer> LoadFamily(const std::string& name) { return LoadText(name, FamilyJson(name)); }
+
+std::vector<std::vector<size_t>> OffsetRows(const Encoding& enc) {
+  std::vector<std::vector<size_t>> rows;
+  for (const auto& [b, e] : enc.offsets) rows.push_back({b, e});
+  return rows;
+}
+
+// HF's encode(text, add_special_tokens=...) as `record` ("special" or
+// "plain": first lines in full, byte offsets; every line by hashes per
+// `chunk` lines) and its pairs, against Encode(text, options)/EncodePair.
+void CheckPostProcessed(const std::string& name, const Tokenizer& tok, const Json& record,
+                        const std::vector<std::string>& lines, size_t chunk) {
+  for (const char* key : {"special", "plain"}) {
+    if (!record.contains(key)) continue;
+    const EncodeOptions options{/*add_special_tokens=*/std::string(key) == "special"};
+    const Json& want = record[key];
+    for (size_t i = 0; i < want["full"].size(); ++i) {
+      const Encoding enc = tok.Encode(lines[i], options);
+      EXPECT_EQ(enc.ids, want["full"][i]["ids"].get<std::vector<int32_t>>()) << name << " " << key << " line " << i;
+      EXPECT_EQ(OffsetRows(enc), want["full"][i]["offsets"].get<std::vector<std::vector<size_t>>>())
+          << name << " " << key << " line " << i;
+    }
+    const Json& chunks = want["chunks"];
+    ASSERT_EQ(chunks.size(), (lines.size() + chunk - 1) / chunk) << name;
+    int bad = 0;
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      uint64_t h_ids = kFnv1aOffset, h_off = h_ids;
+      int64_t n = 0;
+      for (size_t i = c * chunk; i < std::min(lines.size(), (c + 1) * chunk); ++i) {
+        const Encoding enc = tok.Encode(lines[i], options);
+        n += static_cast<int64_t>(enc.ids.size());
+        std::string ids, offs;
+        for (size_t k = 0; k < enc.ids.size(); ++k) {
+          ids += (k ? "," : "") + std::to_string(enc.ids[k]);
+          offs += (k ? "," : "") + std::to_string(enc.offsets[k].first) + "-" + std::to_string(enc.offsets[k].second);
+        }
+        h_ids = Fnv1a(ids + ";", h_ids);
+        h_off = Fnv1a(offs + ";", h_off);
+      }
+      if ((n != chunks[c][0].get<int64_t>() || Hex(h_ids) != chunks[c][1] || Hex(h_off) != chunks[c][2]) && ++bad <= 3) {
+        ADD_FAILURE() << name << " " << key << ": lines " << c * chunk << ".." << (c + 1) * chunk - 1
+                      << " differ from HF (tokens " << n << " vs " << chunks[c][0] << ", ids "
+                      << (Hex(h_ids) == chunks[c][1] ? "same" : "differ") << ", offsets "
+                      << (Hex(h_off) == chunks[c][2] ? "same" : "differ") << ")";
+      }
+    }
+    EXPECT_EQ(bad, 0) << name << " " << key;
+  }
+  for (const Json& pair : record["pairs"]) {
+    const size_t a = pair["a"].get<size_t>(), b = pair["b"].get<size_t>();
+    auto enc = tok.EncodePair(lines[a], lines[b], EncodeOptions{/*add_special_tokens=*/true});
+    ASSERT_TRUE(enc.ok()) << name << ": " << enc.status();
+    EXPECT_EQ(enc->ids, pair["ids"].get<std::vector<int32_t>>()) << name << " pair " << a << "," << b;
+    EXPECT_EQ(OffsetRows(*enc), pair["offsets"].get<std::vector<std::vector<size_t>>>())
+        << name << " pair " << a << "," << b;
+  }
+}
+
+constexpr char kNoPostProcessorRecords[] =
+    "expected.json.gz has no post-processor records; make them with "
+    "tests/golden/make_tokenizer_families.py --post_processors_only on the GPU machine";
 
 class TokenizerFamiliesTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -149,9 +224,39 @@ TEST_P(TokenizerFamiliesTest, CorpusMatchesHfTokenizers) {
               chars / seconds / 1e6);
 }
 
+TEST_P(TokenizerFamiliesTest, PostProcessorMatchesHfTokenizers) {
+  const std::string name = GetParam();
+  const Json& want = (*expected_)["families"][name];
+  if (!want.contains("special")) GTEST_SKIP() << kNoPostProcessorRecords;
+  std::unique_ptr<Tokenizer> tok = LoadFamily(name);
+  ASSERT_NE(tok, nullptr);
+  CheckPostProcessed(name, *tok, want, *corpus_, expected_->at("special_chunk").get<size_t>());
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, TokenizerFamiliesTest,
                          ::testing::Values("llama2", "metaspace_first", "metaspace_split", "gemma", "deepseek_v3",
                                            "gpt_oss", "cl100k", "tekken"));
+
+// The other post-processor types, each on a family's file: the family's
+// tokenizer.json with the variant's post_processor and added tokens.
+class PostProcessorVariantsTest : public TokenizerFamiliesTest {};
+
+TEST_P(PostProcessorVariantsTest, MatchesHfTokenizers) {
+  const std::string name = GetParam();
+  if (!expected_->contains("variants")) GTEST_SKIP() << kNoPostProcessorRecords;
+  ASSERT_TRUE((*expected_)["variants"].contains(name)) << name;
+  const Json& want = (*expected_)["variants"][name];
+  Json spec = Json::parse(FamilyJson(want["family"].get<std::string>()));
+  spec["post_processor"] = want["post_processor"];
+  spec["added_tokens"] = want["added_tokens"];
+  std::unique_ptr<Tokenizer> tok = LoadText(name, spec.dump());
+  ASSERT_NE(tok, nullptr);
+  CheckPostProcessed(name, *tok, want, *corpus_, expected_->at("special_chunk").get<size_t>());
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, PostProcessorVariantsTest,
+                         ::testing::Values("gpt2_trim", "trim_prefix", "roberta", "bert", "template_multi",
+                                           "sequence_trim_last"));
 
 }  // namespace
 }  // namespace e3

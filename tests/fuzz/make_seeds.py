@@ -92,6 +92,20 @@ def main():
         if name.endswith(".json.gz") and name not in ("expected.json.gz",):
             with gzip.open(os.path.join(fam, name), "rt", encoding="utf-8") as f:
                 write("tokenizer_fuzz", name[:-len(".json.gz")], shrink_tokenizer(json.load(f), 300))
+    # Post-processors: Llama 3's Sequence of a ByteLevel and a BOS template
+    # (with a pair), then a trimming ByteLevel and Roberta's processor.
+    with gzip.open(os.path.join(fam, "gpt_oss.json.gz"), "rt", encoding="utf-8") as f:
+        spec = json.loads(shrink_tokenizer(json.load(f), 300))
+    bos = {"<s>": {"id": "<s>", "ids": [0], "tokens": ["<s>"]}}
+    spec["post_processor"] = {"type": "Sequence", "processors": [
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                                  {"Sequence": {"id": "A", "type_id": 0}}],
+         "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                  {"Sequence": {"id": "B", "type_id": 1}}], "special_tokens": bos},
+        {"type": "RobertaProcessing", "sep": ["</s>", 1], "cls": ["<s>", 0], "trim_offsets": True,
+         "add_prefix_space": False}]}
+    write("tokenizer_fuzz", "post_processor", json.dumps(spec, ensure_ascii=False))
 
     # Training files: the bundled data's first lines, every line format, a
     # malformed line, gzip.

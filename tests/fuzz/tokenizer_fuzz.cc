@@ -1,7 +1,9 @@
 // A hostile tokenizer.json: refused naming the file, or a tokenizer whose
 // encodings of awkward text (invalid UTF-8, CJK, emoji, whitespace runs,
 // special-token look-alikes) have in-range ids and offsets that lie in the
-// text, and whose decode returns.
+// text (also through the post_processor, single and pair), and whose
+// decode returns.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -37,6 +39,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     (void)(*tok)->Decode(enc.ids, false);
     (void)(*tok)->Decode(enc.ids, true);
+    // Through the post_processor: its specials at (0, 0), trimmed offsets
+    // still inside the text; a pair's in its own sequence's text.
+    for (const bool add : {true, false}) {
+      const e3::Encoding post = (*tok)->Encode(text, e3::EncodeOptions{add});
+      E3_FUZZ_CHECK(post.ids.size() == post.offsets.size());
+      for (const auto& [b, e] : post.offsets) E3_FUZZ_CHECK(b <= e && e <= text.size());
+      auto pair = (*tok)->EncodePair(text, kText, e3::EncodeOptions{add});
+      if (!pair.ok()) continue;
+      E3_FUZZ_CHECK(pair->ids.size() == pair->offsets.size());
+      for (const auto& [b, e] : pair->offsets) E3_FUZZ_CHECK(b <= e && e <= std::max(text.size(), kText.size()));
+    }
   }
   // Ids outside the vocab decode to something or nothing, never a crash.
   (void)(*tok)->Decode(std::vector<int32_t>{-1, 0, static_cast<int32_t>(vocab), 2147483647}, false);

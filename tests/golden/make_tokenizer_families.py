@@ -23,14 +23,25 @@ Then encodes a corpus of about a million characters (prose, this
 repository's own source code, CJK, emoji, whitespace runs, combining
 marks, the tricky strings of make_tokenizer_variants.py) and records, per
 100 lines, the token count and hashes of the ids, offsets (UTF-8 bytes)
-and decoded text, the first lines in full, and HF's encode time. Run on
-the GPU machine:
+and decoded text, the first lines in full, and HF's encode time.
+
+Each family also carries the post_processor its published tokenizer.json
+has (POST_PROCESSORS), and the expectations record HF's
+encode(text, add_special_tokens=True) for it ("special"): the first lines
+and a few pairs in full, every line by hashes per SPECIAL_CHUNK lines.
+VARIANTS put the other post-processor types (GPT-2's trimming ByteLevel,
+BertProcessing, RobertaProcessing, a multi-id template, a Sequence with the
+trim last) on a family's file, with the same records. Run on the GPU
+machine:
 
     python3 tests/golden/make_tokenizer_families.py
     python3 tests/golden/make_tokenizer_families.py --time_only   # HF's speed alone
     # A larger corpus, not committed: tokenizer_families_test reads it
     # from E3_TOKENIZER_FAMILIES_DIR.
     python3 tests/golden/make_tokenizer_families.py --chars=8000000 --out=/tmp/families
+    # Post-processors and their expectations on the committed files and
+    # corpus (same vocab, same corpus), written to --out:
+    python3 tests/golden/make_tokenizer_families.py --post_processors_only --out=/tmp/pp
 """
 import gzip
 import json
@@ -48,6 +59,9 @@ OUT = os.path.join(ROOT, "tests", "fixtures", "tokenizers")
 SP = "\u2581"
 CHUNK = 100
 FULL_LINES = 40
+SPECIAL_CHUNK = 1000
+SPECIAL_FULL_LINES = 12
+SPECIAL_PAIRS = 8
 
 DEEPSEEK_V3 = [
     r"\p{N}{1,3}",
@@ -211,6 +225,158 @@ def families(train_lines):
     }
 
 
+def added_id(spec, content):
+    """The id of `content` as a special added token, added past every id
+    when the file lacks it (Gemma's <bos>, DeepSeek-V3's BOS)."""
+    for a in spec["added_tokens"]:
+        if a["content"] == content:
+            return a["id"]
+    if content in spec["model"]["vocab"]:
+        i = spec["model"]["vocab"][content]
+    else:
+        i = max(list(spec["model"]["vocab"].values()) + [a["id"] for a in spec["added_tokens"]]) + 1
+    spec["added_tokens"].append({"id": i, "content": content, "single_word": False, "lstrip": False,
+                                 "rstrip": False, "normalized": False, "special": True})
+    return i
+
+
+def template(spec, single, pair, extra=None):
+    """TemplateProcessing as `tokenizers` writes it: pieces are "$A"/"$B"
+    (type id after ":") or a special token's content."""
+    def pieces(t):
+        out = []
+        for p in t:
+            name, _, type_id = p.partition(":")
+            kind = "Sequence" if name in ("$A", "$B") else "SpecialToken"
+            out.append({kind: {"id": name[1:] if kind == "Sequence" else name, "type_id": int(type_id or 0)}})
+        return out
+    specials = {}
+    for p in single + pair:
+        name = p.partition(":")[0]
+        if name not in ("$A", "$B") and name not in specials:
+            specials[name] = {"id": name, "ids": [added_id(spec, name)], "tokens": [name]}
+    specials.update(extra or {})
+    return {"type": "TemplateProcessing", "single": pieces(single), "pair": pieces(pair), "special_tokens": specials}
+
+
+def byte_level_pp(add_prefix_space=True, trim_offsets=False):
+    return {"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": trim_offsets,
+            "use_regex": True}
+
+
+def bos_template(spec, bos):
+    """Llama 2 / Mistral / Gemma / DeepSeek-V3: BOS before each sequence."""
+    return template(spec, [bos, "$A"], [bos, "$A", bos + ":1", "$B:1"])
+
+
+# Each family's published post_processor (the file's `post_processor`).
+POST_PROCESSORS = {
+    # Llama-2 and Mistral v0.1: "<s> $A", pair "<s> $A <s> $B".
+    "llama2": lambda spec: bos_template(spec, "<s>"),
+    "metaspace_first": lambda spec: bos_template(spec, "<s>"),
+    "metaspace_split": lambda spec: bos_template(spec, "<s>"),
+    # Gemma: the same with <bos>.
+    "gemma": lambda spec: bos_template(spec, "<bos>"),
+    # DeepSeek-V3: its BOS.
+    "deepseek_v3": lambda spec: bos_template(spec, "<\uff5cbegin\u2581of\u2581sentence\uff5c>"),
+    # transformers' TikTokenConverter (GPT-OSS's file): ByteLevel(trim_offsets=False).
+    "gpt_oss": lambda spec: byte_level_pp(),
+    # Llama 3's: Sequence[ByteLevel(trim_offsets=False), "<|begin_of_text|> $A"].
+    "cl100k": lambda spec: {"type": "Sequence", "processors": [
+        byte_level_pp(), bos_template(spec, "<|begin_of_text|>")]},
+    # Mistral's Tekken files (Nemo): "<s> $A".
+    "tekken": lambda spec: bos_template(spec, "<s>"),
+}
+
+# Other post-processor types, each on one family's file.
+VARIANTS = {
+    # GPT-2's: trims the spaces byte-level tokens carry out of the offsets.
+    "gpt2_trim": ("cl100k", lambda spec: byte_level_pp(add_prefix_space=False, trim_offsets=True)),
+    "trim_prefix": ("gpt_oss", lambda spec: byte_level_pp(add_prefix_space=True, trim_offsets=True)),
+    "roberta": ("deepseek_v3", lambda spec: {"type": "RobertaProcessing", "sep": ["</s>", added_id(spec, "</s>")],
+                                             "cls": ["<s>", added_id(spec, "<s>")], "trim_offsets": True,
+                                             "add_prefix_space": True}),
+    "bert": ("llama2", lambda spec: {"type": "BertProcessing", "sep": ["</s>", added_id(spec, "</s>")],
+                                     "cls": ["<s>", added_id(spec, "<s>")]}),
+    # A special token of two ids, and an EOS after the sequence.
+    "template_multi": ("gemma", lambda spec: template(
+        spec, ["[START]", "$A", "</s>"], ["[START]", "$B:1", "</s>:1", "$A"],
+        {"[START]": {"id": "[START]", "ids": [added_id(spec, "<s>"), added_id(spec, "<|im_start|>")],
+                     "tokens": ["<s>", "<|im_start|>"]}})),
+    # The trim after the template: the specials' offsets stay (0, 0).
+    "sequence_trim_last": ("tekken", lambda spec: {"type": "Sequence", "processors": [
+        template(spec, ["<s>", "$A", "</s>"], ["<s>", "$A", "</s>", "$B:1", "</s>:1"]),
+        byte_level_pp(add_prefix_space=False, trim_offsets=True)]}),
+}
+
+
+def with_post_processor(spec, make):
+    spec = json.loads(json.dumps(spec))
+    spec["post_processor"] = make(spec)
+    return spec
+
+
+def pair_byte_offsets(a, b, enc):
+    out = []
+    for (s, e), seq in zip(enc.offsets, enc.sequence_ids):
+        out.append(byte_offsets(b if seq == 1 else a, [(s, e)])[0])
+    return out
+
+
+def special_expectations(tok, lines, plain):
+    """HF's encode(text, add_special_tokens=True), and with `plain` =False
+    too, whose offsets a trimming post-processor changes."""
+    out = {}
+    for key, add in (("special", True), ("plain", False))[:2 if plain else 1]:
+        chunks = []
+        encodings = [tok.encode(t, add_special_tokens=add) for t in lines]
+        for c in range(0, len(lines), SPECIAL_CHUNK):
+            n, h_ids, h_off = 0, 0xcbf29ce484222325, 0xcbf29ce484222325
+            for text, enc in zip(lines[c:c + SPECIAL_CHUNK], encodings[c:c + SPECIAL_CHUNK]):
+                n += len(enc.ids)
+                h_ids = fnv(",".join(map(str, enc.ids)) + ";", h_ids)
+                h_off = fnv(",".join(f"{b}-{e}" for b, e in byte_offsets(text, enc.offsets)) + ";", h_off)
+            chunks.append([n, f"{h_ids:016x}", f"{h_off:016x}"])
+        out[key] = {"chunks": chunks, "full": [{"ids": e.ids, "offsets": byte_offsets(t, e.offsets)}
+                                               for t, e in list(zip(lines, encodings))[:SPECIAL_FULL_LINES]]}
+    pairs = []
+    for k in range(SPECIAL_PAIRS):
+        a, b = lines[2 * k], lines[2 * k + 1]
+        enc = tok.encode(a, b, add_special_tokens=True)
+        pairs.append({"a": 2 * k, "b": 2 * k + 1, "ids": enc.ids, "offsets": pair_byte_offsets(a, b, enc)})
+    out["pairs"] = pairs
+    return out
+
+
+def post_processor_records(specs, lines, expected, recompute):
+    """Sets each family's post_processor, records HF's output for it and
+    for VARIANTS; returns the specs to write."""
+    out = {}
+    for name, spec in specs.items():
+        spec = with_post_processor(spec, POST_PROCESSORS[name])
+        tok = tokenizers.Tokenizer.from_str(json.dumps(spec, ensure_ascii=False))
+        if recompute:
+            expected["families"][name] = expectations(tok, lines)
+        else:
+            # The add_special_tokens=False records stand: only a trimming
+            # ByteLevel would change them, and no family's file has one.
+            assert '"trim_offsets": true' not in json.dumps(spec["post_processor"]), name
+        expected["families"][name].update(special_expectations(tok, lines, plain=False))
+        out[name] = spec
+        print(f"{name}: post_processor {spec['post_processor']['type']}")
+    expected["special_chunk"] = SPECIAL_CHUNK
+    expected["variants"] = {}
+    for variant, (base, make) in VARIANTS.items():
+        spec = with_post_processor(out[base], make)
+        tok = tokenizers.Tokenizer.from_str(json.dumps(spec, ensure_ascii=False))
+        record = {"family": base, "post_processor": spec["post_processor"],
+                  "added_tokens": spec["added_tokens"]}
+        record.update(special_expectations(tok, lines, plain=True))
+        expected["variants"][variant] = record
+        print(f"variant {variant} on {base}: {spec['post_processor']['type']}")
+    return out
+
+
 def fnv(text, h=0xcbf29ce484222325):
     for b in text.encode("utf-8"):
         h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
@@ -266,6 +432,32 @@ def time_only():
                           "m_chars_per_s": chars / best / 1e6}))
 
 
+def post_processors_only():
+    """Adds the post-processors and their records to the committed files
+    (same vocab, same corpus, same add_special_tokens=False records)."""
+    with gzip.open(os.path.join(COMMITTED, "corpus.jsonl.gz"), "rt", encoding="utf-8") as f:
+        lines = [json.loads(l) for l in f]
+    with gzip.open(os.path.join(COMMITTED, "expected.json.gz"), "rt", encoding="utf-8") as f:
+        expected = json.load(f)
+    specs = {}
+    for name in FAMILIES:
+        with gzip.open(os.path.join(COMMITTED, f"{name}.json.gz"), "rt", encoding="utf-8") as f:
+            specs[name] = json.load(f)
+    expected["tokenizers"] = tokenizers.__version__
+    write(post_processor_records(specs, lines, expected, recompute=False), expected)
+
+
+def write(specs, expected):
+    for name, spec in specs.items():
+        with gzip.open(os.path.join(OUT, f"{name}.json.gz"), "wt", encoding="utf-8", compresslevel=9) as f:
+            f.write(json.dumps(spec, ensure_ascii=False))
+    with gzip.open(os.path.join(OUT, "expected.json.gz"), "wt", encoding="utf-8", compresslevel=9) as f:
+        json.dump(expected, f, ensure_ascii=False, separators=(",", ":"))
+
+
+COMMITTED = OUT
+
+
 def main():
     if "--time_only" in sys.argv:
         return time_only()
@@ -277,6 +469,8 @@ def main():
         elif arg.startswith("--out="):
             OUT = arg.split("=", 1)[1]
     os.makedirs(OUT, exist_ok=True)
+    if "--post_processors_only" in sys.argv:
+        return post_processors_only()
     lines = corpus(chars)
     with gzip.open(os.path.join(OUT, "corpus.jsonl.gz"), "wt", encoding="utf-8", compresslevel=9) as f:
         for t in lines:
@@ -285,16 +479,12 @@ def main():
     expected = {"comment": "Made by tests/golden/make_tokenizer_families.py; do not edit.",
                 "tokenizers": tokenizers.__version__, "lines": len(lines), "chars": chars, "chunk": CHUNK,
                 "families": {}}
-    for name, spec in families(lines[::7]).items():
-        text = json.dumps(spec, ensure_ascii=False)
-        tok = tokenizers.Tokenizer.from_str(text)
-        with gzip.open(os.path.join(OUT, f"{name}.json.gz"), "wt", encoding="utf-8", compresslevel=9) as f:
-            f.write(text)
-        expected["families"][name] = expectations(tok, lines)
+    specs = families(lines[::7])
+    specs = post_processor_records(specs, lines, expected, recompute=True)
+    for name in specs:
         e = expected["families"][name]
         print(f"{name}: {e['tokens']} tokens, HF encode {chars / e['hf_encode_seconds'] / 1e6:.2f} M chars/s")
-    with gzip.open(os.path.join(OUT, "expected.json.gz"), "wt", encoding="utf-8", compresslevel=9) as f:
-        json.dump(expected, f, ensure_ascii=False, separators=(",", ":"))
+    write(specs, expected)
     print(f"tokenizers {tokenizers.__version__}: {len(lines)} lines, {chars} chars")
 
 
