@@ -317,9 +317,21 @@ def with_post_processor(spec, make):
 
 
 def pair_byte_offsets(a, b, enc):
+    """UTF-8 byte offsets of a pair's tokens in their own text; None where
+    HF gives an offset past that text or no sequence ids (then only the ids
+    are compared)."""
     out = []
     for (s, e), seq in zip(enc.offsets, enc.sequence_ids):
-        out.append(byte_offsets(b if seq == 1 else a, [(s, e)])[0])
+        if seq is None and (s, e) != (0, 0):
+            # A Sequence post-processor leaves no sequence ids: which text an
+            # offset counts in is unknown (the byte conversion would use A's).
+            print("  pair tokens without sequence ids: ids only")
+            return None
+        text = b if seq == 1 else a
+        if max(s, e) > len(text):
+            print(f"  pair offsets ({s}, {e}) past a text of {len(text)} characters: ids only")
+            return None
+        out.append(byte_offsets(text, [(s, e)])[0])
     return out
 
 
