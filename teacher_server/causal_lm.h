@@ -107,6 +107,16 @@ class CausalLM {
   // the model runs GemmPath::kCublasLtTuned on a GPU; elsewhere the result
   // says why nothing was tuned. Outputs do not change, only speed.
   virtual absl::StatusOr<GemmTuningResult> TuneGemms(const GemmTuningOptions& options) = 0;
+  // What a KV cache for generation holds per layer and token (KvCache's
+  // kv_heads and head_dim): the config's kv heads and head dim, unless the
+  // attention caches something else (multi-head latent attention: every
+  // head's expanded key, values padded to it).
+  struct KvCacheShape {
+    int64_t kv_heads = 0, head_dim = 0;
+  };
+  virtual KvCacheShape kv_cache_shape() const {
+    return {config().num_key_value_heads, config().head_dim};
+  }
 };
 
 // The backend names of --backend: "hf" (the reference: transformers' op

@@ -119,8 +119,9 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> GenerateGroup(CausalLM& model,
   const ModelConfig& c = model.config();
   int64_t longest = 0;
   for (const auto& p : prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
+  const CausalLM::KvCacheShape shape = model.kv_cache_shape();
   KvCache cache(c.num_hidden_layers, static_cast<int64_t>(prompts.size()), longest + options.max_new_tokens,
-                c.num_key_value_heads, c.head_dim,
+                shape.kv_heads, shape.head_dim,
                 torch::TensorOptions().dtype(model.options().dtype).device(model.options().device));
   std::vector<std::vector<int32_t>> out(prompts.size());
   E3_ASSIGN_OR_RETURN(std::vector<int32_t> next, Prefill(model, cache, prompts, options, sampler));

@@ -76,22 +76,17 @@ std::pair<at::Tensor, at::Tensor> KvCache::SampleKeysValues(int64_t layer, size_
 at::Tensor KvCache::Attend(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            double scaling, const PackedLayout& layout, AttentionKernel kernel) {
   Store(layer, k, v);
-  const int64_t d = k.size(2);
   bool empty = true, one_token_each = true;
   for (size_t s = 0; s < sequence_ids_.size(); ++s) {
     empty = empty && lengths_[sequence_ids_[s]] == 0;
     one_token_each = one_token_each && cu_seqlens_[s + 1] - cu_seqlens_[s] == 1;
   }
   if (empty) return PackedCausalAttention(q, k, v, layout, scaling, kernel);
-  // The cached paths run SDPA at its default scale, 1/sqrt(D): every
-  // architecture here scales so (1.13's SDPA takes no scale).
-  TORCH_CHECK(std::abs(scaling * std::sqrt(static_cast<double>(d)) - 1.0) < 1e-6,
-              "KV cache: attention scaling ", scaling, " is not 1/sqrt(head_dim)");
-  if (one_token_each) return AttendDecode(layer, q);
-  return AttendPerSample(layer, q);
+  if (one_token_each) return AttendDecode(layer, q, scaling);
+  return AttendPerSample(layer, q, scaling);
 }
 
-at::Tensor KvCache::AttendDecode(int64_t layer, const at::Tensor& q) const {
+at::Tensor KvCache::AttendDecode(int64_t layer, const at::Tensor& q, double scaling) const {
   const int64_t n = q.size(0), heads = q.size(1), d = q.size(2);
   const int64_t kvh = keys_[layer].size(2), group = heads / kvh;
   int64_t keys = 0;
@@ -112,11 +107,12 @@ at::Tensor KvCache::AttendDecode(int64_t layer, const at::Tensor& q) const {
   }
   const at::Tensor additive =
       torch::tensor(mask).view({n, 1, 1, keys}).to(q.device(), q.scalar_type());
-  at::Tensor o = compat::ScaledDotProductAttention(q.reshape({n, kvh, group, d}), k, v, additive, /*is_causal=*/false);
+  at::Tensor o =
+      compat::ScaledDotProductAttention(q.reshape({n, kvh, group, d}), k, v, additive, /*is_causal=*/false, scaling);
   return o.reshape({n, heads, d});
 }
 
-at::Tensor KvCache::AttendPerSample(int64_t layer, const at::Tensor& q) const {
+at::Tensor KvCache::AttendPerSample(int64_t layer, const at::Tensor& q, double scaling) const {
   const int64_t heads = q.size(1), kvh = keys_[layer].size(2);
   at::Tensor out = at::empty_like(q);
   for (size_t s = 0; s < sequence_ids_.size(); ++s) {
@@ -129,7 +125,7 @@ at::Tensor KvCache::AttendPerSample(int64_t layer, const at::Tensor& q) const {
         at::full({n, total}, -std::numeric_limits<double>::infinity(), q.options()).triu(past + 1);
     const at::Tensor qs = q.narrow(0, begin, n).transpose(0, 1);  // [heads, n, D]
     at::Tensor o = compat::ScaledDotProductAttention(qs.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
-                                                     mask.view({1, 1, n, total}), /*is_causal=*/false);
+                                                     mask.view({1, 1, n, total}), /*is_causal=*/false, scaling);
     out.narrow(0, begin, n).copy_(o.squeeze(0).transpose(0, 1));
   }
   return out;

@@ -57,10 +57,10 @@ class KvCache {
  private:
   // One token per sequence: [n, heads, D] against each sequence's cache,
   // GQA without repeating k/v (query heads grouped under their kv head).
-  at::Tensor AttendDecode(int64_t layer, const at::Tensor& q) const;
+  at::Tensor AttendDecode(int64_t layer, const at::Tensor& q, double scaling) const;
   // Any other mix: each sample against its sequence's cache, causal within
   // its own tokens.
-  at::Tensor AttendPerSample(int64_t layer, const at::Tensor& q) const;
+  at::Tensor AttendPerSample(int64_t layer, const at::Tensor& q, double scaling) const;
 
   int64_t capacity_;
   std::vector<at::Tensor> keys_, values_;

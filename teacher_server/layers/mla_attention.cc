@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "common/torch/rope.h"
+#include "teacher_server/layers/kv_cache.h"
 #include "teacher_server/layers/rms_norm.h"
 
 namespace e3 {
@@ -60,7 +61,8 @@ at::Tensor ApplyMlaRope(const at::Tensor& x, const at::Tensor& cos, const at::Te
 }
 
 at::Tensor MlaAttention(const at::Tensor& x, const MlaWeights& w, const MlaShape& s, const at::Tensor& cos,
-                        const at::Tensor& sin, const PackedLayout& layout, AttentionKernel kernel, GemmPath gemm) {
+                        const at::Tensor& sin, const PackedLayout& layout, AttentionKernel kernel, GemmPath gemm,
+                        KvCacheSlot cache) {
   const int64_t T = x.size(0), heads = s.num_heads;
   const int64_t nope = s.qk_nope_head_dim, rope_dim = s.qk_rope_head_dim, qk = nope + rope_dim;
   const at::Tensor q = Queries(x, w, s, gemm);
@@ -73,11 +75,14 @@ at::Tensor MlaAttention(const at::Tensor& x, const MlaWeights& w, const MlaShape
   const at::Tensor query = torch::cat({q.narrow(-1, 0, nope), q_rope}, -1);
   const at::Tensor key = torch::cat({kv.narrow(-1, 0, nope), k_rope.expand({T, heads, rope_dim})}, -1);
   at::Tensor value = kv.narrow(-1, nope, s.v_head_dim).contiguous();
-  // The fused varlen kernel wants one head dim for q, k and v: v is padded
-  // with zeros, as transformers does for flash attention, and cut after.
-  const bool pad_v = kernel == AttentionKernel::kFlashVarlen && s.v_head_dim != qk;
+  // The fused varlen kernel wants one head dim for q, k and v, and the KV
+  // cache holds one: v is padded with zeros, as transformers does for flash
+  // attention, and the output's zero columns are cut after.
+  const bool pad_v = (kernel == AttentionKernel::kFlashVarlen || cache.cache != nullptr) && s.v_head_dim != qk;
   if (pad_v) value = at::constant_pad_nd(value, {0, qk - s.v_head_dim});
-  at::Tensor o = PackedCausalAttention(query, key, value, layout, s.softmax_scale, kernel);
+  at::Tensor o = cache.cache != nullptr
+                     ? cache.cache->Attend(cache.layer, query, key.contiguous(), value, s.softmax_scale, layout, kernel)
+                     : PackedCausalAttention(query, key, value, layout, s.softmax_scale, kernel);
   if (pad_v) o = o.narrow(-1, 0, s.v_head_dim);
   return Gemm(o.reshape({T, heads * s.v_head_dim}), w.o_proj, w.o_bias, at::Tensor(), gemm);
 }

@@ -59,9 +59,16 @@ struct MlaWeights {
 // rope::CosSin gives them (cat(freqs, freqs), times the attention factor).
 at::Tensor ApplyMlaRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, MlaRope rope);
 
-// x [T, H] -> [T, H] (this rank's partial sum under TP).
+// x [T, H] -> [T, H] (this rank's partial sum under TP). With a KV cache
+// slot, the new tokens' per-head keys and values go into the cache (values
+// padded with zeros to the keys' qk head dim, the cache's one head dim; see
+// MlaCacheHeadDim) and the queries attend over each sequence's cached ones.
 at::Tensor MlaAttention(const at::Tensor& x, const MlaWeights& w, const MlaShape& shape, const at::Tensor& cos,
-                        const at::Tensor& sin, const PackedLayout& layout, AttentionKernel kernel, GemmPath gemm);
+                        const at::Tensor& sin, const PackedLayout& layout, AttentionKernel kernel, GemmPath gemm,
+                        KvCacheSlot cache = {});
+
+// The head dim a KV cache for MLA holds: the keys' (no-rope + rope part).
+inline int64_t MlaCacheHeadDim(const MlaShape& s) { return s.qk_nope_head_dim + s.qk_rope_head_dim; }
 
 }  // namespace e3
 

@@ -150,10 +150,7 @@ absl::Status DeepseekLM::LoadMoe(WeightLoader& w, WeightLoader& fp32, const std:
 
 absl::Status DeepseekLM::CheckForward(const PackedBatch& batch, const ForwardOptions& options) const {
   E3_RETURN_IF_ERROR(CheckAuxIdsAndTokens(batch, options));
-  if (options.kv_cache != nullptr) {
-    return absl::UnimplementedError(absl::StrCat(config_.architecture_name, ": generation with a KV cache is not "
-                                                 "implemented for multi-head latent attention"));
-  }
+  if (options.kv_cache != nullptr) E3_RETURN_IF_ERROR(CheckCache(*options.kv_cache));
   return absl::OkStatus();
 }
 
@@ -180,6 +177,10 @@ std::string DeepseekLM::Techniques() const {
   return absl::StrJoin(parts, "; ");
 }
 
+CausalLM::KvCacheShape DeepseekLM::kv_cache_shape() const {
+  return {mla_shape_.num_heads, MlaCacheHeadDim(mla_shape_)};
+}
+
 absl::StatusOr<GemmTuningResult> DeepseekLM::TuneGemms(const GemmTuningOptions&) {
   GemmTuningResult result;
   result.skipped = "DeepSeek's layers run ATen's GEMMs";
@@ -203,7 +204,8 @@ ForwardOutput DeepseekLM::Run(const PackedBatch& batch, const ForwardOptions& op
   for (int64_t i = 0; i < static_cast<int64_t>(layers_.size()); ++i) {
     const Layer& layer = layers_[i];
     at::Tensor x = RmsNorm(h, layer.input_layernorm, eps);
-    h = h + Reduced(MlaAttention(x, layer.attn, mla_shape_, cos, sin, layout, options_.attention, GemmPath::kAten));
+    h = h + Reduced(MlaAttention(x, layer.attn, mla_shape_, cos, sin, layout, options_.attention, GemmPath::kAten,
+                                 KvCacheSlot{options.kv_cache, i}));
     x = RmsNorm(h, layer.post_attention_layernorm, eps);
     h = h + Reduced(layer.is_moe ? DeepseekMoe(x, layer.moe, routing_) : SwiGluMlp(x, layer.mlp));
     aux.Capture(i, h);

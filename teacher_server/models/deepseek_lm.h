@@ -41,6 +41,7 @@ class DeepseekLM : public CausalLMBase {
   absl::StatusOr<ForwardOutput> Forward(const PackedBatch& batch, const ForwardOptions& options) override;
   std::string Techniques() const override;
   absl::StatusOr<GemmTuningResult> TuneGemms(const GemmTuningOptions& options) override;
+  KvCacheShape kv_cache_shape() const override;
 
  private:
   struct Layer {

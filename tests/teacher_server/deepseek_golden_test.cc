@@ -71,7 +71,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, DeepseekGoldenTest,
                              {"rand_deepseek_v3", "rand_deepseek_v2_lite", "rand_deepseek_v3_fp8"})),
                          testing::KernelCaseName);
 
-TEST(DeepseekForwardTest, SamplesDoNotSeeEachOtherAndGenerationIsRefused) {
+TEST(DeepseekForwardTest, SamplesDoNotSeeEachOtherAndBadAuxIdsAreRefused) {
   const GoldenModel m = testing::LoadGoldenModel(LoadGoldenCase("rand_deepseek_v3"), ModelOptions{});
   ASSERT_NE(m.model, nullptr);
   const std::vector<int32_t> a = {5, 9, 17, 3, 200, 44, 1};

@@ -2,7 +2,7 @@
 // same tokens as re-running the whole prefix through a plain forward and
 // taking its last argmax, on small real models of several architectures
 // (GQA and llama3 rope, Qwen3's q/k norms, MQA with yarn, Mixtral's
-// experts), with prompts of different lengths decoded together, prefill
+// experts, GPT-OSS's sinks and windows, DeepSeek's latent attention), with prompts of different lengths decoded together, prefill
 // split over several forwards and a last group smaller than the others.
 // Also: a cached forward of several tokens at once (the per-sample path)
 // gives the hidden states a plain forward of the whole sequence gives, and
@@ -125,7 +125,10 @@ INSTANTIATE_TEST_SUITE_P(Models, GenerationTest,
                                            "rand_mixtral",
                                            // sinks and a window of 8 under prompts of up to 12 tokens
                                            // plus 9 new ones: the cached keys leave the window
-                                           "rand_gpt_oss", "rand_gpt_oss_mxfp4"));
+                                           "rand_gpt_oss", "rand_gpt_oss_mxfp4",
+                                           // multi-head latent attention: expanded keys cached,
+                                           // values padded to their head dim (V3, V2-Lite, FP8)
+                                           "rand_deepseek_v3", "rand_deepseek_v2_lite", "rand_deepseek_v3_fp8"));
 
 TEST(KvCacheTest, SeveralTokensOnACachedPrefixMatchTheWholeSequence) {
   auto model = LoadFixture("rand_llama3_gqa");
