@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/regex_split.h"
 #include "common/unicode.h"
+#include "common/tokenizer_json.h"
 
 namespace e3 {
 namespace {
@@ -11,11 +12,8 @@ namespace {
 using Json = nlohmann::json;
 using Range = std::pair<size_t, size_t>;
 
-std::string Show(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
-
-absl::Status FieldError(const std::string& path, const std::string& field, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", field, " ", what));
-}
+using tokenizer_json::FieldError;
+using tokenizer_json::Show;
 
 // Rewrites `t` with each [begin, end) of `ranges` (ascending, disjoint)
 // replaced by `content`, whose bytes all come from the range they replace.

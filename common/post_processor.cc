@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/unicode.h"
+#include "common/tokenizer_json.h"
 
 namespace e3 {
 
@@ -17,23 +18,9 @@ using Json = nlohmann::json;
 
 namespace {
 
-std::string Show(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
-
-absl::Status FieldError(const std::string& path, const std::string& field,
-                        const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", field, " ", what));
-}
-
-absl::StatusOr<bool> GetBool(const std::string& path, const Json& obj, const std::string& field,
-                             const char* key, bool fallback) {
-  const auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) {
-    return FieldError(path, absl::StrCat(field, ".", key),
-                      absl::StrCat("is ", Show(*it), "; expected a boolean"));
-  }
-  return it->get<bool>();
-}
+using tokenizer_json::FieldError;
+using tokenizer_json::Show;
+using tokenizer_json::GetBool;
 
 // Rust's char::is_whitespace (Unicode White_Space), which HF's offset
 // trimming uses besides the byte-level space "Ġ".

@@ -31,6 +31,7 @@
 #include "common/regex_split.h"
 #include "common/status_macros.h"
 #include "common/unicode.h"
+#include "common/tokenizer_json.h"
 #include "nlohmann/json.hpp"
 
 namespace e3 {
@@ -83,25 +84,9 @@ std::optional<std::string> ByteLevelToBytes(std::string_view token) {
 // look up heterogeneously through it.
 absl::string_view AbslView(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
-// Renders a JSON value for an error message; never throws.
-std::string Show(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
-
-absl::Status FieldError(const std::string& path, const std::string& field,
-                        const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", field, " ", what));
-}
-
-// `obj[key]` as a bool: absent or null gives `fallback`.
-absl::StatusOr<bool> GetBool(const std::string& path, const Json& obj, const std::string& field,
-                             const char* key, bool fallback) {
-  const auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) {
-    return FieldError(path, absl::StrCat(field, ".", key),
-                      absl::StrCat("is ", Show(*it), "; expected a boolean"));
-  }
-  return it->get<bool>();
-}
+using tokenizer_json::FieldError;
+using tokenizer_json::GetBool;
+using tokenizer_json::Show;
 
 // The "type" of a tokenizer.json component, or "" when absent.
 std::string TypeOf(const Json& component) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/tokenizer.h"
+#include "tests/common/temp_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -73,21 +74,7 @@ Json TinyFile(const Json& post_processor) {
                                                      Json::array({space + "h", "i"})})}}}};
 }
 
-class TempFile {
- public:
-  explicit TempFile(const std::string& contents) {
-    char name[] = "/tmp/e3_post_processor_test_XXXXXX";
-    const int fd = mkstemp(name);
-    close(fd);
-    path_ = name;
-    std::ofstream(path_, std::ios::binary) << contents;
-  }
-  ~TempFile() { std::remove(path_.c_str()); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing::TempFile;
 
 std::unique_ptr<Tokenizer> Load(const Json& post_processor) {
   TempFile file(TinyFile(post_processor).dump());

@@ -22,6 +22,7 @@
 #include "common/fnv1a.h"
 #include "tests/common/char_offsets.h"
 #include "common/pretokenizer.h"
+#include "tests/common/temp_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -63,21 +64,7 @@ uint64_t Fnv1a64(const std::vector<int32_t>& ids) {
 }
 
 // A scratch file that removes itself.
-class TempFile {
- public:
-  explicit TempFile(const std::string& contents) {
-    char name[] = "/tmp/e3_tokenizer_test_XXXXXX";
-    const int fd = mkstemp(name);
-    close(fd);
-    path_ = name;
-    std::ofstream(path_, std::ios::binary) << contents;
-  }
-  ~TempFile() { std::remove(path_.c_str()); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing::TempFile;
 
 class TinyCodeLlamaTest : public ::testing::Test {
  protected:
