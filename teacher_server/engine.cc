@@ -169,11 +169,13 @@ absl::StatusOr<uint64_t> Engine::SubscribeImpl(const SubscribeParams& p,
   // checkpoint): the record goes back with it. Ahead of it, the batches
   // between were consumed and are in its weights, or will be at its next
   // checkpoint: they stay to be committed, not skipped.
-  if (p.resume < st.committed) {
+  // Compared as positions: an epoch's end (e, batches) is (e + 1, 0).
+  const Cursor resume = NormalizeLocked(p.resume);
+  if (resume < st.committed) {
     ledger_.RecordEvent(absl::StrCat("{\"event\":\"rewind\",\"rank\":", p.rank, ",\"from_epoch\":", st.committed.epoch,
-                                     ",\"from_batch\":", st.committed.next_batch, ",\"to_epoch\":", p.resume.epoch,
-                                     ",\"to_batch\":", p.resume.next_batch, "}"));
-    st.committed = p.resume;
+                                     ",\"from_batch\":", st.committed.next_batch, ",\"to_epoch\":", resume.epoch,
+                                     ",\"to_batch\":", resume.next_batch, "}"));
+    st.committed = resume;
   }
   if (p.committed.has_value()) CommitLocked(p.rank, st, *p.committed);
   st.subscriber_id = p.subscriber_id;
@@ -185,6 +187,7 @@ absl::StatusOr<uint64_t> Engine::SubscribeImpl(const SubscribeParams& p,
   st.acked_end = p.resume;
   st.delivered_end = st.next_compute;
   st.end_sent = false;
+  st.subscribed_at_end = AtEndLocked(st.next_compute);
   st.computing = false;
   st.notify = nullptr;
   ledger_.RecordEvent(absl::StrCat("{\"event\":\"subscribe\",\"rank\":", p.rank, ",\"world\":", world_,
@@ -224,6 +227,7 @@ absl::StatusOr<std::optional<ReadyBatch>> Engine::TakeNext(int rank, uint64_t ge
   // worker starts a batch, not when it finishes.
   if (AtEndLocked(st.next_compute) && !st.computing && !st.end_sent) {
     st.end_sent = true;
+    st.knows_end = true;
     ReadyBatch end;
     end.rank = rank;
     end.end_of_data = true;
@@ -238,6 +242,7 @@ void Engine::Detach(int rank, uint64_t generation) {
   auto it = ranks_.find(rank);
   if (it == ranks_.end() || it->second.generation != generation) return;
   it->second.attached = false;
+  it->second.knows_end = it->second.knows_end || it->second.subscribed_at_end;
   it->second.detached_at = absl::Now();
   it->second.notify = nullptr;
   cv_.notify_all();
@@ -369,6 +374,16 @@ EngineStats Engine::stats() const {
 }
 
 std::string Engine::shm_segment_prefix() const { return absl::StrCat(options_.shm_prefix, "-", ::getpid(), "-"); }
+
+bool Engine::EveryRankToldTheEnd() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (world_ <= 0) return false;
+  for (int r = 0; r < world_; ++r) {
+    const auto it = ranks_.find(r);
+    if (it == ranks_.end() || !it->second.knows_end) return false;
+  }
+  return true;
+}
 
 LedgerReport Engine::ledger_report() const {
   // Epochs every rank has committed past count as complete.

@@ -158,6 +158,12 @@ class Engine {
 
   EngineStats stats() const;
   LedgerReport ledger_report() const;
+  // True once every rank of the world knows, through this process, that its
+  // data ended (RankState::knows_end). A teacher restarted after the last
+  // commit has a complete ledger at once, yet its students may not have
+  // learnt that the data ended (the old process died first): they come
+  // back for it.
+  bool EveryRankToldTheEnd() const;
   int world_size() const;
   int64_t batches_per_epoch(int world) const;
   const EngineOptions& options() const { return options_; }
@@ -180,6 +186,12 @@ class Engine {
     // resume cursor: commits beyond it name batches it never had.
     Cursor delivered_end;
     bool end_sent = false;
+    // The student knows its data ended, as far as this process can tell
+    // (sticky across resubscriptions): a subscription here was handed the
+    // end, or subscribed at the end and then left on its own (a student
+    // that already had the end, back only to report its commit).
+    bool knows_end = false;
+    bool subscribed_at_end = false;  // this subscription's cursor was the end
     bool computing = false;  // the worker is computing this rank's next batch
     std::deque<ReadyBatch> ready;
     std::map<int64_t, ReadyBatch> unacked;

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -25,11 +26,34 @@ void WritePortFile(const std::string& path, int port) {
   std::rename(tmp.c_str(), path.c_str());
 }
 
+// With every epoch committed: true once every rank has the end of its data
+// from this process, or exit_grace_s after the ledger was first seen
+// complete (a rank that never comes back).
+bool DoneWaiting(const ServeOptions& o, const Engine& engine, std::optional<Clock::time_point>* complete_since) {
+  const auto now = Clock::now();
+  if (engine.EveryRankToldTheEnd()) {
+    std::printf("teacher: every rank committed every epoch and has the end of its data; exiting\n");
+    return true;
+  }
+  if (!complete_since->has_value()) {
+    *complete_since = now;
+    std::printf("teacher: every rank committed every epoch; waiting up to %.0f s (--exit_grace_s) for the ranks "
+                "not yet handed the end of their data (after a restart they come back to learn it)\n",
+                o.exit_grace_s);
+    std::fflush(stdout);
+  }
+  if (now - **complete_since < std::chrono::duration<double>(o.exit_grace_s)) return false;
+  std::printf("teacher: not every rank came back for the end of its data within %.0f s; exiting\n",
+              o.exit_grace_s);
+  return true;
+}
+
 // Until `signal` or, with exit_when_done, every rank has committed every
 // epoch: exports the engine's stats to Prometheus and logs progress.
 void WatchUntilDone(const ServeOptions& o, Engine* engine, TeacherServiceImpl* service,
                     TeacherMetrics* metrics, const std::atomic<int>& signal) {
   auto last_print = Clock::now();
+  std::optional<Clock::time_point> complete_since;
   int64_t last_tokens = 0;
   while (signal == 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -46,8 +70,7 @@ void WatchUntilDone(const ServeOptions& o, Engine* engine, TeacherServiceImpl* s
       last_print = now;
       last_tokens = st.tokens_computed;
     }
-    if (o.exit_when_done && engine->ledger_report().epochs >= o.epochs) {
-      std::printf("teacher: every rank committed every epoch; exiting\n");
+    if (o.exit_when_done && engine->ledger_report().epochs >= o.epochs && DoneWaiting(o, *engine, &complete_since)) {
       return;
     }
   }

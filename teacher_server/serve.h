@@ -28,6 +28,11 @@ struct ServeOptions {
   // Slurm's default KillWait (30 s), after which SIGKILL follows.
   double drain_timeout_s = 20;
   int64_t epochs = 1;  // what "done" means with exit_when_done
+  // With exit_when_done: once every rank committed every epoch, how long
+  // the server waits for ranks it has not handed the end of their data
+  // (students of a teacher restarted after their last commit come back to
+  // learn it) before it exits without them.
+  double exit_grace_s = 60;
   MessageLimits messages;  // the server's gRPC message caps (ApplyMessageLimits)
   std::shared_ptr<const PeerAuth> auth;  // TLS credentials (and the token); null: plaintext
   KeepaliveOptions keepalive;

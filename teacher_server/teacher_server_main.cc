@@ -111,6 +111,9 @@ ABSL_FLAG(bool, skip_malformed, true, "skip and count malformed data lines (fals
 ABSL_FLAG(bool, train_on_all_tokens, false, "loss on every token, not only assistant turns");
 ABSL_FLAG(int64_t, max_samples, 0, "use at most this many samples (0: all)");
 ABSL_FLAG(bool, exit_when_done, false, "exit once every rank has committed every epoch");
+ABSL_FLAG(double, exit_grace_s, 60,
+          "with --exit_when_done: once every epoch is committed, how long to wait for ranks not yet handed the "
+          "end of their data (the students of a teacher restarted after their last commit) before exiting");
 ABSL_FLAG(double, drain_timeout_s, 20,
           "on SIGTERM, how long to keep taking the final commits of students stopped by the same signal "
           "(keep it below the scheduler's grace before SIGKILL: Slurm's KillWait)");
@@ -299,6 +302,7 @@ absl::StatusOr<TeacherServerOptions> OptionsFromFlags() {
   o.serve.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.serve.exit_when_done = absl::GetFlag(FLAGS_exit_when_done);
   o.serve.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
+  o.serve.exit_grace_s = absl::GetFlag(FLAGS_exit_grace_s);
   o.serve.epochs = o.engine.epochs;
   o.serve.messages.max_receive_bytes = absl::GetFlag(FLAGS_max_receive_message_bytes);
   o.serve.messages.max_send_bytes = absl::GetFlag(FLAGS_max_send_message_bytes);

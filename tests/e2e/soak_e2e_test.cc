@@ -132,7 +132,10 @@ class Soak {
             "--max_seq_len=96", "--tokens_per_batch=96", "--draft_vocab_size=256",
             "--epochs=" + std::to_string(epochs_), "--num_data_shards=2", "--data_shard=" + std::to_string(t),
             "--listen=127.0.0.1:" + std::to_string(ports_[t]), "--ledger=" + Ledger(t), "--exit_when_done",
-            "--subscriber_timeout_s=2", "--metrics_port=-1", "--threads=1"},
+            "--subscriber_timeout_s=2", "--metrics_port=-1", "--threads=1",
+            // A teacher restarted after a rank learnt the end of its shard
+            // from the killed one waits this long for it, not a minute.
+            "--exit_grace_s=10"},
         dir_ + "/teacher" + std::to_string(t) + "-" + std::to_string(++starts_) + ".log");
     ::unsetenv("MALLOC_MMAP_THRESHOLD_");
     pids_.push_back(teachers_[t]->pid());

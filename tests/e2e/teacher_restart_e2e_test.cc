@@ -174,6 +174,54 @@ TEST(TeacherRestartE2eTest, OneOfTwoShardedTeachersRestarts) {
   ExpectExportLoads(dir + "/export");
 }
 
+std::vector<std::string> WithGrace(std::vector<std::string> args, const std::string& seconds) {
+  args.push_back("--exit_grace_s=" + seconds);
+  return args;
+}
+
+// The end-of-run gap: a teacher killed after the last commit, before its
+// students learnt that the data ended, is restarted on a complete ledger.
+// It waits (--exit_grace_s) for them to come back for the end instead of
+// exiting at once and leaving them waiting for a teacher that is gone;
+// the grace bounds the wait when nobody comes.
+TEST(TeacherRestartE2eTest, TeacherRestartedAfterTheLastCommitWaitsForItsStudentsToLearnTheEnd) {
+  const std::string dir = testing::ScratchDir("teacher_restart_after_end");
+  TeacherSpec spec{dir, testing::FreePort()};
+  const std::string address = "127.0.0.1:" + std::to_string(spec.port);
+  {
+    Subprocess first(TeacherArgs(spec), dir + "/teacher-first.log");
+    ASSERT_TRUE(WaitServing(first, 120s)) << first.Log();
+    Subprocess student(StudentArgs(dir, address), dir + "/student-first.log");
+    ExpectStudentFinished(student);
+    auto st = first.Wait(30s);
+    ASSERT_TRUE(st.has_value()) << first.Log();
+    EXPECT_NE(first.Log().find("has the end of its data; exiting"), std::string::npos) << first.Log();
+  }
+  Subprocess second(WithGrace(TeacherArgs(spec), "120"), dir + "/teacher-second.log");
+  ASSERT_TRUE(WaitServing(second, 120s)) << second.Log();
+  std::this_thread::sleep_for(1s);
+  ASSERT_FALSE(second.Wait(0ms).has_value()) << "exited before its student learnt the end\n" << second.Log();
+  EXPECT_NE(second.Log().find("waiting up to 120 s (--exit_grace_s)"), std::string::npos) << second.Log();
+  // The student comes back from its last checkpoint (at the end of the
+  // data), is handed the end, and finishes; then the teacher exits.
+  Subprocess again(StudentArgs(dir, address), dir + "/student-again.log");
+  ExpectStudentFinished(again);
+  auto ts = second.Wait(30s);
+  ASSERT_TRUE(ts.has_value()) << second.Log();
+  EXPECT_TRUE(WIFEXITED(*ts) && WEXITSTATUS(*ts) == 0) << second.Log();
+  EXPECT_NE(second.Log().find("has the end of its data; exiting"), std::string::npos) << second.Log();
+
+  Subprocess third(WithGrace(TeacherArgs(spec), "1"), dir + "/teacher-third.log");
+  auto t3 = third.Wait(120s);
+  ASSERT_TRUE(t3.has_value()) << third.Log();
+  EXPECT_TRUE(WIFEXITED(*t3) && WEXITSTATUS(*t3) == 0) << third.Log();
+  EXPECT_NE(third.Log().find("not every rank came back for the end of its data within 1 s"), std::string::npos)
+      << third.Log();
+  const LedgerScan end = ScanLedger(dir + "/ledger0.jsonl");
+  EXPECT_EQ(end.dataset_samples, kSamples);
+  EXPECT_TRUE(end.ExactlyOnce()) << end.Describe();
+}
+
 TEST(TeacherRestartE2eTest, TeacherRestartedWithOtherDataStopsTheStudentNamingWhatDiffers) {
   const std::string dir = testing::ScratchDir("teacher_restart_other_data");
   TeacherSpec spec{dir, testing::FreePort()};
