@@ -15,6 +15,7 @@
 
 #include "common/tokenizer.h"
 #include "tests/common/temp_file.h"
+#include "tests/common/byte_char.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -32,24 +33,7 @@ constexpr int32_t kGh = 256, kGhi = 257;  // "Ġh", "Ġhi"
 const EncodeOptions kSpecial{/*add_special_tokens=*/true};
 const EncodeOptions kPlain{/*add_special_tokens=*/false};
 
-// GPT-2's byte-to-character table for one byte.
-std::string ByteChar(int b) {
-  const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
-  int cp = b;
-  if (!printable) {
-    cp = 256;
-    for (int c = 0; c < b; ++c)
-      cp += !((c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || c >= 0xAE);
-  }
-  std::string s;
-  if (cp < 0x80) {
-    s.push_back(static_cast<char>(cp));
-  } else {
-    s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-  return s;
-}
+using testing::ByteChar;
 
 // Byte-level BPE: byte b has id b, "Ġh" 256, "Ġhi" 257; <s> 300, </s> 301.
 Json TinyFile(const Json& post_processor) {

@@ -23,6 +23,7 @@
 #include "tests/common/char_offsets.h"
 #include "common/pretokenizer.h"
 #include "tests/common/temp_file.h"
+#include "tests/common/byte_char.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -339,27 +340,7 @@ TEST(SplitPatternTest, Qwen2SplitsDigitsOneByOne) {
 
 // --- Small synthetic tokenizers ---------------------------------------------
 
-// GPT-2's byte-to-unicode map, written out independently of the library's.
-std::string ByteChar(uint8_t b) {
-  std::vector<int> printable;
-  for (int c = '!'; c <= '~'; ++c) printable.push_back(c);
-  for (int c = 0xA1; c <= 0xAC; ++c) printable.push_back(c);
-  for (int c = 0xAE; c <= 0xFF; ++c) printable.push_back(c);
-  int cp = -1, next = 256;
-  for (int c = 0; c < 256; ++c) {
-    const bool is_printable = std::find(printable.begin(), printable.end(), c) != printable.end();
-    const int mapped = is_printable ? c : next++;
-    if (c == b) cp = mapped;
-  }
-  std::string s;
-  if (cp < 0x80) {
-    s.push_back(static_cast<char>(cp));
-  } else {
-    s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-  return s;
-}
+using testing::ByteChar;
 
 // Vocab: the 256 byte tokens with id = byte value, then the merges' results
 // from id 256 on, in merge order; then the added token "<|eot_id|>", whose
