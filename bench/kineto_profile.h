@@ -22,6 +22,20 @@
 
 namespace e3::bench {
 
+// A kernel's name without what every name repeats (namespaces, `void`, the
+// parameter list), so that the functor of an ATen elementwise kernel fits
+// in a line.
+inline std::string ShortKernelName(std::string name) {
+  for (const char* noise : {"void ", "at::native::", "(anonymous namespace)::", "e3::student_kernels::", "c10::"}) {
+    for (size_t at = name.find(noise); at != std::string::npos; at = name.find(noise, at)) {
+      name.erase(at, std::char_traits<char>::length(noise));
+    }
+  }
+  const size_t params = name.find('(');
+  if (params != std::string::npos) name.resize(params);
+  return name.substr(0, 130);
+}
+
 // Calls step(false) `steps` times under the profiler (nothing when steps <= 0).
 template <typename Step>
 void ProfileSteps(Step& step, int steps) {
@@ -54,7 +68,7 @@ void ProfileSteps(Step& step, int steps) {
     // not kernels.
     if (e.deviceType() != c10::DeviceType::CUDA || e.name().rfind("e3::", 0) == 0) continue;
     const double us = static_cast<double>(e.durationNs()) / 1e3;
-    auto& slot = by_kernel[e.name().substr(0, 90)];
+    auto& slot = by_kernel[ShortKernelName(e.name())];
     slot.first += us;
     slot.second += 1;
     total_us += us;

@@ -8,6 +8,8 @@
 #   3. student training step (fast and reference paths) vs a PyTorch eager
 #      EAGLE-3 step; student_long: the 8B step at 2k-32k tokens
 #   student_skip: chat-masked batches, untrained rows skipped or not
+#   specforge: SpecForge HEAD's own step (its package under .baseline/)
+#      against our fast step, 8B shape, 2k and 16k tokens
 #   4. end to end on the 1B shape: teacher GPU 0 -> student GPU 1
 #   tp:  teacher forward on the 8B shape, TP=2 over both GPUs vs TP=1
 #   ddp: student step on the 8B shape, DDP=2 over both GPUs vs DDP=1
@@ -150,6 +152,35 @@ student_long() {
     echo "student 8B, $tokens tokens in one sample: $(field "$out" ms_per_step) ms/step (varlen flash" \
          "$(field "$flash" ms_per_step): $(ratio $(field "$flash" ms_per_step) $(field "$out" ms_per_step))x)," \
          "$(field "$out" tok_per_s) tok/s, peak $(field "$out" peak_gb) GB, $(field "$out" step_kb_per_token) KB per token"
+  done
+}
+
+# SpecForge HEAD's own EAGLE-3 step (bench/specforge_step.py, its package
+# from .baseline/specforge or $SPECFORGE_DIR; flex attention, BF16Optimizer,
+# the target's distribution from its last hidden state) against our fast
+# step on the 8B shape, one sample of 2048 and of 16384 tokens, same run.
+# SpecForge runs without its FSDP wrapper (its fastest on one GPU) with the
+# full-vocab target head and with its compact teacher; the ratio is against
+# the faster of the two.
+specforge() {
+  local dir=${SPECFORGE_DIR:-$SRC/.baseline/specforge} tokens=${SF_TOKENS:-2048 16384}
+  [ -d "$dir/specforge" ] || { echo "no SpecForge package under $dir (see bench/specforge_step.py)"; return 1; }
+  for t in $tokens; do
+    ours=$("$BUILD/bench/student_step_bench" --shape=llama-8b --device=cuda:0 --student_kernels=fast --tokens=$t \
+      --warmup=2 --steps=5 | json)
+    best=""
+    for teacher in head compact; do
+      sf=$(PYTHONPATH="$dir" python3 "$SRC/bench/specforge_step.py" --tokens=$t --attention=flex --wrap=none \
+        --harness=core --teacher=$teacher 2>"${OUT:-/tmp}/specforge_${teacher}_$t.log" | grep '^{"bench": "specforge_step"' | tee -a "$RESULTS" || true)
+      if [ -z "$sf" ] || ! ms=$(field "$sf" ms_per_step 2>/dev/null); then
+        echo "SpecForge ($teacher teacher, $t tokens) gave no timing; see ${OUT:-/tmp}/specforge_${teacher}_$t.log"
+        continue
+      fi
+      echo "SpecForge HEAD 8B, $t tokens, $teacher teacher: $ms ms/step, peak $(field "$sf" peak_gb) GB"
+      if [ -z "$best" ] || python3 -c "import sys; sys.exit(not float(sys.argv[1]) < float(sys.argv[2]))" "$ms" "$best"; then best=$ms; fi
+    done
+    echo "student 8B, $t tokens: ours $(field "$ours" ms_per_step) ms/step (peak $(field "$ours" peak_gb) GB);" \
+         "SpecForge's fastest ${best:-n/a} ms: $( [ -n "$best" ] && ratio $best $(field "$ours" ms_per_step) )x"
   done
 }
 

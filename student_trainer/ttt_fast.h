@@ -10,7 +10,7 @@
 //   GEMM then covers only the hidden half.
 // - The masks, shifts and row lists are planned on the host from host
 //   copies of the [T] tensors, and uploaded in one copy: nothing inside
-//   the step waits for the device.
+//   the step waits for the device (ttt_plan.h).
 // - q, k and v come from one GEMM, gate and up from one (views of the flat
 //   parameters), residual adds ride in the GEMMs, RMSNorm, rope and SiLU-mul
 //   are one kernel each way, and weight gradients accumulate in place

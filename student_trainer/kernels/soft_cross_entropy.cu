@@ -1,10 +1,18 @@
 // Soft cross-entropy over draft logits with the gradient written in place
-// (see student_kernels.h). One block per row: the first pass keeps a
-// running max and sum of exponentials (online softmax), the argmax, and
-// the target's sum and dot product; for the LK losses a second pass sums
-// min(P, q) and the mass where q follows; the last pass writes the gradient.
-// The target probabilities are never stored: p = exp(target - lse_t) is
-// recomputed from the fp32 target logits in each pass.
+// (see student_kernels.h). One block per row: the first pass reads only
+// the logits and keeps a running max and sum of exponentials (online
+// softmax) and the argmax; for the LK losses a second pass sums min(P, q)
+// and the mass where q follows; the last pass writes the gradient and
+// sums the target's dot product with the logits for the loss.
+//
+// The target row (fp32: twice the logits' bytes) is read by the last pass
+// only, and the logits' second read mostly hits L2 (a block's row was read
+// just before): about the minimum HBM traffic of one read of each row and
+// one write. This needs sum_v p_v before the last pass; it is 1, as the
+// target's log-sum-exp is its own row's (TargetDistribution), so the
+// kernel takes it as 1 where the ATen statement sums p (the two differ by
+// fp32 rounding). The target probabilities are never stored: p =
+// exp(target - lse_t) is recomputed from the fp32 target logits.
 #include <cfloat>
 #include <climits>
 
@@ -19,8 +27,6 @@ struct RowStats {
   float max;      // running max of z
   float sum_exp;  // sum of exp(z - max)
   int64_t arg;    // first index of the max
-  float sum_p;    // sum of p
-  float dot;      // sum of p * z
 };
 
 __device__ __forceinline__ void Visit(RowStats& s, float z, int64_t index) {
@@ -33,12 +39,10 @@ __device__ __forceinline__ void Visit(RowStats& s, float z, int64_t index) {
   }
 }
 
-// Sums e, p and d and takes the smallest arg over the warp.
-__device__ __forceinline__ void WarpMergeSums(float& e, float& p, float& d, long long& arg) {
+// Sums e and takes the smallest arg over the warp.
+__device__ __forceinline__ void WarpMergeSums(float& e, long long& arg) {
   for (int o = 16; o > 0; o >>= 1) {
     e += __shfl_xor_sync(0xffffffffu, e, o);
-    p += __shfl_xor_sync(0xffffffffu, p, o);
-    d += __shfl_xor_sync(0xffffffffu, d, o);
     const long long other = __shfl_xor_sync(0xffffffffu, arg, o);
     arg = other < arg ? other : arg;
   }
@@ -46,7 +50,7 @@ __device__ __forceinline__ void WarpMergeSums(float& e, float& p, float& d, long
 
 // Merges the block's per-thread statistics; every thread gets the result.
 __device__ RowStats BlockMerge(RowStats s) {
-  __shared__ float sh_max[32], sh_exp[32], sh_p[32], sh_dot[32];
+  __shared__ float sh_max[32], sh_exp[32];
   __shared__ long long sh_arg[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   // Max first: every thread needs it to rescale its sum of exponentials.
@@ -58,21 +62,16 @@ __device__ RowStats BlockMerge(RowStats s) {
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   float e = s.max == -FLT_MAX && s.sum_exp == 0.f ? 0.f : s.sum_exp * expf(s.max - m);
   long long arg = s.max == m ? static_cast<long long>(s.arg) : LLONG_MAX;
-  float p = s.sum_p, d = s.dot;
-  WarpMergeSums(e, p, d, arg);
+  WarpMergeSums(e, arg);
   if (lane == 0) {
     sh_exp[warp] = e;
-    sh_p[warp] = p;
-    sh_dot[warp] = d;
     sh_arg[warp] = arg;
   }
   __syncthreads();
   e = lane < warps ? sh_exp[lane] : 0.f;
-  p = lane < warps ? sh_p[lane] : 0.f;
-  d = lane < warps ? sh_dot[lane] : 0.f;
   arg = lane < warps ? sh_arg[lane] : LLONG_MAX;
-  WarpMergeSums(e, p, d, arg);
-  return {m, e, static_cast<int64_t>(arg), p, d};
+  WarpMergeSums(e, arg);
+  return {m, e, static_cast<int64_t>(arg)};
 }
 
 __device__ __forceinline__ void LoadTarget(const float* row, int64_t i, float (&v)[kVec]) {
@@ -87,26 +86,31 @@ __device__ __forceinline__ float FollowsQ(float q, float p_full) {
   return q < p_full ? 1.f : (q == p_full ? 0.5f : 0.f);
 }
 
-// The LK terms of a row: alpha = sum min(P, q) and S = sum FollowsQ * q.
+// The LK terms of a row: alpha = sum min(P, q), S = sum FollowsQ * q, and
+// the loss's sum p * z (so that a call that writes no gradient needs no
+// further pass).
 template <typename T>
-__device__ float2 AcceptanceSums(const Pack<T, kVec>* z, const float* target, float t_lse,
+__device__ float3 AcceptanceSums(const Pack<T, kVec>* z, const float* target, float t_lse,
                                  float log_mass, float lse, int64_t packs) {
-  float alpha = 0.f, follows = 0.f;
+  float alpha = 0.f, follows = 0.f, dot = 0.f;
   for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
     const Pack<T, kVec> zp = z[i];
     float tv[kVec];
     LoadTarget(target, i, tv);
 #pragma unroll
     for (int e = 0; e < kVec; ++e) {
-      const float q = expf(Num<T>::ToF(zp.v[e]) - lse);
+      const float zf = Num<T>::ToF(zp.v[e]);
+      const float q = expf(zf - lse);
       const float p_full = expf(tv[e] - t_lse + log_mass);
       alpha += fminf(q, p_full);
       follows += FollowsQ(q, p_full) * q;
+      dot += expf(tv[e] - t_lse) * zf;
     }
   }
   alpha = BlockSum(alpha);
   follows = BlockSum(follows);
-  return {alpha, follows};
+  dot = BlockSum(dot);
+  return {alpha, follows, dot};
 }
 
 template <typename T>
@@ -128,42 +132,34 @@ __global__ void __launch_bounds__(kThreads)
   const float t_lse = trained ? target_lse[t] : 0.f;
   const int64_t packs = cols / kVec;
 
-  RowStats s{-FLT_MAX, 0.f, 0, 0.f, 0.f};
+  RowStats s{-FLT_MAX, 0.f, 0};
   for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
     const P zp = z[i];
-    float tv[kVec];
-    if (trained) LoadTarget(target, i, tv);
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) {
-      const float zf = Num<T>::ToF(zp.v[e]);
-      Visit(s, zf, i * kVec + e);
-      if (trained) {
-        const float p = expf(tv[e] - t_lse);
-        s.sum_p += p;
-        s.dot += p * zf;
-      }
-    }
+    for (int e = 0; e < kVec; ++e) Visit(s, Num<T>::ToF(zp.v[e]), i * kVec + e);
   }
   const RowStats r = BlockMerge(s);
   const float lse = r.max + logf(r.sum_exp);
-  if (threadIdx.x == 0) {
-    loss[row] = trained ? -weight * (r.dot - lse * r.sum_p) : 0.f;
-    argmax[row] = r.arg;
-  }
+  if (threadIdx.x == 0) argmax[row] = r.arg;
   // The LK terms (uniform per block: every thread takes the same branch).
   const bool lk = acc.target_log_mass != nullptr;
   const float log_mass = lk && trained ? acc.target_log_mass[t] : 0.f;
-  float2 lk_sums{0.f, 0.f};
+  float3 lk_sums{0.f, 0.f, 0.f};
   if (lk && trained) lk_sums = AcceptanceSums(z, target, t_lse, log_mass, lse, packs);
   if (lk && threadIdx.x == 0 && acc.alpha != nullptr) acc.alpha[row] = lk_sums.x;
-  if (lk && !acc.write_grad) return;
+  if (lk && !acc.write_grad) {
+    if (threadIdx.x == 0) loss[row] = trained ? -weight * (lk_sums.z - lse) : 0.f;
+    return;
+  }
   float acc_weight = 0.f;  // the coefficient of d alpha / dz
   if (lk && trained) {
     acc_weight = acc.acc_grad_scale[row] * weight;
     if (acc.log_form) acc_weight = lk_sums.x > 0.f ? acc_weight / lk_sums.x : 0.f;
   }
-  __syncthreads();  // every thread has read z before any writes it
+  // The last pass: the gradient (softmax(z) * sum p - p, with sum p = 1)
+  // and the loss's sum p * z. Each thread rewrites only the packs it read.
   const float grad_weight = row_grad_scale[row] * weight;
+  float dot = 0.f;
   for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
     P g;
     if (trained) {
@@ -172,9 +168,11 @@ __global__ void __launch_bounds__(kThreads)
       LoadTarget(target, i, tv);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
-        const float softmax = expf(Num<T>::ToF(zp.v[e]) - lse);
+        const float zf = Num<T>::ToF(zp.v[e]);
+        const float softmax = expf(zf - lse);
         const float p = expf(tv[e] - t_lse);
-        float grad = grad_weight * (softmax * r.sum_p - p);
+        dot += p * zf;
+        float grad = grad_weight * (softmax - p);
         if (acc_weight != 0.f) {
           const float p_full = expf(tv[e] - t_lse + log_mass);  // as AcceptanceSums
           grad += acc_weight * softmax * (FollowsQ(softmax, p_full) - lk_sums.y);
@@ -186,6 +184,27 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < kVec; ++e) g.v[e] = Num<T>::FromF(0.f);
     }
     z[i] = g;
+  }
+  if (trained) dot = BlockSum(dot);
+  if (threadIdx.x == 0) loss[row] = trained ? -weight * (dot - lse) : 0.f;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    RowLogSumExpArgmaxKernel(const float* __restrict__ x, int64_t cols, float* __restrict__ lse,
+                             int64_t* __restrict__ argmax) {
+  const int64_t row = blockIdx.x;
+  const float* values = x + row * cols;
+  RowStats s{-FLT_MAX, 0.f, 0};
+  for (int64_t i = threadIdx.x; i < cols / kVec; i += blockDim.x) {
+    float v[kVec];
+    LoadTarget(values, i, v);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) Visit(s, v[e], i * kVec + e);
+  }
+  const RowStats r = BlockMerge(s);
+  if (threadIdx.x == 0) {
+    lse[row] = r.max + logf(r.sum_exp);
+    argmax[row] = r.arg;
   }
 }
 
@@ -209,6 +228,12 @@ bool SoftCrossEntropy(Dtype dtype, void* logits, int64_t rows, int64_t cols,
         row_grad_scale, loss, argmax, acc);
     return true;
   });
+}
+
+bool RowLogSumExpArgmax(const float* x, int64_t rows, int64_t cols, float* lse, int64_t* argmax, void* stream) {
+  if (rows <= 0 || cols <= 0 || cols % kVec != 0 || !Aligned16(x) || rows > 0x7fffffff) return false;
+  RowLogSumExpArgmaxKernel<<<static_cast<unsigned>(rows), kThreads, 0, AsStream(stream)>>>(x, cols, lse, argmax);
+  return true;
 }
 
 }  // namespace e3::student_kernels

@@ -133,8 +133,9 @@ bool TttDiagBackward(Dtype dtype, const TttAttentionShape& shape, const void* q,
 // never stored in fp32). For row r of logits [rows, cols] (row stride
 // cols), its weight w = row_weight[r], its gradient scale
 // s = row_grad_scale[r] and its target row t = target_row[r] of
-// target_logits (fp32 [*, cols]) with target_lse[t] its log-sum-exp,
-// p = exp(target - lse_t):
+// target_logits (fp32 [*, cols]) with target_lse[t] that row's own
+// log-sum-exp, p = exp(target - lse_t) (so sum_v p_v = 1, which the kernel
+// takes as exact):
 //   loss[r]   = -w * sum_v p_v (z_v - lse(z))
 //   argmax[r] = the first index of max z (at::argmax's choice)
 //   z        <- dtype(s * w * (softmax(z) * sum_v p_v - p))
@@ -162,6 +163,12 @@ bool SoftCrossEntropy(Dtype dtype, void* logits, int64_t rows, int64_t cols,
                       const int64_t* target_row, const float* row_weight,
                       const float* row_grad_scale, float* loss, int64_t* argmax,
                       const AcceptanceArgs* acceptance, void* stream);
+
+// The target distribution's row statistics in one read of its fp32 logits
+// x [rows, cols] (row stride cols): lse[r] = log sum_v exp x_v and
+// argmax[r] = the first index of the row's max (at::argmax's choice for
+// rows without NaN). Requires cols % 8 == 0 and 16-byte aligned rows.
+bool RowLogSumExpArgmax(const float* x, int64_t rows, int64_t cols, float* lse, int64_t* argmax, void* stream);
 
 // ---------------------------------------------------------------------------
 // AdamW over flat buffers, as torch.optim.AdamW computes it (decoupled

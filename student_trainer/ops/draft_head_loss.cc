@@ -63,12 +63,22 @@ double AcceptanceNorm(const HeadStepRows& step) {
   return 1.0 / std::max(static_cast<double>(step.trained_positions), 1e-8);
 }
 
+// A segment's rows of a step's [T, ...] tensor: a view where they are a
+// range, else gathered.
+at::Tensor SegmentRows(const at::Tensor& values, const HeadStepRows& st, const Segment& seg) {
+  if (st.first_row >= 0) return values.narrow(0, st.first_row + seg.begin, seg.length);
+  return values.index_select(0, st.rows.narrow(0, seg.begin, seg.length));
+}
+
+// Concatenates; one tensor stays as it is (a view, when its rows were).
+at::Tensor CatRows(const std::vector<at::Tensor>& parts) { return parts.size() == 1 ? parts[0] : at::cat(parts, 0); }
+
 ChunkRows Gather(const std::vector<Segment>& chunk, const std::vector<at::Tensor>& hiddens,
                  const std::vector<HeadStepRows>& steps, int64_t tokens) {
   std::vector<at::Tensor> x, tr, w, s, a, j;
   for (const Segment& seg : chunk) {
     const HeadStepRows& st = steps[seg.step];
-    x.push_back(hiddens[seg.step].index_select(0, st.rows.narrow(0, seg.begin, seg.length)));
+    x.push_back(SegmentRows(hiddens[seg.step], st, seg));
     tr.push_back(st.target_rows.narrow(0, seg.begin, seg.length));
     w.push_back(st.row_weight.narrow(0, seg.begin, seg.length));
     s.push_back(
@@ -76,7 +86,7 @@ ChunkRows Gather(const std::vector<Segment>& chunk, const std::vector<at::Tensor
     a.push_back(at::full({seg.length}, st.step_weight * AcceptanceNorm(st), w.back().options()));
     j.push_back(at::full({seg.length}, seg.step, tr.back().options()));
   }
-  return {at::cat(x, 0), at::cat(tr, 0), at::cat(w, 0), at::cat(s, 0), at::cat(a, 0), at::cat(j, 0)};
+  return {CatRows(x), CatRows(tr), CatRows(w), CatRows(s), CatRows(a), CatRows(j)};
 }
 
 // log(a) where a > 0, else 0 (SpecForge's log acceptance rate).
@@ -242,6 +252,14 @@ class DraftHeadLossFunction : public torch::autograd::Function<DraftHeadLossFunc
   }
 
  private:
+  // Writes v into a segment's rows of dst (the inverse of SegmentRows).
+  static void PutRows(at::Tensor& dst, const HeadStepRows& st, const Segment& seg, const at::Tensor& v) {
+    if (st.first_row >= 0) {
+      dst.narrow(0, st.first_row + seg.begin, seg.length).copy_(v);
+    } else {
+      dst.index_copy_(0, st.rows.narrow(0, seg.begin, seg.length), v);
+    }
+  }
   // Copies a chunk's rows of `values` into the steps' [T, ...] tensors.
   static void KeepRows(const std::vector<Segment>& chunk, const std::vector<HeadStepRows>& steps,
                        const at::Tensor& values, std::vector<at::Tensor>* into) {
@@ -249,8 +267,7 @@ class DraftHeadLossFunction : public torch::autograd::Function<DraftHeadLossFunc
     for (const Segment& seg : chunk) {
       at::Tensor& dst = (*into)[seg.step];
       const at::Tensor v = values.narrow(0, offset, seg.length);
-      dst.index_copy_(0, steps[seg.step].rows.narrow(0, seg.begin, seg.length),
-                      dst.dim() == 1 ? v.squeeze(1) : v);
+      PutRows(dst, steps[seg.step], seg, dst.dim() == 1 ? v.squeeze(1) : v);
       offset += seg.length;
     }
   }
@@ -258,8 +275,7 @@ class DraftHeadLossFunction : public torch::autograd::Function<DraftHeadLossFunc
                           const at::Tensor& dx, std::vector<at::Tensor>* dh) {
     int64_t offset = 0;
     for (const Segment& seg : chunk) {
-      (*dh)[seg.step].index_copy_(0, steps[seg.step].rows.narrow(0, seg.begin, seg.length),
-                                  dx.narrow(0, offset, seg.length));
+      PutRows((*dh)[seg.step], steps[seg.step], seg, dx.narrow(0, offset, seg.length));
       offset += seg.length;
     }
   }
@@ -317,12 +333,38 @@ std::optional<SoftCrossEntropyResult> SoftCrossEntropyKernel(at::Tensor& logits,
 }
 #endif
 
+#ifdef E3_HAS_CUDA
+bool RowStatsKernel(TargetDistribution& t) {
+  const at::Tensor& x = t.logits;
+  if (!StudentKernelTakesFloat(x) || x.dim() != 2 || !x.is_contiguous()) return false;
+  t.lse = at::empty({x.size(0)}, x.options());
+  t.top = at::empty({x.size(0)}, x.options().dtype(at::kLong));
+  if (!student_kernels::RowLogSumExpArgmax(x.data_ptr<float>(), x.size(0), x.size(1), t.lse.data_ptr<float>(),
+                                           t.top.data_ptr<int64_t>(), StudentKernelStream(x))) {
+    return false;
+  }
+  CheckStudentKernelLaunch("RowLogSumExpArgmax");
+  return true;
+}
+#endif
+
 // min(P, q) follows q where q < P, half of it at a tie (at::minimum's gradient).
 at::Tensor FollowsQ(const at::Tensor& q, const at::Tensor& p_full) {
   return at::where(q < p_full, at::ones_like(q), at::where(q == p_full, at::full_like(q, 0.5), at::zeros_like(q)));
 }
 
 }  // namespace
+
+TargetDistribution TargetFromLogits(at::Tensor logits) {
+  TargetDistribution t;
+  t.logits = std::move(logits);
+#ifdef E3_HAS_CUDA
+  if (RowStatsKernel(t)) return t;
+#endif
+  t.lse = at::logsumexp(t.logits, -1);
+  t.top = t.logits.argmax(-1);
+  return t;
+}
 
 SoftCrossEntropyResult SoftCrossEntropyInPlace(at::Tensor& logits, const TargetDistribution& target,
                                                const at::Tensor& target_rows,

@@ -27,6 +27,10 @@ struct HeadStepRows {
   at::Tensor row_weight;   // fp32 [n]: 1 where the position mask is set, else 0
   double step_weight = 1;  // the step's weight in the loss (step_weight^j)
   int64_t trained_positions = 0;  // sum of the position mask: the LK losses' normaliser
+  // >= 0 where `rows` is the range [first_row, first_row + n) (a known host
+  // fact: every position trained, as in long single samples): the head
+  // then reads and writes those rows as views instead of gathering them.
+  int64_t first_row = -1;
 };
 
 // The target distribution, built once per batch: logits over the draft
@@ -37,6 +41,10 @@ struct TargetDistribution {
   at::Tensor logits, lse, top;
   at::Tensor log_mass;
 };
+
+// logits with their log-sum-exp and argmax, read once by one kernel on the
+// GPU (ATen's logsumexp and argmax read them four times), else by ATen.
+TargetDistribution TargetFromLogits(at::Tensor logits);
 
 // Each step's loss (student_trainer/ttt.h gives the formulas).
 enum class HeadLossKind { kSoftCe, kLkAlpha, kLkLambda };

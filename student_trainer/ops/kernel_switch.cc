@@ -34,6 +34,11 @@ bool StudentKernelDtype(const at::Tensor& t, student_kernels::Dtype* out) {
   return false;
 }
 
+bool StudentKernelTakesFloat(const at::Tensor& t) {
+  return g_enabled.load() && t.defined() && t.is_cuda() && t.scalar_type() == at::kFloat &&
+         at::cuda::getDeviceProperties(t.device().index())->major >= 8;
+}
+
 void* StudentKernelStream(const at::Tensor& t) {
   return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
 }

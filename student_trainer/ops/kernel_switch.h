@@ -23,6 +23,8 @@ int64_t StudentKernelLaunches();
 #ifdef E3_HAS_CUDA
 // The kernels' dtype for t, or false where no kernel may take it.
 bool StudentKernelDtype(const at::Tensor& t, student_kernels::Dtype* out);
+// Whether a kernel over fp32 values may take t (the same conditions).
+bool StudentKernelTakesFloat(const at::Tensor& t);
 // The current CUDA stream of t's device, as the kernels take it.
 void* StudentKernelStream(const at::Tensor& t);
 // After a launcher accepted its arguments: throws c10::Error naming `what`

@@ -119,8 +119,11 @@ TEST_F(StudentKernelsGpuTest, RopeQkvForwardAndBackward) {
   }
 }
 
-TEST_F(StudentKernelsGpuTest, SoftCrossEntropyRowsAndGradient) {
-  const int64_t rows = 700, vocab = 4000, targets = 300;
+// Vocabs: a small one, the draft vocab users train (32000) and a large one.
+class SoftCrossEntropyVocabTest : public StudentKernelsGpuTest, public ::testing::WithParamInterface<int64_t> {};
+
+TEST_P(SoftCrossEntropyVocabTest, RowsAndGradient) {
+  const int64_t vocab = GetParam(), rows = vocab > 4000 ? 96 : 700, targets = vocab > 4000 ? 40 : 300;
   const auto f32 = torch::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
   ops::TargetDistribution target;
   target.logits = torch::randn({targets, vocab}, f32) * 3;
@@ -140,6 +143,23 @@ TEST_F(StudentKernelsGpuTest, SoftCrossEntropyRowsAndGradient) {
   // argmax: at::argmax over the same bf16 logits.
   EXPECT_TRUE(k[1].equal(a[1]));
   EXPECT_TRUE(k[1].equal(z.argmax(-1)));
+}
+INSTANTIATE_TEST_SUITE_P(Vocab, SoftCrossEntropyVocabTest, ::testing::Values(4000, 32000, 64000));
+
+// The target distribution's log-sum-exp and argmax in one pass against
+// ATen's: fp32 sums in another order (1e-6 relative), the same indices.
+TEST_F(StudentKernelsGpuTest, TargetRowStatsMatchLogSumExpAndArgmax) {
+  const auto f32 = torch::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+  for (int64_t vocab : {4000, 32000}) {
+    const at::Tensor logits = torch::randn({300, vocab}, f32) * 5;
+    auto [k, a] = BothWays([&] {
+      const ops::TargetDistribution t = ops::TargetFromLogits(logits);
+      return std::vector<at::Tensor>{t.lse, t.top};
+    });
+    EXPECT_LE(RelInf(k[0], a[0]), 1e-6) << "vocab " << vocab;
+    EXPECT_TRUE(k[1].equal(a[1])) << "vocab " << vocab;
+    EXPECT_LE(RelInf(k[0], at::logsumexp(logits.to(at::kDouble), -1)), 1e-6);
+  }
 }
 
 // The LK losses' terms: alpha = sum min(P, q) (fp32 sums: 1e-3) and the
