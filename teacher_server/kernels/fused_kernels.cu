@@ -284,11 +284,22 @@ __global__ void GatherRowsKernel(const T* __restrict__ x, const int64_t* __restr
   }
 }
 
+// A router weight as a float: a 16-bit one widened, an fp32 one as it is.
+template <typename T>
+__device__ __forceinline__ float WeightToF(T w) {
+  return Num<T>::ToF(w);
+}
+template <>
+__device__ __forceinline__ float WeightToF<float>(float w) {
+  return w;
+}
+
 // One pack of 8 features of one token per thread: the token's k weighted
 // expert outputs added in slot order, rounded after every product and add.
-template <typename T>
+// W: the weights' type (T, or float for DeepSeekMoE's fp32 weights).
+template <typename T, typename W>
 __global__ void MoeCombineKernel(const T* __restrict__ y, const int64_t* __restrict__ rows,
-                                 const T* __restrict__ weights, const uint8_t* __restrict__ valid, T* __restrict__ out,
+                                 const W* __restrict__ weights, const uint8_t* __restrict__ valid, T* __restrict__ out,
                                  int64_t tokens, int64_t k, int64_t cols) {
   using P = Pack<T, kVec>;
   const int64_t packs = cols / kVec;
@@ -302,7 +313,7 @@ __global__ void MoeCombineKernel(const T* __restrict__ y, const int64_t* __restr
       const int64_t slot = t * k + r;
       if (valid != nullptr && valid[slot] == 0) continue;
       const P v = reinterpret_cast<const P*>(y + rows[slot] * cols)[p];
-      const float w = Num<T>::ToF(weights[slot]);
+      const float w = WeightToF(weights[slot]);
 #pragma unroll
       for (int i = 0; i < kVec; ++i) acc[i] = Round<T>(acc[i] + Round<T>(Num<T>::ToF(v.v[i]) * w));
     }
@@ -762,19 +773,33 @@ bool RowArgmax(Dtype dtype, const void* x, int64_t rows, int64_t cols, int64_t r
   return true;
 }
 
-bool MoeCombine(Dtype dtype, const void* y, const int64_t* rows, const void* weights, const uint8_t* valid,
-                void* out, int64_t tokens, int64_t k, int64_t cols, void* stream) {
+bool MoeCombine(Dtype dtype, const void* y, const int64_t* rows, const void* weights, bool fp32_weights,
+                const uint8_t* valid, void* out, int64_t tokens, int64_t k, int64_t cols, void* stream) {
   if (tokens <= 0 || k <= 0 || cols % kVec != 0 || !Aligned(y) || !Aligned(out)) return false;
   auto s = static_cast<cudaStream_t>(stream);
   const int64_t blocks = Blocks(tokens * cols / kVec);
   if (dtype == Dtype::kBFloat16) {
-    MoeCombineKernel<__nv_bfloat16><<<blocks, kThreads, 0, s>>>(
-        static_cast<const __nv_bfloat16*>(y), rows, static_cast<const __nv_bfloat16*>(weights), valid,
-        static_cast<__nv_bfloat16*>(out), tokens, k, cols);
+    using T = __nv_bfloat16;
+    if (fp32_weights) {
+      MoeCombineKernel<T, float><<<blocks, kThreads, 0, s>>>(static_cast<const T*>(y), rows,
+                                                             static_cast<const float*>(weights), valid,
+                                                             static_cast<T*>(out), tokens, k, cols);
+    } else {
+      MoeCombineKernel<T, T><<<blocks, kThreads, 0, s>>>(static_cast<const T*>(y), rows,
+                                                         static_cast<const T*>(weights), valid, static_cast<T*>(out),
+                                                         tokens, k, cols);
+    }
   } else {
-    MoeCombineKernel<__half><<<blocks, kThreads, 0, s>>>(static_cast<const __half*>(y), rows,
-                                                         static_cast<const __half*>(weights), valid,
-                                                         static_cast<__half*>(out), tokens, k, cols);
+    using T = __half;
+    if (fp32_weights) {
+      MoeCombineKernel<T, float><<<blocks, kThreads, 0, s>>>(static_cast<const T*>(y), rows,
+                                                             static_cast<const float*>(weights), valid,
+                                                             static_cast<T*>(out), tokens, k, cols);
+    } else {
+      MoeCombineKernel<T, T><<<blocks, kThreads, 0, s>>>(static_cast<const T*>(y), rows,
+                                                         static_cast<const T*>(weights), valid, static_cast<T*>(out),
+                                                         tokens, k, cols);
+    }
   }
   return true;
 }

@@ -87,9 +87,11 @@ bool RowArgmax(Dtype dtype, const void* x, int64_t rows, int64_t cols, int64_t r
 // the sum rounded to the dtype after each add (SparseMoe's per-expert
 // index_add). Slots whose `valid` byte is 0 add nothing (valid may be null:
 // every slot counts). y: [*, cols] contiguous; rows int64 and weights
-// (dtype) [tokens * k]; out [tokens, cols]. Requires cols % 8 == 0.
-bool MoeCombine(Dtype dtype, const void* y, const int64_t* rows, const void* weights, const uint8_t* valid,
-                void* out, int64_t tokens, int64_t k, int64_t cols, void* stream);
+// [tokens * k], in the dtype or, with fp32_weights, in fp32 (DeepSeekMoE:
+// the product of the fp32 weight and the widened output, then rounded);
+// out [tokens, cols]. Requires cols % 8 == 0.
+bool MoeCombine(Dtype dtype, const void* y, const int64_t* rows, const void* weights, bool fp32_weights,
+                const uint8_t* valid, void* out, int64_t tokens, int64_t k, int64_t cols, void* stream);
 
 // The error of the last launch on this thread (cudaGetLastError), or null.
 const char* TakeLaunchError();

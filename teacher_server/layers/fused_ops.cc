@@ -172,12 +172,13 @@ at::Tensor MoeCombine(const at::Tensor& y, const at::Tensor& rows, const at::Ten
   const int64_t T = rows.size(0), k = rows.size(1), H = y.size(1);
 #ifdef E3_HAS_CUDA
   kernels::Dtype dt;
+  const bool fp32_weights = weights.scalar_type() == at::kFloat;
   if (fused && KernelDtype(y, &dt) && y.is_contiguous() && rows.scalar_type() == at::kLong && rows.is_contiguous() &&
-      weights.scalar_type() == y.scalar_type() && weights.is_contiguous() &&
+      (weights.scalar_type() == y.scalar_type() || fp32_weights) && weights.is_contiguous() &&
       (!valid.defined() || (valid.scalar_type() == at::kBool && valid.is_contiguous()))) {
     const c10::cuda::CUDAGuard guard(y.device());
     at::Tensor out = torch::empty({T, H}, y.options());
-    if (kernels::MoeCombine(dt, y.data_ptr(), rows.data_ptr<int64_t>(), weights.data_ptr(),
+    if (kernels::MoeCombine(dt, y.data_ptr(), rows.data_ptr<int64_t>(), weights.data_ptr(), fp32_weights,
                             valid.defined() ? static_cast<const uint8_t*>(valid.data_ptr()) : nullptr,
                             out.data_ptr(), T, k, H, CurrentStream(y))) {
       CheckLaunch("MoE combine");
@@ -188,7 +189,9 @@ at::Tensor MoeCombine(const at::Tensor& y, const at::Tensor& rows, const at::Ten
   (void)fused;
   at::Tensor out = torch::zeros({T, H}, y.options());
   for (int64_t r = 0; r < k; ++r) {
-    at::Tensor part = y.index_select(0, rows.select(1, r)) * weights.select(1, r).unsqueeze(-1);
+    // Rounded to y's dtype before the add (a no-op for weights in that
+    // dtype; fp32 weights give an fp32 product, rounded as the loop does).
+    at::Tensor part = (y.index_select(0, rows.select(1, r)) * weights.select(1, r).unsqueeze(-1)).to(y.scalar_type());
     // A choice that does not count adds nothing (its row of y may hold no value).
     if (valid.defined()) part = at::where(valid.select(1, r).unsqueeze(-1), part, at::zeros({}, part.options()));
     out.add_(part);

@@ -50,7 +50,8 @@ at::Tensor GatherRows(const at::Tensor& x, const at::Tensor& index, const at::Te
 
 // A MoE layer's sum over each token's k experts: y [P, H] holds the
 // experts' outputs, rows [T, k] (int64) the row of y of each token's r-th
-// choice, weights [T, k] their router weights (y's dtype), valid [T, k]
+// choice, weights [T, k] their router weights (y's dtype, or fp32: each
+// product then in fp32 and rounded to y's dtype), valid [T, k]
 // (bool, or undefined: all) whether the choice counts. Returns [T, H]:
 // for r in order, out += dtype(y[rows[t, r]] * weights[t, r]), each add
 // rounded to the dtype. With `fused` on CUDA one kernel, else that op
