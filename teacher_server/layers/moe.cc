@@ -175,11 +175,13 @@ at::Tensor GroupedExpertsSum(const at::Tensor& x, const MoeWeights& w, const at:
     return bias.defined() ? y + bias.index_select(0, row_expert) : y;
   };
   // Each pair's token row, gathered in pair order (freed after the GEMM).
-  at::Tensor gate_up = plus_bias(
-      GroupedLinear(GatherRows(x, order.div(k, "floor"), limit, fused_activation), w.stacked_gate_up, offs),
-      w.stacked_gate_up_bias);
-  const at::Tensor act = clamped_swiglu ? ClampedSwiGluActivation(gate_up, *clamped_swiglu)
-                                        : SiluMul(gate_up, fused_activation, limit);
+  at::Tensor gate_up =
+      GroupedLinear(GatherRows(x, order.div(k, "floor"), limit, fused_activation), w.stacked_gate_up, offs);
+  // GPT-OSS: its gate/up bias and clamped activation in one kernel pass.
+  const at::Tensor act =
+      clamped_swiglu
+          ? BiasClampedSwiGlu(gate_up, w.stacked_gate_up_bias, row_expert, *clamped_swiglu, fused_activation, limit)
+          : SiluMul(plus_bias(gate_up, w.stacked_gate_up_bias), fused_activation, limit);
   gate_up = at::Tensor();
   const at::Tensor y = plus_bias(GroupedLinear(act, w.stacked_down, offs), w.stacked_down_bias);
   // Where each pair's output row landed in y.

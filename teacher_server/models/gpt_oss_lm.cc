@@ -249,7 +249,7 @@ std::string GptOssLM::Techniques() const {
     parts.push_back("reference element-wise ops");
   } else {
     parts.push_back(FusedKernelsRunOn(options_.device)
-                        ? "custom kernels (rope, MoE gather/combine; norms and clamped SwiGLU in ATen)"
+                        ? "custom kernels (rope, MoE gather, clamped SwiGLU, combine; norms in ATen)"
                         : "custom kernels off (need CUDA, compute capability 8.0+)");
   }
   if (options_.attention == AttentionKernel::kFlashVarlen &&
