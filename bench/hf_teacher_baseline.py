@@ -50,6 +50,21 @@ SHAPES = {
                                 rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=40.0,
                                                      original_max_position_embeddings=4096, beta_fast=32.0,
                                                      beta_slow=1.0, mscale=0.707, mscale_all_dim=0.707)),
+    # DeepSeek-V3's dimensions (q_lora 1536, kv_lora 512, 128 heads; 256
+    # routed experts of 2048, 8 per token, sigmoid routing over 8 groups of
+    # which 4 are kept, 1 shared; routed scaling 2.5; layers before
+    # first_k_dense_replace dense) with 2 of its 61 layers, one dense and
+    # one MoE: 13.8B parameters, 28 GB in bf16.
+    "deepseek-v3-2l": dict(arch="deepseek_v3", hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+                           num_hidden_layers=2, num_attention_heads=128, num_key_value_heads=128,
+                           n_routed_experts=256, num_experts_per_tok=8, n_shared_experts=1, n_group=8, topk_group=4,
+                           first_k_dense_replace=1, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+                           qk_rope_head_dim=64, v_head_dim=128, routed_scaling_factor=2.5, norm_topk_prob=True,
+                           vocab_size=129280, tie_word_embeddings=False, bos_token_id=0, eos_token_id=1,
+                           max_position_embeddings=163840,
+                           rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=40.0,
+                                                original_max_position_embeddings=4096, beta_fast=32.0,
+                                                beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0)),
     # GPT-OSS-20B's dimensions (64 query / 8 KV heads of 64 with sinks,
     # sliding window 128 on alternate layers, 32 experts of 2880, 4 per
     # token) with 6 of its 24 layers: 5.2B parameters, experts in bf16.
@@ -89,6 +104,10 @@ def main():
         cfg = transformers.DeepseekV2Config(rms_norm_eps=1e-6, attn_implementation="sdpa", torch_dtype="bfloat16",
                                             **shape)
         model_class = transformers.DeepseekV2ForCausalLM
+    elif arch == "deepseek_v3":
+        cfg = transformers.DeepseekV3Config(rms_norm_eps=1e-6, attn_implementation="sdpa", torch_dtype="bfloat16",
+                                            **shape)
+        model_class = transformers.DeepseekV3ForCausalLM
     elif arch == "gpt_oss":
         # GPT-OSS's sinks need transformers' eager attention (sdpa has no
         # sink term).

@@ -17,6 +17,8 @@
 #   alternate: sgl vs HF transformers on 8x1024, alternated process by
 #      process for $ROUNDS rounds (default 3; shapes $TEACHER_SHAPES,
 #      default llama-8b), with the median ratio
+#   moe_archs: DeepSeek and GPT-OSS reduced-depth shapes, sgl and hf vs
+#      HF transformers on the same weights ($MOE_ARCH_SHAPES)
 #   kernels: bench/probes/elementwise_kernels_probe.cu (SiLU-mul and rope variants
 #      against the teacher's kernels, bit-checked, alone and after their
 #      GEMM) and bench/probes/fp8_head_probe.cu (the lm_head's top-8 scan variants,
@@ -26,7 +28,7 @@
 # where that is set: the device machine's folder that comes back, since its
 # copy of the working tree is replaced at the next call).
 #
-#   bench/run_gpu_benches.sh BUILD_DIR [teacher|transport|student|e2e|tp|ddp|consistency ...]
+#   bench/run_gpu_benches.sh BUILD_DIR [teacher|transport|student|e2e|tp|ddp|consistency|moe_archs ...]
 set -euo pipefail
 BUILD=${1:?build dir}; shift
 PARTS=${*:-teacher transport student e2e}
@@ -361,5 +363,36 @@ PY
 }
 
 json_or_print() { while IFS= read -r l; do case "$l" in '{'*) echo "$l" >> "$RESULTS";; esac; echo "$l"; done; }
+
+# DeepSeek and GPT-OSS teachers at reduced depth (hf_teacher_baseline.py's
+# shapes; $MOE_ARCH_SHAPES, default V2-Lite 8 layers and GPT-OSS-20B 6
+# layers; deepseek-v3-2l writes 28 GB): transformers (its own experts path;
+# sdpa, or eager for GPT-OSS's sinks) against our backends
+# ($MOE_ARCH_BACKENDS, default sgl,hf) on the same weights, 8x1024, with
+# the lm_head.
+moe_archs() {
+  for shape in ${MOE_ARCH_SHAPES:-deepseek-v2-lite-8l gpt-oss-20b-6l}; do
+    local save=()
+    [ -f "$MODELS/$shape/config.json" ] || save=(--save_dir="$MODELS/$shape")
+    hf=$(python3 "$SRC/bench/hf_teacher_baseline.py" --shape=$shape "${save[@]}" | json)
+    ours=$("$BUILD/bench/teacher_forward_bench" --model_dir="$MODELS/$shape" --device=cuda:0 --dtype=bfloat16 \
+      --shapes=8x1024 --repeats=5 --logits --backends=${MOE_ARCH_BACKENDS:-sgl,hf} | tee /dev/stderr | json)
+    python3 - "$shape" "$hf" "$ours" <<'PY' | json_or_print
+import json, sys
+shape, hf = sys.argv[1], json.loads(sys.argv[2])
+rows = {r["backend"]: r for r in (json.loads(l) for l in sys.argv[3].splitlines())}
+base = hf["tok_per_s_logits"]
+parts = ", ".join(f"{name} {r['tok_per_s']:.0f} ({r['tok_per_s'] / base:.2f}x, host {100 * r['host_issue_share']:.0f}%)"
+                  for name, r in rows.items())
+print(f"teacher {shape} 8x1024 (bf16, with lm_head): transformers {base:.0f} tok/s"
+      f" (experts {hf.get('experts_implementation')}); ours: {parts}")
+for name, r in rows.items():
+    print(json.dumps({"bench": "teacher_vs_transformers", "shape": shape, "batch": hf["batch"],
+                      "tokens": hf["tokens"], "backend": name, "tok_per_s": r["tok_per_s"],
+                      "baseline": "hf_transformers_logits", "baseline_tok_per_s": base,
+                      "ratio": r["tok_per_s"] / base}))
+PY
+  done
+}
 
 for p in $PARTS; do echo "== $p"; $p; done

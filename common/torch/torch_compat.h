@@ -6,6 +6,7 @@
 #include <torch/version.h>
 
 #include <cmath>
+#include <optional>
 
 #include "common/torch/torch_core.h"
 
@@ -68,6 +69,18 @@ inline FlashVarlenResult FlashVarlenAttentionWithLse(const at::Tensor& q, const 
                                         /*is_causal=*/true, /*return_debug_mask=*/false, scale);
   return {std::get<0>(r), std::get<1>(r), std::get<2>(r), std::get<3>(r)};
 }
+// The same forward where a query at position i sees only the keys j with
+// i - window_left <= j <= i of its sample (window_left < 0: every earlier
+// key), through the kernel's window arguments (LibTorch 2.5+).
+inline FlashVarlenResult FlashVarlenWindowAttentionWithLse(const at::Tensor& q, const at::Tensor& k,
+                                                           const at::Tensor& v, const at::Tensor& cu_seqlens,
+                                                           int64_t max_seqlen, double scale, int64_t window_left) {
+  const std::optional<int64_t> left = window_left >= 0 ? std::optional<int64_t>(window_left) : std::nullopt;
+  const std::optional<int64_t> right = window_left >= 0 ? std::optional<int64_t>(0) : std::nullopt;
+  auto r = at::_flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, /*dropout_p=*/0.0,
+                                        /*is_causal=*/true, /*return_debug_mask=*/false, scale, left, right);
+  return {std::get<0>(r), std::get<1>(r), std::get<2>(r), std::get<3>(r)};
+}
 // Its backward, for any `out` and `lse` of the same layout (the TTT step
 // passes its merged output and log-sum-exp, so that these are the causal
 // block's share of the merged softmax's gradients). Returns dq, dk, dv.
@@ -125,6 +138,10 @@ struct FlashVarlenResult {
 };
 inline FlashVarlenResult FlashVarlenAttentionWithLse(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                      const at::Tensor&, int64_t, double) {
+  TORCH_CHECK(false, "varlen flash attention needs LibTorch 2.x with CUDA");
+}
+inline FlashVarlenResult FlashVarlenWindowAttentionWithLse(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                           const at::Tensor&, int64_t, double, int64_t) {
   TORCH_CHECK(false, "varlen flash attention needs LibTorch 2.x with CUDA");
 }
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor> FlashVarlenAttentionBackward(

@@ -284,11 +284,69 @@ __global__ void GatherRowsKernel(const T* __restrict__ x, const int64_t* __restr
   }
 }
 
+// One pack of 8 activations per thread: GPT-OSS's clamped SwiGLU of one
+// row of a grouped gate_up product (gate packs, then up packs), its
+// expert's gate/up bias added first, each step rounded where the ATen
+// sequence stores a tensor (ClampedSwiGluActivation): the bias adds; the
+// clamps (exact; NaN passes, as ATen's clamp); g * alpha; sigmoid as ATen
+// computes it, 1 / (1 + exp(-x)) in fp32; g * sigmoid; up + 1; the product.
+template <typename T>
+__global__ void ClampedSwiGluKernel(const T* __restrict__ gate_up, const T* __restrict__ bias,
+                                    const int64_t* __restrict__ row_expert, T* __restrict__ out, int64_t rows,
+                                    int64_t cols, float alpha, float limit, const int32_t* __restrict__ row_limit) {
+  using P = Pack<T, kVec>;
+  const int64_t packs = cols / kVec;
+  const int64_t total = LimitedRows(rows, row_limit) * packs;
+  const P* in = reinterpret_cast<const P*>(gate_up);
+  const P* b = reinterpret_cast<const P*>(bias);
+  P* o = reinterpret_cast<P*>(out);
+  const float lim = Round<T>(limit);  // ATen's clamp converts its bound to the dtype
+  for (int64_t idx = GridStrideStart(); idx < total; idx += GridStride()) {
+    const int64_t row = idx / packs, p = idx - row * packs;
+    const P g = in[row * 2 * packs + p];
+    const P u = in[row * 2 * packs + packs + p];
+    P bg, bu;
+    if (b != nullptr) {
+      const int64_t e = row_expert[row];
+      bg = b[e * 2 * packs + p];
+      bu = b[e * 2 * packs + packs + p];
+    }
+    P y;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      float gv = Num<T>::ToF(g.v[i]), uv = Num<T>::ToF(u.v[i]);
+      if (b != nullptr) {
+        gv = Round<T>(gv + Num<T>::ToF(bg.v[i]));
+        uv = Round<T>(uv + Num<T>::ToF(bu.v[i]));
+      }
+      if (!isnan(gv)) gv = fminf(gv, lim);
+      if (!isnan(uv)) uv = fminf(fmaxf(uv, -lim), lim);
+      const float scaled = Round<T>(gv * alpha);
+      const float sig = Round<T>(1.f / (1.f + expf(-scaled)));
+      const float glu = Round<T>(gv * sig);
+      const float up1 = Round<T>(uv + 1.f);
+      y.v[i] = Num<T>::FromF(up1 * glu);
+    }
+    o[idx] = y;
+  }
+}
+
+// A router weight as a float: a 16-bit one widened, an fp32 one as it is.
+template <typename T>
+__device__ __forceinline__ float WeightToF(T w) {
+  return Num<T>::ToF(w);
+}
+template <>
+__device__ __forceinline__ float WeightToF<float>(float w) {
+  return w;
+}
+
 // One pack of 8 features of one token per thread: the token's k weighted
 // expert outputs added in slot order, rounded after every product and add.
-template <typename T>
+// W: the weights' type (T, or float for DeepSeekMoE's fp32 weights).
+template <typename T, typename W>
 __global__ void MoeCombineKernel(const T* __restrict__ y, const int64_t* __restrict__ rows,
-                                 const T* __restrict__ weights, const uint8_t* __restrict__ valid, T* __restrict__ out,
+                                 const W* __restrict__ weights, const uint8_t* __restrict__ valid, T* __restrict__ out,
                                  int64_t tokens, int64_t k, int64_t cols) {
   using P = Pack<T, kVec>;
   const int64_t packs = cols / kVec;
@@ -302,7 +360,7 @@ __global__ void MoeCombineKernel(const T* __restrict__ y, const int64_t* __restr
       const int64_t slot = t * k + r;
       if (valid != nullptr && valid[slot] == 0) continue;
       const P v = reinterpret_cast<const P*>(y + rows[slot] * cols)[p];
-      const float w = Num<T>::ToF(weights[slot]);
+      const float w = WeightToF(weights[slot]);
 #pragma unroll
       for (int i = 0; i < kVec; ++i) acc[i] = Round<T>(acc[i] + Round<T>(Num<T>::ToF(v.v[i]) * w));
     }
@@ -762,19 +820,55 @@ bool RowArgmax(Dtype dtype, const void* x, int64_t rows, int64_t cols, int64_t r
   return true;
 }
 
-bool MoeCombine(Dtype dtype, const void* y, const int64_t* rows, const void* weights, const uint8_t* valid,
-                void* out, int64_t tokens, int64_t k, int64_t cols, void* stream) {
+bool ClampedSwiGlu(Dtype dtype, const void* gate_up, const void* bias, const int64_t* row_expert, void* out,
+                   int64_t rows, int64_t cols, float alpha, float limit, const int32_t* row_limit, void* stream) {
+  if (rows <= 0 || cols % kVec != 0 || !Aligned(gate_up) || !Aligned(bias) || !Aligned(out) ||
+      (bias == nullptr) != (row_expert == nullptr)) {
+    return false;
+  }
+  auto s = static_cast<cudaStream_t>(stream);
+  const int64_t blocks = Blocks(rows * cols / kVec);
+  if (dtype == Dtype::kBFloat16) {
+    using T = __nv_bfloat16;
+    ClampedSwiGluKernel<T><<<blocks, kThreads, 0, s>>>(static_cast<const T*>(gate_up), static_cast<const T*>(bias),
+                                                       row_expert, static_cast<T*>(out), rows, cols, alpha, limit,
+                                                       row_limit);
+  } else {
+    using T = __half;
+    ClampedSwiGluKernel<T><<<blocks, kThreads, 0, s>>>(static_cast<const T*>(gate_up), static_cast<const T*>(bias),
+                                                       row_expert, static_cast<T*>(out), rows, cols, alpha, limit,
+                                                       row_limit);
+  }
+  return true;
+}
+
+bool MoeCombine(Dtype dtype, const void* y, const int64_t* rows, const void* weights, bool fp32_weights,
+                const uint8_t* valid, void* out, int64_t tokens, int64_t k, int64_t cols, void* stream) {
   if (tokens <= 0 || k <= 0 || cols % kVec != 0 || !Aligned(y) || !Aligned(out)) return false;
   auto s = static_cast<cudaStream_t>(stream);
   const int64_t blocks = Blocks(tokens * cols / kVec);
   if (dtype == Dtype::kBFloat16) {
-    MoeCombineKernel<__nv_bfloat16><<<blocks, kThreads, 0, s>>>(
-        static_cast<const __nv_bfloat16*>(y), rows, static_cast<const __nv_bfloat16*>(weights), valid,
-        static_cast<__nv_bfloat16*>(out), tokens, k, cols);
+    using T = __nv_bfloat16;
+    if (fp32_weights) {
+      MoeCombineKernel<T, float><<<blocks, kThreads, 0, s>>>(static_cast<const T*>(y), rows,
+                                                             static_cast<const float*>(weights), valid,
+                                                             static_cast<T*>(out), tokens, k, cols);
+    } else {
+      MoeCombineKernel<T, T><<<blocks, kThreads, 0, s>>>(static_cast<const T*>(y), rows,
+                                                         static_cast<const T*>(weights), valid, static_cast<T*>(out),
+                                                         tokens, k, cols);
+    }
   } else {
-    MoeCombineKernel<__half><<<blocks, kThreads, 0, s>>>(static_cast<const __half*>(y), rows,
-                                                         static_cast<const __half*>(weights), valid,
-                                                         static_cast<__half*>(out), tokens, k, cols);
+    using T = __half;
+    if (fp32_weights) {
+      MoeCombineKernel<T, float><<<blocks, kThreads, 0, s>>>(static_cast<const T*>(y), rows,
+                                                             static_cast<const float*>(weights), valid,
+                                                             static_cast<T*>(out), tokens, k, cols);
+    } else {
+      MoeCombineKernel<T, T><<<blocks, kThreads, 0, s>>>(static_cast<const T*>(y), rows,
+                                                         static_cast<const T*>(weights), valid, static_cast<T*>(out),
+                                                         tokens, k, cols);
+    }
   }
   return true;
 }

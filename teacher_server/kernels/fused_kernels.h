@@ -82,14 +82,26 @@ bool HeadRmsNormRopeInPlace(Dtype dtype, void* x, int64_t tokens, int64_t heads,
 bool RowArgmax(Dtype dtype, const void* x, int64_t rows, int64_t cols, int64_t row_stride, int32_t* out,
                void* stream);
 
+// GPT-OSS's expert activation (clamped_swiglu.h) on a grouped gate_up
+// product [rows, 2 * cols] (gate columns, then up), contiguous: with bias
+// [experts, 2 * cols] and row_expert (int64 [rows]) row r's expert's bias
+// is added first (both null: none); then min(gate, limit), clamp(up,
+// -limit, limit), out = dtype((up + 1) * gate * sigmoid(alpha gate)),
+// rounded step by step as ATen's op sequence stores each tensor. row_limit
+// as in SiluMul. Requires cols % 8 == 0.
+bool ClampedSwiGlu(Dtype dtype, const void* gate_up, const void* bias, const int64_t* row_expert, void* out,
+                   int64_t rows, int64_t cols, float alpha, float limit, const int32_t* row_limit, void* stream);
+
 // The routed-experts sum of a MoE layer: out[t] = sum over r < k, in r
 // order starting from 0, of dtype(y[rows[t * k + r]] * weights[t * k + r]),
 // the sum rounded to the dtype after each add (SparseMoe's per-expert
 // index_add). Slots whose `valid` byte is 0 add nothing (valid may be null:
 // every slot counts). y: [*, cols] contiguous; rows int64 and weights
-// (dtype) [tokens * k]; out [tokens, cols]. Requires cols % 8 == 0.
-bool MoeCombine(Dtype dtype, const void* y, const int64_t* rows, const void* weights, const uint8_t* valid,
-                void* out, int64_t tokens, int64_t k, int64_t cols, void* stream);
+// [tokens * k], in the dtype or, with fp32_weights, in fp32 (DeepSeekMoE:
+// the product of the fp32 weight and the widened output, then rounded);
+// out [tokens, cols]. Requires cols % 8 == 0.
+bool MoeCombine(Dtype dtype, const void* y, const int64_t* rows, const void* weights, bool fp32_weights,
+                const uint8_t* valid, void* out, int64_t tokens, int64_t k, int64_t cols, void* stream);
 
 // The error of the last launch on this thread (cudaGetLastError), or null.
 const char* TakeLaunchError();

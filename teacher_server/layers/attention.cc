@@ -181,11 +181,17 @@ at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const A
   const double scaling = 1.0 / std::sqrt(static_cast<double>(shape.head_dim));
   at::Tensor o;
   if (w.sinks.defined() || shape.sliding_window > 0) {
-    // No fused kernel here takes a sink column (transformers, too, runs
-    // GPT-OSS eagerly), and the cache's own paths know no window.
-    o = cache.cache != nullptr
-            ? CachedSinkAttention(q, k, v, cache, layout, scaling, w.sinks, shape.sliding_window)
-            : PackedSinkAttention(q, k, v, layout, scaling, w.sinks, shape.sliding_window);
+    // The varlen flash kernel takes the window, and its log-sum-exp the
+    // sink (FlashSinkAttention); elsewhere the eager sink attention
+    // (transformers, too, runs GPT-OSS eagerly). The cache's own paths know
+    // no window.
+    if (cache.cache != nullptr) {
+      o = CachedSinkAttention(q, k, v, cache, layout, scaling, w.sinks, shape.sliding_window);
+    } else if (options.kernel == AttentionKernel::kFlashVarlen && FlashVarlenApplies(q, layout)) {
+      o = FlashSinkAttention(q, k, v, layout, scaling, w.sinks, shape.sliding_window);
+    } else {
+      o = PackedSinkAttention(q, k, v, layout, scaling, w.sinks, shape.sliding_window);
+    }
   } else if (cache.cache != nullptr) {
     o = cache.cache->Attend(cache.layer, q, k, v, scaling, layout, options.kernel);
   } else {

@@ -90,9 +90,10 @@ struct KvCacheSlot {
 
 // x: [T, H]; cos/sin: [T, rotary_dim]. Returns [T, H]: the attention
 // output, plus `residual` when that is defined (added in the o_proj GEMM).
-// With sinks or a sliding window the core is PackedSinkAttention or, over a
-// cache, CachedSinkAttention (sink_attention.h), whatever options.kernel
-// says.
+// With sinks or a sliding window the core is FlashSinkAttention where
+// options.kernel is kFlashVarlen and the kernel applies, else
+// PackedSinkAttention, or over a cache CachedSinkAttention
+// (sink_attention.h).
 // With a cache the new tokens' keys and values are stored there and the
 // tokens attend over their sequences' cached ones too.
 at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const AttentionShape& shape,

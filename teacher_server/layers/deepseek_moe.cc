@@ -60,10 +60,11 @@ std::pair<at::Tensor, at::Tensor> DeepseekRoute(const at::Tensor& x, const at::T
   return {ids, weights * r.routed_scaling_factor};
 }
 
-at::Tensor DeepseekMoe(const at::Tensor& x, const DeepseekMoeWeights& w, const DeepseekRouting& routing) {
+at::Tensor DeepseekMoe(const at::Tensor& x, const DeepseekMoeWeights& w, const DeepseekRouting& routing,
+                       bool fused_activation, GemmPath gemm) {
   auto [ids, weights] = DeepseekRoute(x, w.routed.router, w.score_bias, routing);
-  at::Tensor out = WeightedExpertsSum(x, w.routed, weights, ids);
-  if (w.shared.down_proj.defined()) out = out + SwiGluMlp(x, w.shared);
+  at::Tensor out = RoutedExpertsSum(x, w.routed, weights, ids, fused_activation);
+  if (w.shared.down_proj.defined()) out = out + SwiGluMlp(x, w.shared, fused_activation, gemm);
   return out;
 }
 

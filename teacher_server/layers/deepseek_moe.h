@@ -11,8 +11,9 @@
 //       ("group_limited_greedy", others masked to 0); times
 //       routed_scaling_factor; never renormalised (transformers reads no
 //       norm_topk_prob for V2).
-// The experts are SwiGLU MLPs (moe.h WeightedExpertsSum); the output is
-// routed + shared. Under EP/TP a rank holds some experts (or slices) and
+// The experts are SwiGLU MLPs (moe.h: WeightedExpertsSum's loop, or the
+// grouped GEMMs of GroupedExpertsSum where they are stacked, the sgl
+// backend); the output is routed + shared. Under EP/TP a rank holds some experts (or slices) and
 // a slice of the shared experts; its output is a partial sum.
 #ifndef E3_TEACHER_SERVER_LAYERS_DEEPSEEK_MOE_H_
 #define E3_TEACHER_SERVER_LAYERS_DEEPSEEK_MOE_H_
@@ -49,8 +50,10 @@ struct DeepseekMoeWeights {
 std::pair<at::Tensor, at::Tensor> DeepseekRoute(const at::Tensor& x, const at::Tensor& router,
                                                 const at::Tensor& score_bias, const DeepseekRouting& routing);
 
-// x [T, H] -> [T, H].
-at::Tensor DeepseekMoe(const at::Tensor& x, const DeepseekMoeWeights& w, const DeepseekRouting& routing);
+// x [T, H] -> [T, H]. `fused_activation` and `gemm` as SwiGluMlp takes
+// them (the sgl backend's SiLU-mul kernel and cuBLASLt projections).
+at::Tensor DeepseekMoe(const at::Tensor& x, const DeepseekMoeWeights& w, const DeepseekRouting& routing,
+                       bool fused_activation = false, GemmPath gemm = GemmPath::kAten);
 
 }  // namespace e3
 

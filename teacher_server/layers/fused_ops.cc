@@ -167,17 +167,45 @@ at::Tensor GatherRows(const at::Tensor& x, const at::Tensor& index, const at::Te
   return x.index_select(0, index);
 }
 
+at::Tensor BiasClampedSwiGlu(const at::Tensor& gate_up, const at::Tensor& bias, const at::Tensor& row_expert,
+                             const ClampedSwiGlu& act, bool fused, const at::Tensor& row_limit) {
+#ifdef E3_HAS_CUDA
+  kernels::Dtype dt;
+  const int64_t I = gate_up.size(-1) / 2;
+  const bool bias_ok = !bias.defined() || (bias.scalar_type() == gate_up.scalar_type() && bias.is_contiguous() &&
+                                           bias.dim() == 2 && bias.size(1) == 2 * I && row_expert.defined() &&
+                                           row_expert.scalar_type() == at::kLong && row_expert.is_contiguous() &&
+                                           row_expert.numel() == gate_up.size(0));
+  if (fused && I > 0 && KernelDtype(gate_up, &dt) && gate_up.dim() == 2 && gate_up.is_contiguous() && bias_ok &&
+      RowLimitTakes(row_limit, gate_up)) {
+    const c10::cuda::CUDAGuard guard(gate_up.device());
+    at::Tensor out = torch::empty({gate_up.size(0), I}, gate_up.options());
+    if (kernels::ClampedSwiGlu(dt, gate_up.data_ptr(), bias.defined() ? bias.data_ptr() : nullptr,
+                               bias.defined() ? row_expert.data_ptr<int64_t>() : nullptr, out.data_ptr(),
+                               gate_up.size(0), I, static_cast<float>(act.alpha), static_cast<float>(act.limit),
+                               RowLimitData(row_limit), CurrentStream(gate_up))) {
+      CheckLaunch("clamped SwiGLU");
+      return out;
+    }
+  }
+#endif
+  (void)fused;
+  (void)row_limit;
+  return ClampedSwiGluActivation(bias.defined() ? gate_up + bias.index_select(0, row_expert) : gate_up, act);
+}
+
 at::Tensor MoeCombine(const at::Tensor& y, const at::Tensor& rows, const at::Tensor& weights, const at::Tensor& valid,
                       bool fused) {
   const int64_t T = rows.size(0), k = rows.size(1), H = y.size(1);
 #ifdef E3_HAS_CUDA
   kernels::Dtype dt;
+  const bool fp32_weights = weights.scalar_type() == at::kFloat;
   if (fused && KernelDtype(y, &dt) && y.is_contiguous() && rows.scalar_type() == at::kLong && rows.is_contiguous() &&
-      weights.scalar_type() == y.scalar_type() && weights.is_contiguous() &&
+      (weights.scalar_type() == y.scalar_type() || fp32_weights) && weights.is_contiguous() &&
       (!valid.defined() || (valid.scalar_type() == at::kBool && valid.is_contiguous()))) {
     const c10::cuda::CUDAGuard guard(y.device());
     at::Tensor out = torch::empty({T, H}, y.options());
-    if (kernels::MoeCombine(dt, y.data_ptr(), rows.data_ptr<int64_t>(), weights.data_ptr(),
+    if (kernels::MoeCombine(dt, y.data_ptr(), rows.data_ptr<int64_t>(), weights.data_ptr(), fp32_weights,
                             valid.defined() ? static_cast<const uint8_t*>(valid.data_ptr()) : nullptr,
                             out.data_ptr(), T, k, H, CurrentStream(y))) {
       CheckLaunch("MoE combine");
@@ -188,7 +216,9 @@ at::Tensor MoeCombine(const at::Tensor& y, const at::Tensor& rows, const at::Ten
   (void)fused;
   at::Tensor out = torch::zeros({T, H}, y.options());
   for (int64_t r = 0; r < k; ++r) {
-    at::Tensor part = y.index_select(0, rows.select(1, r)) * weights.select(1, r).unsqueeze(-1);
+    // Rounded to y's dtype before the add (a no-op for weights in that
+    // dtype; fp32 weights give an fp32 product, rounded as the loop does).
+    at::Tensor part = (y.index_select(0, rows.select(1, r)) * weights.select(1, r).unsqueeze(-1)).to(y.scalar_type());
     // A choice that does not count adds nothing (its row of y may hold no value).
     if (valid.defined()) part = at::where(valid.select(1, r).unsqueeze(-1), part, at::zeros({}, part.options()));
     out.add_(part);

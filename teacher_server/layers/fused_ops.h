@@ -11,6 +11,7 @@
 #define E3_TEACHER_SERVER_LAYERS_FUSED_OPS_H_
 
 #include "common/torch/torch_core.h"
+#include "teacher_server/layers/clamped_swiglu.h"
 
 namespace e3 {
 
@@ -48,9 +49,19 @@ bool SiluMulByTable(const at::Device& device);
 // indices they computed, such as GroupedMoe's pair order.
 at::Tensor GatherRows(const at::Tensor& x, const at::Tensor& index, const at::Tensor& row_limit, bool fused);
 
+// GPT-OSS's expert activation on a grouped gate_up product [P, 2I]
+// (gate, then up): with `bias` [E, 2I] and `row_expert` [P] (int64), each
+// row's expert's bias added first (a rounding, as the loop adds it after
+// its product; both undefined: none), then ClampedSwiGluActivation. With
+// `fused` on CUDA one kernel, else that op sequence; row_limit as in
+// SiluMul.
+at::Tensor BiasClampedSwiGlu(const at::Tensor& gate_up, const at::Tensor& bias, const at::Tensor& row_expert,
+                             const ClampedSwiGlu& act, bool fused, const at::Tensor& row_limit = at::Tensor());
+
 // A MoE layer's sum over each token's k experts: y [P, H] holds the
 // experts' outputs, rows [T, k] (int64) the row of y of each token's r-th
-// choice, weights [T, k] their router weights (y's dtype), valid [T, k]
+// choice, weights [T, k] their router weights (y's dtype, or fp32: each
+// product then in fp32 and rounded to y's dtype), valid [T, k]
 // (bool, or undefined: all) whether the choice counts. Returns [T, H]:
 // for r in order, out += dtype(y[rows[t, r]] * weights[t, r]), each add
 // rounded to the dtype. With `fused` on CUDA one kernel, else that op

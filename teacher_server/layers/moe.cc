@@ -101,23 +101,35 @@ at::Tensor WeightedExpertsSum(const at::Tensor& x, const MoeWeights& w, const at
 
 bool ExpertsStackable(const MoeWeights& w) {
   if (w.experts.empty()) return false;
+  const MlpWeights& first = w.experts.front();
   for (const MlpWeights& e : w.experts) {
-    if (!e.gate_up_proj.defined() || e.gate_up_bias.defined() || e.down_bias.defined()) return false;
+    if (!e.gate_up_proj.defined() || e.gate_up_bias.defined() != first.gate_up_bias.defined() ||
+        e.down_bias.defined() != first.down_bias.defined()) {
+      return false;
+    }
   }
   return true;
 }
 
 void StackExperts(MoeWeights* w) {
-  std::vector<at::Tensor> gate_up, down;
+  std::vector<at::Tensor> gate_up, down, gate_up_bias, down_bias;
   for (const MlpWeights& e : w->experts) {
     gate_up.push_back(e.gate_up_proj);
     down.push_back(e.down_proj);
+    if (e.gate_up_bias.defined()) gate_up_bias.push_back(e.gate_up_bias);
+    if (e.down_bias.defined()) down_bias.push_back(e.down_bias);
   }
   w->stacked_gate_up = torch::stack(gate_up);
   w->stacked_down = torch::stack(down);
-  for (size_t e = 0; e < w->experts.size(); ++e) {
-    w->experts[e].gate_up_proj = w->stacked_gate_up[static_cast<int64_t>(e)];
-    w->experts[e].down_proj = w->stacked_down[static_cast<int64_t>(e)];
+  if (!gate_up_bias.empty()) w->stacked_gate_up_bias = torch::stack(gate_up_bias);
+  if (!down_bias.empty()) w->stacked_down_bias = torch::stack(down_bias);
+  for (size_t i = 0; i < w->experts.size(); ++i) {
+    const int64_t e = static_cast<int64_t>(i);
+    MlpWeights& m = w->experts[i];
+    m.gate_up_proj = w->stacked_gate_up[e];
+    m.down_proj = w->stacked_down[e];
+    if (m.gate_up_bias.defined()) m.gate_up_bias = w->stacked_gate_up_bias[e];
+    if (m.down_bias.defined()) m.down_bias = w->stacked_down_bias[e];
   }
 }
 
@@ -127,32 +139,51 @@ bool GroupedMoeStaysOnDevice(const MoeWeights& w, at::ScalarType dtype, at::Devi
 }
 
 at::Tensor GroupedMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing, bool fused_activation) {
-  TORCH_CHECK(w.stacked_gate_up.defined(), "GroupedMoe needs StackExperts");
-  TORCH_CHECK(!routing.clamped_swiglu, "GroupedMoe runs SiLU-mul experts only");
-  const int64_t T = x.size(0), k = routing.top_k, E = static_cast<int64_t>(w.experts.size());
   auto [weights, chosen] = Route(x, w, routing);
+  return GroupedExpertsSum(x, w, weights, chosen, fused_activation, routing.clamped_swiglu, routing.rank_rows_only);
+}
+
+at::Tensor GroupedExpertsSum(const at::Tensor& x, const MoeWeights& w, const at::Tensor& weights_in,
+                             const at::Tensor& chosen, bool fused_activation,
+                             const std::optional<ClampedSwiGlu>& clamped_swiglu, bool rank_rows_only) {
+  TORCH_CHECK(w.stacked_gate_up.defined(), "GroupedExpertsSum needs StackExperts");
+  const int64_t T = x.size(0), k = chosen.size(1), E = static_cast<int64_t>(w.experts.size());
   // Each token's choices in expert-id order: the order SparseMoe adds them.
   at::Tensor ids, by_id;
   std::tie(ids, by_id) = chosen.sort(-1);
-  weights = weights.gather(-1, by_id);
+  const at::Tensor weights = weights_in.gather(-1, by_id);
   const at::Tensor local = ids - w.first_expert;
   const at::Tensor valid = (local >= 0).logical_and(local < E);
   const bool all_local = w.first_expert == 0 && E == w.router.size(0);
   // The T k pairs grouped by local expert (stable: tokens ascending within
   // one, as SparseMoe gathers them); other ranks' experts sort last.
   const at::Tensor key = at::where(valid, local, at::full({}, E, local.options())).flatten();
-  const at::Tensor order = std::get<1>(key.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
+  at::Tensor sorted_key, order;
+  std::tie(sorted_key, order) = key.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false);
   const at::Tensor counts = at::zeros({E + 1}, key.options()).index_add_(0, key, at::ones_like(key));
   const at::Tensor offs = counts.narrow(0, 0, E).cumsum(0).to(at::kInt);
   // Under EP only this rank's pairs (the first offs[E-1]) are gathered and
   // activated: the grouped GEMMs never read the rows past them, and the
   // count stays on the device.
-  const at::Tensor limit = all_local || !routing.rank_rows_only ? at::Tensor() : offs.narrow(0, E - 1, 1);
+  const at::Tensor limit = all_local || !rank_rows_only ? at::Tensor() : offs.narrow(0, E - 1, 1);
+  // The expert of each row of the grouped products, for their biases (rows
+  // past this rank's pairs take the last expert's: they are never read).
+  const bool biased = w.stacked_gate_up_bias.defined() || w.stacked_down_bias.defined();
+  const at::Tensor row_expert = biased ? sorted_key.clamp_max(E - 1) : at::Tensor();
+  auto plus_bias = [&](at::Tensor y, const at::Tensor& bias) {
+    // As the loop: the product rounded, then the bias added.
+    return bias.defined() ? y + bias.index_select(0, row_expert) : y;
+  };
   // Each pair's token row, gathered in pair order (freed after the GEMM).
+  at::Tensor gate_up =
+      GroupedLinear(GatherRows(x, order.div(k, "floor"), limit, fused_activation), w.stacked_gate_up, offs);
+  // GPT-OSS: its gate/up bias and clamped activation in one kernel pass.
   const at::Tensor act =
-      SiluMul(GroupedLinear(GatherRows(x, order.div(k, "floor"), limit, fused_activation), w.stacked_gate_up, offs),
-              fused_activation, limit);
-  const at::Tensor y = GroupedLinear(act, w.stacked_down, offs);
+      clamped_swiglu
+          ? BiasClampedSwiGlu(gate_up, w.stacked_gate_up_bias, row_expert, *clamped_swiglu, fused_activation, limit)
+          : SiluMul(plus_bias(gate_up, w.stacked_gate_up_bias), fused_activation, limit);
+  gate_up = at::Tensor();
+  const at::Tensor y = plus_bias(GroupedLinear(act, w.stacked_down, offs), w.stacked_down_bias);
   // Where each pair's output row landed in y.
   const at::Tensor row_of_pair =
       at::empty_like(order).index_copy_(0, order, at::arange(order.numel(), order.options())).view({T, k});
@@ -164,6 +195,14 @@ at::Tensor GroupedMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting
 at::Tensor RoutedExperts(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing, bool fused_activation) {
   return w.stacked_gate_up.defined() ? GroupedMoe(x, w, routing, fused_activation)
                                      : SparseMoe(x, w, routing, fused_activation);
+}
+
+at::Tensor RoutedExpertsSum(const at::Tensor& x, const MoeWeights& w, const at::Tensor& weights,
+                            const at::Tensor& chosen, bool fused_activation,
+                            const std::optional<ClampedSwiGlu>& clamped_swiglu) {
+  return w.stacked_gate_up.defined()
+             ? GroupedExpertsSum(x, w, weights, chosen, fused_activation, clamped_swiglu)
+             : WeightedExpertsSum(x, w, weights, chosen, fused_activation, clamped_swiglu);
 }
 
 }  // namespace e3

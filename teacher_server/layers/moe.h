@@ -1,4 +1,5 @@
-// The routed mixture-of-experts MLP of Mixtral, Qwen3-MoE and GPT-OSS: a
+// The routed mixture-of-experts MLP of Mixtral, Qwen3-MoE and GPT-OSS (and
+// the routed experts of DeepSeekMoE, layers/deepseek_moe.h): a
 // router picks top-k experts per token; each expert is a SwiGLU MLP
 // (GPT-OSS: the clamped variant with biases); the outputs are summed with
 // the router's weights. Under expert parallelism a rank
@@ -23,8 +24,10 @@ struct MoeWeights {
   int64_t first_expert = 0;         // global id of experts[0]
   std::vector<MlpWeights> experts;  // this rank's experts, in id order
   // Set by StackExperts: every local expert's fused gate_up [E, 2I, H] and
-  // down [E, H, I] in one tensor each (experts[e] then view into them).
-  at::Tensor stacked_gate_up, stacked_down;
+  // down [E, H, I] in one tensor each (experts[e] then view into them), and
+  // where the experts have biases (GPT-OSS) their gate_up [E, 2I] and down
+  // [E, H] biases alike (down: undefined on a rank that does not add it).
+  at::Tensor stacked_gate_up, stacked_down, stacked_gate_up_bias, stacked_down_bias;
 };
 
 struct MoeRouting {
@@ -60,10 +63,12 @@ at::Tensor WeightedExpertsSum(const at::Tensor& x, const MoeWeights& w, const at
                               const at::Tensor& chosen, bool fused_activation = false,
                               const std::optional<ClampedSwiGlu>& clamped_swiglu = std::nullopt);
 
-// Whether StackExperts takes these experts: fused gate_up (FuseGateUp), no
-// biases, at least one expert.
+// Whether StackExperts takes these experts: at least one, each with a
+// fused gate_up (FuseGateUp), and each bias (gate_up, down) on every expert
+// or on none.
 bool ExpertsStackable(const MoeWeights& w);
-// Stacks the experts for GroupedMoe without keeping a second copy.
+// Stacks the experts (and their biases) for GroupedMoe without keeping a
+// second copy.
 void StackExperts(MoeWeights* w);
 
 // SparseMoe through grouped GEMMs (SGLang's fused MoE): the (token,
@@ -74,9 +79,22 @@ void StackExperts(MoeWeights* w);
 // and its weighting rounded to x's dtype, and a token's contributions
 // added in expert-id order, rounded after each add as index_add does. The
 // grouped GEMM (LibTorch 2.8+, CUDA, bf16) sums in its own order; elsewhere
-// the groups are looped (the counts then go to the host).
+// the groups are looped (the counts then go to the host). GPT-OSS's
+// experts (routing.clamped_swiglu) run the same way: each pair's gate_up
+// row plus its expert's bias, the clamped activation as ClampedSwiGluMlp
+// computes it, the down row plus its bias, each rounded where the loop
+// rounds.
 at::Tensor GroupedMoe(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing,
                       bool fused_activation = false);
+
+// GroupedMoe's experts for a routing made elsewhere, as WeightedExpertsSum
+// takes it (DeepSeekMoE: chosen [T, k] ids, weights [T, k] in fp32): the
+// same sum, each pair's output times its weight rounded to x's dtype and a
+// token's pairs added in expert-id order. Needs StackExperts.
+at::Tensor GroupedExpertsSum(const at::Tensor& x, const MoeWeights& w, const at::Tensor& weights,
+                             const at::Tensor& chosen, bool fused_activation = false,
+                             const std::optional<ClampedSwiGlu>& clamped_swiglu = std::nullopt,
+                             bool rank_rows_only = true);
 
 // Whether GroupedMoe runs these experts on `device` in `dtype` without
 // reading anything on the host (the grouped GEMM takes both projections),
@@ -86,6 +104,10 @@ bool GroupedMoeStaysOnDevice(const MoeWeights& w, at::ScalarType dtype, at::Devi
 // GroupedMoe where the experts are stacked, else SparseMoe.
 at::Tensor RoutedExperts(const at::Tensor& x, const MoeWeights& w, const MoeRouting& routing,
                          bool fused_activation = false);
+// GroupedExpertsSum where the experts are stacked, else WeightedExpertsSum.
+at::Tensor RoutedExpertsSum(const at::Tensor& x, const MoeWeights& w, const at::Tensor& weights,
+                            const at::Tensor& chosen, bool fused_activation = false,
+                            const std::optional<ClampedSwiGlu>& clamped_swiglu = std::nullopt);
 
 }  // namespace e3
 

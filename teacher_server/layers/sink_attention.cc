@@ -4,6 +4,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/torch/torch_compat.h"
 #include "teacher_server/layers/kv_cache.h"
 
 namespace e3 {
@@ -83,6 +84,20 @@ at::Tensor PackedSinkAttention(const at::Tensor& q, const at::Tensor& k, const a
                  sliding_window, out.narrow(0, begin, n));
   }
   return out;
+}
+
+at::Tensor FlashSinkAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const PackedLayout& layout, double scaling, const at::Tensor& sinks,
+                              int64_t sliding_window) {
+  // The kernel's window counts the keys before the query: window - 1.
+  const compat::FlashVarlenResult r = compat::FlashVarlenWindowAttentionWithLse(
+      q, k, v, layout.cu_seqlens_device, layout.max_seqlen, scaling, sliding_window > 0 ? sliding_window - 1 : -1);
+  if (!sinks.defined()) return r.out;
+  TORCH_CHECK(r.lse.dim() == 2 && r.lse.size(0) == q.size(1) && r.lse.size(1) == q.size(0),
+              "flash attention returned a log-sum-exp of shape ", r.lse.sizes(), " for queries of shape ", q.sizes());
+  // [heads, T] -> [T, heads, 1]
+  const at::Tensor share = at::sigmoid(r.lse - sinks.to(at::kFloat).unsqueeze(1)).t().unsqueeze(-1);
+  return (r.out.to(at::kFloat) * share).to(q.scalar_type());
 }
 
 at::Tensor CachedSinkAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, KvCacheSlot cache,

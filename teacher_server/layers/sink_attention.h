@@ -30,6 +30,19 @@ at::Tensor PackedSinkAttention(const at::Tensor& q, const at::Tensor& k, const a
                                const PackedLayout& layout, double scaling, const at::Tensor& sinks,
                                int64_t sliding_window);
 
+// The same through one varlen flash call over the packed batch (the sgl
+// backend; CUDA, bf16/fp16, LibTorch 2.5+: the caller checks
+// FlashVarlenAppliesTo and passes layout.cu_seqlens_device): the window
+// through the kernel's own window arguments, and the sink afterwards,
+// exactly: with lse the log-sum-exp of a row's scaled scores over its
+// keys, adding the sink's column to the softmax scales the row's output by
+// exp(lse) / (exp(lse) + exp(sink)) = sigmoid(lse - sink), in fp32 and
+// rounded once. transformers' eager path takes its softmax in the
+// activations' dtype; this one keeps fp32 throughout, as flash does.
+at::Tensor FlashSinkAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const PackedLayout& layout, double scaling, const at::Tensor& sinks,
+                              int64_t sliding_window);
+
 // The same over a generation's cache (layers/kv_cache.h): stores the new
 // tokens' k and v, then each sample's queries, at positions after its
 // sequence's cached ones, attend over the cached keys and its own. The

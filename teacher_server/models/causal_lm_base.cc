@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/kv_cache.h"
 
 namespace e3 {
@@ -24,6 +25,61 @@ absl::Status CausalLMBase::LoadCheckpoint(const ModelDir& dir) {
 void CausalLMBase::MakeHead(GemmPath gemm, bool fused_argmax) {
   head_ = LmHead(vocab_.lm_head, LmHeadOptions{config_.vocab_size, plan_.vocab.begin, gemm, fused_argmax,
                                                plan_.sharded() ? options_.tp : nullptr});
+  // Under TP over this rank's vocab rows (a shard the kernels do not take
+  // finds its answer from logits instead: HeadArgmax).
+  if (options_.argmax_fp8) fp8_head_ = Fp8HeadArgmax::Prepare(vocab_.lm_head);
+}
+
+void CausalLMBase::Head(const ForwardOptions& options, ForwardOutput* out) {
+  if (options.return_argmax && !options.return_logits) {
+    out->target_argmax = HeadArgmax(out->last_hidden);
+    if (out->target_argmax.defined()) return;
+  }
+  head_.Apply(options, out);
+}
+
+at::Tensor CausalLMBase::HeadArgmax(const at::Tensor& x) {
+  if (!plan_.sharded()) {
+    at::Tensor argmax;
+    if (fp8_head_) argmax = fp8_head_->Argmax(x);
+    if (!argmax.defined() && options_.argmax_in_gemm) argmax = LinearArgmax(x, vocab_.lm_head);
+    return argmax;
+  }
+  if (!fp8_head_) return at::Tensor();
+  at::Tensor best;
+  const at::Tensor local = fp8_head_->Argmax(x, &best);
+  if (!local.defined()) return at::Tensor();
+  return options_.tp->VocabParallelArgmax(local, best, plan_.vocab.begin);
+}
+
+std::string CausalLMBase::HeadTechnique() const {
+  if (fp8_head_) return "target argmax by FP8 candidates";
+  if (options_.argmax_in_gemm && !plan_.sharded()) {
+    return "target argmax in the lm_head GEMM (Hopper bf16; else from logits)";
+  }
+  return "target argmax from logits";
+}
+
+void CausalLMBase::MakeGraphs(const std::string& off_reason) {
+  if (options_.cuda_graphs && off_reason.empty()) {
+    graphs_ = std::make_unique<ForwardGraphs>(options_.device, options_.graph_token_step, options_.max_cuda_graphs,
+                                              options_.graph_min_host_share);
+  }
+}
+
+std::string CausalLMBase::GraphsTechnique(const std::string& off_reason) const {
+  if (graphs_) return "CUDA graphs per token budget";
+  if (options_.cuda_graphs) return absl::StrCat("CUDA graphs off (", off_reason, ")");
+  return "";
+}
+
+ForwardOutput CausalLMBase::RunGraphedOrEager(const PackedBatch& batch, const ForwardOptions& options,
+                                              const ForwardGraphs::RunFn& run) {
+  if (graphs_ && options.kv_cache == nullptr) {
+    std::optional<ForwardOutput> out = graphs_->Run(batch, options, run);
+    if (out) return std::move(*out);
+  }
+  return run(batch, MakePackedLayout(batch.cu_seqlens, options_.device, options_.attention), options);
 }
 
 absl::Status CausalLMBase::CheckAuxIdsAndTokens(const PackedBatch& batch, const ForwardOptions& options) const {

@@ -8,9 +8,13 @@
 #define E3_TEACHER_SERVER_MODELS_CAUSAL_LM_BASE_H_
 
 #include <functional>
+#include <memory>
+#include <string>
 #include <utility>
 
 #include "teacher_server/causal_lm.h"
+#include "teacher_server/layers/fp8_head_argmax.h"
+#include "teacher_server/models/forward_graphs.h"
 #include "teacher_server/models/lm_head.h"
 #include "teacher_server/models/vocab_tables.h"
 #include "teacher_server/parallel/shard_plan.h"
@@ -38,8 +42,37 @@ class CausalLMBase : public CausalLM {
   // back as a status naming the directory.
   absl::Status LoadCheckpoint(const ModelDir& dir);
   virtual absl::Status LoadWeights(const ModelDir& dir) = 0;
-  // head_ over vocab_.lm_head (after vocab_.LoadHead), on this rank's rows.
+  // head_ over vocab_.lm_head (after vocab_.LoadHead), on this rank's rows;
+  // with options_.argmax_fp8, also the FP8 candidate search over them where
+  // it applies (fp8_head_).
   void MakeHead(GemmPath gemm, bool fused_argmax);
+  // The lm_head's outputs for out->last_hidden: the target argmax and/or
+  // the logits, as `options` asks; HeadArgmax's where it answers, else
+  // head_'s (from chunked logits).
+  void Head(const ForwardOptions& options, ForwardOutput* out);
+  // The target argmax of x [T, H] (after the final norm) by the sgl
+  // kernels that never write the logits, or undefined where none applies
+  // (Head then asks head_, whose chunked logits give the same answer). One
+  // process: the FP8 candidate search, else the argmax GEMM
+  // (options_.argmax_in_gemm). Under TP: each rank's best column among its
+  // vocab rows by the FP8 search, combined by TpGroup::VocabParallelArgmax;
+  // a rank without the search leaves it to head_, which issues that same
+  // collective, so every rank issues the same collectives however it found
+  // its answer.
+  at::Tensor HeadArgmax(const at::Tensor& x);
+  // Techniques()'s words for how Head finds the target argmax.
+  std::string HeadTechnique() const;
+
+  // CUDA graphs (graphs_) where options_.cuda_graphs asks for them and
+  // `off_reason` (why this model's forward cannot be captured) is empty.
+  void MakeGraphs(const std::string& off_reason);
+  // Techniques()'s words for the graphs: on, off and why, or nothing when
+  // not asked for.
+  std::string GraphsTechnique(const std::string& off_reason) const;
+  // run over the batch: through graphs_ where they take it (no KV cache),
+  // else eagerly with the batch's own attention layout.
+  ForwardOutput RunGraphedOrEager(const PackedBatch& batch, const ForwardOptions& options,
+                                  const ForwardGraphs::RunFn& run);
 
   // The checks every CheckForward starts with: the aux ids name layers of
   // this model, and the batch has tokens.
@@ -62,6 +95,11 @@ class CausalLMBase : public CausalLM {
   ShardPlan plan_;
   VocabTables vocab_;
   LmHead head_;
+  // The FP8 candidate search over vocab_.lm_head (MakeHead, where
+  // options_.argmax_fp8 asks and it applies; else null).
+  std::unique_ptr<Fp8HeadArgmax> fp8_head_;
+  // Captured forwards per token budget (MakeGraphs; else null).
+  std::unique_ptr<ForwardGraphs> graphs_;
 };
 
 }  // namespace e3

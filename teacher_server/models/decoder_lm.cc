@@ -76,13 +76,7 @@ absl::Status DecoderLM::LoadWeights(const ModelDir& dir) {
   E3_ASSIGN_OR_RETURN(norm_, w.Load("model.norm.weight", {c.hidden_size}));
   E3_RETURN_IF_ERROR(vocab_.LoadHead(w, c, plan_));
   MakeHead(options_.gemm, options_.fused_kernels);
-  // Under TP over this rank's vocab rows (a shard the kernels do not take
-  // finds its answer from logits instead: HeadArgmax).
-  if (options_.argmax_fp8) fp8_head_ = Fp8HeadArgmax::Prepare(vocab_.lm_head);
-  if (options_.cuda_graphs && GraphsOffReason().empty()) {
-    graphs_ = std::make_unique<ForwardGraphs>(options_.device, options_.graph_token_step, options_.max_cuda_graphs,
-                                              options_.graph_min_host_share);
-  }
+  MakeGraphs(GraphsOffReason());
   return vocab_.LoadWhole(dir, c, plan_, options_.dtype);
 }
 
@@ -214,18 +208,9 @@ std::string DecoderLM::Techniques() const {
   } else {
     parts.push_back("ATen GEMMs");
   }
-  if (fp8_head_) {
-    parts.push_back("target argmax by FP8 candidates");
-  } else if (options_.argmax_in_gemm && !sharded) {
-    parts.push_back("target argmax in the lm_head GEMM (Hopper bf16; else from logits)");
-  } else {
-    parts.push_back("target argmax from logits");
-  }
-  if (graphs_) {
-    parts.push_back("CUDA graphs per token budget");
-  } else if (options_.cuda_graphs) {
-    parts.push_back(absl::StrCat("CUDA graphs off (", GraphsOffReason(), ")"));
-  }
+  parts.push_back(HeadTechnique());
+  const std::string graphs = GraphsTechnique(GraphsOffReason());
+  if (!graphs.empty()) parts.push_back(graphs);
   int64_t moe = 0, grouped = 0;
   for (const Layer& layer : layers_) {
     moe += layer.is_moe ? 1 : 0;
@@ -246,13 +231,9 @@ std::string DecoderLM::Techniques() const {
 
 absl::StatusOr<ForwardOutput> DecoderLM::Forward(const PackedBatch& batch, const ForwardOptions& options) {
   E3_RETURN_IF_ERROR(CheckForward(batch, options));
-  return Guarded([&]() -> ForwardOutput {
-    if (graphs_ && options.kv_cache == nullptr) {
-      auto run = [this](const PackedBatch& b, const PackedLayout& l, const ForwardOptions& o) { return Run(b, l, o); };
-      std::optional<ForwardOutput> out = graphs_->Run(batch, options, run);
-      if (out) return std::move(*out);
-    }
-    return Run(batch, MakePackedLayout(batch.cu_seqlens, options_.device, options_.attention), options);
+  return Guarded([&] {
+    return RunGraphedOrEager(batch, options, [this](const PackedBatch& b, const PackedLayout& l,
+                                                    const ForwardOptions& o) { return Run(b, l, o); });
   });
 }
 
@@ -416,28 +397,6 @@ absl::StatusOr<GemmTuningResult> DecoderLM::TuneGemms(const GemmTuningOptions& o
     return result;
   }
   return TuneGemmsInSequence(GemmSites(), options);
-}
-
-void DecoderLM::Head(const ForwardOptions& options, ForwardOutput* out) {
-  if (options.return_argmax && !options.return_logits) {
-    out->target_argmax = HeadArgmax(out->last_hidden);
-    if (out->target_argmax.defined()) return;
-  }
-  head_.Apply(options, out);
-}
-
-at::Tensor DecoderLM::HeadArgmax(const at::Tensor& x) {
-  if (!plan_.sharded()) {
-    at::Tensor argmax;
-    if (fp8_head_) argmax = fp8_head_->Argmax(x);
-    if (!argmax.defined() && options_.argmax_in_gemm) argmax = LinearArgmax(x, vocab_.lm_head);
-    return argmax;
-  }
-  if (!fp8_head_) return at::Tensor();
-  at::Tensor best;
-  const at::Tensor local = fp8_head_->Argmax(x, &best);
-  if (!local.defined()) return at::Tensor();
-  return options_.tp->VocabParallelArgmax(local, best, plan_.vocab.begin);
 }
 
 }  // namespace e3

@@ -19,12 +19,10 @@
 #include <vector>
 
 #include "teacher_server/layers/attention.h"
-#include "teacher_server/layers/fp8_head_argmax.h"
 #include "teacher_server/layers/mlp.h"
 #include "teacher_server/layers/moe.h"
 #include "teacher_server/layers/rotary.h"
 #include "teacher_server/models/causal_lm_base.h"
-#include "teacher_server/models/forward_graphs.h"
 
 namespace e3 {
 
@@ -59,25 +57,12 @@ class DecoderLM : public CausalLMBase {
   // batch in two micro-batches whose reductions overlap each other's
   // compute where options_.tp_overlap splits it (parallel/micro_batches.h).
   ForwardOutput RunSharded(const PackedBatch& batch, const PackedLayout& layout, const ForwardOptions& options);
-  // The lm_head's outputs for out->last_hidden: the target argmax and/or
-  // the logits, as `options` asks; HeadArgmax's where it answers, else
-  // head_'s (from chunked logits).
-  void Head(const ForwardOptions& options, ForwardOutput* out);
   // Why this model's forward cannot be captured in a CUDA graph, or empty
   // when it can: it needs CUDA, one process (no collectives), MoE layers
   // only through the grouped GEMM (the per-expert loop and the per-group
   // fallback read the routing counts on the host), and the fused varlen
   // attention (the per-sample loop reads the host's offsets).
   std::string GraphsOffReason() const;
-  // The target argmax of x [T, H] (after the final norm) by the sgl
-  // kernels that never write the logits, or undefined where none applies
-  // (Head then asks head_, whose chunked logits give the same answer). One
-  // process: the FP8 candidate search, else the argmax GEMM. Under TP: each
-  // rank's best column among its vocab rows by the FP8 search, combined by
-  // TpGroup::VocabParallelArgmax; a rank without the search leaves it to
-  // head_, which issues that same collective, so every rank issues the
-  // same collectives however it found its answer.
-  at::Tensor HeadArgmax(const at::Tensor& x);
   // Whether o_proj and down_proj add the residual in their GEMMs (one
   // process, cuBLASLt, residual_in_gemm).
   bool ResidualInGemm() const;
@@ -89,12 +74,6 @@ class DecoderLM : public CausalLMBase {
   RotaryEmbedding rotary_;
   AttentionShape attn_shape_;
   MoeRouting routing_;
-  // The FP8 candidate search over vocab_.lm_head (options_.argmax_fp8,
-  // where it applies; else null).
-  std::unique_ptr<Fp8HeadArgmax> fp8_head_;
-  // Captured forwards per token budget (options_.cuda_graphs, where
-  // GraphsOffReason is empty; else null).
-  std::unique_ptr<ForwardGraphs> graphs_;
   at::Tensor norm_;
   std::vector<Layer> layers_;
 };

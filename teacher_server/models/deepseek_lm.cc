@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/gemm.h"
 #include "teacher_server/layers/rms_norm.h"
 #include "teacher_server/models/aux_capture.h"
@@ -82,13 +83,14 @@ absl::Status DeepseekLM::LoadWeights(const ModelDir& dir) {
       E3_RETURN_IF_ERROR(LoadMoe(w, fp32, p + "mlp.", &layer.moe));
     } else {
       E3_RETURN_IF_ERROR(LoadSwiGlu(w, p + "mlp.", c.intermediate_size, H, plan_.intermediate, &layer.mlp));
+      if (options_.fuse_projections) FuseGateUp(&layer.mlp);
     }
     layers_.push_back(std::move(layer));
   }
   E3_ASSIGN_OR_RETURN(norm_, w.Load("model.norm.weight", {H}));
   E3_RETURN_IF_ERROR(vocab_.LoadHead(w, c, plan_));
-  // ATen's GEMM and argmax whatever the backend (Techniques says so).
-  MakeHead(GemmPath::kAten, /*fused_argmax=*/false);
+  MakeHead(options_.gemm, options_.fused_kernels);
+  MakeGraphs(GraphsOffReason());
   return vocab_.LoadWhole(dir, c, plan_, options_.dtype);
 }
 
@@ -139,11 +141,14 @@ absl::Status DeepseekLM::LoadMoe(WeightLoader& w, WeightLoader& fp32, const std:
     MlpWeights expert;
     E3_RETURN_IF_ERROR(
         LoadSwiGlu(w, absl::StrCat(p, "experts.", e, "."), I, H, plan_.expert_intermediate, &expert));
+    if (options_.fuse_projections) FuseGateUp(&expert);
     m->routed.experts.push_back(std::move(expert));
   }
+  if (options_.grouped_experts && ExpertsStackable(m->routed)) StackExperts(&m->routed);
   if (c.deepseek.n_shared_experts > 0) {
     E3_RETURN_IF_ERROR(LoadSwiGlu(w, p + "shared_experts.", I * c.deepseek.n_shared_experts, H,
                                   plan_.shared_expert_intermediate, &m->shared));
+    if (options_.fuse_projections) FuseGateUp(&m->shared);
   }
   return absl::OkStatus();
 }
@@ -154,8 +159,30 @@ absl::Status DeepseekLM::CheckForward(const PackedBatch& batch, const ForwardOpt
   return absl::OkStatus();
 }
 
+std::string DeepseekLM::GraphsOffReason() const {
+  if (!options_.device.is_cuda()) return "not a CUDA device";
+  if (plan_.sharded()) return "tensor parallelism";
+  if (options_.attention != AttentionKernel::kFlashVarlen ||
+      !FlashVarlenAppliesTo(options_.dtype, QkHeadDim(), options_.device)) {
+    return "attention runs per sample";
+  }
+  for (const Layer& layer : layers_) {
+    if (layer.is_moe && !GroupedMoeStaysOnDevice(layer.moe.routed, options_.dtype, options_.device)) {
+      return "MoE experts read their routing counts on the host";
+    }
+  }
+  return "";
+}
+
 std::string DeepseekLM::Techniques() const {
-  std::vector<std::string> parts = {"reference ops (the sgl fusions, kernels and graphs are not applied to MLA)"};
+  std::vector<std::string> parts;
+  parts.push_back(options_.fuse_projections ? "gate-up fused" : "separate projections");
+  if (!options_.fused_kernels) {
+    parts.push_back("reference element-wise ops");
+  } else {
+    parts.push_back(FusedKernelsRunOn(options_.device) ? "custom kernels (add+RMSNorm, SiLU-mul, MoE gather/combine)"
+                                                       : "custom kernels off (need CUDA, compute capability 8.0+)");
+  }
   switch (options_.attention) {
     case AttentionKernel::kEager:
       parts.push_back("eager attention per sample");
@@ -164,12 +191,25 @@ std::string DeepseekLM::Techniques() const {
       parts.push_back("SDPA per sample");
       break;
     case AttentionKernel::kFlashVarlen:
-      parts.push_back("fused varlen attention where it applies, v padded to the qk head dim");
+      parts.push_back(FlashVarlenAppliesTo(options_.dtype, QkHeadDim(), options_.device)
+                          ? "one fused attention call per batch (v padded to the qk head dim)"
+                          : "fused attention off (needs CUDA, bf16/fp16): SDPA per sample");
       break;
   }
-  parts.push_back("ATen GEMMs");
-  parts.push_back("experts by a loop");
-  parts.push_back("target argmax from logits");
+  parts.push_back(UsesCublasLt(options_.gemm) && options_.device.is_cuda() ? "cuBLASLt GEMMs, heuristic's algorithms"
+                                                                           : "ATen GEMMs");
+  parts.push_back(HeadTechnique());
+  const std::string graphs = GraphsTechnique(GraphsOffReason());
+  if (!graphs.empty()) parts.push_back(graphs);
+  int64_t moe = 0, grouped = 0;
+  for (const Layer& layer : layers_) {
+    moe += layer.is_moe ? 1 : 0;
+    grouped += layer.is_moe && GroupedMoeStaysOnDevice(layer.moe.routed, options_.dtype, options_.device) ? 1 : 0;
+  }
+  if (moe > 0) {
+    parts.push_back(grouped == moe ? "experts by grouped GEMMs"
+                                   : absl::StrCat("experts by a loop in ", moe - grouped, " of ", moe, " MoE layers"));
+  }
   if (config_.quantization.fp8_block) {
     parts.push_back(absl::StrCat("FP8 block-scaled weights dequantized at load to ", c10::toString(options_.dtype)));
   }
@@ -183,37 +223,48 @@ CausalLM::KvCacheShape DeepseekLM::kv_cache_shape() const {
 
 absl::StatusOr<GemmTuningResult> DeepseekLM::TuneGemms(const GemmTuningOptions&) {
   GemmTuningResult result;
-  result.skipped = "DeepSeek's layers run ATen's GEMMs";
+  result.skipped = "DeepSeek's projections keep cuBLASLt's heuristic or ATen's choices";
   return result;
 }
 
 absl::StatusOr<ForwardOutput> DeepseekLM::Forward(const PackedBatch& batch, const ForwardOptions& options) {
   E3_RETURN_IF_ERROR(CheckForward(batch, options));
-  return Guarded([&] { return Run(batch, options); });
+  return Guarded([&] {
+    return RunGraphedOrEager(batch, options, [this](const PackedBatch& b, const PackedLayout& l,
+                                                    const ForwardOptions& o) { return Run(b, l, o); });
+  });
 }
 
-ForwardOutput DeepseekLM::Run(const PackedBatch& batch, const ForwardOptions& options) {
+ForwardOutput DeepseekLM::Run(const PackedBatch& batch, const PackedLayout& layout, const ForwardOptions& options) {
   const double eps = config_.rms_norm_eps;
+  const bool fused = options_.fused_kernels;
+  const GemmPath gemm = options_.gemm;
   // Every rank runs the same samples whole (a leader's micro-batch split
   // is not used here, on any rank alike).
-  const PackedLayout layout = MakePackedLayout(batch.cu_seqlens, options_.device, options_.attention);
   at::Tensor h = Embed(batch.input_ids);
   // fp32; the V3 rope casts them to the activations' dtype, V2's does not.
   auto [cos, sin] = rotary_.CosSin(batch.position_ids, at::kFloat);
+  // The residual stream h and the last sublayer's (summed) output not yet
+  // added to it: each add is done by the next norm, one kernel with
+  // `fused` (fused_ops.h AddRmsNorm), so layer i's output exists once layer
+  // i + 1's input norm (or the final norm) has run.
   AuxCapture aux(options.aux_layer_ids);
+  at::Tensor pending;
   for (int64_t i = 0; i < static_cast<int64_t>(layers_.size()); ++i) {
     const Layer& layer = layers_[i];
-    at::Tensor x = RmsNorm(h, layer.input_layernorm, eps);
-    h = h + Reduced(MlaAttention(x, layer.attn, mla_shape_, cos, sin, layout, options_.attention, GemmPath::kAten,
-                                 KvCacheSlot{options.kv_cache, i}));
-    x = RmsNorm(h, layer.post_attention_layernorm, eps);
-    h = h + Reduced(layer.is_moe ? DeepseekMoe(x, layer.moe, routing_) : SwiGluMlp(x, layer.mlp));
-    aux.Capture(i, h);
+    at::Tensor x = AddRmsNorm(&h, pending, layer.input_layernorm, eps, fused);
+    if (i > 0) aux.Capture(i - 1, h);
+    const at::Tensor attn = Reduced(MlaAttention(x, layer.attn, mla_shape_, cos, sin, layout, options_.attention, gemm,
+                                                 KvCacheSlot{options.kv_cache, i}));
+    x = AddRmsNorm(&h, attn, layer.post_attention_layernorm, eps, fused);
+    pending = Reduced(layer.is_moe ? DeepseekMoe(x, layer.moe, routing_, fused, gemm)
+                                   : SwiGluMlp(x, layer.mlp, fused, gemm));
   }
   ForwardOutput out;
-  out.last_hidden = RmsNorm(h, norm_, eps);
+  out.last_hidden = AddRmsNorm(&h, pending, norm_, eps, fused);
+  aux.Capture(static_cast<int64_t>(layers_.size()) - 1, h);
   out.aux_hidden = aux.Concatenated();
-  head_.Apply(options, &out);
+  Head(options, &out);
   return out;
 }
 

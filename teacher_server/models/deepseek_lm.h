@@ -6,11 +6,16 @@
 // over packed batches; weights may come block-scaled in FP8
 // (fp8_weights.h, dequantized at load).
 //
-// The reference numerics only: the `sgl` backend's fusions, kernels and
-// graphs are not applied here (Techniques() says so), the GEMMs are ATen's
-// and attention is SDPA or eager per sample (the fused varlen kernel where
-// sgl asks for it on a GPU). Generation with a KV cache is not implemented
-// (MLA caches latents, not per-head keys): Forward refuses one.
+// Under the `hf` backend the reference numerics: SDPA or eager attention
+// per sample, ATen GEMMs, the routed experts by a loop. Under `sgl`: gate
+// and up fused (dense MLPs, shared and routed experts), the routed experts
+// through grouped GEMMs fed by DeepSeekMoE's own routing (layers/moe.h
+// GroupedExpertsSum), the residual add fused into the next RMSNorm and the
+// SiLU-mul kernel, one varlen flash call per batch (v padded to the qk
+// head dim), cuBLASLt projections, the lm_head's argmax kernels and CUDA
+// graphs where the forward stays on the device (Techniques() says what
+// runs). Generation runs over a KV cache of every head's expanded key and
+// its value padded to the key's head dim (kv_cache_shape()).
 //
 // With ModelOptions::tp set, a rank holds its ShardPlan's slices (heads of
 // q_b/kv_b/o_proj, experts or their slices, a slice of the shared experts
@@ -56,7 +61,13 @@ class DeepseekLM : public CausalLMBase {
   absl::Status LoadWeights(const ModelDir& dir) override;
   absl::Status LoadAttention(WeightLoader& w, const std::string& prefix, MlaWeights* a) const;
   absl::Status LoadMoe(WeightLoader& w, WeightLoader& fp32, const std::string& prefix, DeepseekMoeWeights* m) const;
-  ForwardOutput Run(const PackedBatch& batch, const ForwardOptions& options);
+  ForwardOutput Run(const PackedBatch& batch, const PackedLayout& layout, const ForwardOptions& options);
+  // Why this model's forward cannot be captured in a CUDA graph, or empty
+  // when it can: CUDA, one process, the fused varlen attention and every
+  // MoE layer's experts through the grouped GEMM (as DecoderLM's).
+  std::string GraphsOffReason() const;
+  // The head dim of q and k (the no-rope and rope parts).
+  int64_t QkHeadDim() const { return mla_shape_.qk_nope_head_dim + mla_shape_.qk_rope_head_dim; }
 
   RotaryEmbedding rotary_;
   MlaShape mla_shape_;

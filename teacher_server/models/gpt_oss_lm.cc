@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/kv_cache.h"
 #include "teacher_server/layers/mxfp4.h"
 #include "teacher_server/layers/rms_norm.h"
@@ -78,6 +79,7 @@ absl::Status GptOssLM::LoadWeights(const ModelDir& dir) {
   E3_RETURN_IF_ERROR(vocab_.LoadEmbedding(w, c, plan_));
   E3_RETURN_IF_ERROR(vocab_.LoadHead(w, c, plan_));
   MakeHead(options_.gemm, options_.fused_kernels);
+  MakeGraphs(GraphsOffReason());
   return vocab_.LoadWhole(dir, c, plan_, options_.dtype);
 }
 
@@ -171,8 +173,12 @@ absl::Status GptOssLM::LoadExperts(WeightLoader& w, const std::string& p, MoeWei
     m.up_bias = Deinterleaved(gate_up_bias[e], 1, i0, in);
     m.down_proj = down[e].narrow(1, i0, in).contiguous();
     if (down_bias.defined()) m.down_bias = down_bias[e].contiguous();
+    // [gate; up] again, as FuseGateUp orders them (ClampedSwiGluMlp and the
+    // grouped experts read that order).
+    if (options_.fuse_projections) FuseGateUp(&m);
     moe->experts.push_back(std::move(m));
   }
+  if (options_.grouped_experts && ExpertsStackable(*moe)) StackExperts(moe);
   return absl::OkStatus();
 }
 
@@ -184,15 +190,18 @@ absl::Status GptOssLM::CheckForward(const PackedBatch& batch, const ForwardOptio
 
 absl::StatusOr<ForwardOutput> GptOssLM::Forward(const PackedBatch& batch, const ForwardOptions& options) {
   E3_RETURN_IF_ERROR(CheckForward(batch, options));
-  return Guarded([&] { return Run(batch, options); });
+  return Guarded([&] {
+    return RunGraphedOrEager(batch, options, [this](const PackedBatch& b, const PackedLayout& l,
+                                                    const ForwardOptions& o) { return Run(b, l, o); });
+  });
 }
 
-ForwardOutput GptOssLM::Run(const PackedBatch& batch, const ForwardOptions& options) {
+ForwardOutput GptOssLM::Run(const PackedBatch& batch, const PackedLayout& layout, const ForwardOptions& options) {
   const double eps = config_.rms_norm_eps;
+  const bool fused = options_.fused_kernels;
   at::Tensor h = Embed(batch.input_ids);
   auto [cos, sin] = rotary_.CosSin(batch.position_ids, h.scalar_type());
-  const PackedLayout layout = MakePackedLayout(batch.cu_seqlens, options_.device, AttentionKernel::kEager);
-  const AttentionOptions attn{AttentionKernel::kEager, /*rope_in_place=*/options_.fused_kernels, options_.gemm};
+  const AttentionOptions attn{options_.attention, /*rope_in_place=*/fused, options_.gemm};
   AuxCapture aux(options.aux_layer_ids);
   for (int64_t i = 0; i < static_cast<int64_t>(layers_.size()); ++i) {
     const Layer& layer = layers_[i];
@@ -200,28 +209,67 @@ ForwardOutput GptOssLM::Run(const PackedBatch& batch, const ForwardOptions& opti
     h = h + Reduced(SelfAttention(x, layer.attn, layer.sliding ? sliding_shape_ : full_shape_, cos, sin, layout,
                                   attn, at::Tensor(), KvCacheSlot{options.kv_cache, i}));
     x = RmsNormWeightInFp32(h, layer.post_attention_layernorm, eps);
-    h = h + Reduced(RoutedExperts(x, layer.moe, routing_));
+    h = h + Reduced(RoutedExperts(x, layer.moe, routing_, fused));
     aux.Capture(i, h);
   }
   ForwardOutput out;
   out.last_hidden = RmsNormWeightInFp32(h, norm_, eps);
   out.aux_hidden = aux.Concatenated();
-  head_.Apply(options, &out);
+  Head(options, &out);
   return out;
 }
 
+std::string GptOssLM::GraphsOffReason() const {
+  if (!options_.device.is_cuda()) return "not a CUDA device";
+  if (plan_.sharded()) return "tensor parallelism";
+  if (options_.attention != AttentionKernel::kFlashVarlen ||
+      !FlashVarlenAppliesTo(options_.dtype, config_.head_dim, options_.device)) {
+    return "attention runs per sample";
+  }
+  for (const Layer& layer : layers_) {
+    if (!GroupedMoeStaysOnDevice(layer.moe, options_.dtype, options_.device)) {
+      return "MoE experts read their routing counts on the host";
+    }
+  }
+  return "";
+}
+
 std::string GptOssLM::Techniques() const {
-  int64_t sliding = 0;
-  for (const Layer& layer : layers_) sliding += layer.sliding ? 1 : 0;
+  int64_t sliding = 0, grouped = 0;
+  for (const Layer& layer : layers_) {
+    sliding += layer.sliding ? 1 : 0;
+    grouped += GroupedMoeStaysOnDevice(layer.moe, options_.dtype, options_.device) ? 1 : 0;
+  }
+  const int64_t layers = static_cast<int64_t>(layers_.size());
+  const std::string window =
+      absl::StrCat("sliding window ", config_.sliding_window, " on ", sliding, " of ", layers, " layers");
   std::vector<std::string> parts;
-  parts.push_back(options_.fuse_projections ? "qkv fused" : "separate projections");
-  parts.push_back(absl::StrCat("eager sink attention per sample (sliding window ", config_.sliding_window, " on ",
-                               sliding, " of ", layers_.size(), " layers)"));
-  parts.push_back("experts by a loop (clamped SwiGLU with biases)");
+  parts.push_back(options_.fuse_projections ? "qkv and expert gate-up fused" : "separate projections");
+  if (!options_.fused_kernels) {
+    parts.push_back("reference element-wise ops");
+  } else {
+    parts.push_back(FusedKernelsRunOn(options_.device)
+                        ? "custom kernels (rope, MoE gather, clamped SwiGLU, combine; norms in ATen)"
+                        : "custom kernels off (need CUDA, compute capability 8.0+)");
+  }
+  if (options_.attention == AttentionKernel::kFlashVarlen &&
+      FlashVarlenAppliesTo(options_.dtype, config_.head_dim, options_.device)) {
+    parts.push_back(absl::StrCat("one fused attention call per batch (sinks through its log-sum-exp, ", window,
+                                 " in the kernel)"));
+  } else {
+    parts.push_back(absl::StrCat("eager sink attention per sample (", window, ")"));
+  }
+  parts.push_back(UsesCublasLt(options_.gemm) && options_.device.is_cuda() ? "cuBLASLt GEMMs, heuristic's algorithms"
+                                                                           : "ATen GEMMs");
+  parts.push_back(HeadTechnique());
+  const std::string graphs = GraphsTechnique(GraphsOffReason());
+  if (!graphs.empty()) parts.push_back(graphs);
+  parts.push_back(grouped == layers ? "experts by grouped GEMMs (clamped SwiGLU with biases)"
+                                    : absl::StrCat("experts by a loop (clamped SwiGLU with biases) in ",
+                                                   layers - grouped, " of ", layers, " MoE layers"));
   if (config_.gpt_oss.mxfp4_experts) {
     parts.push_back(absl::StrCat("MXFP4 experts dequantized at load to ", c10::toString(options_.dtype)));
   }
-  parts.push_back("target argmax from logits");
   if (plan_.sharded()) parts.push_back(absl::StrCat("tp ", plan_.tp_size, " (ep ", plan_.ep_size, ")"));
   return absl::StrJoin(parts, "; ");
 }

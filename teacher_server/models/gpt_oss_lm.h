@@ -16,9 +16,15 @@
 // each aux hidden state is whole on every rank.
 //
 // Generation runs over a KV cache (one process), through the same sink
-// attention. Not here: the sgl backend's fused attention, grouped experts
-// and CUDA graphs (GPT-OSS runs the reference paths under either backend
-// but for fused q/k/v and rope in place; Techniques() says so).
+// attention. The `sgl` backend fuses q/k/v and each expert's gate/up,
+// rotates in place, runs the experts through grouped GEMMs with their
+// biases and clamped activation (layers/moe.h GroupedMoe), the attention
+// as one varlen flash call per layer with the window in the kernel and the
+// sink applied through its log-sum-exp (sink_attention.h
+// FlashSinkAttention), cuBLASLt projections, the lm_head's argmax kernels
+// and CUDA graphs where the forward stays on the device. The norms stay
+// ATen's: GPT-OSS multiplies by its fp32 weight before rounding, which the
+// add+RMSNorm kernel does not reproduce.
 #ifndef E3_TEACHER_SERVER_MODELS_GPT_OSS_LM_H_
 #define E3_TEACHER_SERVER_MODELS_GPT_OSS_LM_H_
 
@@ -62,7 +68,11 @@ class GptOssLM : public CausalLMBase {
   // nn.Linear layout, from either checkpoint form.
   absl::Status LoadExpertMatrices(WeightLoader& w, const std::string& prefix, at::Tensor* gate_up,
                                   at::Tensor* down) const;
-  ForwardOutput Run(const PackedBatch& batch, const ForwardOptions& options);
+  ForwardOutput Run(const PackedBatch& batch, const PackedLayout& layout, const ForwardOptions& options);
+  // Why this model's forward cannot be captured in a CUDA graph, or empty
+  // when it can: CUDA, one process, the flash sink attention and every
+  // layer's experts through the grouped GEMM (as DecoderLM's).
+  std::string GraphsOffReason() const;
 
   RotaryEmbedding rotary_;
   AttentionShape full_shape_, sliding_shape_;

@@ -9,15 +9,22 @@
 // agree to fp32 rounding (bound 1e-5 relative to each tensor's max;
 // measured 0 with BLIS, which computes every output column the same way
 // however many there are) and the target argmax agrees at every position.
-// The layer-level tests check each piece against its reference. The
-// kernels themselves are tested on a GPU (sgl_kernels_gpu_test).
+// DeepSeek (MLA, DeepSeekMoE's routing into the grouped experts, FP8
+// weights) and GPT-OSS (sinks, sliding windows, clamped SwiGLU experts
+// with biases through the grouped path, MXFP4 weights) are held to the
+// same bound. The layer-level tests check each piece against its
+// reference. The kernels themselves are tested on a GPU
+// (sgl_kernels_gpu_test, moe_archs_gpu_test).
 #include <gtest/gtest.h>
 
 #include <limits>
 
+#include "absl/strings/str_cat.h"
 #include "common/model_dir.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/attention.h"
+#include "teacher_server/layers/clamped_swiglu.h"
+#include "teacher_server/layers/deepseek_moe.h"
 #include "teacher_server/layers/fp8_head_argmax.h"
 #include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/gemm.h"
@@ -217,6 +224,157 @@ TEST(SglLayersTest, GroupedMoeIsThePerExpertLoopsSum) {
   EXPECT_FALSE(ExpertsStackable(MoeWeights())) << "no experts on this rank";
 }
 
+// GPT-OSS's experts through the grouped path: each pair's gate_up row plus
+// its expert's bias, the clamped activation, the down row plus its bias,
+// then the router's weights, as the per-expert loop (ClampedSwiGluMlp) does,
+// under EP and on a TP rank whose slice does not add the down bias. In
+// bf16 equal bit for bit here; in fp32 within 1e-6 relative: ATen's CPU
+// element-wise kernels run a vector body and a scalar tail (sigmoid by
+// Sleef or by std::exp, an ulp apart), so the activation's last bit
+// depends on where an element falls in its tensor, whose length differs
+// between one expert's rows and all pairs' (measured: one case of 36 an
+// ulp apart, 9.5e-7 absolute). The inputs are scaled so that the clamp
+// bites on about a fifth of the gate/up values.
+TEST(SglLayersTest, GroupedMoeRunsClampedSwiGluExpertsWithBiasesAsTheLoop) {
+  torch::manual_seed(5);
+  const int64_t H = 32, I = 24, T = 41, total = 8;
+  MoeRouting routing;
+  routing.top_k = 2;
+  routing.topk_then_softmax = true;
+  routing.clamped_swiglu = ClampedSwiGlu{1.702, 7.0};
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (const auto& [first, count] : {std::pair<int64_t, int64_t>{0, 8}, {2, 3}, {5, 3}}) {
+      for (const bool down_bias : {true, false}) {
+        MoeWeights w = testing::RandomExperts(total, first, count, H, I, dtype, 1.0 / 4);
+        w.router_bias = torch::randn({total}).to(dtype);
+        for (MlpWeights& m : w.experts) {
+          m.gate_up_bias = torch::randn({2 * I}).to(dtype);
+          if (down_bias) m.down_bias = torch::randn({H}).to(dtype);
+        }
+        const at::Tensor x = (torch::randn({T, H}) * 4).to(dtype);
+        const at::Tensor pre = at::linear(x, w.experts[0].gate_up_proj) + w.experts[0].gate_up_bias;
+        EXPECT_GT(pre.abs().gt(7.0).to(at::kFloat).mean().item<float>(), 0.1) << "the clamp bites";
+        const at::Tensor want = SparseMoe(x, w, routing);
+        MoeWeights stacked = w;
+        ASSERT_TRUE(ExpertsStackable(stacked));
+        StackExperts(&stacked);
+        EXPECT_EQ(stacked.stacked_gate_up_bias.sizes(), (std::vector<int64_t>{count, 2 * I}));
+        EXPECT_EQ(stacked.stacked_down_bias.defined(), down_bias);
+        EXPECT_TRUE(stacked.experts[1].gate_up_bias.is_alias_of(stacked.stacked_gate_up_bias));
+        EXPECT_TRUE(stacked.experts[1].gate_up_bias.equal(w.experts[1].gate_up_bias));
+        const at::Tensor got = GroupedMoe(x, stacked, routing);
+        const std::string what = absl::StrCat(c10::toString(dtype), " experts [", first, ", ", first + count,
+                                              "), down bias ", down_bias);
+        if (dtype == at::kBFloat16) {
+          EXPECT_TRUE(got.equal(want)) << what << ": max diff "
+                                       << (got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<float>();
+        } else {
+          EXPECT_LE(RelInf(got, want), 1e-6) << what;
+        }
+        EXPECT_TRUE(RoutedExperts(x, stacked, routing).equal(got));
+        if (dtype == at::kFloat) {
+          // The fused [gate; up] product against the separate ones the hf
+          // loader keeps: the same dot products.
+          MoeWeights separate = w;
+          for (MlpWeights& m : separate.experts) {
+            m.gate_proj = m.gate_up_proj.narrow(0, 0, I);
+            m.up_proj = m.gate_up_proj.narrow(0, I, I);
+            m.gate_bias = m.gate_up_bias.narrow(0, 0, I);
+            m.up_bias = m.gate_up_bias.narrow(0, I, I);
+            m.gate_up_proj = m.gate_up_bias = at::Tensor();
+          }
+          EXPECT_LE(RelInf(SparseMoe(x, separate, routing), want), 1e-6);
+        }
+      }
+    }
+  }
+  MoeWeights mixed = testing::RandomExperts(4, 0, 4, H, I, at::kFloat, 1.0 / 8);
+  mixed.experts[2].gate_up_bias = torch::zeros({2 * I});
+  EXPECT_FALSE(ExpertsStackable(mixed)) << "a bias on some experts only";
+}
+
+// DeepSeekMoE's routing (sigmoid scores with the correction bias, 2 of 4
+// groups, renormalised, scaled by 2.5; fp32 weights) feeding the grouped
+// experts: GroupedExpertsSum is WeightedExpertsSum bit for bit (each fp32
+// product rounded to x's dtype, added in expert-id order), and DeepseekMoe
+// with stacked experts and a shared expert is its loop form.
+TEST(SglLayersTest, GroupedExpertsSumTakesDeepseekRoutingAsTheLoop) {
+  torch::manual_seed(6);
+  const int64_t H = 32, I = 16, T = 53, total = 8;
+  DeepseekRouting r;
+  r.scoring = DeepseekConfig::Scoring::kSigmoid;
+  r.group_limited = true;
+  r.n_group = 4;
+  r.topk_group = 2;
+  r.top_k = 3;
+  r.normalize = true;
+  r.routed_scaling_factor = 2.5;
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (const auto& [first, count] : {std::pair<int64_t, int64_t>{0, 8}, {2, 3}, {6, 2}}) {
+      DeepseekMoeWeights w;
+      w.routed = testing::RandomExperts(total, first, count, H, I, dtype, 1.0 / 8);
+      w.score_bias = torch::randn({total}) * 0.1;
+      w.shared.gate_proj = (torch::randn({2 * I, H}) / 8).to(dtype);
+      w.shared.up_proj = (torch::randn({2 * I, H}) / 8).to(dtype);
+      w.shared.down_proj = (torch::randn({H, 2 * I}) / 8).to(dtype);
+      const at::Tensor x = torch::randn({T, H}).to(dtype);
+      auto [ids, weights] = DeepseekRoute(x, w.routed.router, w.score_bias, r);
+      EXPECT_EQ(weights.scalar_type(), at::kFloat);
+      const at::Tensor want = WeightedExpertsSum(x, w.routed, weights, ids);
+      DeepseekMoeWeights stacked = w;
+      ASSERT_TRUE(ExpertsStackable(stacked.routed));
+      StackExperts(&stacked.routed);
+      const std::string what = absl::StrCat(c10::toString(dtype), " experts [", first, ", ", first + count, ")");
+      const at::Tensor got = GroupedExpertsSum(x, stacked.routed, weights, ids);
+      EXPECT_TRUE(got.equal(want)) << what << ": max diff "
+                                   << (got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<float>();
+      EXPECT_TRUE(RoutedExpertsSum(x, stacked.routed, weights, ids).equal(want)) << what;
+      EXPECT_TRUE(RoutedExpertsSum(x, w.routed, weights, ids).equal(want)) << what;
+      const at::Tensor whole = DeepseekMoe(x, w, r);
+      EXPECT_TRUE(DeepseekMoe(x, stacked, r, /*fused_activation=*/true).equal(whole)) << what;
+      FuseGateUp(&stacked.shared);
+      EXPECT_LE(RelInf(DeepseekMoe(x, stacked, r, true).to(at::kFloat), whole.to(at::kFloat)),
+                dtype == at::kFloat ? 1e-6 : 1e-2)
+          << what << ": the shared expert's gate and up fused";
+    }
+  }
+}
+
+// What DeepSeek's and GPT-OSS's startup lines say on the CPU under each
+// backend: the fusion as configured, the kernels, fused attention, graphs
+// and grouped GEMMs off with their reasons.
+TEST(SglLayersTest, DeepseekAndGptOssTechniquesSayWhatRunsHere) {
+  auto techniques = [](const std::string& name, const std::string& backend) {
+    auto dir = ModelDir::Open(LoadGoldenCase(name).model_dir);
+    EXPECT_TRUE(dir.ok()) << dir.status();
+    ModelOptions o;
+    EXPECT_TRUE(SetBackend(backend, &o).ok());
+    auto m = LoadCausalLM(**dir, o);
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m.ok() ? (*m)->Techniques() : std::string();
+  };
+  const std::vector<std::pair<std::string, std::vector<const char*>>> cases = {
+      {techniques("rand_deepseek_v3", "sgl"),
+       {"gate-up fused", "custom kernels off (need CUDA", "fused attention off", "ATen GEMMs",
+        "target argmax in the lm_head GEMM", "CUDA graphs off (not a CUDA device)",
+        "experts by a loop in 3 of 3 MoE layers"}},
+      {techniques("rand_deepseek_v3", "hf"),
+       {"separate projections", "reference element-wise ops", "SDPA per sample", "ATen GEMMs",
+        "target argmax from logits", "experts by a loop in 3 of 3 MoE layers"}},
+      {techniques("rand_gpt_oss", "sgl"),
+       {"qkv and expert gate-up fused", "custom kernels off (need CUDA",
+        "eager sink attention per sample (sliding window 8 on 2 of 4 layers)", "target argmax in the lm_head GEMM",
+        "CUDA graphs off (not a CUDA device)", "experts by a loop (clamped SwiGLU with biases) in 4 of 4"}},
+      {techniques("rand_gpt_oss", "hf"),
+       {"separate projections", "reference element-wise ops", "eager sink attention per sample",
+        "target argmax from logits", "experts by a loop (clamped SwiGLU with biases) in 4 of 4"}},
+  };
+  for (const auto& [line, parts] : cases) {
+    for (const char* part : parts) EXPECT_NE(line.find(part), std::string::npos) << line << "\nlacks: " << part;
+  }
+  EXPECT_EQ(cases[1].first.find("CUDA graphs"), std::string::npos) << "hf does not ask for graphs";
+}
+
 TEST(SglLayersTest, GemmOnCpuIsLinearPlusTheResidualOnBothPaths) {
   torch::manual_seed(4);
   const at::Tensor x = torch::randn({2, 5, 16});
@@ -405,7 +563,8 @@ TEST_P(SglBackendTest, MatchesTheReference) {
 INSTANTIATE_TEST_SUITE_P(Cases, SglBackendTest,
                          ::testing::Values("tiny_code_llama", "rand_llama3_gqa", "rand_yarn_mqa",
                                            "rand_linear_headdim", "rand_default_mha", "rand_qwen2", "rand_qwen3",
-                                           "rand_qwen3_moe"));
+                                           "rand_qwen3_moe", "rand_deepseek_v3", "rand_deepseek_v2_lite",
+                                           "rand_deepseek_v3_fp8", "rand_gpt_oss", "rand_gpt_oss_mxfp4"));
 
 }  // namespace
 }  // namespace e3
