@@ -1,8 +1,10 @@
 # e3_library(NAME <n> SRCS ... DEPS ... [TORCH])
 #   One library per folder, aliased as e3::<n>. TORCH marks targets that
 #   include LibTorch; those get the shared precompiled header.
-# e3_test(NAME <n> SRCS ... DEPS ... [TORCH] [LABELS ...] [TIMEOUT s])
+# e3_test(NAME <n> SRCS ... DEPS ... [TORCH] [LABELS ...] [TIMEOUT s] [COST s])
 #   One test binary per test file, discovered with gtest_discover_tests.
+#   COST (seconds, about) orders a parallel ctest run that has no timings
+#   of its own yet: the costliest tests start first.
 
 include(CMakeParseArguments)
 
@@ -98,7 +100,7 @@ function(e3_library)
 endfunction()
 
 function(e3_test)
-  cmake_parse_arguments(E3 "TORCH" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(E3 "TORCH" "NAME;TIMEOUT;COST" "SRCS;DEPS;LABELS" ${ARGN})
   if(NOT E3_TIMEOUT)
     set(E3_TIMEOUT 120)
   endif()
@@ -122,7 +124,11 @@ function(e3_test)
   else()
     set(_label notorch)
   endif()
+  set(_cost)
+  if(E3_COST)
+    set(_cost COST ${E3_COST})
+  endif()
   gtest_discover_tests(${E3_NAME}
-    PROPERTIES LABELS ${_label} TIMEOUT ${E3_TIMEOUT}
+    PROPERTIES LABELS ${_label} TIMEOUT ${E3_TIMEOUT} ${_cost}
     DISCOVERY_TIMEOUT 60)
 endfunction()
