@@ -1,8 +1,12 @@
 # e3_library(NAME <n> SRCS ... DEPS ... [TORCH])
 #   One library per folder, aliased as e3::<n>. TORCH marks targets that
-#   include LibTorch; those get the shared precompiled header.
-# e3_test(NAME <n> SRCS ... DEPS ... [TORCH] [LABELS ...] [TIMEOUT s])
+#   include LibTorch; those get the shared precompiled header. With
+#   E3_UNITY_BUILD its sources compile in unity batches (a library whose
+#   files cannot share one turns UNITY_BUILD off, as common/ does).
+# e3_test(NAME <n> SRCS ... DEPS ... [TORCH] [LABELS ...] [TIMEOUT s] [COST s])
 #   One test binary per test file, discovered with gtest_discover_tests.
+#   COST (seconds, about) orders a parallel ctest run that has no timings
+#   of its own yet: the costliest tests start first.
 
 include(CMakeParseArguments)
 
@@ -91,6 +95,9 @@ function(e3_library)
   add_library(e3::${E3_NAME} ALIAS e3_${E3_NAME})
   e3_apply_common(e3_${E3_NAME})
   target_link_libraries(e3_${E3_NAME} PUBLIC ${E3_DEPS})
+  if(E3_UNITY_BUILD)
+    set_target_properties(e3_${E3_NAME} PROPERTIES UNITY_BUILD ON)
+  endif()
   if(E3_TORCH)
     target_link_libraries(e3_${E3_NAME} PUBLIC e3_torch)
     e3_use_torch_pch(e3_${E3_NAME})
@@ -98,7 +105,7 @@ function(e3_library)
 endfunction()
 
 function(e3_test)
-  cmake_parse_arguments(E3 "TORCH" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(E3 "TORCH" "NAME;TIMEOUT;COST" "SRCS;DEPS;LABELS" ${ARGN})
   if(NOT E3_TIMEOUT)
     set(E3_TIMEOUT 120)
   endif()
@@ -122,7 +129,11 @@ function(e3_test)
   else()
     set(_label notorch)
   endif()
+  set(_cost)
+  if(E3_COST)
+    set(_cost COST ${E3_COST})
+  endif()
   gtest_discover_tests(${E3_NAME}
-    PROPERTIES LABELS ${_label} TIMEOUT ${E3_TIMEOUT}
+    PROPERTIES LABELS ${_label} TIMEOUT ${E3_TIMEOUT} ${_cost}
     DISCOVERY_TIMEOUT 60)
 endfunction()

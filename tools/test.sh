@@ -22,10 +22,11 @@ phase_done() {
 }
 
 # Without the `gpu`-labelled tests (they could only skip here; the GPU
-# machine builds and runs them) and the benchmarks (CI runs none); see
-# docs/DECISIONS.md, "What CI builds and runs".
+# machine builds and runs them) and the benchmarks (CI runs none); the
+# libraries as unity sources (E3_UNITY_BUILD); see docs/DECISIONS.md,
+# "What CI builds and runs".
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
-  -DE3_BUILD_GPU_TESTS=OFF -DE3_BUILD_BENCH=OFF
+  -DE3_BUILD_GPU_TESTS=OFF -DE3_BUILD_BENCH=OFF -DE3_UNITY_BUILD=ON
 cmake --build build -j"$JOBS"
 phase_done "main build"
 ctest --test-dir build --output-on-failure -j"$JOBS" -LE gpu --timeout 900
@@ -62,7 +63,7 @@ if [[ "${TSAN_STUDENT:-1}" == 1 ]]; then
 fi
 cmake -S . -B build-tsan -G Ninja -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
   -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -gline-tables-only -DNDEBUG" \
-  -DE3_TSAN=ON -DE3_BUILD_BENCH=OFF -DE3_BUILD_GPU_TESTS=OFF
+  -DE3_TSAN=ON -DE3_BUILD_BENCH=OFF -DE3_BUILD_GPU_TESTS=OFF -DE3_UNITY_BUILD=ON
 cmake --build build-tsan -j"$JOBS" --target "${tsan_targets[@]}"
 phase_done "tsan build"
 TSAN_OPTIONS="suppressions=$PWD/tools/tsan.supp" \
