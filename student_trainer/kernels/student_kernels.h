@@ -62,6 +62,11 @@ bool SiluMulBackward(Dtype dtype, const void* dout, const void* gate_up, void* d
 bool ScatterAddRows(Dtype dtype, const void* src, const int64_t* rows, float* sum, int64_t n,
                     int64_t cols, void* stream);
 
+// x *= *scale in place: x 16-bit [n] contiguous, scale one fp32 value on
+// the device (read by the kernel: no host synchronisation). Requires
+// n % 8 == 0 and x 16-byte aligned. Each element: dtype(float(x) * scale).
+bool ScaleByDeviceScalar(Dtype dtype, void* x, int64_t n, const float* scale, void* stream);
+
 // ---------------------------------------------------------------------------
 // Rotary embedding of a fused q/k/v projection, rotate_half convention
 // (transformers' apply_rotary_pos_emb): qkv [tokens, q_heads + 2 *

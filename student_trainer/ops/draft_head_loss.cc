@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <optional>
+#include <string>
+#include <tuple>
 
 #include "student_trainer/ops/kernel_switch.h"
 #include "student_trainer/ops/rms_norm.h"
@@ -18,13 +20,26 @@ struct Segment {
 };
 
 // Splits the steps' rows, in step order, into chunks of at most
-// `chunk_rows` rows (a step may span chunks, a chunk several steps).
+// `chunk_rows` rows. A step whose rows are a range gets chunks of its own,
+// of near-equal size, so that each chunk is a view of the step's hidden
+// states and its gradient is written in place; other steps share chunks
+// (a step may span chunks, a chunk several steps).
 std::vector<std::vector<Segment>> Chunks(const std::vector<HeadStepRows>& steps,
                                          int64_t chunk_rows) {
-  std::vector<std::vector<Segment>> chunks(1);
-  int64_t filled = 0;
+  std::vector<std::vector<Segment>> chunks;
+  int64_t filled = chunk_rows;  // the last chunk is closed
   for (int64_t j = 0; j < static_cast<int64_t>(steps.size()); ++j) {
     const int64_t n = steps[j].rows.numel();
+    if (n > 0 && steps[j].first_row >= 0) {
+      const int64_t pieces = (n + chunk_rows - 1) / chunk_rows;
+      for (int64_t p = 0, begin = 0; p < pieces; ++p) {
+        const int64_t end = n * (p + 1) / pieces;
+        chunks.push_back({{j, begin, end - begin}});
+        begin = end;
+      }
+      filled = chunk_rows;
+      continue;
+    }
     for (int64_t begin = 0; begin < n;) {
       if (filled == chunk_rows) {
         chunks.emplace_back();
@@ -36,8 +51,47 @@ std::vector<std::vector<Segment>> Chunks(const std::vector<HeadStepRows>& steps,
       filled += take;
     }
   }
-  if (chunks.back().empty()) chunks.pop_back();
   return chunks;
+}
+
+// The gradient buffer of a step's hidden states: zeros, except that a step
+// whose rows are a range leaves those rows unset (every chunk writes them).
+at::Tensor StepGradient(const at::Tensor& h, const HeadStepRows& st) {
+  if (st.first_row < 0) return at::zeros_like(h);
+  at::Tensor g = at::empty(h.sizes(), h.options());
+  const int64_t end = st.first_row + st.rows.numel();
+  if (st.first_row > 0) g.narrow(0, 0, st.first_row).zero_();
+  if (end < h.size(0)) g.narrow(0, end, h.size(0) - end).zero_();
+  return g;
+}
+
+// A chunk's rows of its step's gradient buffer as a view, where the chunk
+// is one segment of a range step; else undefined.
+at::Tensor ChunkGradientView(const std::vector<Segment>& chunk,
+                             const std::vector<HeadStepRows>& steps,
+                             const std::vector<at::Tensor>& dh) {
+  if (chunk.size() != 1 || steps[chunk[0].step].first_row < 0) return {};
+  const Segment& seg = chunk[0];
+  return dh[seg.step].narrow(0, steps[seg.step].first_row + seg.begin, seg.length);
+}
+
+// x *= g in place, g the loss's 0-dim output gradient: on the GPU a kernel
+// reads g where it lies (ATen's broadcast of a 0-dim CUDA tensor takes its
+// slow unvectorised path), else ATen.
+void ScaleInPlace(at::Tensor& x, const at::Tensor& g) {
+#ifdef E3_HAS_CUDA
+  student_kernels::Dtype dt;
+  if (StudentKernelDtype(x, &dt) && x.is_contiguous() && g.numel() == 1 &&
+      g.scalar_type() == at::kFloat && g.device() == x.device()) {
+    const at::Tensor gc = g.contiguous();
+    if (student_kernels::ScaleByDeviceScalar(dt, x.data_ptr(), x.numel(), gc.data_ptr<float>(),
+                                             StudentKernelStream(x))) {
+      CheckStudentKernelLaunch("ScaleByDeviceScalar");
+      return;
+    }
+  }
+#endif
+  x.mul_(g.to(x.scalar_type()));
 }
 
 // The inputs and side outputs of one call, kept off the autograd signature.
@@ -171,7 +225,7 @@ class DraftHeadLossFunction : public torch::autograd::Function<DraftHeadLossFunc
     at::Tensor lm_acc = at::zeros_like(wts.lm_head);
     at::Tensor norm_acc;
     std::vector<at::Tensor> dh;
-    for (const at::Tensor& h : hiddens) dh.push_back(at::zeros_like(h));
+    for (int64_t j = 0; j < num_steps; ++j) dh.push_back(StepGradient(hiddens[j], steps[j]));
     DraftHeadLossOutput& out = *call.out;
     for (int64_t j = 0; j < num_steps && opt.keep_logits; ++j) {
       out.logits.push_back(at::zeros({call.tokens, wts.lm_head.size(0)}, fopts));
@@ -209,9 +263,16 @@ class DraftHeadLossFunction : public torch::autograd::Function<DraftHeadLossFunc
       // `logits` now holds dloss/dlogits.
       const at::Tensor dy = at::mm(logits, wts.lm_head);
       lm_acc.addmm_(logits.t(), nr.y);
-      auto [dx, dw] = RmsNormBackward(dy, c.x, nr.rstd, wts.norm);
+      at::Tensor dw;
+      const at::Tensor dx_view = ChunkGradientView(chunk, steps, dh);
+      if (dx_view.defined()) {
+        dw = RmsNormBackwardInto(dy, c.x, nr.rstd, wts.norm, dx_view);
+      } else {
+        at::Tensor dx;
+        std::tie(dx, dw) = RmsNormBackward(dy, c.x, nr.rstd, wts.norm);
+        ScatterRows(chunk, steps, dx, &dh);
+      }
       norm_acc = norm_acc.defined() ? norm_acc.add_(dw) : dw;
-      ScatterRows(chunk, steps, dx, &dh);
     }
     step_loss.div_(static_cast<double>(call.tokens));
     if (lk) {
@@ -236,10 +297,16 @@ class DraftHeadLossFunction : public torch::autograd::Function<DraftHeadLossFunc
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor& g = grads[0];
     const int64_t num_steps = ctx->saved_data["steps"].toInt();
+    TORCH_CHECK(ctx->saved_data.count("dh0") == 1,
+                "DraftHeadLoss: backward ran twice; the hidden states' gradients are scaled in "
+                "place and released by the first (retain_graph is not supported)");
     variable_list out;
     for (int64_t j = 0; j < num_steps; ++j) {
-      const at::Tensor dh = ctx->saved_data["dh" + std::to_string(j)].toTensor();
-      out.push_back(ctx->needs_input_grad(j) ? dh * g.to(dh.scalar_type()) : at::Tensor());
+      const std::string key = "dh" + std::to_string(j);
+      at::Tensor dh = ctx->saved_data[key].toTensor();
+      ctx->saved_data.erase(key);
+      if (ctx->needs_input_grad(j)) ScaleInPlace(dh, g);
+      out.push_back(ctx->needs_input_grad(j) ? dh : at::Tensor());
     }
     if (ctx->needs_input_grad(num_steps)) {
       const at::Tensor lm_acc = ctx->saved_data["lm_acc"].toTensor();

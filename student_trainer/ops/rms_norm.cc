@@ -79,14 +79,15 @@ RmsNormResult RmsNormForward(const at::Tensor& x, const at::Tensor& weight, doub
   return ForwardAten(x, weight, eps);
 }
 
-std::pair<at::Tensor, at::Tensor> RmsNormBackward(const at::Tensor& dy, const at::Tensor& x,
-                                                  const at::Tensor& rstd,
-                                                  const at::Tensor& weight) {
+at::Tensor RmsNormBackwardInto(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& rstd,
+                               const at::Tensor& weight, const at::Tensor& dx) {
+  TORCH_CHECK(dx.sizes() == x.sizes() && dx.scalar_type() == x.scalar_type() && dx.is_contiguous(),
+              "RmsNormBackwardInto: dx ", dx.sizes(), " ", dx.scalar_type(),
+              " must be contiguous and shaped and typed as x ", x.sizes(), " ", x.scalar_type());
 #ifdef E3_HAS_CUDA
   student_kernels::Dtype dt;
   if (StudentKernelDtype(x, &dt) && KernelTakes(x, weight) && rstd.scalar_type() == at::kFloat) {
     const at::Tensor dyc = dy.contiguous();
-    at::Tensor dx = at::empty(x.sizes(), x.options());
     at::Tensor partial = at::empty({student_kernels::RmsNormBackwardBlocks(x.size(0)), x.size(1)},
                                    x.options().dtype(at::kFloat));
     if (student_kernels::RmsNormBackward(dt, dyc.data_ptr(), x.data_ptr(), x.stride(0),
@@ -94,8 +95,24 @@ std::pair<at::Tensor, at::Tensor> RmsNormBackward(const at::Tensor& dy, const at
                                          partial.data_ptr<float>(), x.size(0), x.size(1),
                                          StudentKernelStream(x))) {
       CheckStudentKernelLaunch("RmsNormBackward");
-      return {dx, partial.sum(0)};
+      return partial.sum(0);
     }
+  }
+#endif
+  auto [dx_aten, dw] = BackwardAten(dy, x, rstd, weight);
+  dx.copy_(dx_aten);
+  return dw;
+}
+
+std::pair<at::Tensor, at::Tensor> RmsNormBackward(const at::Tensor& dy, const at::Tensor& x,
+                                                  const at::Tensor& rstd,
+                                                  const at::Tensor& weight) {
+#ifdef E3_HAS_CUDA
+  student_kernels::Dtype dt;
+  if (StudentKernelDtype(x, &dt) && KernelTakes(x, weight) && rstd.scalar_type() == at::kFloat) {
+    at::Tensor dx = at::empty(x.sizes(), x.options());
+    at::Tensor dw = RmsNormBackwardInto(dy, x, rstd, weight, dx);
+    return {dx, dw};
   }
 #endif
   return BackwardAten(dy, x, rstd, weight);

@@ -21,6 +21,10 @@ RmsNormResult RmsNormForward(const at::Tensor& x, const at::Tensor& weight, doub
 // {dx in x's dtype, dw in rstd's dtype} for dy [rows, cols].
 std::pair<at::Tensor, at::Tensor> RmsNormBackward(const at::Tensor& dy, const at::Tensor& x,
                                                   const at::Tensor& rstd, const at::Tensor& weight);
+// The same with dx written into `dx` (contiguous, x's shape and dtype: a
+// range of rows of a larger tensor, say); returns dw.
+at::Tensor RmsNormBackwardInto(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& rstd,
+                               const at::Tensor& weight, const at::Tensor& dx);
 
 // Autograd op: y = RmsNormForward(x).y; backward returns dx and adds dw
 // into weight_grad. `anchor` as in ops::LinearAccumulate.

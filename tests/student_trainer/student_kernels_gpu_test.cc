@@ -259,15 +259,17 @@ TttBatch GpuBatch(const Eagle3DraftConfig& c) {
 // gradient kernel two passes.
 TEST_F(StudentKernelsGpuTest, FastStepKernelsMatchItsAtenStatement) {
   struct Case {
-    int64_t kv_heads, head_dim;
+    int64_t kv_heads, head_dim, ttt_length;
   };
-  for (const Case& c : {Case{2, 64}, Case{4, 64}, Case{1, 128}}) {
-    SCOPED_TRACE(::testing::Message() << "kv_heads " << c.kv_heads << ", head_dim " << c.head_dim);
+  // TTT 12: eleven diagonal keys take the merge kernels' largest key bound.
+  for (const Case& c : {Case{2, 64, 7}, Case{4, 64, 7}, Case{1, 128, 7}, Case{2, 64, 12}}) {
+    SCOPED_TRACE(::testing::Message() << "kv_heads " << c.kv_heads << ", head_dim " << c.head_dim
+                                      << ", TTT " << c.ttt_length);
     Eagle3Draft draft = GpuDraft(at::kBFloat16, c.kv_heads, false, c.head_dim);
     const TttBatch batch = GpuBatch(draft->config());
     TttOptions options;
     options.kernels = TttKernels::kFast;
-    options.length = 7;
+    options.length = c.ttt_length;
     auto [k, a] = BothWays([&] {
       draft->flat().ZeroGrad();
       auto out = RunTtt(*draft, batch, options);
@@ -280,6 +282,44 @@ TEST_F(StudentKernelsGpuTest, FastStepKernelsMatchItsAtenStatement) {
       EXPECT_NEAR(k.first.acc[j], a.first.acc[j], 0.03) << j;
     EXPECT_LE(RelInf(k.second, a.second), 5e-2);
   }
+}
+
+// The head writes its gradient rows in place: into a range of a larger
+// tensor's rows, the same values as into a new tensor, the rows around it
+// untouched.
+TEST_F(StudentKernelsGpuTest, RmsNormBackwardIntoARangeOfRows) {
+  const at::Tensor x = torch::randn({300, 1024}, bf16) * 3;
+  const at::Tensor w = torch::rand({1024}, bf16) + 0.5;
+  const at::Tensor dy = torch::randn({300, 1024}, bf16);
+  const ops::RmsNormResult r = ops::RmsNormForward(x, w, 1e-5);
+  auto [dx, dw] = ops::RmsNormBackward(dy, x, r.rstd, w);
+  at::Tensor big = torch::full({400, 1024}, 7.0, bf16);
+  const at::Tensor dw_into = ops::RmsNormBackwardInto(dy, x, r.rstd, w, big.narrow(0, 60, 300));
+  EXPECT_TRUE(at::equal(big.narrow(0, 60, 300), dx));
+  EXPECT_TRUE(at::equal(dw_into, dw));
+  EXPECT_EQ(big.narrow(0, 0, 60).ne(7).sum().item<int64_t>(), 0);
+  EXPECT_EQ(big.narrow(0, 360, 40).ne(7).sum().item<int64_t>(), 0);
+}
+
+// The loss's output gradient is read on the device by the kernel that
+// scales the head's hidden-state gradients: a loss scaled by a power of
+// two scales the step's gradient by it (up to the attention backward's
+// atomic summation order).
+TEST_F(StudentKernelsGpuTest, AScaledLossScalesTheStepsGradient) {
+  Eagle3Draft draft = GpuDraft(at::kBFloat16, 2, false, 64);
+  const TttBatch batch = GpuBatch(draft->config());
+  TttOptions options;
+  options.kernels = TttKernels::kFast;
+  auto grad_of = [&](double scale) {
+    draft->flat().ZeroGrad();
+    auto out = RunTtt(*draft, batch, options);
+    EXPECT_TRUE(out.ok()) << out.status();
+    (out->loss * scale).backward();
+    return draft->flat().grad().clone();
+  };
+  const at::Tensor g1 = grad_of(1.0), g4 = grad_of(0.25);
+  EXPECT_LE(RelInf(g4, 0.25 * g1), 2e-2);
+  EXPECT_GT(RelInf(g4, g1), 0.5);
 }
 
 // The TTT steps' gradient sum of the q/k/v embedding half: the fp32

@@ -226,6 +226,33 @@ TEST(TttFastTest, GradientsAccumulateUntilZeroed) {
   EXPECT_EQ(draft->flat().grad().abs().max().item<double>(), 0.0);
 }
 
+// The head scales its saved hidden-state gradients in place by the loss's
+// output gradient; a scaled loss scales every gradient, and a second
+// backward through the same graph is refused by name.
+TEST(TttFastTest, AScaledLossScalesEveryGradient) {
+  Eagle3Draft draft = MakeTinyDraft(at::kDouble);
+  const TttBatch batch = RandomBatch(draft->config(), {11, 6}, /*seed=*/4);
+  TttOptions options;
+  options.kernels = TttKernels::kFast;
+  draft->flat().ZeroGrad();
+  auto plain = RunTtt(*draft, batch, options);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  plain->loss.backward();
+  const at::Tensor g1 = draft->flat().grad().clone();
+  draft->flat().ZeroGrad();
+  auto scaled = RunTtt(*draft, batch, options);
+  ASSERT_TRUE(scaled.ok()) << scaled.status();
+  const at::Tensor loss = scaled->loss * 0.37;
+  loss.backward({}, /*retain_graph=*/true);
+  EXPECT_LE(RelInf(draft->flat().grad(), 0.37 * g1), 1e-12);
+  try {
+    loss.backward();
+    ADD_FAILURE() << "a second backward ran";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("backward ran twice"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TttFastTest, DeferredMetricsResolveToTheSameValues) {
   Eagle3Draft draft = MakeTinyDraft(at::kDouble);
   const TttBatch batch = RandomBatch(draft->config(), {9, 7}, /*seed=*/4);

@@ -1,0 +1,39 @@
+// Multiplies a 16-bit tensor in place by an fp32 scalar that lives on the
+// device (an autograd output gradient): ATen broadcasts a 0-dim CUDA
+// tensor with stride 0, which takes its unvectorised path (0.2 ms per
+// 16k x 4096 bf16 tensor, a third of the bandwidth); one 16-byte pack per
+// thread and grid-stride step here.
+#include "student_trainer/kernels/kernel_common.cuh"
+
+namespace e3::student_kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename T>
+__global__ void ScaleKernel(T* __restrict__ x, int64_t packs, const float* __restrict__ scale) {
+  using P = Pack<T, kVec>;
+  const float s = *scale;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < packs;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    P p = reinterpret_cast<P*>(x)[i];
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) p.v[e] = Num<T>::FromF(Num<T>::ToF(p.v[e]) * s);
+    reinterpret_cast<P*>(x)[i] = p;
+  }
+}
+
+}  // namespace
+
+bool ScaleByDeviceScalar(Dtype dtype, void* x, int64_t n, const float* scale, void* stream) {
+  if (n <= 0 || n % kVec != 0 || !Aligned16(x)) return false;
+  const int64_t packs = n / kVec;
+  return DispatchDtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ScaleKernel<T><<<GridBlocks(packs, kThreads), kThreads, 0, AsStream(stream)>>>(
+        static_cast<T*>(x), packs, scale);
+    return true;
+  });
+}
+
+}  // namespace e3::student_kernels
