@@ -17,9 +17,18 @@ latent attention (MLA) and DeepSeekMoE, in three small random models:
                         style). Blocks of 16 x 32 instead of 128 x 128, so
                         that these small weights span several blocks, some
                         of them partial.
+  rand_deepseek_v2_glg  DeepseekV2ForCausalLM with q_lora and DeepSeek-V2's
+                        own routing: softmax scores, group_limited_greedy
+                        over 4 groups of which 2 are kept (each group
+                        ranked by its best expert), routed scaling 16 and
+                        no renormalisation, as the full V2 ships; bf16.
 
 Run where transformers is installed (the GPU machine):
-    python3 tests/golden/make_deepseek_golden.py tests/fixtures/golden
+    python3 tests/golden/make_deepseek_golden.py tests/fixtures/golden [SOURCES_DUMP] [--only=CASE,...]
+
+--only writes the named cases alone (each case's weights and samples come
+from its own seed and its own place in the sample draw, so the other
+fixtures stay as they are).
 
 The weights on disk are written here from the model's state dict (routed
 experts one tensor per expert, the Hub layout, whatever layout the model
@@ -177,10 +186,13 @@ def dump_sources(path):
 
 
 def main():
-    out_dir = sys.argv[1]
-    if len(sys.argv) > 2:
+    only = [a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--only=")]
+    only = only[0] if only else None
+    args = [a for a in sys.argv[1:] if not a.startswith("--only=")]
+    out_dir = args[0]
+    if len(args) > 1:
         try:
-            dump_sources(sys.argv[2])
+            dump_sources(args[1])
         except Exception:  # the sources are for reading only
             traceback.print_exc()
     os.makedirs(out_dir, exist_ok=True)
@@ -219,10 +231,21 @@ def main():
                           norm_topk_prob=True, routed_scaling_factor=1.5, first_k_dense_replace=1,
                           rope_interleave=True, rope_parameters=v3_yarn),
          "bfloat16", (16, 32)),
+        ("rand_deepseek_v2_glg",
+         DeepseekV2Config(**dict(base, max_position_embeddings=512), **mla, q_lora_rank=48, n_routed_experts=8,
+                          num_experts_per_tok=3, n_shared_experts=1, moe_intermediate_size=16,
+                          topk_method="group_limited_greedy", n_group=4, topk_group=2, norm_topk_prob=False,
+                          routed_scaling_factor=16.0, first_k_dense_replace=1,
+                          rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                               original_max_position_embeddings=128, beta_fast=32.0,
+                                               beta_slow=1.0, mscale=0.707, mscale_all_dim=0.707)),
+         "bfloat16", None),
     ]
     failed = []
     for seed, (name, cfg, weights, block) in enumerate(cases):
         samples = [rand_ids(100, 256), rand_ids(13, 256), rand_ids(60, 256)]
+        if only is not None and name not in only:
+            continue
         try:
             model, facts = build(name, cfg, weights, 300 + seed, out_dir, block)
             meta = {"model_dir": f"tests/fixtures/golden/{name}", "weights_dtype": weights,

@@ -564,7 +564,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, SglBackendTest,
                          ::testing::Values("tiny_code_llama", "rand_llama3_gqa", "rand_yarn_mqa",
                                            "rand_linear_headdim", "rand_default_mha", "rand_qwen2", "rand_qwen3",
                                            "rand_qwen3_moe", "rand_deepseek_v3", "rand_deepseek_v2_lite",
-                                           "rand_deepseek_v3_fp8", "rand_gpt_oss", "rand_gpt_oss_mxfp4"));
+                                           "rand_deepseek_v3_fp8", "rand_deepseek_v2_glg", "rand_gpt_oss",
+                                           "rand_gpt_oss_mxfp4"));
 
 }  // namespace
 }  // namespace e3

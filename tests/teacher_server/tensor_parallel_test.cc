@@ -116,6 +116,9 @@ INSTANTIATE_TEST_SUITE_P(
                       TpRun{"rand_deepseek_v3_fp8", 4, 2},
                       // whole experts per rank, softmax routing, plain q_proj split
                       TpRun{"rand_deepseek_v2_lite", 2, 2},
+                      // V2's group-limited greedy routing, its groups' experts
+                      // on two ranks
+                      TpRun{"rand_deepseek_v2_glg", 2, 2},
                       // sgl: grouped experts under EP (GPT-OSS's biases with
                       // its down bias on one rank per expert; DeepSeekMoE's
                       // routing), fused gate-up of the shared expert's slice
