@@ -2,12 +2,13 @@
 // block through its log-sum-exp (see student_kernels.h). A group of lanes
 // per (token, query head) row: each lane holds 8 or 16 consecutive
 // features (16-byte accesses for 16-bit rows), every dot product is a sum
-// over the group, and a warp holds several rows. (A whole warp per row issued about 950 instructions per row at six
-// keys, 4 features a lane: the kernels were bound by instruction issue,
-// not by memory.) The backward's key and value gradients sum over the
-// query heads that share a kv head, so a second kernel takes one group per
-// (token, kv head) and reads the first's per-head probabilities and score
-// gradients from a small scratch buffer.
+// over the group, and a warp holds several rows. (A whole warp per row
+// issued about 950 instructions per row at six keys, 4 features a lane:
+// the kernels were bound by instruction issue, not by memory.) The
+// backward's key and value gradients sum over the query heads that share
+// a kv head, so a second kernel takes one group per (token, kv head) and
+// reads the first's per-head probabilities and score gradients from a
+// small scratch buffer.
 #include <type_traits>
 
 #include "student_trainer/kernels/kernel_common.cuh"
@@ -59,8 +60,8 @@ __device__ __forceinline__ int64_t KvHeadOf(const TttAttentionShape& s, int64_t 
   return h / (s.q_heads / s.kv_heads);
 }
 
-// This lane's 8 consecutive features of the row at p: one 16-byte access
-// where the address allows (it does for every view the step passes: head
+// This lane's kPerLane consecutive features of the row at p, read in
+// 16-byte accesses where the address allows (it does for every view the step passes: head
 // offsets are multiples of head_dim), else one by one.
 template <typename T, int kLanes, int kPerLane>
 __device__ __forceinline__ void LoadLane(const T* p, float (&v)[kPerLane]) {

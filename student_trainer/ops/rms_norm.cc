@@ -12,10 +12,18 @@ at::ScalarType StatsType(const at::Tensor& x) {
   return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
+#ifdef E3_HAS_CUDA
 bool KernelTakes(const at::Tensor& x, const at::Tensor& weight) {
   return x.dim() == 2 && x.stride(1) == 1 && weight.is_contiguous() &&
          weight.scalar_type() == x.scalar_type() && weight.numel() == x.size(1);
 }
+
+// Whether the backward kernel takes these tensors, and its dtype.
+bool BackwardKernelTakes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& rstd,
+                         student_kernels::Dtype* dt) {
+  return StudentKernelDtype(x, dt) && KernelTakes(x, weight) && rstd.scalar_type() == at::kFloat;
+}
+#endif
 
 RmsNormResult ForwardAten(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const at::Tensor xf = x.to(StatsType(x));
@@ -86,7 +94,7 @@ at::Tensor RmsNormBackwardInto(const at::Tensor& dy, const at::Tensor& x, const 
               " must be contiguous and shaped and typed as x ", x.sizes(), " ", x.scalar_type());
 #ifdef E3_HAS_CUDA
   student_kernels::Dtype dt;
-  if (StudentKernelDtype(x, &dt) && KernelTakes(x, weight) && rstd.scalar_type() == at::kFloat) {
+  if (BackwardKernelTakes(x, weight, rstd, &dt)) {
     const at::Tensor dyc = dy.contiguous();
     at::Tensor partial = at::empty({student_kernels::RmsNormBackwardBlocks(x.size(0)), x.size(1)},
                                    x.options().dtype(at::kFloat));
@@ -109,7 +117,7 @@ std::pair<at::Tensor, at::Tensor> RmsNormBackward(const at::Tensor& dy, const at
                                                   const at::Tensor& weight) {
 #ifdef E3_HAS_CUDA
   student_kernels::Dtype dt;
-  if (StudentKernelDtype(x, &dt) && KernelTakes(x, weight) && rstd.scalar_type() == at::kFloat) {
+  if (BackwardKernelTakes(x, weight, rstd, &dt)) {
     at::Tensor dx = at::empty(x.sizes(), x.options());
     at::Tensor dw = RmsNormBackwardInto(dy, x, rstd, weight, dx);
     return {dx, dw};

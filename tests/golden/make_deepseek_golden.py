@@ -209,6 +209,8 @@ def main():
     mla = dict(kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24, num_key_value_heads=4)
     v3_yarn = dict(rope_type="yarn", rope_theta=10000.0, factor=8.0, original_max_position_embeddings=256,
                    beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0)
+    v2_yarn = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=128,
+                   beta_fast=32.0, beta_slow=1.0, mscale=0.707, mscale_all_dim=0.707)
     cases = [
         ("rand_deepseek_v3",
          DeepseekV3Config(**base, **mla, q_lora_rank=48, n_routed_experts=8, num_experts_per_tok=3,
@@ -221,9 +223,7 @@ def main():
                           num_experts_per_tok=2, n_shared_experts=2, moe_intermediate_size=16,
                           topk_method="greedy", n_group=1, topk_group=1, norm_topk_prob=False,
                           routed_scaling_factor=1.0, first_k_dense_replace=1,
-                          rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
-                                               original_max_position_embeddings=128, beta_fast=32.0,
-                                               beta_slow=1.0, mscale=0.707, mscale_all_dim=0.707)),
+                          rope_parameters=v2_yarn),
          "float32", None),
         ("rand_deepseek_v3_fp8",
          DeepseekV3Config(**base, **mla, q_lora_rank=48, n_routed_experts=4, num_experts_per_tok=2,
@@ -236,9 +236,7 @@ def main():
                           num_experts_per_tok=3, n_shared_experts=1, moe_intermediate_size=16,
                           topk_method="group_limited_greedy", n_group=4, topk_group=2, norm_topk_prob=False,
                           routed_scaling_factor=16.0, first_k_dense_replace=1,
-                          rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
-                                               original_max_position_embeddings=128, beta_fast=32.0,
-                                               beta_slow=1.0, mscale=0.707, mscale_all_dim=0.707)),
+                          rope_parameters=v2_yarn),
          "bfloat16", None),
     ]
     failed = []
