@@ -10,65 +10,120 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kNormBlocks = 1024;
 
+// kN consecutive elements of T, loaded or stored with one access.
+template <typename T, int kN>
+struct alignas(sizeof(T) * kN) Vec {
+  T v[kN];
+};
+
+__device__ __forceinline__ float ToFloat(float g) { return g; }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 g) { return __bfloat162float(g); }
+__device__ __forceinline__ float ToFloat(__half g) { return __half2float(g); }
+
+// Elements per 16-byte access of the gradient: the kernels are bound by
+// memory bandwidth, which one 2-byte element a thread reached only in part
+// (the norm of bf16 gradients at about a third of it).
 template <typename G>
-__device__ __forceinline__ float GradAt(const G* g, int64_t i);
-template <>
-__device__ __forceinline__ float GradAt<float>(const float* g, int64_t i) {
-  return g[i];
+constexpr int kGradPack = 16 / static_cast<int>(sizeof(G));
+
+// Runs visit.template Pack<kN>(i) over the grid for every whole pack of kN
+// elements, then visit.template Pack<1>(i) for each of the n % kN left.
+template <int kN, typename Visitor>
+__device__ __forceinline__ void ForPacks(int64_t n, Visitor& visit) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t packs = n / kN;
+  for (int64_t p = first; p < packs; p += stride) visit.template Pack<kN>(p * kN);
+  for (int64_t i = packs * kN + first; i < n; i += stride) visit.template Pack<1>(i);
 }
-template <>
-__device__ __forceinline__ float GradAt<__nv_bfloat16>(const __nv_bfloat16* g, int64_t i) {
-  return __bfloat162float(g[i]);
-}
-template <>
-__device__ __forceinline__ float GradAt<__half>(const __half* g, int64_t i) {
-  return __half2float(g[i]);
-}
+
+template <typename G>
+struct SquaredNormVisitor {
+  const G* __restrict__ grad;
+  float sum;
+  template <int kN>
+  __device__ __forceinline__ void Pack(int64_t i) {
+    const Vec<G, kN> g = *reinterpret_cast<const Vec<G, kN>*>(grad + i);
+#pragma unroll
+    for (int e = 0; e < kN; ++e) {
+      const float x = ToFloat(g.v[e]);
+      sum += x * x;
+    }
+  }
+};
 
 template <typename G>
 __global__ void SquaredNormKernel(const G* __restrict__ grad, int64_t n,
                                   float* __restrict__ partial) {
-  float s = 0.f;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = GradAt(grad, i);
-    s += g * g;
-  }
-  s = BlockSum(s);
+  SquaredNormVisitor<G> visit{grad, 0.f};
+  ForPacks<kGradPack<G>>(n, visit);
+  const float s = BlockSum(visit.sum);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-template <typename G, typename W>
-__global__ void AdamWKernel(const G* __restrict__ grad, float* __restrict__ master,
-                            float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq,
-                            W* __restrict__ work, int64_t n, AdamWScalars c) {
+// The step's constants, from the device scalars.
+struct AdamWConstants {
+  float clip, beta1, beta2, eps, step_size, bias2_sqrt, decay;
+};
+
+__device__ AdamWConstants ReadConstants(const AdamWScalars& c) {
   const float lr = *c.lr;
   const float step = *c.step;
   // clip_grad_norm_: scale by max_norm / (norm + 1e-6) where that is below 1.
   float clip = 1.f;
   if (c.grad_norm != nullptr) clip = fminf(1.f, c.max_norm / (*c.grad_norm + 1e-6f));
   const float bias1 = 1.f - powf(c.beta1, step);
-  const float bias2_sqrt = sqrtf(1.f - powf(c.beta2, step));
-  const float step_size = lr / bias1;
-  const float decay = 1.f - lr * c.weight_decay;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = GradAt(grad, i) * clip;
-    const float m = c.beta1 * exp_avg[i] + (1.f - c.beta1) * g;
-    const float v = c.beta2 * exp_avg_sq[i] + (1.f - c.beta2) * g * g;
-    float p = master[i] * decay;
-    p -= step_size * m / (sqrtf(v) / bias2_sqrt + c.eps);
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
-    master[i] = p;
-    if (work != nullptr) work[i] = Num<W>::FromF(p);
+  return {clip, c.beta1, c.beta2, c.eps, lr / bias1, sqrtf(1.f - powf(c.beta2, step)),
+          1.f - lr * c.weight_decay};
+}
+
+// Four elements a thread: 16-byte accesses to the fp32 buffers, 8-byte ones
+// to 16-bit gradients and working weights.
+constexpr int kAdamPack = 4;
+
+template <typename G, typename W>
+struct AdamWVisitor {
+  const G* __restrict__ grad;
+  float* __restrict__ master;
+  float* __restrict__ exp_avg;
+  float* __restrict__ exp_avg_sq;
+  W* __restrict__ work;
+  AdamWConstants k;
+
+  template <int kN>
+  __device__ __forceinline__ void Pack(int64_t i) {
+    const Vec<G, kN> g = *reinterpret_cast<const Vec<G, kN>*>(grad + i);
+    Vec<float, kN> m = *reinterpret_cast<const Vec<float, kN>*>(exp_avg + i);
+    Vec<float, kN> v = *reinterpret_cast<const Vec<float, kN>*>(exp_avg_sq + i);
+    Vec<float, kN> p = *reinterpret_cast<const Vec<float, kN>*>(master + i);
+    Vec<W, kN> w;
+#pragma unroll
+    for (int e = 0; e < kN; ++e) {
+      const float ge = ToFloat(g.v[e]) * k.clip;
+      m.v[e] = k.beta1 * m.v[e] + (1.f - k.beta1) * ge;
+      v.v[e] = k.beta2 * v.v[e] + (1.f - k.beta2) * ge * ge;
+      p.v[e] = p.v[e] * k.decay - k.step_size * m.v[e] / (sqrtf(v.v[e]) / k.bias2_sqrt + k.eps);
+      w.v[e] = Num<W>::FromF(p.v[e]);
+    }
+    *reinterpret_cast<Vec<float, kN>*>(exp_avg + i) = m;
+    *reinterpret_cast<Vec<float, kN>*>(exp_avg_sq + i) = v;
+    *reinterpret_cast<Vec<float, kN>*>(master + i) = p;
+    if (work != nullptr) *reinterpret_cast<Vec<W, kN>*>(work + i) = w;
   }
+};
+
+template <typename G, typename W>
+__global__ void AdamWKernel(const G* __restrict__ grad, float* __restrict__ master,
+                            float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq,
+                            W* __restrict__ work, int64_t n, AdamWScalars c) {
+  AdamWVisitor<G, W> visit{grad, master, exp_avg, exp_avg_sq, work, ReadConstants(c)};
+  ForPacks<kAdamPack>(n, visit);
 }
 
 template <typename G>
 void LaunchStep(Dtype work_dtype, const G* grad, float* master, float* exp_avg, float* exp_avg_sq,
                 void* work, int64_t n, const AdamWScalars& c, cudaStream_t stream) {
-  const int64_t blocks = GridBlocks(n, kThreads, 8192);
+  const int64_t blocks = GridBlocks((n + kAdamPack - 1) / kAdamPack, kThreads, 8192);
   if (work_dtype == Dtype::kBFloat16) {
     AdamWKernel<G, __nv_bfloat16><<<blocks, kThreads, 0, stream>>>(
         grad, master, exp_avg, exp_avg_sq, static_cast<__nv_bfloat16*>(work), n, c);
@@ -82,9 +137,11 @@ void LaunchStep(Dtype work_dtype, const G* grad, float* master, float* exp_avg, 
 
 int64_t AdamWNormBlocks(int64_t n) { return GridBlocks(n, kThreads, kNormBlocks); }
 
+// The packed accesses need the buffers' starts aligned to them (flat
+// buffers are; a view into one at an odd offset is refused).
 bool GradSquaredNormPartials(Dtype grad_dtype, bool grad_fp32, const void* grad, int64_t n,
                              float* partial, void* stream) {
-  if (n <= 0) return false;
+  if (n <= 0 || !Aligned16(grad)) return false;
   const int64_t blocks = AdamWNormBlocks(n);
   if (grad_fp32) {
     SquaredNormKernel<float>
@@ -103,6 +160,10 @@ bool AdamWStep(Dtype work_dtype, bool grad_fp32, const void* grad, float* master
                float* exp_avg_sq, void* work, int64_t n, const AdamWScalars& scalars,
                void* stream) {
   if (n <= 0 || scalars.lr == nullptr || scalars.step == nullptr) return false;
+  if (!Aligned16(grad) || !Aligned16(master) || !Aligned16(exp_avg) || !Aligned16(exp_avg_sq) ||
+      !Aligned16(work)) {
+    return false;
+  }
   if (grad_fp32) {
     LaunchStep(work_dtype, static_cast<const float*>(grad), master, exp_avg, exp_avg_sq, work, n,
                scalars, AsStream(stream));

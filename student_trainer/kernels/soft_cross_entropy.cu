@@ -29,14 +29,36 @@ struct RowStats {
   int64_t arg;    // first index of the max
 };
 
-__device__ __forceinline__ void Visit(RowStats& s, float z, int64_t index) {
-  if (z > s.max) {
-    s.sum_exp = s.sum_exp * expf(s.max - z) + 1.f;
-    s.max = z;
-    s.arg = index;
-  } else {
-    s.sum_exp += expf(z - s.max);
+// The cross-entropy kernel's exponential: one multiply and the hardware's
+// base-2 exponential (a few ulp; expf's accurate form is about nine
+// instructions, and three exponentials per element made the kernel
+// issue-bound). Every exponential of that kernel goes through it, so that
+// the LK terms' tie tests compare values computed one way. The target's
+// statistics, read once per batch, keep expf.
+template <bool kFast>
+__device__ __forceinline__ float Exp(float x) {
+  return kFast ? __expf(x) : expf(x);
+}
+constexpr bool kFastExp = true;
+
+// Folds a pack of kVec values (indices first, first + 1, ...) into the
+// running statistics: the pack's max first, then one rescale, so the sum
+// needs no branch per element. Strict > keeps the first index of the max.
+template <bool kFast>
+__device__ __forceinline__ void VisitPack(RowStats& s, const float (&z)[kVec], int64_t first) {
+  float m = s.max;
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) {
+    if (z[e] > m) {
+      m = z[e];
+      s.arg = first + e;
+    }
   }
+  float sum = s.sum_exp == 0.f ? 0.f : s.sum_exp * Exp<kFast>(s.max - m);
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) sum += Exp<kFast>(z[e] - m);
+  s.max = m;
+  s.sum_exp = sum;
 }
 
 // Sums e and takes the smallest arg over the warp.
@@ -100,11 +122,11 @@ __device__ float3 AcceptanceSums(const Pack<T, kVec>* z, const float* target, fl
 #pragma unroll
     for (int e = 0; e < kVec; ++e) {
       const float zf = Num<T>::ToF(zp.v[e]);
-      const float q = expf(zf - lse);
-      const float p_full = expf(tv[e] - t_lse + log_mass);
+      const float q = Exp<kFastExp>(zf - lse);
+      const float p_full = Exp<kFastExp>(tv[e] - t_lse + log_mass);
       alpha += fminf(q, p_full);
       follows += FollowsQ(q, p_full) * q;
-      dot += expf(tv[e] - t_lse) * zf;
+      dot += Exp<kFastExp>(tv[e] - t_lse) * zf;
     }
   }
   alpha = BlockSum(alpha);
@@ -135,8 +157,10 @@ __global__ void __launch_bounds__(kThreads)
   RowStats s{-FLT_MAX, 0.f, 0};
   for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
     const P zp = z[i];
+    float zf[kVec];
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) Visit(s, Num<T>::ToF(zp.v[e]), i * kVec + e);
+    for (int e = 0; e < kVec; ++e) zf[e] = Num<T>::ToF(zp.v[e]);
+    VisitPack<kFastExp>(s, zf, i * kVec);
   }
   const RowStats r = BlockMerge(s);
   const float lse = r.max + logf(r.sum_exp);
@@ -169,12 +193,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         const float zf = Num<T>::ToF(zp.v[e]);
-        const float softmax = expf(zf - lse);
-        const float p = expf(tv[e] - t_lse);
+        const float softmax = Exp<kFastExp>(zf - lse);
+        const float p = Exp<kFastExp>(tv[e] - t_lse);
         dot += p * zf;
         float grad = grad_weight * (softmax - p);
         if (acc_weight != 0.f) {
-          const float p_full = expf(tv[e] - t_lse + log_mass);  // as AcceptanceSums
+          const float p_full = Exp<kFastExp>(tv[e] - t_lse + log_mass);  // as AcceptanceSums
           grad += acc_weight * softmax * (FollowsQ(softmax, p_full) - lk_sums.y);
         }
         g.v[e] = Num<T>::FromF(grad);
@@ -198,8 +222,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = threadIdx.x; i < cols / kVec; i += blockDim.x) {
     float v[kVec];
     LoadTarget(values, i, v);
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) Visit(s, v[e], i * kVec + e);
+    VisitPack<false>(s, v, i * kVec);
   }
   const RowStats r = BlockMerge(s);
   if (threadIdx.x == 0) {

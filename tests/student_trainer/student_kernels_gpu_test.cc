@@ -12,6 +12,7 @@
 // top-2 logits are apart by more than the rounding.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -205,6 +206,52 @@ TEST_F(StudentKernelsGpuTest, SoftCrossEntropyAcceptanceTerms) {
   EXPECT_TRUE(k[1].equal(z)) << "alpha alone must leave the logits";
   EXPECT_TRUE(a[1].equal(z));
 }
+
+#ifdef E3_HAS_CUDA
+// The fused optimizer's kernels (gradient norm, then clipped AdamW with
+// weight decay and the bf16 working copy) against their formulas in fp64,
+// over a length that is no multiple of their packs (8 and 4 elements), so
+// the tail runs too: fp32 arithmetic, 1e-6 of each tensor's largest value.
+TEST_F(StudentKernelsGpuTest, AdamWKernelsMatchTheirFormulaOverATail) {
+  namespace sk = student_kernels;
+  const int64_t n = 4099;
+  const auto f32 = torch::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+  const at::Tensor grad = torch::randn({n}, bf16);
+  at::Tensor master = torch::randn({n}, f32) * 0.1, m = torch::randn({n}, f32) * 0.01,
+             v = torch::rand({n}, f32) * 1e-4, work = at::empty({n}, bf16);
+  const at::Tensor master0 = master.clone(), m0 = m.clone(), v0 = v.clone();
+  void* stream = ops::StudentKernelStream(grad);
+
+  at::Tensor partial = at::empty({sk::AdamWNormBlocks(n)}, f32);
+  ASSERT_TRUE(sk::GradSquaredNormPartials(sk::Dtype::kBFloat16, false, grad.data_ptr(), n,
+                                          partial.data_ptr<float>(), stream));
+  const at::Tensor norm = partial.sum().sqrt().reshape({1});
+  const double norm_ref = grad.to(at::kDouble).norm().item<double>();
+  EXPECT_NEAR(norm.item<double>(), norm_ref, 1e-6 * norm_ref);
+
+  const double lr = 1e-2, step = 3, beta1 = 0.9, beta2 = 0.95, decay = 0.05, max_norm = 0.5;
+  const at::Tensor lr_dev = torch::full({1}, lr, f32), step_dev = torch::full({1}, step, f32);
+  sk::AdamWScalars s{lr_dev.data_ptr<float>(), step_dev.data_ptr<float>(), norm.data_ptr<float>()};
+  s.max_norm = static_cast<float>(max_norm);
+  s.beta1 = static_cast<float>(beta1);
+  s.beta2 = static_cast<float>(beta2);
+  s.weight_decay = static_cast<float>(decay);
+  ASSERT_TRUE(sk::AdamWStep(sk::Dtype::kBFloat16, false, grad.data_ptr(), master.data_ptr<float>(),
+                            m.data_ptr<float>(), v.data_ptr<float>(), work.data_ptr(), n, s, stream));
+
+  const at::Tensor g = grad.to(at::kDouble) * std::min(1.0, max_norm / (norm_ref + 1e-6));
+  const at::Tensor m_ref = beta1 * m0.to(at::kDouble) + (1 - beta1) * g;
+  const at::Tensor v_ref = beta2 * v0.to(at::kDouble) + (1 - beta2) * g * g;
+  const double bias1 = 1 - std::pow(beta1, step), bias2 = 1 - std::pow(beta2, step);
+  const at::Tensor p_ref = master0.to(at::kDouble) * (1 - lr * decay) -
+                           (lr / bias1) * m_ref / (v_ref.sqrt() / std::sqrt(bias2) + 1e-8);
+  EXPECT_LE(RelInf(m, m_ref), 1e-6);
+  EXPECT_LE(RelInf(v, v_ref), 1e-6);
+  EXPECT_LE(RelInf(master, p_ref), 1e-6);
+  EXPECT_GT(RelInf(master, master0), 1e-3) << "the step moved the weights";
+  EXPECT_TRUE(work.equal(master.to(at::kBFloat16)));
+}
+#endif
 
 // A draft large enough for every kernel (hidden 256; head_dim 64 by
 // default, 128 with two query heads).
