@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "tests/scratch_dir.h"
 
 namespace e3 {
 namespace {
@@ -17,7 +18,7 @@ std::string Src(const std::string& rel) { return std::string(E3_SOURCE_DIR) + "/
 
 // A scratch copy of a model dir that a test may damage.
 std::string CopyModel(const std::string& rel, const std::string& tag) {
-  fs::path dst = fs::path(::testing::TempDir()) / absl::StrCat("model_", ::getpid(), "_", tag);
+  fs::path dst = testing::ScratchPath("model_" + tag);
   fs::remove_all(dst);
   fs::copy(Src(rel), dst, fs::copy_options::recursive);
   for (auto& e : fs::recursive_directory_iterator(dst)) {

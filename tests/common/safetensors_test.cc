@@ -12,12 +12,13 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "tests/scratch_dir.h"
 
 namespace e3 {
 namespace {
 
 std::string TempPath(const std::string& name) {
-  return absl::StrCat(::testing::TempDir(), "/st_", ::getpid(), "_", name);
+  return testing::ScratchPath("st_" + name);
 }
 
 std::vector<uint8_t> Floats(std::initializer_list<float> v) {

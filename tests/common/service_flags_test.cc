@@ -12,6 +12,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "tests/scratch_dir.h"
 
 ABSL_FLAG(double, lr, 1e-4, "");
 ABSL_FLAG(uint64_t, init_seed, 0, "");
@@ -27,8 +28,7 @@ namespace {
 const std::vector<DeprecatedFlag> kDeprecated = {{"seed", "init_seed"}};
 
 std::string WriteFile(const std::string& name, const std::string& text) {
-  const std::string path =
-      ::testing::TempDir() + "/" + name + "_" + std::to_string(::getpid()) + ".yaml";
+  const std::string path = testing::ScratchPath(name, ".yaml");
   std::ofstream(path) << text;
   return path;
 }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/file_util.h"
+#include "tests/scratch_dir.h"
 
 namespace e3::testing {
 
@@ -134,13 +135,6 @@ inline std::string ReadFile(const std::string& path) {
 inline std::string ReadPortFile(const std::string& path) {
   const std::string p = ReadFile(path);
   return p.substr(0, p.find('\n'));
-}
-
-inline std::string ScratchDir(const std::string& name) {
-  const std::string dir = JoinPath(::testing::TempDir(), name + "_" + std::to_string(::getpid()));
-  (void)RemoveAll(dir);
-  (void)MakeDirs(dir);
-  return dir;
 }
 
 }  // namespace e3::testing

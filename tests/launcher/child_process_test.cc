@@ -8,6 +8,7 @@
 #include <string>
 
 #include "launcher/status_board.h"
+#include "tests/scratch_dir.h"
 
 namespace e3 {
 namespace {
@@ -15,7 +16,7 @@ namespace {
 using namespace std::chrono_literals;
 
 std::string Temp(const std::string& name) {
-  return ::testing::TempDir() + "/" + name + "_" + std::to_string(::getpid());
+  return testing::ScratchPath(name);
 }
 
 TEST(ChildProcessTest, LogsOutputPassesEnvironmentAndReportsTheExit) {

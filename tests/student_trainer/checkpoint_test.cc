@@ -21,6 +21,7 @@
 #include "common/safetensors.h"
 #include "student_trainer/checkpoint_manager.h"
 #include "tests/student_trainer/tiny_draft.h"
+#include "tests/scratch_dir.h"
 
 namespace e3 {
 namespace {
@@ -43,7 +44,7 @@ void StepWith(DraftOptimizer& opt, Eagle3Draft& d, double g) {
 const char* KindName(DraftOptimizerKind k) { return k == DraftOptimizerKind::kFused ? "fused" : "reference"; }
 
 std::string Scratch(const std::string& name) {
-  std::string dir = JoinPath(::testing::TempDir(), name + "_" + std::to_string(::getpid()));
+  std::string dir = testing::ScratchPath(name);
   (void)RemoveAll(dir);
   return dir;
 }

@@ -8,12 +8,13 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "tests/scratch_dir.h"
 
 namespace e3 {
 namespace {
 
 std::string Temp(const std::string& name) {
-  const std::string path = ::testing::TempDir() + "/" + name + "_" + std::to_string(::getpid());
+  const std::string path = testing::ScratchPath(name);
   std::remove(path.c_str());
   return path;
 }
@@ -93,6 +94,7 @@ TEST(MetricsProcessorTest, UnderDataParallelismEachRankLogsToItsOwnFile) {
   o.rank = 1;
   o.world_size = 2;
   o.step_log = Temp("dp_steps.jsonl");
+  testing::ScratchPath("dp_steps.jsonl", ".rank1");  // the file rank 1 writes: removed with the test
   o.log_every = 0;
   auto m = MetricsProcessor::Create(o, nullptr);
   ASSERT_TRUE(m.ok()) << m.status();

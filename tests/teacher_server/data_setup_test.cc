@@ -10,6 +10,7 @@
 #include <string>
 
 #include "teacher_server/model_runtime.h"
+#include "tests/scratch_dir.h"
 
 namespace e3 {
 namespace {
@@ -96,7 +97,7 @@ TEST(DataSetupTest, AVocabMapOfAnotherModelIsRefusedNamingTheFile) {
   other.d2t = {0, 0};
   other.t2d.assign(100, 0);
   other.t2d[0] = other.t2d[1] = 1;
-  const std::string path = ::testing::TempDir() + "/other_vocab.safetensors";
+  const std::string path = testing::ScratchPath("other_vocab", ".safetensors");
   ASSERT_TRUE(SaveVocabMap(other, path).ok());
   TeacherDataOptions o = Options();
   o.vocab_map = path;
