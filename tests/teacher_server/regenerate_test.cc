@@ -20,6 +20,7 @@
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/generation.h"
 #include "teacher_server/regenerate.h"
+#include "tests/scratch_dir.h"
 
 namespace e3 {
 namespace {
@@ -40,8 +41,11 @@ class RegenerateTest : public ::testing::Test {
     delete model_;
     delete dir_;
   }
+  // A file of this test's scratch, and the fingerprint the regenerator
+  // writes beside a data file; both go when the test passes.
   std::string Path(const std::string& name) const {
-    return "/tmp/e3_regen_" + std::to_string(::getpid()) + "_" + name;
+    testing::ScratchPath("e3_regen", "_" + name + ".fingerprint");
+    return testing::ScratchPath("e3_regen", "_" + name);
   }
   std::string WriteData(const std::string& name) const {
     const std::string path = Path(name);

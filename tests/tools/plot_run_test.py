@@ -4,6 +4,7 @@ valid image of the expected size, its figure holds the six panels, and a
 bad step log is refused naming the file and line."""
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -34,6 +35,7 @@ def run(*args):
 class PlotRunTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="plot_run_test")
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
 
     def test_png_is_valid_and_has_every_panel(self):
         log = os.path.join(self.dir, "steps.jsonl")
