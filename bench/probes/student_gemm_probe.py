@@ -102,6 +102,24 @@ def main():
     report("lm_head logits", R, V, H, [("mm", lambda: torch.mm(xh, head.t()))])
     report("lm_head dx", R, H, V, [("mm", lambda: torch.mm(dl, head))])
     report("lm_head dW", V, H, R, [("addmm_", lambda: hg.addmm_(dl.t(), xh))])
+    # Once per batch: fc over the teacher's three aux states (no input
+    # gradient), and the embedding half of q/k/v over every position plus
+    # one padding row per step and sample (M = T + 7 for one sample:
+    # odd), against the same products over T rows.
+    fc, fcg = rnd(H, 3 * H), torch.zeros(H, 3 * H, device=dev, dtype=bf)
+    aux, dfc = rnd(T, 3 * H), rnd(T, H)
+    report("fc forward", T, H, 3 * H, [("mm", lambda: torch.mm(aux, fc.t()))])
+    report("fc dW", H, 3 * H, T, [("addmm_", lambda: fcg.addmm_(dfc.t(), aux))])
+    qkv_embed, qkv_embed_grad = qkv[:, :H], qkv_grad[:, :H]
+    for rows in (T + 7, T):
+        e, de = rnd(rows, H), rnd(rows, qkv_out)
+        report(f"q/k/v embedding half forward, {rows} rows", rows, qkv_out, H,
+               [("mm", lambda: torch.mm(e, qkv_embed.t())),
+                ("mm contiguous", lambda: torch.mm(e, qkv_embed.contiguous().t()))])
+        report(f"q/k/v embedding half dW, {rows} rows", qkv_out, H, rows,
+               [("addmm_", lambda: qkv_embed_grad.addmm_(de.t(), e))])
+        report(f"q/k/v embedding half dx, {rows} rows", rows, H, qkv_out,
+               [("mm", lambda: torch.mm(de, qkv_embed))])
     last = rnd(T, H)
     target = rnd(V, H).float()
     report("target logits", T, V, H, [
