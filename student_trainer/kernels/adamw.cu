@@ -10,31 +10,21 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kNormBlocks = 1024;
 
-// kN consecutive elements of T, loaded or stored with one access.
-template <typename T, int kN>
-struct alignas(sizeof(T) * kN) Vec {
-  T v[kN];
-};
-
-__device__ __forceinline__ float ToFloat(float g) { return g; }
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 g) { return __bfloat162float(g); }
-__device__ __forceinline__ float ToFloat(__half g) { return __half2float(g); }
-
 // Elements per 16-byte access of the gradient: the kernels are bound by
 // memory bandwidth, which one 2-byte element a thread reached only in part
 // (the norm of bf16 gradients at about a third of it).
 template <typename G>
 constexpr int kGradPack = 16 / static_cast<int>(sizeof(G));
 
-// Runs visit.template Pack<kN>(i) over the grid for every whole pack of kN
-// elements, then visit.template Pack<1>(i) for each of the n % kN left.
+// Runs visit.template Visit<kN>(i) over the grid for every whole pack of
+// kN elements, then visit.template Visit<1>(i) for each of the n % kN left.
 template <int kN, typename Visitor>
 __device__ __forceinline__ void ForPacks(int64_t n, Visitor& visit) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t packs = n / kN;
-  for (int64_t p = first; p < packs; p += stride) visit.template Pack<kN>(p * kN);
-  for (int64_t i = packs * kN + first; i < n; i += stride) visit.template Pack<1>(i);
+  for (int64_t p = first; p < packs; p += stride) visit.template Visit<kN>(p * kN);
+  for (int64_t i = packs * kN + first; i < n; i += stride) visit.template Visit<1>(i);
 }
 
 template <typename G>
@@ -42,11 +32,11 @@ struct SquaredNormVisitor {
   const G* __restrict__ grad;
   float sum;
   template <int kN>
-  __device__ __forceinline__ void Pack(int64_t i) {
-    const Vec<G, kN> g = *reinterpret_cast<const Vec<G, kN>*>(grad + i);
+  __device__ __forceinline__ void Visit(int64_t i) {
+    const Pack<G, kN> g = *reinterpret_cast<const Pack<G, kN>*>(grad + i);
 #pragma unroll
     for (int e = 0; e < kN; ++e) {
-      const float x = ToFloat(g.v[e]);
+      const float x = Num<G>::ToF(g.v[e]);
       sum += x * x;
     }
   }
@@ -91,24 +81,24 @@ struct AdamWVisitor {
   AdamWConstants k;
 
   template <int kN>
-  __device__ __forceinline__ void Pack(int64_t i) {
-    const Vec<G, kN> g = *reinterpret_cast<const Vec<G, kN>*>(grad + i);
-    Vec<float, kN> m = *reinterpret_cast<const Vec<float, kN>*>(exp_avg + i);
-    Vec<float, kN> v = *reinterpret_cast<const Vec<float, kN>*>(exp_avg_sq + i);
-    Vec<float, kN> p = *reinterpret_cast<const Vec<float, kN>*>(master + i);
-    Vec<W, kN> w;
+  __device__ __forceinline__ void Visit(int64_t i) {
+    const Pack<G, kN> g = *reinterpret_cast<const Pack<G, kN>*>(grad + i);
+    Pack<float, kN> m = *reinterpret_cast<const Pack<float, kN>*>(exp_avg + i);
+    Pack<float, kN> v = *reinterpret_cast<const Pack<float, kN>*>(exp_avg_sq + i);
+    Pack<float, kN> p = *reinterpret_cast<const Pack<float, kN>*>(master + i);
+    Pack<W, kN> w;
 #pragma unroll
     for (int e = 0; e < kN; ++e) {
-      const float ge = ToFloat(g.v[e]) * k.clip;
+      const float ge = Num<G>::ToF(g.v[e]) * k.clip;
       m.v[e] = k.beta1 * m.v[e] + (1.f - k.beta1) * ge;
       v.v[e] = k.beta2 * v.v[e] + (1.f - k.beta2) * ge * ge;
       p.v[e] = p.v[e] * k.decay - k.step_size * m.v[e] / (sqrtf(v.v[e]) / k.bias2_sqrt + k.eps);
       w.v[e] = Num<W>::FromF(p.v[e]);
     }
-    *reinterpret_cast<Vec<float, kN>*>(exp_avg + i) = m;
-    *reinterpret_cast<Vec<float, kN>*>(exp_avg_sq + i) = v;
-    *reinterpret_cast<Vec<float, kN>*>(master + i) = p;
-    if (work != nullptr) *reinterpret_cast<Vec<W, kN>*>(work + i) = w;
+    *reinterpret_cast<Pack<float, kN>*>(exp_avg + i) = m;
+    *reinterpret_cast<Pack<float, kN>*>(exp_avg_sq + i) = v;
+    *reinterpret_cast<Pack<float, kN>*>(master + i) = p;
+    if (work != nullptr) *reinterpret_cast<Pack<W, kN>*>(work + i) = w;
   }
 };
 

@@ -25,6 +25,12 @@ struct Num<__half> {
   static __device__ __forceinline__ float ToF(__half x) { return __half2float(x); }
   static __device__ __forceinline__ __half FromF(float x) { return __float2half_rn(x); }
 };
+// fp32 buffers (gradients reduced across ranks) through the same calls.
+template <>
+struct Num<float> {
+  static __device__ __forceinline__ float ToF(float x) { return x; }
+  static __device__ __forceinline__ float FromF(float x) { return x; }
+};
 
 // The value a tensor of dtype T holds after storing x.
 template <typename T>
