@@ -9,19 +9,13 @@ to the step's form.
 
     python3 bench/probes/ttt_attention_layout_probe.py [T ...]
 """
-import sys, time, torch
+import sys, torch
+
+from attention_probe_util import bhsd, timed
 
 H, KV, D = 32, 8, 128
 G = H // KV
 SCALE = D ** -0.5
-
-
-def timed(fn, n=5):
-    fn(); torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n): fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n
 
 
 def kernels(fn):
@@ -32,10 +26,6 @@ def kernels(fn):
         if e.device_type == torch.autograd.DeviceType.CUDA:
             names[e.name[:90]] = names.get(e.name[:90], 0) + e.device_time_total
     return sorted(names.items(), key=lambda kv: -kv[1])[:3]
-
-
-def bhsd(x):  # [T, heads, D] -> [1, heads, T, D] (a view)
-    return x.unsqueeze(0).transpose(1, 2)
 
 
 def fwd(q, k, v):

@@ -12,20 +12,14 @@ flash's, and times cuDNN's first call at a new length (its graph build).
 """
 import sys, time, torch
 
+from attention_probe_util import bhsd, timed
+
 H, KV, D = 32, 8, 128
 SCALE = D ** -0.5
 print(torch.__version__, "cudnn", torch.backends.cudnn.version())
 for name in ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward",
              "_flash_attention_backward"):
     print(name, getattr(torch.ops.aten, name).default._schema)
-
-
-def timed(fn, n=5):
-    fn(); torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n): fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n
 
 
 def views(T):
@@ -41,10 +35,6 @@ def flash_fwd(q, k, v, cu, T):
 def flash_bwd(do, q, k, v, out, lse, cu, T, rng, unused):
     return torch.ops.aten._flash_attention_backward(do, q, k, v, out, lse, cu, cu, T, T, 0.0, True, rng, unused,
                                                     scale=SCALE)
-
-
-def bhsd(x):  # [T, heads, D] -> [1, heads, T, D] (a view)
-    return x.unsqueeze(0).transpose(1, 2)
 
 
 def cudnn_fwd(q, k, v):
