@@ -78,13 +78,10 @@ __device__ __forceinline__ void LoadLane(const T* p, float (&v)[kPerLane]) {
 }
 
 // The same for fp32 rows: float4 accesses where aligned.
-__device__ __forceinline__ bool Float4Aligned(const float* at) {
-  return reinterpret_cast<uintptr_t>(at) % 16 == 0;
-}
 template <int kLanes, int kPerLane>
 __device__ __forceinline__ void StoreLaneF(float* p, const float (&v)[kPerLane]) {
   float* at = p + LaneInRow<kLanes>() * kPerLane;
-  if (Float4Aligned(at)) {
+  if (Aligned16(at)) {
 #pragma unroll
     for (int e = 0; e < kPerLane; e += 4) {
       *reinterpret_cast<float4*>(at + e) = make_float4(v[e], v[e + 1], v[e + 2], v[e + 3]);
@@ -97,7 +94,7 @@ __device__ __forceinline__ void StoreLaneF(float* p, const float (&v)[kPerLane])
 template <int kLanes, int kPerLane>
 __device__ __forceinline__ void AddLaneF(float* p, const float (&v)[kPerLane]) {
   float* at = p + LaneInRow<kLanes>() * kPerLane;
-  if (Float4Aligned(at)) {
+  if (Aligned16(at)) {
 #pragma unroll
     for (int e = 0; e < kPerLane; e += 4) {
       float4 x = *reinterpret_cast<float4*>(at + e);
