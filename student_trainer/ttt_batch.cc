@@ -55,8 +55,7 @@ absl::Status ValidateTttOptions(const TttOptions& options) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int64_t>> ValidateTttBatch(const Eagle3DraftConfig& c,
-                                                      const TttBatch& batch) {
+absl::Status CheckTttBatchShapes(const Eagle3DraftConfig& c, const TttBatch& batch) {
   if (!batch.input_ids.defined() || batch.input_ids.dim() != 1 || batch.input_ids.size(0) == 0) {
     return FieldError("input_ids", "expected a non-empty 1-D tensor");
   }
@@ -67,15 +66,6 @@ absl::StatusOr<std::vector<int64_t>> ValidateTttBatch(const Eagle3DraftConfig& c
   }
   E3_RETURN_IF_ERROR(
       CheckShape("cu_seqlens", batch.cu_seqlens, {batch.cu_seqlens.size(0)}, /*integer=*/true));
-  at::Tensor cu_cpu = batch.cu_seqlens.to(at::kCPU, at::kLong).contiguous();
-  std::vector<int64_t> cu(cu_cpu.data_ptr<int64_t>(), cu_cpu.data_ptr<int64_t>() + cu_cpu.numel());
-  if (cu.front() != 0 || cu.back() != total) {
-    return FieldError("cu_seqlens", absl::StrCat("must start at 0 and end at T = ", total,
-                                                 ", got [", absl::StrJoin(cu, ", "), "]"));
-  }
-  for (size_t i = 1; i < cu.size(); ++i) {
-    if (cu[i] < cu[i - 1]) return FieldError("cu_seqlens", absl::StrCat("decreases at index ", i));
-  }
   if (!batch.loss_mask.defined() || batch.loss_mask.sizes().vec() != std::vector<int64_t>{total}) {
     return FieldError("loss_mask", absl::StrCat("expected shape [", total, "]"));
   }
@@ -84,8 +74,26 @@ absl::StatusOr<std::vector<int64_t>> ValidateTttBatch(const Eagle3DraftConfig& c
                                 /*integer=*/false));
   E3_RETURN_IF_ERROR(CheckShape("last_hidden", batch.last_hidden, {total, c.target_hidden_size},
                                 /*integer=*/false));
-  E3_RETURN_IF_ERROR(CheckShape("target_argmax", batch.target_argmax, {total}, /*integer=*/true));
+  return CheckShape("target_argmax", batch.target_argmax, {total}, /*integer=*/true);
+}
 
+absl::Status CheckCuSeqlens(const std::vector<int64_t>& cu, int64_t total) {
+  if (cu.size() < 2 || cu.front() != 0 || cu.back() != total) {
+    return FieldError("cu_seqlens", absl::StrCat("must start at 0 and end at T = ", total,
+                                                 ", got [", absl::StrJoin(cu, ", "), "]"));
+  }
+  for (size_t i = 1; i < cu.size(); ++i) {
+    if (cu[i] < cu[i - 1]) return FieldError("cu_seqlens", absl::StrCat("decreases at index ", i));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int64_t>> ValidateTttBatch(const Eagle3DraftConfig& c,
+                                                      const TttBatch& batch) {
+  E3_RETURN_IF_ERROR(CheckTttBatchShapes(c, batch));
+  const at::Tensor cu_cpu = batch.cu_seqlens.to(at::kCPU, at::kLong).contiguous();
+  std::vector<int64_t> cu(cu_cpu.data_ptr<int64_t>(), cu_cpu.data_ptr<int64_t>() + cu_cpu.numel());
+  E3_RETURN_IF_ERROR(CheckCuSeqlens(cu, batch.input_ids.size(0)));
   return cu;
 }
 

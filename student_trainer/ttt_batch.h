@@ -20,8 +20,13 @@ absl::Status TttBatchError(const std::string& field, const std::string& what);
 
 absl::Status ValidateTttOptions(const TttOptions& options);
 
-// Shapes and dtypes of every field, and the packing: returns cu_seqlens
-// as a host vector (0 = c_0 <= ... <= c_B = T).
+// Shapes and dtypes of every field; reads no tensor's values.
+absl::Status CheckTttBatchShapes(const Eagle3DraftConfig& config, const TttBatch& batch);
+
+// The packing: 0 = c_0 <= ... <= c_B = total.
+absl::Status CheckCuSeqlens(const std::vector<int64_t>& cu, int64_t total);
+
+// Both, with cu_seqlens read from its device: returns it as a host vector.
 absl::StatusOr<std::vector<int64_t>> ValidateTttBatch(const Eagle3DraftConfig& config,
                                                       const TttBatch& batch);
 

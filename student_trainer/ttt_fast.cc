@@ -98,20 +98,23 @@ absl::StatusOr<TttOutput> Run(Eagle3DraftImpl& draft, const TttBatch& batch,
                               const TttOptions& options) {
   const Eagle3DraftConfig& c = draft.config();
   E3_RETURN_IF_ERROR(ValidateTttOptions(options));
-  E3_ASSIGN_OR_RETURN(std::vector<int64_t> cu, ValidateTttBatch(c, batch));
+  E3_RETURN_IF_ERROR(CheckTttBatchShapes(c, batch));
   E3_ASSIGN_OR_RETURN(FastWeights w, GetWeights(draft));
   draft.flat().AttachGrads();
-  E3_ASSIGN_OR_RETURN(TttHostBatch host_batch, DownloadTttPlanInputs(draft, batch));
+  // The plan's inputs travel to the host ahead of the work that needs no
+  // plan (the target distribution and fc), and only they are waited for:
+  // the host plans while the GPU runs that work.
+  TttPlanInputsDownload download(batch);
   const at::Device device = draft.options().device;
   const at::ScalarType dtype = draft.options().dtype;
   const at::ScalarType f = AtLeastFloat(dtype);
   const double eps = c.rms_norm_eps;
-  // Queued before the host plans, so the GPU has work meanwhile.
   const ops::TargetDistribution target =
       Target(draft, batch.last_hidden, NeedsFullTargetHead(options.loss));
   at::Tensor h =
       ops::LinearAccumulate(batch.aux_hidden.to(device, dtype), w.fc.w, w.fc.grad, w.anchor);
-  const TttPlan plan = MakeTttPlan(draft.t2d_host(), host_batch, std::move(cu), options);
+  E3_ASSIGN_OR_RETURN(TttPlanInputs inputs, download.Finish(draft));
+  const TttPlan plan = MakeTttPlan(draft.t2d_host(), inputs.batch, std::move(inputs.cu), options);
   const TttDevicePlan dp = UploadTttPlan(plan, device, f, options.step_weight);
 
   // Once per batch: the normalised embeddings of every position (and of

@@ -2,21 +2,15 @@
 
 #include <algorithm>
 #include <cstring>
-#include <map>
-#include <optional>
-#include <thread>
 
 #include <ATen/record_function.h>
-#include <c10/core/Event.h>
-#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "common/status_macros.h"
+#include "student_trainer/pinned_staging.h"
 #include "student_trainer/ttt_batch.h"
 
 namespace e3 {
 namespace {
-
-at::Tensor HostLong(const at::Tensor& t) { return t.to(at::kCPU, at::kLong).contiguous(); }
 
 // The positions each step's midlayer runs over. Step 0 runs over all of
 // them: its keys form every later query's causal block. A row at step j >= 1
@@ -84,39 +78,16 @@ SampleOf Samples(const std::vector<int64_t>& cu) {
   return s;
 }
 
-// A pinned host buffer kept between steps, one per thread and device (a
-// trainer plans its steps on one thread). The previous upload from it must
-// have finished before it is rewritten: an event recorded after that copy
-// says so (by the next step's plan it long has).
-struct Staging {
-  at::Tensor pinned;  // kByte
-  std::optional<c10::Event> copied;
-};
-
-Staging& StagingFor(const at::Device& device) {
-  thread_local std::map<int, Staging> by_device;
-  return by_device[device.index()];
-}
-
 // Copies `bytes` bytes (filled by `fill` into host memory) to a new device
-// byte tensor through the device's staging buffer.
+// byte tensor through the device's upload staging buffer.
 template <typename Fill>
 at::Tensor UploadBytes(int64_t bytes, const at::Device& device, Fill fill) {
-  Staging& s = StagingFor(device);
-  // c10::Event has no host wait in LibTorch 1.13; the copy has finished
-  // long before the next step plans, so this returns at once.
-  while (s.copied && !s.copied->query()) std::this_thread::yield();
-  if (!s.pinned.defined() || s.pinned.numel() < bytes) {
-    // Grown with headroom, so that batches of slowly growing size do not
-    // pin a new buffer each time.
-    s.pinned = at::empty({bytes + bytes / 4 + 4096}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
-  }
-  fill(static_cast<char*>(s.pinned.data_ptr()));
+  PinnedStaging& s = PinnedStaging::For(device, StagingDirection::kToDevice);
+  const at::Tensor pinned = s.Reserve(bytes);
+  fill(static_cast<char*>(pinned.data_ptr()));
   at::Tensor on_device = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device));
-  on_device.copy_(s.pinned.narrow(0, 0, bytes), /*non_blocking=*/true);
-  c10::impl::VirtualGuardImpl guard(device.type());
-  if (!s.copied) s.copied.emplace(device.type());
-  s.copied->record(guard.getStream(device));
+  on_device.copy_(pinned.narrow(0, 0, bytes), /*non_blocking=*/true);
+  s.RecordCopies();
   return on_device;
 }
 
@@ -148,14 +119,55 @@ std::pair<at::Tensor, at::Tensor> UploadArrays(const TttPlan& p, const at::Devic
 
 }  // namespace
 
-absl::StatusOr<TttHostBatch> DownloadTttPlanInputs(const Eagle3DraftImpl& draft, const TttBatch& batch) {
-  TttHostBatch h;
-  h.ids = HostLong(batch.input_ids);
-  h.top = HostLong(batch.target_argmax);
-  h.mask = (batch.loss_mask.to(at::kCPU) != 0).contiguous();
-  E3_RETURN_IF_ERROR(CheckIdRange("input_ids", h.ids, draft.config().vocab_size));
-  E3_RETURN_IF_ERROR(CheckIdRange("target_argmax", h.top, draft.config().vocab_size));
-  return h;
+TttPlanInputsDownload::TttPlanInputsDownload(const TttBatch& batch) {
+  RECORD_USER_SCOPE("e3::ttt_fast::StartPlanInputsDownload");
+  at::Tensor* dst[] = {&ids_, &top_, &mask_, &cu_};
+  const at::Tensor src[] = {batch.input_ids, batch.target_argmax, batch.loss_mask, batch.cu_seqlens};
+  constexpr int64_t kAlign = 64;
+  std::vector<int64_t> offsets;
+  int64_t bytes = 0;
+  for (const at::Tensor& t : src) {
+    if (t.device().is_cpu()) continue;
+    if (!staged_on_) staged_on_ = t.device();
+    if (t.device() != *staged_on_) continue;
+    offsets.push_back(bytes);
+    bytes += (t.numel() * static_cast<int64_t>(t.element_size()) + kAlign - 1) / kAlign * kAlign;
+  }
+  PinnedStaging* staging = nullptr;
+  at::Tensor pinned;
+  if (staged_on_) {
+    staging = &PinnedStaging::For(*staged_on_, StagingDirection::kToHost);
+    pinned = staging->Reserve(bytes);
+  }
+  size_t next = 0;
+  for (size_t i = 0; i < 4; ++i) {
+    const at::Tensor& t = src[i];
+    if (!staged_on_ || t.device() != *staged_on_) {
+      // On the host already, or (unusually) on a second device: a plain,
+      // synchronising copy.
+      *dst[i] = t.to(at::kCPU).contiguous();
+      continue;
+    }
+    const int64_t n = t.numel() * static_cast<int64_t>(t.element_size());
+    *dst[i] = pinned.narrow(0, offsets[next++], n).view(t.scalar_type()).view(t.sizes());
+    dst[i]->copy_(t, /*non_blocking=*/true);
+  }
+  if (staging != nullptr) staging->RecordCopies();
+}
+
+absl::StatusOr<TttPlanInputs> TttPlanInputsDownload::Finish(const Eagle3DraftImpl& draft) {
+  if (staged_on_) PinnedStaging::For(*staged_on_, StagingDirection::kToHost).WaitForCopies();
+  TttPlanInputs in;
+  // Own copies: the pinned buffer is rewritten by the next step's download.
+  const at::Tensor cu = cu_.to(at::kLong).clone();
+  in.cu.assign(cu.data_ptr<int64_t>(), cu.data_ptr<int64_t>() + cu.numel());
+  E3_RETURN_IF_ERROR(CheckCuSeqlens(in.cu, ids_.numel()));
+  in.batch.ids = ids_.to(at::kLong).clone();
+  in.batch.top = top_.to(at::kLong).clone();
+  in.batch.mask = (mask_ != 0).contiguous();
+  E3_RETURN_IF_ERROR(CheckIdRange("input_ids", in.batch.ids, draft.config().vocab_size));
+  E3_RETURN_IF_ERROR(CheckIdRange("target_argmax", in.batch.top, draft.config().vocab_size));
+  return in;
 }
 
 TttPlan MakeTttPlan(const std::vector<uint8_t>& t2d, const TttHostBatch& batch, std::vector<int64_t> cu,

@@ -13,6 +13,7 @@
 #define E3_STUDENT_TRAINER_TTT_PLAN_H_
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -27,8 +28,29 @@ struct TttHostBatch {
   at::Tensor ids, top, mask;  // int64 [T], int64 [T], bool [T]
 };
 
-// Copies them from the device; InvalidArgument names an id out of range.
-absl::StatusOr<TttHostBatch> DownloadTttPlanInputs(const Eagle3DraftImpl& draft, const TttBatch& batch);
+// The plan's inputs: the host batch and cu_seqlens.
+struct TttPlanInputs {
+  TttHostBatch batch;
+  std::vector<int64_t> cu;
+};
+
+// The plan's inputs on their way to the host. The constructor queues their
+// copies (input_ids, target_argmax, loss_mask, cu_seqlens) into pinned
+// memory on the batch's device, waiting for nothing, so the step queues the work that
+// needs no plan behind them and the host plans while the GPU runs it;
+// fields already on the host are taken as they are. Finish waits for the
+// copies alone (not for the work queued after them) and checks cu_seqlens
+// and the ids' range (InvalidArgument names the field). The batch's shapes
+// must have passed CheckTttBatchShapes.
+class TttPlanInputsDownload {
+ public:
+  explicit TttPlanInputsDownload(const TttBatch& batch);
+  absl::StatusOr<TttPlanInputs> Finish(const Eagle3DraftImpl& draft);
+
+ private:
+  at::Tensor ids_, top_, mask_, cu_;  // host tensors (pinned ones filling)
+  std::optional<at::Device> staged_on_;
+};
 
 // The plan on the host.
 struct TttPlan {

@@ -67,6 +67,12 @@ bool ScatterAddRows(Dtype dtype, const void* src, const int64_t* rows, float* su
 // n % 8 == 0 and x 16-byte aligned. Each element: dtype(float(x) * scale).
 bool ScaleByDeviceScalar(Dtype dtype, void* x, int64_t n, const float* scale, void* stream);
 
+// y += x * *scale in place: x and y 16-bit [n] contiguous, the same
+// requirements. Each element: dtype(fma(float(x), scale, float(y))), one
+// rounding (ATen's y.add_(x * g) rounds the product first).
+bool AddScaledByDeviceScalar(Dtype dtype, void* y, const void* x, int64_t n, const float* scale,
+                             void* stream);
+
 // ---------------------------------------------------------------------------
 // Rotary embedding of a fused q/k/v projection, rotate_half convention
 // (transformers' apply_rotary_pos_emb): qkv [tokens, q_heads + 2 *

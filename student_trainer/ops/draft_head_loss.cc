@@ -94,6 +94,25 @@ void ScaleInPlace(at::Tensor& x, const at::Tensor& g) {
   x.mul_(g.to(x.scalar_type()));
 }
 
+// y += x * g in place (the accumulated lm_head gradient into the
+// parameter's), as ScaleInPlace: one kernel on the GPU, else ATen.
+void AddScaledInPlace(at::Tensor& y, const at::Tensor& x, const at::Tensor& g) {
+#ifdef E3_HAS_CUDA
+  student_kernels::Dtype dt;
+  if (StudentKernelDtype(y, &dt) && x.scalar_type() == y.scalar_type() && x.sizes() == y.sizes() &&
+      x.is_contiguous() && y.is_contiguous() && g.numel() == 1 && g.scalar_type() == at::kFloat &&
+      g.device() == y.device()) {
+    const at::Tensor gc = g.contiguous();
+    if (student_kernels::AddScaledByDeviceScalar(dt, y.data_ptr(), x.data_ptr(), y.numel(),
+                                                 gc.data_ptr<float>(), StudentKernelStream(y))) {
+      CheckStudentKernelLaunch("AddScaledByDeviceScalar");
+      return;
+    }
+  }
+#endif
+  y.add_(x * g.to(x.scalar_type()));
+}
+
 // The inputs and side outputs of one call, kept off the autograd signature.
 struct HeadCall {
   const std::vector<HeadStepRows>* steps;
@@ -310,7 +329,8 @@ class DraftHeadLossFunction : public torch::autograd::Function<DraftHeadLossFunc
     }
     if (ctx->needs_input_grad(num_steps)) {
       const at::Tensor lm_acc = ctx->saved_data["lm_acc"].toTensor();
-      ctx->saved_data["lm_head_grad"].toTensor().add_(lm_acc * g.to(lm_acc.scalar_type()));
+      at::Tensor lm_head_grad = ctx->saved_data["lm_head_grad"].toTensor();
+      AddScaledInPlace(lm_head_grad, lm_acc, g);
       ctx->saved_data["norm_grad"].toTensor().add_(ctx->saved_data["norm_acc"].toTensor() * g);
     }
     out.push_back(at::Tensor());  // anchor

@@ -28,6 +28,7 @@
 #include "student_trainer/ops/step_rows.h"
 #include "student_trainer/ops/ttt_attention.h"
 #include "student_trainer/ttt.h"
+#include "student_trainer/ttt_plan.h"
 #include "tests/student_trainer/tiny_draft.h"
 
 namespace e3 {
@@ -208,6 +209,30 @@ TEST_F(StudentKernelsGpuTest, SoftCrossEntropyAcceptanceTerms) {
 }
 
 #ifdef E3_HAS_CUDA
+// y += x * g with g on the device (the lm_head gradient's scale by the
+// loss's output gradient): the fp32 sum rounded once to bf16, against the
+// same in fp64 within half a bf16 ulp (plus the fp32 product's own error);
+// lengths no multiple of 8 or misaligned are refused, for ATen to take.
+TEST_F(StudentKernelsGpuTest, AddScaledByDeviceScalarRoundsOnce) {
+  namespace sk = student_kernels;
+  const int64_t n = 8 * 1031;
+  const at::Tensor x = torch::randn({n}, bf16), y0 = torch::randn({n}, bf16);
+  const at::Tensor g = torch::full({1}, 0.37, bf16.dtype(at::kFloat));
+  at::Tensor y = y0.clone();
+  void* stream = ops::StudentKernelStream(y);
+  ASSERT_TRUE(sk::AddScaledByDeviceScalar(sk::Dtype::kBFloat16, y.data_ptr(), x.data_ptr(), n,
+                                          g.data_ptr<float>(), stream));
+  const at::Tensor exact = y0.to(at::kDouble) + x.to(at::kDouble) * 0.37f;
+  const at::Tensor err = (y.to(at::kDouble) - exact).abs();
+  const at::Tensor half_ulp = exact.abs() * std::ldexp(1.0, -8) + 1e-30;
+  EXPECT_LE((err - half_ulp * 1.001).max().item<double>(), 1e-6);
+  EXPECT_FALSE(sk::AddScaledByDeviceScalar(sk::Dtype::kBFloat16, y.data_ptr(), x.data_ptr(), n - 3,
+                                           g.data_ptr<float>(), stream));
+  EXPECT_FALSE(sk::AddScaledByDeviceScalar(sk::Dtype::kBFloat16, y.data_ptr(),
+                                           static_cast<const at::BFloat16*>(x.data_ptr()) + 1, n - 8,
+                                           g.data_ptr<float>(), stream));
+}
+
 // The fused optimizer's kernels (gradient norm, then clipped AdamW with
 // weight decay and the bf16 working copy) against their formulas in fp64,
 // over a length that is no multiple of their packs (8 and 4 elements), so
@@ -434,6 +459,36 @@ TEST_F(StudentKernelsGpuTest, LongSequenceCudnnAttentionMatchesFlash) {
 
 // Fast (kernels, flash attention) against the reference op sequence, both
 // in bf16 on the GPU: the bf16 golden test's bounds.
+// The plan's inputs come down through the pinned staging buffer: mixed
+// integer types, a field already on the host, a second batch larger
+// than the first (the buffer grows) and one smaller (it is reused).
+TEST_F(StudentKernelsGpuTest, PlanInputsDownloadFromTheDevice) {
+  Eagle3Draft draft = GpuDraft(at::kBFloat16, 2);
+  for (int64_t tokens : {300, 5000, 40}) {
+    TttBatch b;
+    b.input_ids = torch::randint(draft->config().vocab_size, {tokens}, bf16.dtype(at::kInt));
+    b.target_argmax = torch::randint(draft->config().vocab_size, {tokens}, bf16.dtype(at::kLong));
+    b.loss_mask = torch::rand({tokens}, bf16.dtype(at::kFloat)) < 0.5;
+    b.cu_seqlens = torch::tensor(std::vector<int64_t>{0, tokens / 3, tokens});  // host
+    TttPlanInputsDownload download(b);
+    auto in = download.Finish(*draft);
+    ASSERT_TRUE(in.ok()) << in.status();
+    EXPECT_TRUE(in->batch.ids.equal(b.input_ids.cpu().to(at::kLong))) << tokens;
+    EXPECT_TRUE(in->batch.top.equal(b.target_argmax.cpu())) << tokens;
+    EXPECT_TRUE(in->batch.mask.equal(b.loss_mask.cpu())) << tokens;
+    EXPECT_EQ(in->cu, (std::vector<int64_t>{0, tokens / 3, tokens}));
+  }
+  TttBatch bad;
+  bad.input_ids = torch::full({8}, draft->config().vocab_size, bf16.dtype(at::kLong));
+  bad.target_argmax = torch::zeros({8}, bf16.dtype(at::kLong));
+  bad.loss_mask = torch::ones({8}, bf16.dtype(at::kBool));
+  bad.cu_seqlens = torch::tensor(std::vector<int64_t>{0, 8}).cuda();
+  TttPlanInputsDownload download(bad);
+  auto in = download.Finish(*draft);
+  ASSERT_FALSE(in.ok());
+  EXPECT_NE(std::string(in.status().message()).find("input_ids"), std::string::npos) << in.status();
+}
+
 TEST_F(StudentKernelsGpuTest, FastStepMatchesTheReferenceStepInBf16) {
   Eagle3Draft ref = GpuDraft(at::kBFloat16, 2), fast = GpuDraft(at::kBFloat16, 2);
   const TttBatch batch = GpuBatch(ref->config());

@@ -285,6 +285,46 @@ TEST(TttFastTest, BadBatchesAreErrorsNamingTheField) {
       << out.status();
 }
 
+// The fast step reads cu_seqlens and the target's argmax on the host
+// (its plan), after it has queued the target and fc: bad values are
+// still errors naming the field, whatever their integer type.
+TEST(TttFastTest, BadPackingAndTargetIdsAreErrorsNamingTheField) {
+  Eagle3Draft draft = MakeTinyDraft();
+  const TttBatch good = RandomBatch(draft->config(), {6, 4}, /*seed=*/9);
+  TttOptions options;
+  options.kernels = TttKernels::kFast;
+  auto expect_error = [&](const TttBatch& b, const std::string& field, const std::string& what) {
+    auto out = RunTtt(*draft, b, options);
+    ASSERT_FALSE(out.ok()) << field;
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+    const std::string message(out.status().message());
+    EXPECT_NE(message.find(field), std::string::npos) << message;
+    EXPECT_NE(message.find(what), std::string::npos) << message;
+  };
+  TttBatch b = good;
+  b.cu_seqlens = torch::tensor(std::vector<int32_t>{0, 6, 9});
+  expect_error(b, "cu_seqlens", "end at T = 10");
+  b.cu_seqlens = torch::tensor(std::vector<int64_t>{0, 7, 6, 10});
+  expect_error(b, "cu_seqlens", "decreases at index 2");
+  b = good;
+  b.target_argmax = good.target_argmax.to(at::kInt).clone();
+  b.target_argmax[9] = -1;
+  expect_error(b, "target_argmax", "min -1");
+  // The same batch with every integer field as int32 and a float mask
+  // trains as the int64 one.
+  b = good;
+  b.input_ids = good.input_ids.to(at::kInt);
+  b.cu_seqlens = good.cu_seqlens.to(at::kInt);
+  b.target_argmax = good.target_argmax.to(at::kInt);
+  b.loss_mask = good.loss_mask.to(at::kFloat);
+  auto narrow_types = RunTtt(*draft, b, options);
+  auto wide_types = RunTtt(*draft, good, options);
+  ASSERT_TRUE(narrow_types.ok()) << narrow_types.status();
+  ASSERT_TRUE(wide_types.ok()) << wide_types.status();
+  EXPECT_EQ(narrow_types->loss_value, wide_types->loss_value);
+  EXPECT_EQ(narrow_types->correct, wide_types->correct);
+}
+
 TEST(TttFastTest, AdvancingPositionsChangeTheLaterStepsOnly) {
   // Step 0 sits at the same positions either way; later steps do not.
   Eagle3Draft draft = MakeTinyDraft(at::kDouble);
