@@ -55,6 +55,8 @@ ABSL_FLAG(bool, cudnn_attention, true,
           "fast path: one sequence of 4096+ tokens runs its causal attention in cuDNN (false: varlen flash)");
 ABSL_FLAG(bool, skip_untrained_rows, true,
           "fast path: from TTT step 1 on, run the midlayer only over rows a later step still trains");
+ABSL_FLAG(int64_t, head_chunk_rows, 0,
+          "fast path: rows of the draft head's logits computed at once (0: the step's default)");
 ABSL_FLAG(std::string, loss_mask, "all",
           "all: every position trained; chat: each sample's first 40% is a prompt (loss mask 0), as in chat data");
 
@@ -229,6 +231,7 @@ int Main() {
   ttt.kernels = *kernels;
   ttt.defer_metrics = true;
   ttt.skip_untrained_rows = absl::GetFlag(FLAGS_skip_untrained_rows);
+  ttt.head_chunk_rows = absl::GetFlag(FLAGS_head_chunk_rows);
   int64_t midlayer_rows = 0;
 
   // With `phases`, each phase is synchronised and timed on its own

@@ -134,8 +134,11 @@ absl::StatusOr<TttOutput> Run(Eagle3DraftImpl& draft, const TttBatch& batch,
   for (int64_t j = 0; j < options.length; ++j) {
     const bool compacted = plan.compacted(j);
     if (compacted) h = h.index_select(0, dp.mid_from_prev[j]);
-    const at::Tensor hn = ops::RmsNorm(h, w.hidden_norm.w, w.hidden_norm.grad, w.anchor, eps);
-    at::Tensor qkv = ops::LinearAccumulate(hn, w.qkv_hidden.w, w.qkv_hidden.grad, w.anchor,
+    // The residual adds read h and mid through the norms' second output,
+    // so each norm's backward kernel also sums the residual's gradient.
+    const ops::NormedWithResidual hn =
+        ops::RmsNormWithResidual(h, w.hidden_norm.w, w.hidden_norm.grad, w.anchor, eps);
+    at::Tensor qkv = ops::LinearAccumulate(hn.normed, w.qkv_hidden.w, w.qkv_hidden.grad, w.anchor,
                                            ops::GatherStepRows(qkv_embed, dp.embed_rows[j]));
     if (j > 0 && options.positions == TttPositions::kAdvancing) {
       std::tie(cos, sin) = draft.RopeTables(dp.positions + j);
@@ -146,11 +149,12 @@ absl::StatusOr<TttOutput> Run(Eagle3DraftImpl& draft, const TttBatch& batch,
     if (compacted) qkv = ScatterRows(qkv, dp.mid_positions[j], plan.tokens);
     at::Tensor attn = ops::TttAttentionStep(cache, qkv, cos, sin);
     if (compacted) attn = attn.index_select(0, dp.mid_positions[j]);
-    const at::Tensor mid = ops::LinearAccumulate(attn, w.o.w, w.o.grad, w.anchor, h);
-    const at::Tensor y = ops::RmsNorm(mid, w.post_norm.w, w.post_norm.grad, w.anchor, eps);
+    const at::Tensor mid = ops::LinearAccumulate(attn, w.o.w, w.o.grad, w.anchor, hn.residual);
+    const ops::NormedWithResidual y =
+        ops::RmsNormWithResidual(mid, w.post_norm.w, w.post_norm.grad, w.anchor, eps);
     const at::Tensor act =
-        ops::SiluMul(ops::LinearAccumulate(y, w.gate_up.w, w.gate_up.grad, w.anchor));
-    h = ops::LinearAccumulate(act, w.down.w, w.down.grad, w.anchor, mid);
+        ops::SiluMul(ops::LinearAccumulate(y.normed, w.gate_up.w, w.gate_up.grad, w.anchor));
+    h = ops::LinearAccumulate(act, w.down.w, w.down.grad, w.anchor, y.residual);
     hiddens.push_back(h);
   }
 

@@ -73,8 +73,9 @@ __global__ void __launch_bounds__(kForwardThreads)
 template <typename T, int kPacks>
 __global__ void __launch_bounds__(kBackwardThreads)
     RmsNormBackwardKernel(const T* __restrict__ dy, const T* __restrict__ x, int64_t x_stride,
-                          const T* __restrict__ weight, const float* __restrict__ rstd, T* dx,
-                          float* __restrict__ dw_partial, int64_t rows, int packs, float inv_cols) {
+                          const T* __restrict__ weight, const float* __restrict__ rstd,
+                          const T* dresidual, T* dx, float* __restrict__ dw_partial, int64_t rows,
+                          int packs, float inv_cols) {
   using P = Pack<T, kVec>;
   const P* w = reinterpret_cast<const P*>(weight);
   float wf[kPacks][kVec];
@@ -97,6 +98,9 @@ __global__ void __launch_bounds__(kBackwardThreads)
     const P* xr = reinterpret_cast<const P*>(x + row * x_stride);
     const P* dyr = reinterpret_cast<const P*>(dy + row * static_cast<int64_t>(packs) * kVec);
     P* dxr = reinterpret_cast<P*>(dx + row * static_cast<int64_t>(packs) * kVec);
+    const P* drr = dresidual == nullptr
+                       ? nullptr
+                       : reinterpret_cast<const P*>(dresidual + row * static_cast<int64_t>(packs) * kVec);
     const float r = rstd[row];
     float xf[kPacks][kVec], g[kPacks][kVec];
     float dot = 0.f;
@@ -121,9 +125,17 @@ __global__ void __launch_bounds__(kBackwardThreads)
     for (int k = 0; k < kPacks; ++k) {
       const int i = threadIdx.x + k * blockDim.x;
       if (i < packs) {
+        float d[kVec];
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) d[e] = r * g[k][e] - c * xf[k][e];
+        if (drr != nullptr) {
+          const P rv = drr[i];
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) d[e] += Num<T>::ToF(rv.v[e]);
+        }
         P out;
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) out.v[e] = Num<T>::FromF(r * g[k][e] - c * xf[k][e]);
+        for (int e = 0; e < kVec; ++e) out.v[e] = Num<T>::FromF(d[e]);
         dxr[i] = out;
       }
     }
@@ -190,10 +202,11 @@ int64_t RmsNormBackwardBlocks(int64_t rows) {
 }
 
 bool RmsNormBackward(Dtype dtype, const void* dy, const void* x, int64_t x_stride,
-                     const void* weight, const float* rstd, void* dx, float* dw_partial,
-                     int64_t rows, int64_t cols, void* stream) {
+                     const void* weight, const float* rstd, const void* dresidual, void* dx,
+                     float* dw_partial, int64_t rows, int64_t cols, void* stream) {
   if (rows <= 0 || !RowsTakeVectors(x, x_stride, cols) || !RowsTakeVectors(dy, cols, cols) ||
-      !RowsTakeVectors(dx, cols, cols) || !Aligned16(weight) || !Aligned16(dw_partial)) {
+      !RowsTakeVectors(dx, cols, cols) || !Aligned16(weight) || !Aligned16(dw_partial) ||
+      (dresidual != nullptr && !RowsTakeVectors(dresidual, cols, cols))) {
     return false;
   }
   const RowSplit s = SplitRow(cols / kVec, kBackwardThreads);
@@ -206,23 +219,24 @@ bool RmsNormBackward(Dtype dtype, const void* dy, const void* x, int64_t x_strid
     const T* dyt = static_cast<const T*>(dy);
     const T* xt = static_cast<const T*>(x);
     const T* wt = static_cast<const T*>(weight);
+    const T* drt = static_cast<const T*>(dresidual);
     T* dxt = static_cast<T*>(dx);
     switch (s.packs_per_thread) {
       case 1:
         RmsNormBackwardKernel<T, 1><<<grid, s.threads, 0, AsStream(stream)>>>(
-            dyt, xt, x_stride, wt, rstd, dxt, dw_partial, rows, packs, inv_cols);
+            dyt, xt, x_stride, wt, rstd, drt, dxt, dw_partial, rows, packs, inv_cols);
         break;
       case 2:
         RmsNormBackwardKernel<T, 2><<<grid, s.threads, 0, AsStream(stream)>>>(
-            dyt, xt, x_stride, wt, rstd, dxt, dw_partial, rows, packs, inv_cols);
+            dyt, xt, x_stride, wt, rstd, drt, dxt, dw_partial, rows, packs, inv_cols);
         break;
       case 4:
         RmsNormBackwardKernel<T, 4><<<grid, s.threads, 0, AsStream(stream)>>>(
-            dyt, xt, x_stride, wt, rstd, dxt, dw_partial, rows, packs, inv_cols);
+            dyt, xt, x_stride, wt, rstd, drt, dxt, dw_partial, rows, packs, inv_cols);
         break;
       default:
         RmsNormBackwardKernel<T, 8><<<grid, s.threads, 0, AsStream(stream)>>>(
-            dyt, xt, x_stride, wt, rstd, dxt, dw_partial, rows, packs, inv_cols);
+            dyt, xt, x_stride, wt, rstd, drt, dxt, dw_partial, rows, packs, inv_cols);
         break;
     }
     return true;

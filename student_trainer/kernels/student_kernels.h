@@ -32,15 +32,18 @@ bool RmsNormForward(Dtype dtype, const void* x, int64_t x_stride, const void* we
                     void* stream);
 // Backward, given dy [rows, cols] (contiguous) and the forward's x and
 // rstd: with g = dy * w in fp32,
-//   dx = dtype(rstd * g - x * rstd^3 * mean(g * x)),
+//   dx = dtype(rstd * g - x * rstd^3 * mean(g * x) + dresidual),
+// where dresidual [rows, cols] (contiguous, or null for none) is the
+// gradient of a residual path that also read x, added before the one
+// rounding,
 //   dw_partial[b, c] = sum over the rows block b took of dy * dtype(x * rstd),
 // fp32 [blocks, cols], where blocks = RmsNormBackwardBlocks(rows); the
 // caller sums it over b (a fixed order, so the result is deterministic).
-// dx may alias dy.
+// dx may alias dy or dresidual.
 int64_t RmsNormBackwardBlocks(int64_t rows);
 bool RmsNormBackward(Dtype dtype, const void* dy, const void* x, int64_t x_stride,
-                     const void* weight, const float* rstd, void* dx, float* dw_partial,
-                     int64_t rows, int64_t cols, void* stream);
+                     const void* weight, const float* rstd, const void* dresidual, void* dx,
+                     float* dw_partial, int64_t rows, int64_t cols, void* stream);
 
 // ---------------------------------------------------------------------------
 // SiLU-mul over a fused gate/up projection: gate_up [rows, 2 * cols]

@@ -1,5 +1,7 @@
 #include "student_trainer/ops/rms_norm.h"
 
+#include <tuple>
+
 #include "student_trainer/ops/kernel_switch.h"
 
 namespace e3::ops {
@@ -32,12 +34,15 @@ RmsNormResult ForwardAten(const at::Tensor& x, const at::Tensor& weight, double 
 }
 
 std::pair<at::Tensor, at::Tensor> BackwardAten(const at::Tensor& dy, const at::Tensor& x,
-                                               const at::Tensor& rstd, const at::Tensor& weight) {
+                                               const at::Tensor& rstd, const at::Tensor& weight,
+                                               const at::Tensor& dresidual) {
   const at::ScalarType f = rstd.scalar_type();
   const at::Tensor xf = x.to(f), dyf = dy.to(f), r = rstd.unsqueeze(-1);
   const at::Tensor g = dyf * weight.to(f);
   const at::Tensor mean_gx = (g * xf).mean(-1, /*keepdim=*/true);
-  const at::Tensor dx = (r * g - xf * (r * r * r) * mean_gx).to(x.scalar_type());
+  at::Tensor dxf = r * g - xf * (r * r * r) * mean_gx;
+  if (dresidual.defined()) dxf = dxf + dresidual.to(f);
+  const at::Tensor dx = dxf.to(x.scalar_type());
   const at::Tensor dw = (dyf * (xf * r).to(x.scalar_type()).to(f)).sum(0);
   return {dx, dw};
 }
@@ -59,6 +64,44 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const at::Tensor weight = ctx->saved_data["weight"].toTensor();
     auto [dx, dw] = RmsNormBackward(grads[0], saved[0], saved[1], weight);
     if (ctx->needs_input_grad(1)) ctx->saved_data["weight_grad"].toTensor().add_(dw);
+    return {ctx->needs_input_grad(0) ? dx : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+// Outputs {RmsNorm(x), x}; its backward gets both outputs' gradients at
+// once and adds the second into the first's dx in the norm's kernel.
+class RmsNormWithResidualFunction
+    : public torch::autograd::Function<RmsNormWithResidualFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& anchor,
+                               const at::Tensor& weight, const at::Tensor& weight_grad,
+                               double eps) {
+    (void)anchor;
+    RmsNormResult r = RmsNormForward(x, weight, eps);
+    ctx->save_for_backward({x, r.rstd});
+    ctx->saved_data["weight"] = weight;
+    ctx->saved_data["weight_grad"] = weight_grad;
+    // x returned as is: autograd hands back a view of it whose gradient
+    // comes to this function's backward.
+    return {r.y, x};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& dnormed = grads[0];
+    const at::Tensor& dresidual = grads[1];
+    at::Tensor dx;
+    if (dnormed.defined()) {
+      const at::Tensor weight = ctx->saved_data["weight"].toTensor();
+      at::Tensor dw;
+      std::tie(dx, dw) = RmsNormBackward(dnormed, x, saved[1], weight,
+                                         dresidual.defined() ? dresidual.to(x.scalar_type()) : dresidual);
+      if (ctx->needs_input_grad(1)) ctx->saved_data["weight_grad"].toTensor().add_(dw);
+    } else {
+      dx = dresidual;
+    }
     return {ctx->needs_input_grad(0) ? dx : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor()};
   }
@@ -88,18 +131,25 @@ RmsNormResult RmsNormForward(const at::Tensor& x, const at::Tensor& weight, doub
 }
 
 at::Tensor RmsNormBackwardInto(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& rstd,
-                               const at::Tensor& weight, const at::Tensor& dx) {
+                               const at::Tensor& weight, const at::Tensor& dx,
+                               const at::Tensor& dresidual) {
   TORCH_CHECK(dx.sizes() == x.sizes() && dx.scalar_type() == x.scalar_type() && dx.is_contiguous(),
               "RmsNormBackwardInto: dx ", dx.sizes(), " ", dx.scalar_type(),
               " must be contiguous and shaped and typed as x ", x.sizes(), " ", x.scalar_type());
+  TORCH_CHECK(!dresidual.defined() ||
+                  (dresidual.sizes() == x.sizes() && dresidual.scalar_type() == x.scalar_type()),
+              "RmsNormBackwardInto: dresidual ", dresidual.sizes(), " ", dresidual.scalar_type(),
+              " must be shaped and typed as x ", x.sizes(), " ", x.scalar_type());
 #ifdef E3_HAS_CUDA
   student_kernels::Dtype dt;
   if (BackwardKernelTakes(x, weight, rstd, &dt)) {
     const at::Tensor dyc = dy.contiguous();
+    const at::Tensor drc = dresidual.defined() ? dresidual.contiguous() : dresidual;
     at::Tensor partial = at::empty({student_kernels::RmsNormBackwardBlocks(x.size(0)), x.size(1)},
                                    x.options().dtype(at::kFloat));
     if (student_kernels::RmsNormBackward(dt, dyc.data_ptr(), x.data_ptr(), x.stride(0),
-                                         weight.data_ptr(), rstd.data_ptr<float>(), dx.data_ptr(),
+                                         weight.data_ptr(), rstd.data_ptr<float>(),
+                                         drc.defined() ? drc.data_ptr() : nullptr, dx.data_ptr(),
                                          partial.data_ptr<float>(), x.size(0), x.size(1),
                                          StudentKernelStream(x))) {
       CheckStudentKernelLaunch("RmsNormBackward");
@@ -107,28 +157,36 @@ at::Tensor RmsNormBackwardInto(const at::Tensor& dy, const at::Tensor& x, const 
     }
   }
 #endif
-  auto [dx_aten, dw] = BackwardAten(dy, x, rstd, weight);
+  auto [dx_aten, dw] = BackwardAten(dy, x, rstd, weight, dresidual);
   dx.copy_(dx_aten);
   return dw;
 }
 
 std::pair<at::Tensor, at::Tensor> RmsNormBackward(const at::Tensor& dy, const at::Tensor& x,
-                                                  const at::Tensor& rstd,
-                                                  const at::Tensor& weight) {
+                                                  const at::Tensor& rstd, const at::Tensor& weight,
+                                                  const at::Tensor& dresidual) {
 #ifdef E3_HAS_CUDA
   student_kernels::Dtype dt;
   if (BackwardKernelTakes(x, weight, rstd, &dt)) {
     at::Tensor dx = at::empty(x.sizes(), x.options());
-    at::Tensor dw = RmsNormBackwardInto(dy, x, rstd, weight, dx);
+    at::Tensor dw = RmsNormBackwardInto(dy, x, rstd, weight, dx, dresidual);
     return {dx, dw};
   }
 #endif
-  return BackwardAten(dy, x, rstd, weight);
+  return BackwardAten(dy, x, rstd, weight, dresidual);
 }
 
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& weight_grad,
                    const at::Tensor& anchor, double eps) {
   return RmsNormFunction::apply(x, anchor, weight.detach(), weight_grad.detach(), eps);
+}
+
+NormedWithResidual RmsNormWithResidual(const at::Tensor& x, const at::Tensor& weight,
+                                       const at::Tensor& weight_grad, const at::Tensor& anchor,
+                                       double eps) {
+  variable_list out =
+      RmsNormWithResidualFunction::apply(x, anchor, weight.detach(), weight_grad.detach(), eps);
+  return {out[0], out[1]};
 }
 
 }  // namespace e3::ops

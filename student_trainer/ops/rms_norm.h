@@ -18,18 +18,33 @@ struct RmsNormResult {
 
 // No autograd: x [rows, cols] (rows may be strided), weight [cols] in x's dtype.
 RmsNormResult RmsNormForward(const at::Tensor& x, const at::Tensor& weight, double eps);
-// {dx in x's dtype, dw in rstd's dtype} for dy [rows, cols].
+// {dx in x's dtype, dw in rstd's dtype} for dy [rows, cols]. A defined
+// `dresidual` (x's shape and dtype) is the gradient of a residual path
+// that also read x: dx includes it, added in fp32 before dx is rounded.
 std::pair<at::Tensor, at::Tensor> RmsNormBackward(const at::Tensor& dy, const at::Tensor& x,
-                                                  const at::Tensor& rstd, const at::Tensor& weight);
+                                                  const at::Tensor& rstd, const at::Tensor& weight,
+                                                  const at::Tensor& dresidual = {});
 // The same with dx written into `dx` (contiguous, x's shape and dtype: a
 // range of rows of a larger tensor, say); returns dw.
 at::Tensor RmsNormBackwardInto(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& rstd,
-                               const at::Tensor& weight, const at::Tensor& dx);
+                               const at::Tensor& weight, const at::Tensor& dx,
+                               const at::Tensor& dresidual = {});
 
 // Autograd op: y = RmsNormForward(x).y; backward returns dx and adds dw
 // into weight_grad. `anchor` as in ops::LinearAccumulate.
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& weight_grad,
                    const at::Tensor& anchor, double eps);
+
+// RmsNorm(x) and x itself, for a block whose residual add reads x:
+// autograd would sum the two paths' gradients of x in a kernel of its own;
+// here the norm's backward kernel adds the residual's gradient into dx.
+struct NormedWithResidual {
+  at::Tensor normed;    // RmsNorm(x)
+  at::Tensor residual;  // x's values; pass it, not x, to the residual add
+};
+NormedWithResidual RmsNormWithResidual(const at::Tensor& x, const at::Tensor& weight,
+                                       const at::Tensor& weight_grad, const at::Tensor& anchor,
+                                       double eps);
 
 }  // namespace e3::ops
 

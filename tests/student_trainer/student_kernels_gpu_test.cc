@@ -72,15 +72,22 @@ TEST_F(StudentKernelsGpuTest, RmsNormForwardAndBackward) {
     const at::Tensor x = wide.narrow(1, 64, cols);
     const at::Tensor w = (torch::rand({cols}, bf16) + 0.5);
     const at::Tensor dy = torch::randn({333, cols}, bf16);
+    // The gradient of a residual path that also read x, summed into dx.
+    const at::Tensor dres = torch::randn({333, cols}, bf16);
     auto [k, a] = BothWays([&] {
       ops::RmsNormResult r = ops::RmsNormForward(x, w, 1e-5);
       auto [dx, dw] = ops::RmsNormBackward(dy, x, r.rstd, w);
-      return std::vector<at::Tensor>{r.y, r.rstd, dx, dw};
+      auto [dx_res, dw_res] = ops::RmsNormBackward(dy, x, r.rstd, w, dres);
+      return std::vector<at::Tensor>{r.y, r.rstd, dx, dw, dx_res, dw_res};
     });
     EXPECT_LE(RelInf(k[0], a[0]), 2e-2);
     EXPECT_LE(RelInf(k[1], a[1]), 1e-5);
     EXPECT_LE(RelInf(k[2], a[2]), 2e-2);
     EXPECT_LE(RelInf(k[3], a[3]), 1e-3);
+    EXPECT_LE(RelInf(k[4], a[4]), 2e-2);
+    EXPECT_TRUE(at::equal(k[5], k[3]));  // the residual leaves dw alone
+    // The sum against the norm's dx plus the residual's gradient, in fp32.
+    EXPECT_LE(RelInf(k[4], k[2].to(at::kFloat) + dres.to(at::kFloat)), 2e-2);
   }
 }
 
