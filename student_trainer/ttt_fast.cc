@@ -118,12 +118,11 @@ absl::StatusOr<TttOutput> Run(Eagle3DraftImpl& draft, const TttBatch& batch,
   const TttDevicePlan dp = UploadTttPlan(plan, device, f, options.step_weight);
 
   // Once per batch: the normalised embeddings of every position (and of
-  // the padding id) and their product with the embedding half of q/k/v.
-  const at::Tensor embeds = draft.Embed(dp.ext_ids);
-  const at::Tensor embeds_n =
-      ops::RmsNorm(embeds, w.input_norm.w, w.input_norm.grad, w.anchor, eps);
-  const ops::ProjectedForSteps qkv_embed =
-      ops::ProjectForSteps(embeds_n, w.qkv_embed.w, w.qkv_embed.grad, w.anchor);
+  // the padding id) and their product with the embedding half of q/k/v;
+  // the embeddings are frozen, so input_layernorm's gradient is taken in
+  // weight space (no GEMM back to the rows).
+  const ops::ProjectedForSteps qkv_embed = ops::ProjectNormedForSteps(
+      draft.Embed(dp.ext_ids), w.input_norm.w, w.input_norm.grad, w.qkv_embed.w, w.qkv_embed.grad, w.anchor, eps);
   at::Tensor cos, sin;
   std::tie(cos, sin) = draft.RopeTables(dp.positions);
 

@@ -65,6 +65,23 @@ bool SiluMulBackward(Dtype dtype, const void* dout, const void* gate_up, void* d
 bool ScatterAddRows(Dtype dtype, const void* src, const int64_t* rows, float* sum, int64_t n,
                     int64_t cols, void* stream);
 
+// The weight gradients of P = y @ W^T where y = dtype(w * xhat) is an
+// RMSNorm's output over an input that takes no gradient (the frozen
+// embeddings), given G = dP^T @ xhat (fp32 [rows, cols] contiguous; rows
+// = W's rows): dW = G * w and dw = sum over W's rows of W * G. The norm
+// weight's gradient is summed over W's rows instead of the tokens, which
+// spares the GEMM dy = dP @ W and the norm's backward.
+//   weight_grad[n, c] = dtype(fma(G[n, c], w[c], weight_grad[n, c]))  (one rounding)
+//   dw_partial[b, c]  = sum over row block b of W[n, c] * G[n, c]
+// dw_partial is fp32 [NormedProjectionGradBlocks(rows), cols]; the caller
+// sums it over b. Rows of W and weight_grad start `ld` elements apart (a
+// column block of a wider matrix). Requires cols and ld multiples of 8 and
+// 16-byte aligned tensors.
+int64_t NormedProjectionGradBlocks(int64_t rows);
+bool NormedProjectionGrads(Dtype dtype, const float* g, const void* norm_weight, const void* weight,
+                           void* weight_grad, int64_t ld, float* dw_partial, int64_t rows, int64_t cols,
+                           void* stream);
+
 // x *= *scale in place: x 16-bit [n] contiguous, scale one fp32 value on
 // the device (read by the kernel: no host synchronisation). Requires
 // n % 8 == 0 and x 16-byte aligned. Each element: dtype(float(x) * scale).

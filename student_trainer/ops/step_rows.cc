@@ -1,7 +1,9 @@
 #include "student_trainer/ops/step_rows.h"
 
+#include "common/torch/torch_compat.h"
 #include "student_trainer/ops/autograd_capsule.h"
 #include "student_trainer/ops/kernel_switch.h"
+#include "student_trainer/ops/rms_norm.h"
 
 namespace e3::ops {
 namespace {
@@ -11,31 +13,73 @@ using torch::autograd::variable_list;
 
 at::ScalarType SumType(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
-// Its output's gradient comes from the capsule's StepRowsGradient, which
-// the steps' GatherRowsFunction nodes fill before autograd runs this one.
-class ProjectForStepsFunction : public torch::autograd::Function<ProjectForStepsFunction> {
+// G = dy^T @ xhat in fp32 or wider: 16-bit inputs multiply with an fp32
+// result where LibTorch offers it (the G * norm_weight and W * G sums then
+// see no 16-bit rounding of G).
+at::Tensor WeightSpaceProduct(const at::Tensor& dy, const at::Tensor& xhat) {
+  const bool half = dy.scalar_type() == at::kBFloat16 || dy.scalar_type() == at::kHalf;
+  if (compat::kHasMmFloatOut && half && dy.is_cuda()) return compat::MmFloatOut(dy.t(), xhat);
+  return at::mm(dy.t(), xhat).to(SumType(dy.scalar_type()));
+}
+
+// weight_grad += g * norm_weight (columns scaled), norm_grad += the sum over
+// weight's rows of weight * g: one kernel pass on the GPU, else ATen.
+void AddNormedProjectionGrads(const at::Tensor& g, const at::Tensor& norm_weight, const at::Tensor& weight,
+                              at::Tensor weight_grad, at::Tensor norm_grad) {
+#ifdef E3_HAS_CUDA
+  student_kernels::Dtype dt;
+  const int64_t rows = weight.size(0), cols = weight.size(1);
+  if (StudentKernelDtype(weight, &dt) && g.scalar_type() == at::kFloat && g.is_contiguous() &&
+      norm_weight.is_contiguous() && norm_weight.scalar_type() == weight.scalar_type() &&
+      weight_grad.scalar_type() == weight.scalar_type() && weight.stride(1) == 1 && weight_grad.stride(1) == 1 &&
+      weight.stride(0) == weight_grad.stride(0)) {
+    at::Tensor partial = at::empty({student_kernels::NormedProjectionGradBlocks(rows), cols}, g.options());
+    if (student_kernels::NormedProjectionGrads(dt, g.data_ptr<float>(), norm_weight.data_ptr(), weight.data_ptr(),
+                                               weight_grad.data_ptr(), weight.stride(0), partial.data_ptr<float>(),
+                                               rows, cols, StudentKernelStream(g))) {
+      CheckStudentKernelLaunch("NormedProjectionGrads");
+      norm_grad.add_(partial.sum(0));
+      return;
+    }
+  }
+#endif
+  weight_grad.add_(g * norm_weight.to(g.scalar_type()));
+  norm_grad.add_((weight.to(g.scalar_type()) * g).sum(0));
+}
+
+// ProjectForStepsFunction over RmsNorm(input), the input frozen: its
+// backward takes both weights' gradients in weight space.
+class ProjectNormedForStepsFunction : public torch::autograd::Function<ProjectNormedForStepsFunction> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& anchor,
-                            const at::Tensor& weight, const at::Tensor& weight_grad, const at::Tensor& capsule) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& anchor,
+                            const at::Tensor& norm_weight, const at::Tensor& norm_grad, const at::Tensor& weight,
+                            const at::Tensor& weight_grad, const at::Tensor& capsule, double eps) {
     (void)anchor;
     ctx->set_materialize_grads(false);
-    ctx->save_for_backward({x});
+    ctx->save_for_backward({input});
+    ctx->saved_data["norm_weight"] = norm_weight;
+    ctx->saved_data["norm_grad"] = norm_grad;
     ctx->saved_data["weight"] = weight;
     ctx->saved_data["weight_grad"] = weight_grad;
     ctx->saved_data["capsule"] = capsule;
-    return at::mm(x, weight.t());
+    ctx->saved_data["eps"] = eps;
+    return at::mm(RmsNormForward(input, norm_weight, eps).y, weight.t());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list /*grads*/) {
-    const at::Tensor x = ctx->get_saved_variables()[0];
+    const at::Tensor input = ctx->get_saved_variables()[0];
     auto gradient = FromCapsule<StepRowsGradient>(ctx->saved_data["capsule"].toTensor());
-    const at::Tensor dy = gradient->Take(x.scalar_type());
-    at::Tensor dx;
+    const at::Tensor dy = gradient->Take(input.scalar_type());
     if (dy.defined()) {
-      if (ctx->needs_input_grad(0)) dx = at::mm(dy, ctx->saved_data["weight"].toTensor());
-      ctx->saved_data["weight_grad"].toTensor().addmm_(dy.t(), x);
+      const at::Tensor norm_weight = ctx->saved_data["norm_weight"].toTensor();
+      // With a weight of ones the norm returns its rounded rows as they are.
+      const at::Tensor xhat =
+          RmsNormForward(input, at::ones_like(norm_weight), ctx->saved_data["eps"].toDouble()).y;
+      AddNormedProjectionGrads(WeightSpaceProduct(dy, xhat), norm_weight, ctx->saved_data["weight"].toTensor(),
+                               ctx->saved_data["weight_grad"].toTensor(),
+                               ctx->saved_data["norm_grad"].toTensor());
     }
-    return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return variable_list(8);
   }
 };
 
@@ -91,15 +135,21 @@ at::Tensor StepRowsGradient::Take(at::ScalarType dtype) {
   return out;
 }
 
-ProjectedForSteps ProjectForSteps(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& weight_grad,
-                                  const at::Tensor& anchor) {
-  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "ProjectForSteps: x ", x.sizes(),
-              " does not meet weight ", weight.sizes());
-  TORCH_CHECK(weight_grad.sizes() == weight.sizes(), "ProjectForSteps: weight_grad ", weight_grad.sizes(),
-              " for weight ", weight.sizes());
+ProjectedForSteps ProjectNormedForSteps(const at::Tensor& input, const at::Tensor& norm_weight,
+                                        const at::Tensor& norm_grad, const at::Tensor& weight,
+                                        const at::Tensor& weight_grad, const at::Tensor& anchor, double eps) {
+  TORCH_CHECK(input.dim() == 2 && weight.dim() == 2 && input.size(1) == weight.size(1) &&
+                  norm_weight.dim() == 1 && norm_weight.size(0) == input.size(1),
+              "ProjectNormedForSteps: input ", input.sizes(), ", norm weight ", norm_weight.sizes(), ", weight ",
+              weight.sizes());
+  TORCH_CHECK(weight_grad.sizes() == weight.sizes() && norm_grad.sizes() == norm_weight.sizes(),
+              "ProjectNormedForSteps: gradients ", weight_grad.sizes(), " and ", norm_grad.sizes(), " for weights ",
+              weight.sizes(), " and ", norm_weight.sizes());
+  TORCH_CHECK(!input.requires_grad(), "ProjectNormedForSteps: the input must take no gradient");
   ProjectedForSteps p;
-  p.gradient = std::make_shared<StepRowsGradient>(x.size(0), weight.size(0), x.options());
-  p.projection = ProjectForStepsFunction::apply(x, anchor, weight.detach(), weight_grad.detach(), CapsuleOf(p));
+  p.gradient = std::make_shared<StepRowsGradient>(input.size(0), weight.size(0), input.options());
+  p.projection = ProjectNormedForStepsFunction::apply(input, anchor, norm_weight.detach(), norm_grad.detach(),
+                                                      weight.detach(), weight_grad.detach(), CapsuleOf(p), eps);
   return p;
 }
 

@@ -40,12 +40,23 @@ struct ProjectedForSteps {
   std::shared_ptr<StepRowsGradient> gradient;
 };
 
-// x @ weight^T for x [R, in], as LinearAccumulate (linear.h): the weight
-// gradient is accumulated into weight_grad in place, `anchor` gives the
-// result an autograd edge. Its output gradient is what the steps'
-// GatherStepRows backward added; anything else autograd passes is ignored.
-ProjectedForSteps ProjectForSteps(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& weight_grad,
-                                  const at::Tensor& anchor);
+// RmsNorm(input) @ weight^T for input [R, in] that takes no gradient (the
+// frozen embeddings), norm and projection as RmsNorm and LinearAccumulate
+// (rms_norm.h, linear.h): both weights' gradients are accumulated into
+// norm_grad and weight_grad in place, `anchor` gives the result an
+// autograd edge, and the output gradient is what the steps'
+// GatherStepRows backward added (anything else autograd passes is
+// ignored). The norm weight's gradient is taken in weight space:
+// with G = dP^T @ xhat, xhat = dtype(input * rstd) (the norm's rounded
+// rows, recomputed in the backward),
+//   d weight = G * norm_weight (each column scaled),
+//   d norm_weight[c] = sum_n weight[n, c] * G[n, c],
+// the same sums as the token-space dy = dP @ weight followed by the norm's
+// backward, without that GEMM (rows x out x in multiply-adds) or the
+// norm's backward pass over the rows: one pass over the weight instead.
+ProjectedForSteps ProjectNormedForSteps(const at::Tensor& input, const at::Tensor& norm_weight,
+                                        const at::Tensor& norm_grad, const at::Tensor& weight,
+                                        const at::Tensor& weight_grad, const at::Tensor& anchor, double eps);
 
 // projection.index_select(0, rows) whose backward adds into the shared sum;
 // rows distinct.

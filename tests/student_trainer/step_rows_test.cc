@@ -1,7 +1,9 @@
-// ops::ProjectForSteps and ops::GatherStepRows against plain autograd
-// (mm, then index_select per step) in fp64 on the CPU: the same forward
-// rows, input gradient and weight gradient, for steps whose rows repeat
-// across steps and for a step whose output the loss never reads.
+// ops::ProjectNormedForSteps and ops::GatherStepRows against plain autograd
+// (RMSNorm, mm, then index_select per step) in fp64 on the CPU: the same
+// forward rows and the same gradients of the norm weight and the
+// projection (a column block of a wider matrix, as the q/k/v embedding
+// half), for steps whose rows repeat across steps and for a step whose
+// output the loss never reads.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -17,16 +19,19 @@ double RelInf(const at::Tensor& a, const at::Tensor& b) {
 }
 
 struct Inputs {
-  at::Tensor x, weight, loss_weights;
+  at::Tensor x, norm_weight, weight_wide, loss_weights;
   std::vector<at::Tensor> rows;
 };
+
+constexpr double kEps = 1e-6;
 
 Inputs MakeInputs() {
   torch::manual_seed(4);
   const auto f64 = torch::TensorOptions().dtype(at::kDouble);
   Inputs in;
   in.x = torch::randn({9, 6}, f64);
-  in.weight = torch::randn({10, 6}, f64);
+  in.norm_weight = torch::randn({6}, f64);
+  in.weight_wide = torch::randn({10, 12}, f64);  // the projection: columns 0..5
   in.loss_weights = torch::randn({8, 10}, f64);
   // Three steps over 7 positions of a 9-row table (rows 7 and 8: padding
   // rows), each step's rows distinct, shared across steps.
@@ -36,35 +41,57 @@ Inputs MakeInputs() {
   return in;
 }
 
-TEST(StepRowsTest, MatchesAutogradOfIndexSelect) {
+// The loss the test reads: the first two steps' rows, weighted by step.
+at::Tensor StepLoss(const at::Tensor& rows, size_t step, const Inputs& in) {
+  if (step >= 2) return at::zeros({}, rows.options());
+  return (rows * in.loss_weights.narrow(0, 0, rows.size(0))).sum() * (step + 1.0);
+}
+
+TEST(StepRowsTest, MatchesAutogradOfNormProjectionAndIndexSelect) {
   const Inputs in = MakeInputs();
   // Plain autograd.
-  at::Tensor x_ref = in.x.clone().requires_grad_(true);
-  at::Tensor w_ref = in.weight.clone().requires_grad_(true);
-  const at::Tensor proj_ref = at::mm(x_ref, w_ref.t());
+  at::Tensor nw_ref = in.norm_weight.clone().requires_grad_(true);
+  at::Tensor w_ref = in.weight_wide.narrow(1, 0, 6).clone().requires_grad_(true);
+  const at::Tensor normed = nw_ref * (in.x * at::rsqrt(in.x.pow(2).mean(-1, true) + kEps));
+  const at::Tensor proj_ref = at::mm(normed, w_ref.t());
   at::Tensor loss_ref = at::zeros({}, in.x.options());
   std::vector<at::Tensor> rows_ref;
   for (size_t j = 0; j < in.rows.size(); ++j) {
     rows_ref.push_back(proj_ref.index_select(0, in.rows[j]));
-    if (j < 2) loss_ref = loss_ref + (rows_ref.back() * in.loss_weights.narrow(0, 0, rows_ref.back().size(0))).sum() * (j + 1.0);
+    loss_ref = loss_ref + StepLoss(rows_ref.back(), j, in);
   }
   loss_ref.backward();
 
-  // The op: the weight gradient accumulates into a buffer that already
-  // holds something; `anchor` stands for the flat parameters' edge.
-  at::Tensor x = in.x.clone().requires_grad_(true);
+  // The op: the gradients accumulate into buffers that already hold
+  // something; `anchor` stands for the flat parameters' edge.
   const at::Tensor anchor = torch::zeros({1}, in.x.options()).requires_grad_(true);
-  at::Tensor weight_grad = torch::full_like(in.weight, 0.5);
-  const ops::ProjectedForSteps p = ops::ProjectForSteps(x, in.weight, weight_grad, anchor);
+  at::Tensor grad_wide = torch::full_like(in.weight_wide, 0.5);
+  at::Tensor norm_grad = torch::full_like(in.norm_weight, 0.25);
+  const ops::ProjectedForSteps p = ops::ProjectNormedForSteps(
+      in.x, in.norm_weight, norm_grad, in.weight_wide.narrow(1, 0, 6), grad_wide.narrow(1, 0, 6), anchor, kEps);
   at::Tensor loss = at::zeros({}, in.x.options());
   for (size_t j = 0; j < in.rows.size(); ++j) {
     const at::Tensor r = ops::GatherStepRows(p, in.rows[j]);
-    EXPECT_TRUE(r.equal(rows_ref[j])) << "step " << j;
-    if (j < 2) loss = loss + (r * in.loss_weights.narrow(0, 0, r.size(0))).sum() * (j + 1.0);
+    EXPECT_LE(RelInf(r, rows_ref[j]), 1e-14) << "step " << j;
+    loss = loss + StepLoss(r, j, in);
   }
   loss.backward();
-  EXPECT_LE(RelInf(x.grad(), x_ref.grad()), 1e-13);
-  EXPECT_LE(RelInf(weight_grad - 0.5, w_ref.grad()), 1e-13);
+  EXPECT_LE(RelInf(norm_grad - 0.25, nw_ref.grad()), 1e-13);
+  EXPECT_LE(RelInf(grad_wide.narrow(1, 0, 6) - 0.5, w_ref.grad()), 1e-13);
+  EXPECT_TRUE(grad_wide.narrow(1, 6, 6).eq(0.5).all().item<bool>()) << "the other columns were written";
+}
+
+TEST(StepRowsTest, RefusesAnInputThatTakesAGradient) {
+  const Inputs in = MakeInputs();
+  const at::Tensor anchor = torch::zeros({1}, in.x.options()).requires_grad_(true);
+  at::Tensor weight_grad = torch::zeros({10, 6}, in.x.options());
+  at::Tensor norm_grad = torch::zeros({6}, in.x.options());
+  EXPECT_THROW(ops::ProjectNormedForSteps(in.x.clone().requires_grad_(true), in.norm_weight, norm_grad,
+                                          in.weight_wide.narrow(1, 0, 6), weight_grad, anchor, kEps),
+               c10::Error);
+  EXPECT_THROW(ops::ProjectNormedForSteps(in.x, in.norm_weight.narrow(0, 0, 5), norm_grad.narrow(0, 0, 5),
+                                          in.weight_wide.narrow(1, 0, 6), weight_grad, anchor, kEps),
+               c10::Error);
 }
 
 // The sum itself: adds of the same row sum, a wrong width is refused, Take empties it.

@@ -424,6 +424,40 @@ TEST_F(StudentKernelsGpuTest, StepRowsScatterAddMatchesIndexAdd) {
   EXPECT_LE(RelInf(k, a), 1e-5);
 }
 
+// The embedding half's weight-space gradients: the kernel pass against its
+// ATen statement (both from the same fp32 G), the projection a column
+// block of a wider bf16 matrix with a row count that leaves the last row
+// block partial and a width that leaves the last column tile partial.
+// Then both against the token-space route in fp64 (dy = dP @ W, the norm's
+// backward): bf16 gradients within the bound above.
+TEST_F(StudentKernelsGpuTest, NormedProjectionGradsMatchTheTokenSpaceRoute) {
+  const int64_t rows = 300, in = 264, out = 200;
+  const at::Tensor x = at::randn({rows, in}, bf16);
+  const at::Tensor norm_weight = (1 + 0.2 * at::randn({in}, bf16.dtype(at::kFloat))).to(at::kBFloat16);
+  const at::Tensor wide = (0.05 * at::randn({out, 2 * in}, bf16.dtype(at::kFloat))).to(at::kBFloat16);
+  const at::Tensor step_rows = at::randperm(rows, bf16.dtype(at::kLong));
+  const at::Tensor dp = at::randn({rows, out}, bf16);
+  const at::Tensor anchor = at::zeros({1}, bf16).requires_grad_(true);
+  auto [k, a] = BothWays([&] {
+    at::Tensor grad_wide = at::full({out, 2 * in}, 0.125, bf16);
+    at::Tensor norm_grad = at::zeros({in}, bf16);
+    const ops::ProjectedForSteps p = ops::ProjectNormedForSteps(x, norm_weight, norm_grad, wide.narrow(1, 0, in),
+                                                                grad_wide.narrow(1, 0, in), anchor, 1e-6);
+    (ops::GatherStepRows(p, step_rows) * dp.index_select(0, step_rows)).sum().backward();
+    return std::make_pair(grad_wide, norm_grad);
+  });
+  EXPECT_LE(RelInf(k.first, a.first), 2e-2);
+  EXPECT_LE(RelInf(k.second, a.second), 2e-2);
+  EXPECT_TRUE(k.first.narrow(1, in, in).eq(0.125).all().item<bool>()) << "the other columns were written";
+  // The token-space route in fp64 from the same rounded rows.
+  const at::Tensor xd = x.to(at::kDouble), w = wide.narrow(1, 0, in).to(at::kDouble);
+  const at::Tensor xhat = (xd * at::rsqrt(xd.pow(2).mean(-1, true) + 1e-6)).to(at::kBFloat16).to(at::kDouble);
+  const at::Tensor dy = at::mm(dp.to(at::kDouble), w);
+  EXPECT_LE(RelInf(k.second, (dy * xhat).sum(0)), 2e-2);
+  EXPECT_LE(RelInf(k.first.narrow(1, 0, in) - 0.125, at::mm(dp.to(at::kDouble).t(), xhat * norm_weight.to(at::kDouble))),
+            2e-2);
+}
+
 // A target head that bf16 holds exactly (a bf16 checkpoint's, kept in
 // fp32) and bf16 hidden states: the target logits are their exact fp32
 // product (the 16-bit GEMM with an fp32 result, or TF32 without it), so
