@@ -138,7 +138,7 @@ absl::StatusOr<TttOutput> Run(Eagle3DraftImpl& draft, const TttBatch& batch,
     const ops::NormedWithResidual hn =
         ops::RmsNormWithResidual(h, w.hidden_norm.w, w.hidden_norm.grad, w.anchor, eps);
     at::Tensor qkv = ops::LinearAccumulate(hn.normed, w.qkv_hidden.w, w.qkv_hidden.grad, w.anchor,
-                                           ops::GatherStepRows(qkv_embed, dp.embed_rows[j]));
+                                           ops::GatherStepRows(qkv_embed, dp.embed_rows[j], dp.embed_first_row[j]));
     if (j > 0 && options.positions == TttPositions::kAdvancing) {
       std::tie(cos, sin) = draft.RopeTables(dp.positions + j);
     }

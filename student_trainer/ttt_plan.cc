@@ -54,12 +54,12 @@ std::vector<int64_t> IndicesAmong(const std::vector<int64_t>& rows, const std::v
   return out;
 }
 
-// rows[0] where rows are consecutive integers, else -1.
-int64_t FirstOfRange(const std::vector<int64_t>& rows) {
-  for (size_t i = 0; i < rows.size(); ++i) {
+// rows[0] where the n rows are consecutive integers, else -1.
+int64_t FirstOfRange(const int64_t* rows, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
     if (rows[i] != rows[0] + static_cast<int64_t>(i)) return -1;
   }
-  return rows.empty() ? -1 : rows[0];
+  return n == 0 ? -1 : rows[0];
 }
 
 // Per position: its sample's first and end positions and the sample's index.
@@ -213,10 +213,12 @@ TttPlan MakeTttPlan(const std::vector<uint8_t>& t2d, const TttHostBatch& batch, 
   // gradient sum needs no atomics (ops/step_rows.h).
   for (int64_t j = 0; j < L; ++j) {
     p.mid_rows.push_back(static_cast<int64_t>(mid[j].size()));
+    const size_t first = p.longs.size();
     for (int64_t t : mid[j]) {
       const int64_t next = t + j + 1;
       p.longs.push_back(next < s.end[t] ? next : T + s.sample[t] * L + (next - s.end[t]));
     }
+    p.embed_first_row.push_back(FirstOfRange(p.longs.data() + first, p.longs.size() - first));
   }
   for (int64_t t = 0; t < T; ++t) p.longs.push_back(t - s.start[t]);
   p.row_weights.reserve(static_cast<size_t>(L * T));
@@ -235,7 +237,7 @@ TttPlan MakeTttPlan(const std::vector<uint8_t>& t2d, const TttHostBatch& batch, 
     }
     if (p.compacted(j)) rows = IndicesAmong(rows, mid[j], T);
     p.head_rows.push_back(static_cast<int64_t>(rows.size()));
-    p.head_first_row.push_back(FirstOfRange(rows));
+    p.head_first_row.push_back(FirstOfRange(rows.data(), rows.size()));
     p.longs.insert(p.longs.end(), rows.begin(), rows.end());
     p.longs.insert(p.longs.end(), targets.begin(), targets.end());
     p.loss_tokens.push_back(loss_tokens);
@@ -270,6 +272,7 @@ TttDevicePlan UploadTttPlan(const TttPlan& p, const at::Device& device, at::Scal
   };
   d.ext_ids = take(T + p.pad_rows);
   for (int64_t j = 0; j < p.length; ++j) d.embed_rows.push_back(take(p.mid_rows[j]));
+  d.embed_first_row = p.embed_first_row;
   d.positions = take(T);
   int64_t w_at = 0;
   double sw = 1.0;

@@ -69,6 +69,7 @@ struct TttPlan {
   std::vector<int64_t> head_rows;   // per step: how many
   std::vector<int64_t> head_first_row;  // per step: the first where they are a range, else -1
   std::vector<int64_t> mid_rows;    // per step: how many rows its midlayer runs over
+  std::vector<int64_t> embed_first_row;  // per step: the first embedding row where they are a range, else -1
   std::vector<int64_t> loss_tokens, position_tokens;
   bool compacted(int64_t step) const { return mid_rows[step] < tokens; }
 };
@@ -82,6 +83,7 @@ TttPlan MakeTttPlan(const std::vector<uint8_t>& t2d, const TttHostBatch& batch, 
 struct TttDevicePlan {
   at::Tensor ext_ids;                  // [T + pad_rows]
   std::vector<at::Tensor> embed_rows;  // per step, one per midlayer row
+  std::vector<int64_t> embed_first_row;  // TttPlan's
   at::Tensor positions;                // [T]
   std::vector<ops::HeadStepRows> head;
   // Compacted steps (undefined elsewhere): the midlayer rows' positions

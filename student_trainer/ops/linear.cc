@@ -1,7 +1,17 @@
 #include "student_trainer/ops/linear.h"
 
+#include "common/torch/gemm.h"
+
 namespace e3::ops {
 namespace {
+
+// residual + x @ weight^T. On the GPU through cuBLASLt with the residual
+// as the epilogue's C and a new output D: at::addmm would first copy the
+// residual into its output (a read and a write of every output element).
+at::Tensor ResidualLinear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& residual) {
+  if (x.is_cuda()) return Gemm(x, weight, at::Tensor(), residual, GemmPath::kCublasLt);
+  return at::addmm(residual, x, weight.t());
+}
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -17,8 +27,7 @@ class LinearAccumulateFunction : public torch::autograd::Function<LinearAccumula
     ctx->saved_data["weight_grad"] = weight_grad;
     const bool has_residual = residual.numel() > 0;
     ctx->saved_data["has_residual"] = has_residual;
-    const at::Tensor wt = weight.t();
-    return has_residual ? at::addmm(residual, x, wt) : at::mm(x, wt);
+    return has_residual ? ResidualLinear(x, weight, residual) : at::mm(x, weight.t());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {

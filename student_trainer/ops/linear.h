@@ -12,7 +12,8 @@
 
 namespace e3::ops {
 
-// y = x @ weight^T + residual (residual may be undefined), x [rows, in],
+// y = x @ weight^T + residual (residual may be undefined; on the GPU it is
+// cuBLASLt's epilogue input, read in place: common/torch/gemm.h), x [rows, in],
 // weight [out, in] (any strides the GEMM takes, e.g. a column block of a
 // fused weight), weight_grad laid out as weight. `anchor` is the flat
 // parameters' autograd edge (FlatParameters::anchor()): an input that

@@ -85,21 +85,28 @@ class ProjectNormedForStepsFunction : public torch::autograd::Function<ProjectNo
 
 class GatherRowsFunction : public torch::autograd::Function<GatherRowsFunction> {
  public:
+  // first_row >= 0: rows are [first_row, first_row + rows.numel()).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& projection, const at::Tensor& rows,
-                            const at::Tensor& capsule) {
+                            const at::Tensor& capsule, int64_t first_row) {
     ctx->saved_data["rows"] = rows;
     ctx->saved_data["capsule"] = capsule;
-    return projection.index_select(0, rows);
+    ctx->saved_data["first_row"] = first_row;
+    return first_row >= 0 ? projection.narrow(0, first_row, rows.numel()) : projection.index_select(0, rows);
   }
 
   // The gradient goes into the shared sum, none through autograd's edge:
   // the edge still orders the projection's backward after this one.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     if (grads[0].defined()) {
-      FromCapsule<StepRowsGradient>(ctx->saved_data["capsule"].toTensor())
-          ->Add(ctx->saved_data["rows"].toTensor(), grads[0]);
+      auto sum = FromCapsule<StepRowsGradient>(ctx->saved_data["capsule"].toTensor());
+      const int64_t first_row = ctx->saved_data["first_row"].toInt();
+      if (first_row >= 0) {
+        sum->AddRange(first_row, grads[0]);
+      } else {
+        sum->Add(ctx->saved_data["rows"].toTensor(), grads[0]);
+      }
     }
-    return {at::Tensor(), at::Tensor(), at::Tensor()};
+    return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -129,6 +136,13 @@ void StepRowsGradient::Add(const at::Tensor& rows, const at::Tensor& dy) {
   sum_.index_add_(0, rows, dy.to(sum_.scalar_type()));
 }
 
+void StepRowsGradient::AddRange(int64_t first, const at::Tensor& dy) {
+  TORCH_CHECK(dy.dim() == 2 && dy.size(1) == cols_ && first >= 0 && first + dy.size(0) <= rows_,
+              "StepRowsGradient: dy ", dy.sizes(), " at row ", first, " of ", rows_, " x ", cols_);
+  if (!sum_.defined()) sum_ = at::zeros({rows_, cols_}, options_);
+  sum_.narrow(0, first, dy.size(0)).add_(dy);
+}
+
 at::Tensor StepRowsGradient::Take(at::ScalarType dtype) {
   at::Tensor out = sum_.defined() ? sum_.to(dtype) : at::Tensor();
   sum_ = at::Tensor();
@@ -153,8 +167,10 @@ ProjectedForSteps ProjectNormedForSteps(const at::Tensor& input, const at::Tenso
   return p;
 }
 
-at::Tensor GatherStepRows(const ProjectedForSteps& p, const at::Tensor& rows) {
-  return GatherRowsFunction::apply(p.projection, rows, CapsuleOf(p));
+at::Tensor GatherStepRows(const ProjectedForSteps& p, const at::Tensor& rows, int64_t first_row) {
+  TORCH_CHECK(first_row < 0 || first_row + rows.numel() <= p.projection.size(0), "GatherStepRows: rows [",
+              first_row, ", ", first_row + rows.numel(), ") of a projection of ", p.projection.size(0));
+  return GatherRowsFunction::apply(p.projection, rows, CapsuleOf(p), first_row);
 }
 
 }  // namespace e3::ops

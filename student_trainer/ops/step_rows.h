@@ -26,6 +26,8 @@ class StepRowsGradient {
   // sum[rows[i]] += dy[i] (rows int64 on dy's device, distinct: the CUDA
   // kernel adds without atomics).
   void Add(const at::Tensor& rows, const at::Tensor& dy);
+  // sum[first + i] += dy[i]: the rows are the range [first, first + n).
+  void AddRange(int64_t first, const at::Tensor& dy);
   // The sum in `dtype`, then forgets it; undefined when nothing was added.
   at::Tensor Take(at::ScalarType dtype);
 
@@ -59,8 +61,10 @@ ProjectedForSteps ProjectNormedForSteps(const at::Tensor& input, const at::Tenso
                                         const at::Tensor& weight_grad, const at::Tensor& anchor, double eps);
 
 // projection.index_select(0, rows) whose backward adds into the shared sum;
-// rows distinct.
-at::Tensor GatherStepRows(const ProjectedForSteps& p, const at::Tensor& rows);
+// rows distinct. Where the host knows them to be the range [first_row,
+// first_row + n) (one long sample), the rows are a view instead: no copy,
+// and the GEMM that adds them reads them in place.
+at::Tensor GatherStepRows(const ProjectedForSteps& p, const at::Tensor& rows, int64_t first_row = -1);
 
 }  // namespace e3::ops
 

@@ -2,7 +2,7 @@
 // fp8_head_argmax.h), behind a plain C++ interface as fused_kernels.h: no
 // CUDA headers here, no LibTorch in the .cu file. The search: e4m3 copies
 // of the hidden rows and of the head give approximate scores in one FP8
-// GEMM (cuBLASLt, layers/gemm.h); each row's kFp8ArgmaxCandidates best
+// GEMM (cuBLASLt, common/torch/gemm.h); each row's kFp8ArgmaxCandidates best
 // scoring columns are then rescored exactly, in bf16 with fp32 sums, and
 // the exact best of those is the answer. Launch errors are read with
 // TakeLaunchError (fused_kernels.h).

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "common/torch/torch_core.h"
-#include "teacher_server/layers/gemm.h"
+#include "common/torch/gemm.h"
 
 namespace e3 {
 

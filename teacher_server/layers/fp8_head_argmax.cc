@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <atomic>
 
-#include "teacher_server/layers/gemm.h"
+#include "common/torch/gemm.h"
 
 #ifdef E3_HAS_CUDA
 #include <c10/cuda/CUDAGuard.h>

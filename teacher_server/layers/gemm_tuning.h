@@ -34,7 +34,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/torch/torch_core.h"
-#include "teacher_server/layers/gemm.h"
+#include "common/torch/gemm.h"
 
 namespace e3 {
 

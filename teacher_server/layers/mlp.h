@@ -3,7 +3,7 @@
 #define E3_TEACHER_SERVER_LAYERS_MLP_H_
 
 #include "common/torch/torch_core.h"
-#include "teacher_server/layers/gemm.h"
+#include "common/torch/gemm.h"
 
 namespace e3 {
 

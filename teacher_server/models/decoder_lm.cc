@@ -7,7 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "teacher_server/layers/fused_ops.h"
-#include "teacher_server/layers/gemm.h"
+#include "common/torch/gemm.h"
 #include "teacher_server/layers/kv_cache.h"
 #include "teacher_server/models/aux_capture.h"
 #include "teacher_server/parallel/micro_batches.h"

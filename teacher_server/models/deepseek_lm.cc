@@ -7,7 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "teacher_server/layers/fused_ops.h"
-#include "teacher_server/layers/gemm.h"
+#include "common/torch/gemm.h"
 #include "teacher_server/layers/rms_norm.h"
 #include "teacher_server/models/aux_capture.h"
 #include "teacher_server/weight_loader.h"

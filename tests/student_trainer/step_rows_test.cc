@@ -47,8 +47,13 @@ at::Tensor StepLoss(const at::Tensor& rows, size_t step, const Inputs& in) {
   return (rows * in.loss_weights.narrow(0, 0, rows.size(0))).sum() * (step + 1.0);
 }
 
-TEST(StepRowsTest, MatchesAutogradOfNormProjectionAndIndexSelect) {
+// The first two steps' rows are ranges ([1, 8) and [2, 9)); with
+// `use_ranges` they are gathered as views.
+class StepRowsRangeTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(StepRowsRangeTest, MatchesAutogradOfNormProjectionAndIndexSelect) {
   const Inputs in = MakeInputs();
+  const std::vector<int64_t> first_rows = GetParam() ? std::vector<int64_t>{1, 2, -1} : std::vector<int64_t>{-1, -1, -1};
   // Plain autograd.
   at::Tensor nw_ref = in.norm_weight.clone().requires_grad_(true);
   at::Tensor w_ref = in.weight_wide.narrow(1, 0, 6).clone().requires_grad_(true);
@@ -71,7 +76,7 @@ TEST(StepRowsTest, MatchesAutogradOfNormProjectionAndIndexSelect) {
       in.x, in.norm_weight, norm_grad, in.weight_wide.narrow(1, 0, 6), grad_wide.narrow(1, 0, 6), anchor, kEps);
   at::Tensor loss = at::zeros({}, in.x.options());
   for (size_t j = 0; j < in.rows.size(); ++j) {
-    const at::Tensor r = ops::GatherStepRows(p, in.rows[j]);
+    const at::Tensor r = ops::GatherStepRows(p, in.rows[j], first_rows[j]);
     EXPECT_LE(RelInf(r, rows_ref[j]), 1e-14) << "step " << j;
     loss = loss + StepLoss(r, j, in);
   }
@@ -79,6 +84,18 @@ TEST(StepRowsTest, MatchesAutogradOfNormProjectionAndIndexSelect) {
   EXPECT_LE(RelInf(norm_grad - 0.25, nw_ref.grad()), 1e-13);
   EXPECT_LE(RelInf(grad_wide.narrow(1, 0, 6) - 0.5, w_ref.grad()), 1e-13);
   EXPECT_TRUE(grad_wide.narrow(1, 6, 6).eq(0.5).all().item<bool>()) << "the other columns were written";
+}
+
+INSTANTIATE_TEST_SUITE_P(Gather, StepRowsRangeTest, ::testing::Bool());
+
+TEST(StepRowsTest, RefusesARangePastTheProjection) {
+  const Inputs in = MakeInputs();
+  const at::Tensor anchor = torch::zeros({1}, in.x.options()).requires_grad_(true);
+  at::Tensor weight_grad = torch::zeros({10, 6}, in.x.options());
+  at::Tensor norm_grad = torch::zeros({6}, in.x.options());
+  const ops::ProjectedForSteps p = ops::ProjectNormedForSteps(in.x, in.norm_weight, norm_grad,
+                                                              in.weight_wide.narrow(1, 0, 6), weight_grad, anchor, kEps);
+  EXPECT_THROW(ops::GatherStepRows(p, in.rows[0], 3), c10::Error);  // rows [3, 10) of 9
 }
 
 TEST(StepRowsTest, RefusesAnInputThatTakesAGradient) {

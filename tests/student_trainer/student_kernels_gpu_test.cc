@@ -18,10 +18,12 @@
 #include <memory>
 #include <vector>
 
+#include "common/torch/gemm.h"
 #include "common/torch/torch_compat.h"
 #include "common/torch/torch_core.h"
 #include "student_trainer/ops/draft_head_loss.h"
 #include "student_trainer/ops/kernel_switch.h"
+#include "student_trainer/ops/linear.h"
 #include "student_trainer/ops/rms_norm.h"
 #include "student_trainer/ops/rope_qkv.h"
 #include "student_trainer/ops/silu_mul.h"
@@ -456,6 +458,30 @@ TEST_F(StudentKernelsGpuTest, NormedProjectionGradsMatchTheTokenSpaceRoute) {
   EXPECT_LE(RelInf(k.second, (dy * xhat).sum(0)), 2e-2);
   EXPECT_LE(RelInf(k.first.narrow(1, 0, in) - 0.125, at::mm(dp.to(at::kDouble).t(), xhat * norm_weight.to(at::kDouble))),
             2e-2);
+}
+
+// The step's residual GEMMs run cuBLASLt with the residual as the
+// epilogue's C (no copy of it first), also for a weight that is a column
+// block of a wider matrix (the q/k/v hidden half) and a residual that is a
+// range of rows of a larger tensor (the gathered embedding half): the sum
+// against at::addmm's, within a bf16 rounding of the output's scale (cuBLASLt
+// rounds the sum once, addmm may round the product first).
+TEST_F(StudentKernelsGpuTest, ResidualLinearReadsTheResidualInPlace) {
+  const int64_t rows = 1000, in = 256, out = 384;
+  const at::Tensor x = at::randn({rows, in}, bf16);
+  const at::Tensor wide = (0.05 * at::randn({out, 2 * in}, bf16.dtype(at::kFloat))).to(at::kBFloat16);
+  const at::Tensor table = at::randn({rows + 7, out}, bf16);
+  const at::Tensor anchor = at::zeros({1}, bf16).requires_grad_(true);
+  at::Tensor grad_wide = at::zeros_like(wide);
+  for (const at::Tensor& w : {wide.narrow(1, in, in), wide.narrow(1, 0, in).contiguous()}) {
+    const at::Tensor residual = table.narrow(0, 3, rows);
+    const int64_t lt_before = LtGemmCalls();
+    const at::Tensor y = ops::LinearAccumulate(x, w, grad_wide.narrow(1, in, in), anchor, residual);
+    EXPECT_EQ(LtGemmCalls(), lt_before + 1) << "the GEMM did not run in cuBLASLt";
+    const at::Tensor want = at::addmm(residual.to(at::kFloat), x.to(at::kFloat), w.to(at::kFloat).t());
+    EXPECT_LE(RelInf(y, want), 1e-2);
+    EXPECT_TRUE(table.narrow(0, 3, rows).equal(residual)) << "the residual was written";
+  }
 }
 
 // A target head that bf16 holds exactly (a bf16 checkpoint's, kept in

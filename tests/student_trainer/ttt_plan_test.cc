@@ -117,6 +117,9 @@ void CheckPlan(const Case& c, const TttOptions& options) {
       EXPECT_EQ(embed[i], want) << "position " << t;
       EXPECT_TRUE(seen.insert(embed[i]).second) << "row " << embed[i] << " twice";
     }
+    bool embed_range = !embed.empty();
+    for (size_t i = 0; i < embed.size(); ++i) embed_range = embed_range && embed[i] == embed[0] + static_cast<int64_t>(i);
+    EXPECT_EQ(d.embed_first_row[j], embed_range ? embed[0] : -1) << "step " << j;
     // Head rows: the trained positions (as indices among the midlayer's
     // rows), their target rows and weight 1; the counts.
     const std::vector<int64_t> head = Longs(d.head[j].rows), target = Longs(d.head[j].target_rows);
@@ -209,6 +212,9 @@ TEST(TttPlanTest, EveryPositionTrainedGivesRanges) {
   for (int64_t j = 0; j < o.length; ++j) {
     EXPECT_EQ(d.head[j].first_row, 0);
     EXPECT_EQ(d.head[j].rows.numel(), 50 - j - 1);
+    // Position t reads embedding row t + j + 1 (its own padding row past
+    // the end): the range [j + 1, j + 51).
+    EXPECT_EQ(d.embed_first_row[j], j + 1);
   }
   CheckPlan(c, o);
 }

@@ -12,7 +12,7 @@
 #include "common/file_util.h"
 #include "common/model_dir.h"
 #include "teacher_server/causal_lm.h"
-#include "teacher_server/layers/gemm.h"
+#include "common/torch/gemm.h"
 #include "teacher_server/layers/gemm_tuning.h"
 #include "tests/teacher_server/golden_fixture.h"
 

@@ -27,7 +27,7 @@
 #include "teacher_server/layers/deepseek_moe.h"
 #include "teacher_server/layers/fp8_head_argmax.h"
 #include "teacher_server/layers/fused_ops.h"
-#include "teacher_server/layers/gemm.h"
+#include "common/torch/gemm.h"
 #include "teacher_server/layers/mlp.h"
 #include "teacher_server/layers/moe.h"
 #include "teacher_server/layers/rms_norm.h"

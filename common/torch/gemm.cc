@@ -1,4 +1,4 @@
-#include "teacher_server/layers/gemm.h"
+#include "common/torch/gemm.h"
 
 #include <algorithm>
 #include <atomic>
@@ -56,9 +56,10 @@ struct ShapeKey {
   bool bias, residual;
   int64_t align;
   bool tuned = false;
+  int64_t ldw = 0;  // W's row stride where it is not `in`
   bool operator<(const ShapeKey& o) const {
-    return std::tie(device, dtype, rows, out, in, bias, residual, align, tuned) <
-           std::tie(o.device, o.dtype, o.rows, o.out, o.in, o.bias, o.residual, o.align, o.tuned);
+    return std::tie(device, dtype, rows, out, in, bias, residual, align, tuned, ldw) <
+           std::tie(o.device, o.dtype, o.rows, o.out, o.in, o.bias, o.residual, o.align, o.tuned, o.ldw);
   }
 };
 
@@ -119,8 +120,10 @@ void Check(cublasStatus_t s, const char* what) {
 struct LtProblem {
   cublasLtMatmulDescOpaque_t desc;
   cublasLtMatrixLayoutOpaque_t a, b, cd;
+  // `ldw`: elements between W's rows (K, or more for a column block of a
+  // wider matrix); 0 means K.
   LtProblem(cudaDataType_t ab, cudaDataType_t cd_type, int64_t M, int64_t N, int64_t K, const void* bias,
-            bool fast_accum = false) {
+            bool fast_accum = false, int64_t ldw = 0) {
     Check(cublasLtMatmulDescInit(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
     const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
     Check(cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)), "transa");
@@ -136,7 +139,7 @@ struct LtProblem {
       const int8_t on = 1;
       Check(cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &on, sizeof(on)), "fast accum");
     }
-    Check(cublasLtMatrixLayoutInit(&a, ab, K, N, K), "layout of W");
+    Check(cublasLtMatrixLayoutInit(&a, ab, K, N, ldw > 0 ? ldw : K), "layout of W");
     Check(cublasLtMatrixLayoutInit(&b, ab, K, M, K), "layout of x");
     Check(cublasLtMatrixLayoutInit(&cd, cd_type, N, M, N), "layout of y");
   }
@@ -251,10 +254,13 @@ at::Tensor LtGemm(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& b
                   bool tuned) {
   const at::ScalarType st = x2.scalar_type();
   if (!x2.is_cuda() || (st != at::kBFloat16 && st != at::kHalf)) return {};
-  if (w.scalar_type() != st || w.dim() != 2 || !w.is_contiguous() || w.device() != x2.device()) return {};
+  // W's rows may be a column block of a wider matrix (row stride >= K).
+  if (w.scalar_type() != st || w.dim() != 2 || w.stride(1) != 1 || w.device() != x2.device()) return {};
   if (!x2.is_contiguous()) return {};
   const int64_t M = x2.size(0), K = x2.size(1), N = w.size(0);
   if (M == 0 || N == 0 || K == 0 || w.size(1) != K || K % 8 != 0 || N % 8 != 0) return {};
+  const int64_t ldw = N == 1 ? K : w.stride(0);
+  if (ldw < K || ldw % 8 != 0) return {};
   if (bias.defined() && (bias.scalar_type() != st || bias.dim() != 1 || bias.size(0) != N || !bias.is_contiguous() ||
                          bias.device() != x2.device())) {
     return {};
@@ -270,9 +276,9 @@ at::Tensor LtGemm(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& b
   if (bias.defined()) align = std::min(align, Alignment(bias.data_ptr()));
   if (align < 16) return {};
   const cudaDataType_t type = st == at::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F;
-  LtProblem p(type, type, M, N, K, bias.defined() ? bias.data_ptr() : nullptr);
+  LtProblem p(type, type, M, N, K, bias.defined() ? bias.data_ptr() : nullptr, /*fast_accum=*/false, ldw);
   const ShapeKey key{x2.device().index(), static_cast<int>(st), M, N, K, bias.defined(), residual2.defined(), align,
-                     tuned};
+                     tuned, ldw == K ? 0 : ldw};
   const GemmProblem problem{x2.device().index(), st, N, K, bias.defined(), residual2.defined()};
   const float beta = residual2.defined() ? 1.f : 0.f;
   const void* c = residual2.defined() ? residual2.data_ptr() : y.data_ptr();

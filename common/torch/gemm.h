@@ -15,12 +15,16 @@
 // faster alone, gave 0-3% in a forward's sequence of GEMMs. The tuner
 // judges candidates by the whole sequence's time instead, and admits only
 // those that give the first choice's bits, so a pick changes speed only.)
+// The student's fast TTT step (student_trainer/ops/linear.h) uses it for
+// its residual GEMMs too: at::addmm would first copy the residual into its
+// output, a read and a write of every output element.
 // Anything cuBLASLt does not take (CPU, fp32, unaligned or non-contiguous
 // operands, sizes not a multiple of 8, a build without CUDA) runs
 // at::linear plus the add: the same work as the norm doing the add, and
-// the CPU suite exercises the same control flow.
-#ifndef E3_TEACHER_SERVER_LAYERS_GEMM_H_
-#define E3_TEACHER_SERVER_LAYERS_GEMM_H_
+// the CPU suite exercises the same control flow. W may be a column block
+// of a wider matrix (rows `stride(0)` elements apart, a multiple of 8).
+#ifndef E3_COMMON_TORCH_GEMM_H_
+#define E3_COMMON_TORCH_GEMM_H_
 
 #include <array>
 #include <cstdint>
@@ -115,4 +119,4 @@ void ClearTunedGemmAlgo(const GemmProblem& problem);
 
 }  // namespace e3
 
-#endif  // E3_TEACHER_SERVER_LAYERS_GEMM_H_
+#endif  // E3_COMMON_TORCH_GEMM_H_
