@@ -90,21 +90,17 @@ class GatherRowsFunction : public torch::autograd::Function<GatherRowsFunction> 
                             const at::Tensor& capsule, int64_t first_row) {
     ctx->saved_data["rows"] = rows;
     ctx->saved_data["capsule"] = capsule;
-    ctx->saved_data["first_row"] = first_row;
     return first_row >= 0 ? projection.narrow(0, first_row, rows.numel()) : projection.index_select(0, rows);
   }
 
   // The gradient goes into the shared sum, none through autograd's edge:
   // the edge still orders the projection's backward after this one.
+  // (For a range too: the row list is on the device anyway, and the
+  // scatter-add kernel runs at the bandwidth of ATen's fp32 += 16-bit add.)
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     if (grads[0].defined()) {
-      auto sum = FromCapsule<StepRowsGradient>(ctx->saved_data["capsule"].toTensor());
-      const int64_t first_row = ctx->saved_data["first_row"].toInt();
-      if (first_row >= 0) {
-        sum->AddRange(first_row, grads[0]);
-      } else {
-        sum->Add(ctx->saved_data["rows"].toTensor(), grads[0]);
-      }
+      FromCapsule<StepRowsGradient>(ctx->saved_data["capsule"].toTensor())
+          ->Add(ctx->saved_data["rows"].toTensor(), grads[0]);
     }
     return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -134,13 +130,6 @@ void StepRowsGradient::Add(const at::Tensor& rows, const at::Tensor& dy) {
   }
 #endif
   sum_.index_add_(0, rows, dy.to(sum_.scalar_type()));
-}
-
-void StepRowsGradient::AddRange(int64_t first, const at::Tensor& dy) {
-  TORCH_CHECK(dy.dim() == 2 && dy.size(1) == cols_ && first >= 0 && first + dy.size(0) <= rows_,
-              "StepRowsGradient: dy ", dy.sizes(), " at row ", first, " of ", rows_, " x ", cols_);
-  if (!sum_.defined()) sum_ = at::zeros({rows_, cols_}, options_);
-  sum_.narrow(0, first, dy.size(0)).add_(dy);
 }
 
 at::Tensor StepRowsGradient::Take(at::ScalarType dtype) {

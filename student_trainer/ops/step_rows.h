@@ -26,8 +26,6 @@ class StepRowsGradient {
   // sum[rows[i]] += dy[i] (rows int64 on dy's device, distinct: the CUDA
   // kernel adds without atomics).
   void Add(const at::Tensor& rows, const at::Tensor& dy);
-  // sum[first + i] += dy[i]: the rows are the range [first, first + n).
-  void AddRange(int64_t first, const at::Tensor& dy);
   // The sum in `dtype`, then forgets it; undefined when nothing was added.
   at::Tensor Take(at::ScalarType dtype);
 
