@@ -47,8 +47,10 @@ void AddNormedProjectionGrads(const at::Tensor& g, const at::Tensor& norm_weight
   norm_grad.add_((weight.to(g.scalar_type()) * g).sum(0));
 }
 
-// ProjectForStepsFunction over RmsNorm(input), the input frozen: its
-// backward takes both weights' gradients in weight space.
+// RmsNorm(input) @ weight^T once per batch, the input frozen. Its output
+// gradient comes from the capsule's StepRowsGradient, which the steps'
+// GatherRowsFunction nodes fill before autograd runs this one; its backward
+// takes both weights' gradients in weight space.
 class ProjectNormedForStepsFunction : public torch::autograd::Function<ProjectNormedForStepsFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& anchor,
@@ -94,9 +96,9 @@ class GatherRowsFunction : public torch::autograd::Function<GatherRowsFunction> 
   }
 
   // The gradient goes into the shared sum, none through autograd's edge:
-  // the edge still orders the projection's backward after this one.
-  // (For a range too: the row list is on the device anyway, and the
-  // scatter-add kernel runs at the bandwidth of ATen's fp32 += 16-bit add.)
+  // the edge still orders the projection's backward after this one. A
+  // range's rows go through the same scatter-add kernel: their list is on
+  // the device anyway.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     if (grads[0].defined()) {
       FromCapsule<StepRowsGradient>(ctx->saved_data["capsule"].toTensor())
