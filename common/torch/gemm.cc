@@ -56,7 +56,7 @@ struct ShapeKey {
   bool bias, residual;
   int64_t align;
   bool tuned = false;
-  int64_t ldw = 0;  // W's row stride where it is not `in`
+  int64_t ldw = 0;  // W's row stride (0: contiguous, as the FP8 path leaves it)
   bool operator<(const ShapeKey& o) const {
     return std::tie(device, dtype, rows, out, in, bias, residual, align, tuned, ldw) <
            std::tie(o.device, o.dtype, o.rows, o.out, o.in, o.bias, o.residual, o.align, o.tuned, o.ldw);
@@ -278,7 +278,7 @@ at::Tensor LtGemm(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& b
   const cudaDataType_t type = st == at::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F;
   LtProblem p(type, type, M, N, K, bias.defined() ? bias.data_ptr() : nullptr, /*fast_accum=*/false, ldw);
   const ShapeKey key{x2.device().index(), static_cast<int>(st), M, N, K, bias.defined(), residual2.defined(), align,
-                     tuned, ldw == K ? 0 : ldw};
+                     tuned, ldw};
   const GemmProblem problem{x2.device().index(), st, N, K, bias.defined(), residual2.defined()};
   const float beta = residual2.defined() ? 1.f : 0.f;
   const void* c = residual2.defined() ? residual2.data_ptr() : y.data_ptr();
