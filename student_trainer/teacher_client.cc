@@ -617,7 +617,7 @@ absl::StatusOr<StudentBatch> TeacherClient::Next(double* wait_seconds) {
 }
 
 grpc::Status TeacherClient::SendAck(uint64_t generation, const std::vector<int64_t>& batch_ids,
-                                    const std::optional<StreamCursor>& committed) {
+                                    const std::optional<StreamCursor>& committed, bool final_report) {
   v1::AckRequest req;
   req.set_version(v1::PROTOCOL_VERSION_CURRENT);
   req.set_subscriber_id(options_.subscriber_id);
@@ -628,6 +628,7 @@ grpc::Status TeacherClient::SendAck(uint64_t generation, const std::vector<int64
     req.mutable_committed()->set_epoch(committed->epoch);
     req.mutable_committed()->set_next_batch(committed->next_batch);
   }
+  req.set_final_report(final_report);
   v1::AckResponse resp;
   auto ctx = NewContext(true);
   return stub_->Ack(ctx.get(), req, &resp);
@@ -664,14 +665,15 @@ absl::Status TeacherClient::Ack(const StudentBatch& batch) {
   }
 }
 
-absl::Status TeacherClient::Commit(const StreamCursor& cursor, bool wait, bool always_send) {
+absl::Status TeacherClient::Commit(const StreamCursor& cursor, bool wait, bool final_report) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!always_send && !CursorBefore(acknowledged_, cursor)) return absl::OkStatus();
+    if (!final_report && !CursorBefore(acknowledged_, cursor)) return absl::OkStatus();
     if (CursorBefore(checkpointed_, cursor)) checkpointed_ = cursor;  // every later Subscribe reports it
   }
   const absl::Time deadline = absl::Now() + options_.teacher_wait;
-  bool must_send = always_send;
+  bool must_send = final_report;
+  std::string unsent_because = "no subscription to report it to";
   while (true) {
     uint64_t generation = 0;
     {
@@ -686,12 +688,13 @@ absl::Status TeacherClient::Commit(const StreamCursor& cursor, bool wait, bool a
     }
     must_send = false;
     if (generation != 0) {
-      const grpc::Status st = SendAck(generation, {}, cursor);
+      const grpc::Status st = SendAck(generation, {}, cursor, final_report);
       std::lock_guard<std::mutex> lock(mu_);
       if (st.ok()) {
         if (CursorBefore(acknowledged_, cursor)) acknowledged_ = cursor;
         return absl::OkStatus();
       }
+      unsent_because = st.error_message();
       const bool superseded_by_other = st.error_code() == grpc::StatusCode::ABORTED && generation_ == generation;
       if (!IsAway(st.error_code()) || superseded_by_other) {
         return FromGrpc(st, absl::StrCat("commit of ", cursor.epoch, ":", cursor.next_batch, " to ", options_.address));
@@ -704,7 +707,16 @@ absl::Status TeacherClient::Commit(const StreamCursor& cursor, bool wait, bool a
         cv_.notify_all();
       }
     }
-    if (!wait) return absl::OkStatus();  // the next Subscribe carries it
+    if (!wait) {  // the next Subscribe carries it
+      if (final_report) {
+        std::fprintf(stderr,
+                     "student: the final commit of %ld:%ld did not reach the teacher at %s (%s); it waits out "
+                     "--drain_timeout_s, and a resumed student reports the cursor when it subscribes\n",
+                     static_cast<long>(cursor.epoch), static_cast<long>(cursor.next_batch), options_.address.c_str(),
+                     unsent_because.c_str());
+      }
+      return absl::OkStatus();
+    }
     if (absl::Now() >= deadline) {
       return absl::UnavailableError(absl::StrCat("teacher at ", options_.address, " did not take the commit of ",
                                                  cursor.epoch, ":", cursor.next_batch, " within --teacher_wait_s=",

@@ -148,9 +148,10 @@ class TeacherClient {
   // Reports a checkpoint's cursor as committed. Without `wait`, a teacher
   // that is away gets it with the next Subscribe; with it, returns once the
   // teacher has it (at most teacher_wait).
-  // `always_send`: sent even when the teacher took this cursor already (a
-  // draining teacher waits for one commit from each rank it served).
-  absl::Status Commit(const StreamCursor& cursor, bool wait, bool always_send = false);
+  // `final_report`: the student stops after this commit (a signal); it is
+  // sent even when the teacher took this cursor already, and marked as the
+  // last word a draining teacher waits for from each rank it served.
+  absl::Status Commit(const StreamCursor& cursor, bool wait, bool final_report = false);
   int reconnects() const { return reconnects_; }
 
  private:
@@ -177,7 +178,7 @@ class TeacherClient {
   StreamResult StreamOnce(const StreamCursor& from, const StreamCursor& committed);
   // Sends one Ack of `generation`.
   grpc::Status SendAck(uint64_t generation, const std::vector<int64_t>& batch_ids,
-                       const std::optional<StreamCursor>& committed);
+                       const std::optional<StreamCursor>& committed, bool final_report = false);
   // Waits (interruptibly) up to `d` or until the subscription changes.
   void WaitForNewSubscription(uint64_t generation, absl::Duration d);
   std::string StreamFailure(const grpc::Status& st) const;

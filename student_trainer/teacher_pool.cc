@@ -123,9 +123,9 @@ absl::Status TeacherPool::Ack(size_t teacher, const StudentBatch& batch) {
   return clients_[teacher]->Ack(batch);
 }
 
-absl::Status TeacherPool::Commit(const std::vector<StreamCursor>& cursors, bool wait, bool always_send) {
+absl::Status TeacherPool::Commit(const std::vector<StreamCursor>& cursors, bool wait, bool final_report) {
   for (size_t i = 0; i < clients_.size(); ++i) {
-    E3_RETURN_IF_ERROR(clients_[i]->Commit(cursors[i], wait, always_send));
+    E3_RETURN_IF_ERROR(clients_[i]->Commit(cursors[i], wait, final_report));
   }
   return absl::OkStatus();
 }

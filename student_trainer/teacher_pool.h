@@ -80,9 +80,10 @@ class TeacherPool {
   // shard committed may exit (--exit_when_done), so it is not asked again.
   // `wait` (the last checkpoint): returns once every teacher has it; else
   // a teacher that is away gets it when its student resubscribes.
-  // `always_send`: also a cursor a teacher has (the final report of a
-  // student stopped by a signal, which a draining teacher waits for).
-  absl::Status Commit(const std::vector<StreamCursor>& cursors, bool wait, bool always_send = false);
+  // `final_report`: the student stops after this (a signal); sent even
+  // where a teacher has the cursor already, and marked so, since a
+  // draining teacher waits for each rank's last word.
+  absl::Status Commit(const std::vector<StreamCursor>& cursors, bool wait, bool final_report = false);
   // The data stream teacher i's cursor belongs to (after Start).
   DataFingerprint fingerprint(size_t i) const { return clients_[i]->fingerprint(); }
 

@@ -187,6 +187,7 @@ absl::StatusOr<uint64_t> Engine::SubscribeImpl(const SubscribeParams& p,
   st.acked_end = p.resume;
   st.delivered_end = st.next_compute;
   st.end_sent = false;
+  st.final_reported = false;
   st.subscribed_at_end = AtEndLocked(st.next_compute);
   st.computing = false;
   st.notify = nullptr;
@@ -317,6 +318,7 @@ absl::StatusOr<int> Engine::Ack(const AckParams& a) {
   if (a.committed.has_value()) {
     st.commit_acks += 1;
     CommitLocked(a.rank, st, *a.committed);
+    if (a.final_report) st.final_reported = true;
   }
   cv_.notify_all();
   return std::max(0, st.credit_window - static_cast<int>(st.ready.size() + st.unacked.size()));
@@ -327,9 +329,12 @@ void Engine::Drain() {
     std::lock_guard<std::mutex> lock(mu_);
     draining_ = true;
     // A rank with batches delivered (or acked) beyond its commit can still
-    // checkpoint them; one with nothing outstanding has nothing to add.
+    // checkpoint them; one with nothing outstanding has nothing to add, and
+    // one whose final report arrived first (the same signal reached the
+    // student sooner) has said its last word.
     for (const auto& [r, st] : ranks_) {
-      if (st.attached && (!st.unacked.empty() || st.committed < st.acked_end)) drain_waits_[r] = st.commit_acks;
+      const bool outstanding = !st.unacked.empty() || st.committed < st.acked_end;
+      if (st.attached && outstanding && !st.final_reported) drain_waits_[r] = st.commit_acks;
     }
   }
   cv_.notify_all();
@@ -350,7 +355,9 @@ int Engine::DrainPending() const {
   int pending = 0;
   for (const auto& [r, acks] : drain_waits_) {
     auto it = ranks_.find(r);
-    if (it != ranks_.end() && it->second.commit_acks <= acks) ++pending;
+    // Settled by the final report, or by any commit since the drain began
+    // (a student that does not mark its final report).
+    if (it != ranks_.end() && !it->second.final_reported && it->second.commit_acks <= acks) ++pending;
   }
   return pending;
 }

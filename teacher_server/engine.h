@@ -91,6 +91,8 @@ struct AckParams {
   uint64_t generation = 0;
   std::vector<int64_t> batch_ids;
   std::optional<Cursor> committed;  // marks every batch before it committed
+  // The student stops after this commit (AckRequest.final_report).
+  bool final_report = false;
 };
 
 struct ReadyBatch {
@@ -182,6 +184,9 @@ class Engine {
     Cursor committed;
     Cursor acked_end;          // one past the furthest batch acked
     int64_t commit_acks = 0;   // acks that carried a commit cursor
+    // This subscription's student sent its final report: it stops, and a
+    // drain has nothing more to wait for from it.
+    bool final_reported = false;
     // One past the furthest batch this subscription was handed, or its
     // resume cursor: commits beyond it name batches it never had.
     Cursor delivered_end;

@@ -448,6 +448,7 @@ grpc::ServerUnaryReactor* TeacherServiceImpl::Ack(grpc::CallbackServerContext* c
   a.generation = req->subscription_generation();
   a.batch_ids.assign(req->batch_ids().begin(), req->batch_ids().end());
   if (req->has_committed()) a.committed = Cursor{req->committed().epoch(), req->committed().next_batch()};
+  a.final_report = req->final_report();
   auto credits = engine_->Ack(a);
   if (!credits.ok()) return FinishUnary(ctx, ToGrpcStatus(credits.status()));
   resp->set_credits(*credits);

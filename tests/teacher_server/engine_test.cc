@@ -204,6 +204,77 @@ TEST(EngineTest, DrainWaitsForTheFinalCommitOfRanksWithUncommittedBatches) {
   EXPECT_EQ((*engine)->ledger_report().committed_batches, 3);
 }
 
+// The student may stop before the teacher does (the same scancel reaches
+// it first): its final report, marked as such, settles its rank even when
+// it arrives before the drain begins. An unmarked commit before the drain
+// does not (the rank may still checkpoint what it holds), and a new
+// subscription starts without the mark.
+TEST(EngineTest, AFinalReportBeforeTheDrainSettlesItsRank) {
+  World w = MakeWorld(30);
+  auto engine = Engine::Create(w.model.get(), w.dataset.get(), SmallBatches());
+  ASSERT_TRUE(engine.ok());
+  SubscribeParams p;
+  p.world_size = 2;
+  p.credit_window = 2;
+  p.subscriber_id = "early";
+  p.rank = 0;
+  uint64_t g0 = *(*engine)->Subscribe(p);
+  p.subscriber_id = "plain";
+  p.rank = 1;
+  uint64_t g1 = *(*engine)->Subscribe(p);
+  // Each rank trained one batch and holds a second it will not train.
+  ReadyBatch a0 = Next(**engine, 0, g0), a1 = Next(**engine, 0, g0);
+  ReadyBatch b0 = Next(**engine, 1, g1), b1 = Next(**engine, 1, g1);
+  (void)a1;
+  (void)b1;
+  AckParams final_report;
+  final_report.rank = 0;
+  final_report.subscriber_id = "early";
+  final_report.generation = g0;
+  final_report.batch_ids = {a0.batch_id};
+  final_report.committed = Cursor{0, 1};
+  final_report.final_report = true;
+  ASSERT_TRUE((*engine)->Ack(final_report).ok());
+  ASSERT_TRUE((*engine)->Ack(1, "plain", {b0.batch_id}, Cursor{0, 1}).ok());
+
+  (*engine)->Drain();
+  EXPECT_EQ((*engine)->DrainPending(), 1) << "rank 1's commit was not its last word; rank 0's was";
+  final_report.rank = 1;
+  final_report.subscriber_id = "plain";
+  final_report.generation = g1;
+  final_report.batch_ids = {};
+  ASSERT_TRUE((*engine)->Ack(final_report).ok());
+  EXPECT_TRUE((*engine)->DrainSettled());
+  EXPECT_EQ((*engine)->ledger_report().committed_batches, 2);
+}
+
+TEST(EngineTest, ANewSubscriptionStartsWithoutTheFinalReport) {
+  World w = MakeWorld(30);
+  auto engine = Engine::Create(w.model.get(), w.dataset.get(), SmallBatches());
+  ASSERT_TRUE(engine.ok());
+  SubscribeParams p;
+  p.world_size = 1;
+  p.credit_window = 2;
+  p.subscriber_id = "first";
+  uint64_t g = *(*engine)->Subscribe(p);
+  ReadyBatch a0 = Next(**engine, 0, g);
+  AckParams a;
+  a.subscriber_id = "first";
+  a.generation = g;
+  a.batch_ids = {a0.batch_id};
+  a.committed = Cursor{0, 1};
+  a.final_report = true;
+  ASSERT_TRUE((*engine)->Ack(a).ok());
+  (*engine)->Detach(0, g);
+  // Resumed from its checkpoint, it takes a batch and has not reported on it.
+  p.subscriber_id = "second";
+  p.resume = {0, 1};
+  g = *(*engine)->Subscribe(p);
+  (void)Next(**engine, 0, g);
+  (*engine)->Drain();
+  EXPECT_EQ((*engine)->DrainPending(), 1);
+}
+
 TEST(EngineTest, CreditWindowBoundsWorkAhead) {
   World w = MakeWorld(40);
   auto engine = Engine::Create(w.model.get(), w.dataset.get(), SmallBatches());
