@@ -183,10 +183,11 @@ TEST(SlurmJobTest, HeterogeneousJobTrainsSurvivesScancelAndResumesExactlyOnce) {
   const double startup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   const std::string out = dir + "/run";
-  // Both jobs see the same settings: ports free now, the tiny run, and the
-  // same OUT, so the second resumes from the first's checkpoints.
-  const std::string env =
-      "export E3=" + testing::BuildDir() + " MODEL=" + kSrc + "/examples/tiny-code-llama DATA=" + kSrc +
+  // Both jobs see the same settings, the tiny run and the same OUT, so the
+  // second resumes from the first's checkpoints; each job gets ports free
+  // when it is submitted (the first job's could be taken while it ran).
+  const auto env = [&] {
+    return "export E3=" + testing::BuildDir() + " MODEL=" + kSrc + "/examples/tiny-code-llama DATA=" + kSrc +
       "/examples/data/train_conversations.jsonl OUT=" + out + " DEVICE=cpu TEACHER_PORT=" +
       std::to_string(testing::FreePort()) + " TP_PORT=" + std::to_string(testing::FreePort()) +
       " MASTER_PORT=" + std::to_string(testing::FreePort()) +
@@ -195,8 +196,9 @@ TEST(SlurmJobTest, HeterogeneousJobTrainsSurvivesScancelAndResumesExactlyOnce) {
       " --max_seq_len=192 --tokens_per_batch=384 --draft_vocab_size=256 --threads=1 --subscriber_timeout_s=2\""
       " STUDENT_ARGS=\"--lr=2e-3 --warmup_steps=2 --checkpoint_every=2 --log_every=2 --threads=1 "
       "--credit_window=2 --step_log=" + out + "/steps.jsonl\"";
+  };
   // Component 0: one teacher task; component 1: two student ranks.
-  const std::string submit = env + " && sbatch --parsable --output=" + out +
+  const std::string sbatch = " && sbatch --parsable --output=" + out +
                              "/job-%j.out --nodes=1 --ntasks=1 --cpus-per-task=1 --time=10 : --nodes=1 "
                              "--ntasks=2 --cpus-per-task=1 --time=10 " +
                              kSrc + "/deploy/slurm/e3-train.sbatch";
@@ -204,7 +206,7 @@ TEST(SlurmJobTest, HeterogeneousJobTrainsSurvivesScancelAndResumesExactlyOnce) {
   const std::string ledger = out + "/ledger-0.jsonl";
 
   // Job 1: cancelled once the students have committed a checkpoint.
-  CommandResult first = Sh(slurm.dir(), submit);
+  CommandResult first = Sh(slurm.dir(), env() + sbatch);
   ASSERT_EQ(first.status, 0) << first.output;
   const std::string job1 = first.output.substr(0, first.output.find_first_of("+;\n"));
   bool checkpointed = false;
@@ -236,7 +238,7 @@ TEST(SlurmJobTest, HeterogeneousJobTrainsSurvivesScancelAndResumesExactlyOnce) {
   const int64_t steps1 = summary1["steps"].get<int64_t>();
 
   // Job 2: the same OUT; it resumes and runs to the end of the data.
-  CommandResult second = Sh(slurm.dir(), submit);
+  CommandResult second = Sh(slurm.dir(), env() + sbatch);
   ASSERT_EQ(second.status, 0) << second.output;
   const std::string job2 = second.output.substr(0, second.output.find_first_of("+;\n"));
   const std::string state2 = WaitForEnd(slurm.dir(), job2, 150s);
