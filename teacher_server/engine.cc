@@ -329,12 +329,9 @@ void Engine::Drain() {
     std::lock_guard<std::mutex> lock(mu_);
     draining_ = true;
     // A rank with batches delivered (or acked) beyond its commit can still
-    // checkpoint them; one with nothing outstanding has nothing to add, and
-    // one whose final report arrived first (the same signal reached the
-    // student sooner) has said its last word.
+    // checkpoint them; one with nothing outstanding has nothing to add.
     for (const auto& [r, st] : ranks_) {
-      const bool outstanding = !st.unacked.empty() || st.committed < st.acked_end;
-      if (st.attached && outstanding && !st.final_reported) drain_waits_[r] = st.commit_acks;
+      if (st.attached && (!st.unacked.empty() || st.committed < st.acked_end)) drain_waits_[r] = st.commit_acks;
     }
   }
   cv_.notify_all();
@@ -355,8 +352,9 @@ int Engine::DrainPending() const {
   int pending = 0;
   for (const auto& [r, acks] : drain_waits_) {
     auto it = ranks_.find(r);
-    // Settled by the final report, or by any commit since the drain began
-    // (a student that does not mark its final report).
+    // Settled by the final report, whether it came before the drain (the
+    // same signal reached the student sooner) or after, or by any commit
+    // since the drain began (a student that does not mark its report).
     if (it != ranks_.end() && !it->second.final_reported && it->second.commit_acks <= acks) ++pending;
   }
   return pending;

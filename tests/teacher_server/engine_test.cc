@@ -57,6 +57,31 @@ ReadyBatch Next(Engine& e, int rank, uint64_t gen) {
   return {};
 }
 
+// Subscribes `rank` of a `world`-rank run as `id` from `resume`, with a
+// credit window of two batches.
+uint64_t SubscribeRank(Engine& e, int rank, int world, const std::string& id, Cursor resume = {}) {
+  SubscribeParams p;
+  p.world_size = world;
+  p.credit_window = 2;
+  p.subscriber_id = id;
+  p.rank = rank;
+  p.resume = resume;
+  return e.Subscribe(p).value();
+}
+
+// The ack a student sends with the checkpoint it writes as it stops.
+AckParams FinalReport(int rank, const std::string& id, uint64_t generation, std::vector<int64_t> batch_ids,
+                      Cursor committed) {
+  AckParams a;
+  a.rank = rank;
+  a.subscriber_id = id;
+  a.generation = generation;
+  a.batch_ids = std::move(batch_ids);
+  a.committed = committed;
+  a.final_report = true;
+  return a;
+}
+
 // Polls `pred` (the worker computes asynchronously; a loaded machine may
 // take seconds per batch).
 bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds limit = 30000ms) {
@@ -176,15 +201,8 @@ TEST(EngineTest, DrainWaitsForTheFinalCommitOfRanksWithUncommittedBatches) {
   World w = MakeWorld(30);
   auto engine = Engine::Create(w.model.get(), w.dataset.get(), SmallBatches());
   ASSERT_TRUE(engine.ok());
-  SubscribeParams p;
-  p.world_size = 2;
-  p.credit_window = 2;
-  p.subscriber_id = "busy";
-  p.rank = 0;
-  uint64_t g0 = *(*engine)->Subscribe(p);
-  p.subscriber_id = "idle";
-  p.rank = 1;
-  uint64_t g1 = *(*engine)->Subscribe(p);
+  uint64_t g0 = SubscribeRank(**engine, 0, 2, "busy");
+  uint64_t g1 = SubscribeRank(**engine, 1, 2, "idle");
   // Rank 0 trained two batches and checkpointed after the first; rank 1
   // trained and committed everything it took.
   ReadyBatch a0 = Next(**engine, 0, g0), a1 = Next(**engine, 0, g0);
@@ -213,37 +231,19 @@ TEST(EngineTest, AFinalReportBeforeTheDrainSettlesItsRank) {
   World w = MakeWorld(30);
   auto engine = Engine::Create(w.model.get(), w.dataset.get(), SmallBatches());
   ASSERT_TRUE(engine.ok());
-  SubscribeParams p;
-  p.world_size = 2;
-  p.credit_window = 2;
-  p.subscriber_id = "early";
-  p.rank = 0;
-  uint64_t g0 = *(*engine)->Subscribe(p);
-  p.subscriber_id = "plain";
-  p.rank = 1;
-  uint64_t g1 = *(*engine)->Subscribe(p);
+  uint64_t g0 = SubscribeRank(**engine, 0, 2, "early");
+  uint64_t g1 = SubscribeRank(**engine, 1, 2, "plain");
   // Each rank trained one batch and holds a second it will not train.
-  ReadyBatch a0 = Next(**engine, 0, g0), a1 = Next(**engine, 0, g0);
-  ReadyBatch b0 = Next(**engine, 1, g1), b1 = Next(**engine, 1, g1);
-  (void)a1;
-  (void)b1;
-  AckParams final_report;
-  final_report.rank = 0;
-  final_report.subscriber_id = "early";
-  final_report.generation = g0;
-  final_report.batch_ids = {a0.batch_id};
-  final_report.committed = Cursor{0, 1};
-  final_report.final_report = true;
-  ASSERT_TRUE((*engine)->Ack(final_report).ok());
+  ReadyBatch a0 = Next(**engine, 0, g0);
+  (void)Next(**engine, 0, g0);
+  ReadyBatch b0 = Next(**engine, 1, g1);
+  (void)Next(**engine, 1, g1);
+  ASSERT_TRUE((*engine)->Ack(FinalReport(0, "early", g0, {a0.batch_id}, Cursor{0, 1})).ok());
   ASSERT_TRUE((*engine)->Ack(1, "plain", {b0.batch_id}, Cursor{0, 1}).ok());
 
   (*engine)->Drain();
   EXPECT_EQ((*engine)->DrainPending(), 1) << "rank 1's commit was not its last word; rank 0's was";
-  final_report.rank = 1;
-  final_report.subscriber_id = "plain";
-  final_report.generation = g1;
-  final_report.batch_ids = {};
-  ASSERT_TRUE((*engine)->Ack(final_report).ok());
+  ASSERT_TRUE((*engine)->Ack(FinalReport(1, "plain", g1, {}, Cursor{0, 1})).ok());
   EXPECT_TRUE((*engine)->DrainSettled());
   EXPECT_EQ((*engine)->ledger_report().committed_batches, 2);
 }
@@ -252,24 +252,12 @@ TEST(EngineTest, ANewSubscriptionStartsWithoutTheFinalReport) {
   World w = MakeWorld(30);
   auto engine = Engine::Create(w.model.get(), w.dataset.get(), SmallBatches());
   ASSERT_TRUE(engine.ok());
-  SubscribeParams p;
-  p.world_size = 1;
-  p.credit_window = 2;
-  p.subscriber_id = "first";
-  uint64_t g = *(*engine)->Subscribe(p);
+  uint64_t g = SubscribeRank(**engine, 0, 1, "first");
   ReadyBatch a0 = Next(**engine, 0, g);
-  AckParams a;
-  a.subscriber_id = "first";
-  a.generation = g;
-  a.batch_ids = {a0.batch_id};
-  a.committed = Cursor{0, 1};
-  a.final_report = true;
-  ASSERT_TRUE((*engine)->Ack(a).ok());
+  ASSERT_TRUE((*engine)->Ack(FinalReport(0, "first", g, {a0.batch_id}, Cursor{0, 1})).ok());
   (*engine)->Detach(0, g);
   // Resumed from its checkpoint, it takes a batch and has not reported on it.
-  p.subscriber_id = "second";
-  p.resume = {0, 1};
-  g = *(*engine)->Subscribe(p);
+  g = SubscribeRank(**engine, 0, 1, "second", Cursor{0, 1});
   (void)Next(**engine, 0, g);
   (*engine)->Drain();
   EXPECT_EQ((*engine)->DrainPending(), 1);
