@@ -7,6 +7,11 @@
 #   One test binary per test file, discovered with gtest_discover_tests.
 #   COST (seconds, about) orders a parallel ctest run that has no timings
 #   of its own yet: the costliest tests start first.
+# e3_test_group(GROUP <n> SRCS ... <e3_test's other arguments>)
+#   The same tests as one e3_test per file, or, with E3_GROUPED_TESTS, one
+#   binary <n> compiled in unity batches. Each case still runs in a process
+#   of its own (gtest_discover_tests), so only compile-time names collide:
+#   helpers in the anonymous namespaces of two files of a batch.
 
 include(CMakeParseArguments)
 
@@ -136,4 +141,44 @@ function(e3_test)
   gtest_discover_tests(${E3_NAME}
     PROPERTIES LABELS ${_label} TIMEOUT ${E3_TIMEOUT} ${_cost}
     DISCOVERY_TIMEOUT 60)
+endfunction()
+
+function(e3_test_group)
+  cmake_parse_arguments(E3 "TORCH" "GROUP;TIMEOUT;COST" "SRCS;DEPS;LABELS" ${ARGN})
+  if(NOT E3_SRCS)
+    return()
+  endif()
+  # e3_test's arguments other than NAME and SRCS, as given.
+  set(_rest DEPS ${E3_DEPS})
+  if(E3_TORCH)
+    list(APPEND _rest TORCH)
+  endif()
+  if(E3_LABELS)
+    list(APPEND _rest LABELS ${E3_LABELS})
+  endif()
+  foreach(_key TIMEOUT COST)
+    if(E3_${_key})
+      list(APPEND _rest ${_key} ${E3_${_key}})
+    endif()
+  endforeach()
+  if(E3_GROUPED_TESTS)
+    e3_test(NAME ${E3_GROUP} SRCS ${E3_SRCS} ${_rest})
+    set_target_properties(${E3_GROUP} PROPERTIES UNITY_BUILD ON)
+    return()
+  endif()
+  foreach(_src ${E3_SRCS})
+    get_filename_component(_name ${_src} NAME_WE)
+    e3_test(NAME ${_name} SRCS ${_src} ${_rest})
+  endforeach()
+endfunction()
+
+# The target that holds the tests of `src` (a *_test.cc): its own binary,
+# or its group's with E3_GROUPED_TESTS.
+function(e3_test_target out src group)
+  if(E3_GROUPED_TESTS)
+    set(${out} ${group} PARENT_SCOPE)
+  else()
+    get_filename_component(_name ${src} NAME_WE)
+    set(${out} ${_name} PARENT_SCOPE)
+  endif()
 endfunction()

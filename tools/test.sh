@@ -23,10 +23,11 @@ phase_done() {
 
 # Without the `gpu`-labelled tests (they could only skip here; the GPU
 # machine builds and runs them) and the benchmarks (CI runs none); the
-# libraries as unity sources (E3_UNITY_BUILD); see docs/DECISIONS.md,
-# "What CI builds and runs".
+# libraries as unity sources (E3_UNITY_BUILD), and each folder's unit
+# tests as one binary of unity sources (E3_GROUPED_TESTS); see
+# docs/DECISIONS.md, "What CI builds and runs".
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
-  -DE3_BUILD_GPU_TESTS=OFF -DE3_BUILD_BENCH=OFF -DE3_UNITY_BUILD=ON
+  -DE3_BUILD_GPU_TESTS=OFF -DE3_BUILD_BENCH=OFF -DE3_UNITY_BUILD=ON -DE3_GROUPED_TESTS=ON
 cmake --build build -j"$JOBS"
 phase_done "main build"
 ctest --test-dir build --output-on-failure -j"$JOBS" -LE gpu --timeout 900
@@ -39,7 +40,8 @@ phase_done "main tests"
 # replays its committed corpus (a ctest), then runs FUZZ_SECONDS more.
 cmake -S . -B build-asan -G Ninja -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
   -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" \
-  -DE3_SANITIZE=ON -DE3_FUZZ=ON -DE3_WITH_TORCH=OFF -DE3_BUILD_BENCH=OFF -DE3_BUILD_GPU_TESTS=OFF
+  -DE3_SANITIZE=ON -DE3_FUZZ=ON -DE3_WITH_TORCH=OFF -DE3_BUILD_BENCH=OFF -DE3_BUILD_GPU_TESTS=OFF \
+  -DE3_GROUPED_TESTS=ON
 cmake --build build-asan -j"$JOBS"
 phase_done "asan build"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \

@@ -23,17 +23,17 @@ namespace {
 using Json = nlohmann::ordered_json;
 using Spans = std::vector<std::pair<size_t, size_t>>;
 
-const std::string kDir = std::string(E3_SOURCE_DIR) + "/tests/fixtures/chat_templates/";
+const std::string kTemplateDir = std::string(E3_SOURCE_DIR) + "/tests/fixtures/chat_templates/";
 
 Json ReadJson(const std::string& name) {
-  std::ifstream in(kDir + name, std::ios::binary);
+  std::ifstream in(kTemplateDir + name, std::ios::binary);
   std::stringstream text;
   text << in.rdbuf();
   return Json::parse(text.str());
 }
 
 std::string ReadText(const std::string& name) {
-  std::ifstream in(kDir + name, std::ios::binary);
+  std::ifstream in(kTemplateDir + name, std::ios::binary);
   std::stringstream text;
   text << in.rdbuf();
   return text.str();

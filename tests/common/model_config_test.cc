@@ -12,7 +12,7 @@ const std::string kBase = R"("architectures": ["LlamaForCausalLM"], "hidden_size
   "num_key_value_heads": 2, "vocab_size": 256, "rms_norm_eps": 1e-5,
   "max_position_embeddings": 4096)";
 
-absl::StatusOr<ModelConfig> Parse(const std::string& extra) {
+absl::StatusOr<ModelConfig> ParseConfig(const std::string& extra) {
   return ParseModelConfig("{" + kBase + (extra.empty() ? "" : ", " + extra) + "}", "test/config.json");
 }
 
@@ -34,7 +34,7 @@ TEST(ModelConfigTest, ReadsTheBundledModel) {
 }
 
 TEST(ModelConfigTest, DefaultsAndDerivedFields) {
-  auto c = Parse("");
+  auto c = ParseConfig("");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->head_dim, 16);
   EXPECT_EQ(c->rope.type, RopeType::kDefault);
@@ -48,7 +48,7 @@ TEST(ModelConfigTest, DefaultsAndDerivedFields) {
 }
 
 TEST(ModelConfigTest, OldStyleRopeThetaAndScaling) {
-  auto c = Parse(R"("rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+  auto c = ParseConfig(R"("rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
       "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->rope.type, RopeType::kLlama3);
@@ -56,17 +56,17 @@ TEST(ModelConfigTest, OldStyleRopeThetaAndScaling) {
   EXPECT_DOUBLE_EQ(c->rope.factor, 8.0);
   EXPECT_EQ(c->rope.original_max_position_embeddings, 8192);
   // The pre-4.4x spelling "type" and a null rope_scaling.
-  auto linear = Parse(R"("rope_scaling": {"type": "linear", "factor": 2.0})");
+  auto linear = ParseConfig(R"("rope_scaling": {"type": "linear", "factor": 2.0})");
   ASSERT_TRUE(linear.ok()) << linear.status();
   EXPECT_EQ(linear->rope.type, RopeType::kLinear);
-  auto none = Parse(R"("rope_theta": 1000.0, "rope_scaling": null)");
+  auto none = ParseConfig(R"("rope_theta": 1000.0, "rope_scaling": null)");
   ASSERT_TRUE(none.ok());
   EXPECT_EQ(none->rope.type, RopeType::kDefault);
   EXPECT_DOUBLE_EQ(none->rope.theta, 1000.0);
 }
 
 TEST(ModelConfigTest, NewStyleRopeParametersYarn) {
-  auto c = Parse(R"("rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+  auto c = ParseConfig(R"("rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
       "original_max_position_embeddings": 1024, "beta_fast": 16, "mscale": 1.0, "mscale_all_dim": 0.5})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->rope.type, RopeType::kYarn);
@@ -76,7 +76,7 @@ TEST(ModelConfigTest, NewStyleRopeParametersYarn) {
   EXPECT_FALSE(c->rope.attention_factor.has_value());
   ASSERT_TRUE(c->rope.mscale_all_dim.has_value());
   // No factor: implied by the context ratio, as transformers does.
-  auto implied = Parse(R"("rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0,
+  auto implied = ParseConfig(R"("rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0,
       "original_max_position_embeddings": 1024})");
   ASSERT_TRUE(implied.ok());
   EXPECT_DOUBLE_EQ(implied->rope.factor, 4.0);

@@ -60,7 +60,7 @@ Json TinyFile(const Json& post_processor) {
 
 using testing::TempFile;
 
-std::unique_ptr<Tokenizer> Load(const Json& post_processor) {
+std::unique_ptr<Tokenizer> LoadWithPostProcessor(const Json& post_processor) {
   TempFile file(TinyFile(post_processor).dump());
   auto tok = Tokenizer::FromFile(file.path());
   EXPECT_TRUE(tok.ok()) << tok.status();
@@ -68,7 +68,7 @@ std::unique_ptr<Tokenizer> Load(const Json& post_processor) {
 }
 
 // The load error for `post_processor`, and the file's path.
-std::string LoadError(const Json& post_processor, std::string* path) {
+std::string PostProcessorLoadError(const Json& post_processor, std::string* path) {
   TempFile file(TinyFile(post_processor).dump());
   *path = file.path();
   auto tok = Tokenizer::FromFile(file.path());
@@ -105,7 +105,7 @@ Json ByteLevelPp(bool trim, bool add_prefix_space) {
 
 TEST(PostProcessorTest, NoneAddsNothing) {
   for (const Json& pp : {Json(nullptr), ByteLevelPp(false, true)}) {
-    auto tok = Load(pp);
+    auto tok = LoadWithPostProcessor(pp);
     ASSERT_NE(tok, nullptr);
     const Encoding plain = tok->Encode("a hi");
     EXPECT_THAT(plain.ids, ElementsAre('a', kGhi));
@@ -122,7 +122,7 @@ TEST(PostProcessorTest, NoneAddsNothing) {
 }
 
 TEST(PostProcessorTest, TemplateAddsBos) {
-  auto tok = Load(LlamaTemplate());
+  auto tok = LoadWithPostProcessor(LlamaTemplate());
   ASSERT_NE(tok, nullptr);
   const Encoding e = tok->Encode("a hi", kSpecial);
   EXPECT_THAT(e.ids, ElementsAre(kBos, 'a', kGhi));
@@ -140,7 +140,7 @@ TEST(PostProcessorTest, TemplateAddsBos) {
 TEST(PostProcessorTest, TemplateMultiIdTokensAndOrder) {
   // "[X]" stands for two ids; the pair template puts B first, which HF
   // keeps without special tokens too.
-  auto tok = Load(Template(Json::array({Special("[X]"), Seq("A"), Special("</s>")}),
+  auto tok = LoadWithPostProcessor(Template(Json::array({Special("[X]"), Seq("A"), Special("</s>")}),
                            Json::array({Seq("B", 1), Special("</s>"), Seq("A")}),
                            Json{{"[X]", SpecialTokens("[X]", {kBos, kEos}, {"<s>", "</s>"})},
                                 {"</s>", SpecialTokens("</s>", {kEos}, {"</s>"})}}));
@@ -157,7 +157,7 @@ TEST(PostProcessorTest, TemplateMultiIdTokensAndOrder) {
 TEST(PostProcessorTest, TemplateWithoutPairRefusesPairs) {
   Json pp = LlamaTemplate();
   pp.erase("pair");
-  auto tok = Load(pp);
+  auto tok = LoadWithPostProcessor(pp);
   ASSERT_NE(tok, nullptr);
   EXPECT_THAT(tok->Encode("a", kSpecial).ids, ElementsAre(kBos, 'a'));
   auto pair = tok->EncodePair("a", "b", kSpecial);
@@ -166,7 +166,7 @@ TEST(PostProcessorTest, TemplateWithoutPairRefusesPairs) {
 }
 
 TEST(PostProcessorTest, Bert) {
-  auto tok = Load(Json{{"type", "BertProcessing"},
+  auto tok = LoadWithPostProcessor(Json{{"type", "BertProcessing"},
                        {"sep", Json::array({"</s>", kEos})},
                        {"cls", Json::array({"<s>", kBos})}});
   ASSERT_NE(tok, nullptr);
@@ -180,7 +180,7 @@ TEST(PostProcessorTest, Bert) {
 }
 
 TEST(PostProcessorTest, RobertaAddsAndTrims) {
-  auto tok = Load(Json{{"type", "RobertaProcessing"},
+  auto tok = LoadWithPostProcessor(Json{{"type", "RobertaProcessing"},
                        {"sep", Json::array({"</s>", kEos})},
                        {"cls", Json::array({"<s>", kBos})},
                        {"trim_offsets", true},
@@ -201,7 +201,7 @@ TEST(PostProcessorTest, RobertaAddsAndTrims) {
 TEST(PostProcessorTest, ByteLevelTrimsOffsets) {
   {
     // GPT-2's: add_prefix_space false trims the first token's space too.
-    auto tok = Load(ByteLevelPp(true, false));
+    auto tok = LoadWithPostProcessor(ByteLevelPp(true, false));
     ASSERT_NE(tok, nullptr);
     EXPECT_EQ(tok->Encode(" hi", kSpecial).offsets, (Offsets{{1, 3}}));
     // A token of spaces only ends empty at its end.
@@ -212,7 +212,7 @@ TEST(PostProcessorTest, ByteLevelTrimsOffsets) {
   {
     // With add_prefix_space, the first token keeps one leading space (the
     // pre-tokenizer's) but not two.
-    auto tok = Load(ByteLevelPp(true, true));
+    auto tok = LoadWithPostProcessor(ByteLevelPp(true, true));
     ASSERT_NE(tok, nullptr);
     EXPECT_EQ(tok->Encode(" hi", kSpecial).offsets, (Offsets{{0, 3}}));
     EXPECT_EQ(tok->Encode("a hi", kSpecial).offsets, (Offsets{{0, 1}, {2, 4}}));
@@ -222,7 +222,7 @@ TEST(PostProcessorTest, ByteLevelTrimsOffsets) {
 TEST(PostProcessorTest, SequenceAppliesInOrder) {
   // Llama 3's: ByteLevel without trimming, then the BOS template.
   auto llama3 =
-      Load(Json{{"type", "Sequence"},
+      LoadWithPostProcessor(Json{{"type", "Sequence"},
                 {"processors", Json::array({ByteLevelPp(false, true), LlamaTemplate()})}});
   ASSERT_NE(llama3, nullptr);
   const Encoding e = llama3->Encode("a hi", kSpecial);
@@ -231,7 +231,7 @@ TEST(PostProcessorTest, SequenceAppliesInOrder) {
   // A trim after the template trims the sequence's tokens, and the
   // specials keep (0, 0).
   auto trim_last =
-      Load(Json{{"type", "Sequence"},
+      LoadWithPostProcessor(Json{{"type", "Sequence"},
                 {"processors", Json::array({LlamaTemplate(), ByteLevelPp(true, false)})}});
   ASSERT_NE(trim_last, nullptr);
   const Encoding t = trim_last->Encode("a hi", kSpecial);
@@ -242,7 +242,7 @@ TEST(PostProcessorTest, SequenceAppliesInOrder) {
 TEST(PostProcessorErrorsTest, UnknownTypeNamesFileAndComponent) {
   std::string path;
   {
-    const std::string error = LoadError(Json{{"type", "Lowercase"}}, &path);
+    const std::string error = PostProcessorLoadError(Json{{"type", "Lowercase"}}, &path);
     EXPECT_THAT(
         error,
         HasSubstr(path +
@@ -250,7 +250,7 @@ TEST(PostProcessorErrorsTest, UnknownTypeNamesFileAndComponent) {
                   "TemplateProcessing, BertProcessing, RobertaProcessing, ByteLevel and Sequence"));
   }
   {
-    const std::string error = LoadError(
+    const std::string error = PostProcessorLoadError(
         Json{{"type", "Sequence"},
              {"processors", Json::array({ByteLevelPp(false, true), Json{{"type", "Nope"}}})}},
         &path);
@@ -261,7 +261,7 @@ TEST(PostProcessorErrorsTest, UnknownTypeNamesFileAndComponent) {
             ": post_processor.processors[1] is {\"type\":\"Nope\"}; supported post-processors"));
   }
   {
-    const std::string error = LoadError(Json{{"not_a_type", 1}}, &path);
+    const std::string error = PostProcessorLoadError(Json{{"not_a_type", 1}}, &path);
     EXPECT_THAT(error, HasSubstr(path + ": post_processor is {\"not_a_type\":1}"));
   }
 }
@@ -270,7 +270,7 @@ TEST(PostProcessorErrorsTest, MalformedComponents) {
   std::string path;
   // A template naming a special token it does not define.
   {
-    const std::string error = LoadError(
+    const std::string error = PostProcessorLoadError(
         Template(Json::array({Special("<bos>"), Seq("A")}), nullptr, Json::object()), &path);
     EXPECT_THAT(
         error,
@@ -279,21 +279,21 @@ TEST(PostProcessorErrorsTest, MalformedComponents) {
   }
   {
     const std::string error =
-        LoadError(Template(Json::array({Seq("B")}), nullptr, Json::object()), &path);
+        PostProcessorLoadError(Template(Json::array({Seq("B")}), nullptr, Json::object()), &path);
     EXPECT_THAT(error, HasSubstr("post_processor.single uses sequence B"));
   }
   {
-    const std::string error = LoadError(
+    const std::string error = PostProcessorLoadError(
         Template(Json::array({Seq("A")}), Json::array({Seq("A")}), Json::object()), &path);
     EXPECT_THAT(error, HasSubstr("post_processor.pair must use both sequences"));
   }
   {
     const std::string error =
-        LoadError(Template(Json::array({"$A"}), nullptr, Json::object()), &path);
+        PostProcessorLoadError(Template(Json::array({"$A"}), nullptr, Json::object()), &path);
     EXPECT_THAT(error, HasSubstr("post_processor.single[0] is \"$A\"; expected {\"Sequence\""));
   }
   {
-    const std::string error = LoadError(Json{{"type", "BertProcessing"},
+    const std::string error = PostProcessorLoadError(Json{{"type", "BertProcessing"},
                                              {"sep", Json::array({"</s>"})},
                                              {"cls", Json::array({"<s>", 1})}},
                                         &path);
@@ -302,7 +302,7 @@ TEST(PostProcessorErrorsTest, MalformedComponents) {
   }
   {
     const std::string error =
-        LoadError(Json{{"type", "ByteLevel"}, {"trim_offsets", "yes"}}, &path);
+        PostProcessorLoadError(Json{{"type", "ByteLevel"}, {"trim_offsets", "yes"}}, &path);
     EXPECT_THAT(error, HasSubstr("post_processor.trim_offsets is \"yes\"; expected a boolean"));
   }
 }

@@ -96,14 +96,14 @@ TEST(RegexSplitTest, KnownPatternMatchersEqualOniguruma) {
   }
 }
 
-std::unique_ptr<Normalizer> Make(const char* json) {
+std::unique_ptr<Normalizer> MakeNormalizer(const char* json) {
   auto n = Normalizer::FromJson("tokenizer.json", "normalizer", nlohmann::json::parse(json));
   EXPECT_TRUE(n.ok()) << n.status();
   return n.ok() ? std::move(n).value() : nullptr;
 }
 
 TEST(NormalizerTest, Llama2PrependAndReplaceKeepAlignment) {
-  auto n = Make(R"({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"},
+  auto n = MakeNormalizer(R"({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"},
       {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]})");
   NormalizedText t("a b");
   n->Apply(&t);
@@ -116,18 +116,18 @@ TEST(NormalizerTest, Llama2PrependAndReplaceKeepAlignment) {
 }
 
 TEST(NormalizerTest, NfcRegexReplaceAndStrip) {
-  auto nfc = Make(R"({"type": "NFC"})");
+  auto nfc = MakeNormalizer(R"({"type": "NFC"})");
   NormalizedText e("e\xcc\x81!");  // e + combining acute
   nfc->Apply(&e);
   EXPECT_EQ(e.text, "\xc3\xa9!");
   EXPECT_EQ(e.Of(0), std::make_pair(0u, 1u));  // a composed character maps to its first part, as HF's
   EXPECT_EQ(e.Of(2), std::make_pair(3u, 4u));
-  auto regex = Make(R"({"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "})");
+  auto regex = MakeNormalizer(R"({"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "})");
   NormalizedText r("a   b");
   regex->Apply(&r);
   EXPECT_EQ(r.text, "a b");
   EXPECT_EQ(r.Of(1), std::make_pair(1u, 4u));
-  auto strip = Make(R"({"type": "Strip", "strip_left": true, "strip_right": false})");
+  auto strip = MakeNormalizer(R"({"type": "Strip", "strip_left": true, "strip_right": false})");
   NormalizedText s("  x ");
   strip->Apply(&s);
   EXPECT_EQ(s.text, "x ");

@@ -40,9 +40,9 @@ std::string FixtureDir() {
   if (dir != nullptr && *dir != '\0') return std::string(dir) + "/";
   return std::string(E3_SOURCE_DIR) + "/tests/fixtures/tokenizers/";
 }
-const std::string kDir = FixtureDir();
+const std::string kFamilyDir = FixtureDir();
 
-std::vector<std::string> ReadLines(const std::string& path) {
+std::vector<std::string> ReadGzipLines(const std::string& path) {
   auto reader = LineReader::Open(path);
   EXPECT_TRUE(reader.ok()) << reader.status();
   std::vector<std::string> out;
@@ -61,7 +61,7 @@ std::string Hex(uint64_t h) {
 
 std::string FamilyJson(const std::string& name) {
   std::string text;
-  for (const std::string& line : ReadLines(kDir + name + ".json.gz")) text += line + "\n";
+  for (const std::string& line : ReadGzipLines(kFamilyDir + name + ".json.gz")) text += line + "\n";
   return text;
 }
 
@@ -176,10 +176,10 @@ class TokenizerFamiliesTest : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
     std::string text;
-    for (const std::string& line : ReadLines(kDir + "expected.json.gz")) text += line + "\n";
+    for (const std::string& line : ReadGzipLines(kFamilyDir + "expected.json.gz")) text += line + "\n";
     expected_ = new Json(Json::parse(text));
     corpus_ = new std::vector<std::string>();
-    for (const std::string& line : ReadLines(kDir + "corpus.jsonl.gz")) {
+    for (const std::string& line : ReadGzipLines(kFamilyDir + "corpus.jsonl.gz")) {
       corpus_->push_back(Json::parse(line).get<std::string>());
     }
   }

@@ -27,6 +27,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/source_path.h"
 
 namespace e3 {
 namespace {
@@ -35,7 +36,7 @@ using Json = nlohmann::json;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-std::string SourcePath(const std::string& rel) { return std::string(E3_SOURCE_DIR) + "/" + rel; }
+using testing::SourcePath;
 
 std::vector<std::string> ReadLines(const std::string& path) {
   std::ifstream in(path);

@@ -34,7 +34,8 @@ constexpr int kMaxSamples = 80;
 
 TEST(TrainE2eTest, StudentLearnsFromALiveTeacherAndExports) {
   const std::string dir = testing::ScratchDir("train_e2e");
-  Subprocess teacher(testing::TrainingTeacherArgv(dir, kSrc + "/examples/tiny-code-llama", kMaxSamples),
+  const int samples = testing::TrainingSamples(kMaxSamples);
+  Subprocess teacher(testing::TrainingTeacherArgv(dir, kSrc + "/examples/tiny-code-llama", samples),
                      dir + "/teacher.log");
   ASSERT_TRUE(testing::WaitForFile(dir + "/port", 60s)) << teacher.Log();
   Subprocess student(testing::TrainingStudentArgv(dir, testing::ReadPortFile(dir + "/port")), dir + "/student.log");
@@ -72,9 +73,11 @@ TEST(TrainE2eTest, StudentLearnsFromALiveTeacherAndExports) {
   std::printf("e2e: %ld steps, loss %.3f -> %.3f, acc_0 %.3f -> %.3f, tau %.3f -> %.3f\n", static_cast<long>(steps),
               first_loss, last_loss, first_acc0, last_acc0, summary["first"]["simulated_tau"].get<double>(),
               summary["last"]["simulated_tau"].get<double>());
-  EXPECT_GE(steps, 30);
-  EXPECT_LT(last_loss, first_loss);
-  EXPECT_GT(last_acc0, first_acc0);
+  EXPECT_GE(steps, samples * 3 / 8);  // seen: 40 steps from 80 samples
+  if (!testing::kUnderThreadSanitizer) {
+    EXPECT_LT(last_loss, first_loss);
+    EXPECT_GT(last_acc0, first_acc0);
+  }
 
   // The export reloads with the names, shapes and dtypes serving engines read.
   auto cfg = ReadDraftConfig(dir + "/export/config.json");
@@ -181,7 +184,8 @@ TEST_P(RandomTeacherTrainE2eTest, StudentLearnsAndExportsTheTargetsShape) {
   const std::string model_dir = GoldenTeacherDir(p.fixture, dir);
   // Three times the Llama run's samples: a random teacher's distributions
   // are flat and a short run's 5-step windows are noisy.
-  std::vector<std::string> teacher_argv = testing::TrainingTeacherArgv(dir, model_dir, 3 * kMaxSamples);
+  const int samples = testing::TrainingSamples(3 * kMaxSamples);
+  std::vector<std::string> teacher_argv = testing::TrainingTeacherArgv(dir, model_dir, samples);
   teacher_argv.push_back("--aux_layer_ids=3,0,2");
   Subprocess teacher(teacher_argv, dir + "/teacher.log");
   ASSERT_TRUE(testing::WaitForFile(dir + "/port", 60s)) << teacher.Log();
@@ -194,8 +198,10 @@ TEST_P(RandomTeacherTrainE2eTest, StudentLearnsAndExportsTheTargetsShape) {
   std::printf("%s e2e: %ld steps, loss %.3f -> %.3f, acc_0 %.3f -> %.3f\n", p.fixture.c_str(),
               static_cast<long>(summary["steps"].get<int64_t>()), first_loss, last_loss,
               summary["first"]["acc"][0].get<double>(), summary["last"]["acc"][0].get<double>());
-  EXPECT_GE(summary["steps"].get<int64_t>(), 100);
-  EXPECT_LT(last_loss, 0.6 * first_loss);  // seen: 0.13-0.38 of the first window's
+  EXPECT_GE(summary["steps"].get<int64_t>(), samples * 5 / 12);  // seen: 120 steps from 240 samples
+  if (!testing::kUnderThreadSanitizer) {
+    EXPECT_LT(last_loss, 0.6 * first_loss);  // seen: 0.13-0.38 of the first window's
+  }
 
   auto cfg = ReadDraftConfig(dir + "/export/config.json");
   ASSERT_TRUE(cfg.ok()) << cfg.status();

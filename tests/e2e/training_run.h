@@ -53,10 +53,20 @@ inline std::vector<std::string> TrainingStudentArgv(const std::string& dir, cons
 #endif
 #endif
 #if defined(E3_TESTS_UNDER_TSAN) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kUnderThreadSanitizer = true;
 inline constexpr int kRunTimeScale = 3;
 #else
+inline constexpr bool kUnderThreadSanitizer = false;
 inline constexpr int kRunTimeScale = 1;
 #endif
+
+// The samples a training run takes in this build: under ThreadSanitizer a
+// quarter of `samples`. There the run looks for races between the
+// student's threads (stream reader, prefetch, metrics, checkpoints,
+// export), which every step repeats; whether the draft learns is checked
+// by the same test in the plain build. (The full runs took 199 and 233 s
+// under TSan on the two-core machine, most of CI's TSan stage.)
+inline int TrainingSamples(int samples) { return kUnderThreadSanitizer ? samples / 4 : samples; }
 
 // The run's end: the student exits 0 within `timeout` (times kRunTimeScale),
 // then the teacher, whose data is done, exits 0 within 30 s. Fatal

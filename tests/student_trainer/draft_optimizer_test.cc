@@ -17,7 +17,7 @@ namespace {
 using testing::MakeTinyDraft;
 using testing::RandomBatch;
 
-DraftOptimizerOptions Options(double clip) {
+DraftOptimizerOptions OptimizerOptions(double clip) {
   DraftOptimizerOptions o;
   o.beta1 = 0.9;
   o.beta2 = 0.95;
@@ -56,8 +56,8 @@ TEST(DraftOptimizerTest, FusedMatchesReferenceInFp32WithClipping) {
   Eagle3Draft source = MakeTinyDraft(at::kFloat, 3);
   Eagle3Draft a = MakeTinyDraft(at::kFloat, 3), b = MakeTinyDraft(at::kFloat, 3);
   auto ref =
-      CreateDraftOptimizer(DraftOptimizerKind::kReference, *a, nullptr, nullptr, Options(0.5));
-  auto fused = CreateDraftOptimizer(DraftOptimizerKind::kFused, *b, nullptr, nullptr, Options(0.5));
+      CreateDraftOptimizer(DraftOptimizerKind::kReference, *a, nullptr, nullptr, OptimizerOptions(0.5));
+  auto fused = CreateDraftOptimizer(DraftOptimizerKind::kFused, *b, nullptr, nullptr, OptimizerOptions(0.5));
   ASSERT_TRUE(ref.ok() && fused.ok());
   const at::Tensor before = a->flat().data().clone();
   TrainBoth(*source, **ref, *a, **fused, *b, 4);
@@ -69,8 +69,8 @@ TEST(DraftOptimizerTest, FusedMatchesReferenceInFp32WithClipping) {
 TEST(DraftOptimizerTest, FusedMatchesReferenceWithoutClipping) {
   Eagle3Draft source = MakeTinyDraft(at::kFloat, 4);
   Eagle3Draft a = MakeTinyDraft(at::kFloat, 4), b = MakeTinyDraft(at::kFloat, 4);
-  auto ref = CreateDraftOptimizer(DraftOptimizerKind::kReference, *a, nullptr, nullptr, Options(0));
-  auto fused = CreateDraftOptimizer(DraftOptimizerKind::kFused, *b, nullptr, nullptr, Options(0));
+  auto ref = CreateDraftOptimizer(DraftOptimizerKind::kReference, *a, nullptr, nullptr, OptimizerOptions(0));
+  auto fused = CreateDraftOptimizer(DraftOptimizerKind::kFused, *b, nullptr, nullptr, OptimizerOptions(0));
   ASSERT_TRUE(ref.ok() && fused.ok());
   TrainBoth(*source, **ref, *a, **fused, *b, 3);
   EXPECT_LE(MaxDiff(*a, *b), 1e-6);
@@ -81,9 +81,9 @@ TEST(DraftOptimizerTest, Bf16WorkingWeightsAreTheMastersRounded) {
   Eagle3Draft work_a = MakeTinyDraft(at::kBFloat16, 5), master_a = MakeTinyDraft(at::kFloat, 5);
   Eagle3Draft work_b = MakeTinyDraft(at::kBFloat16, 5), master_b = MakeTinyDraft(at::kFloat, 5);
   auto ref = CreateDraftOptimizer(DraftOptimizerKind::kReference, *work_a, &*master_a, nullptr,
-                                  Options(0.5));
+                                  OptimizerOptions(0.5));
   auto fused =
-      CreateDraftOptimizer(DraftOptimizerKind::kFused, *work_b, &*master_b, nullptr, Options(0.5));
+      CreateDraftOptimizer(DraftOptimizerKind::kFused, *work_b, &*master_b, nullptr, OptimizerOptions(0.5));
   ASSERT_TRUE(ref.ok() && fused.ok());
   TrainBoth(*source, **ref, *work_a, **fused, *work_b, 3);
   EXPECT_LE(MaxDiff(*master_a, *master_b), 1e-6);

@@ -23,6 +23,7 @@
 #include "student_trainer/draft_export.h"
 #include "student_trainer/eagle3_draft.h"
 #include "student_trainer/ttt.h"
+#include "tests/rel_inf.h"
 
 namespace e3::testing {
 
@@ -45,12 +46,6 @@ inline Golden LoadGolden(const std::string& name) {
     g.t[name] = *ViewToTensor(*view, *type);
   }
   return g;
-}
-
-inline double RelInf(const at::Tensor& a, const at::Tensor& b) {
-  at::Tensor x = a.detach().to(at::kCPU, at::kDouble);
-  at::Tensor y = b.detach().to(at::kCPU, at::kDouble);
-  return (x - y).abs().max().item<double>() / std::max(y.abs().max().item<double>(), 1e-300);
 }
 
 inline Eagle3Draft MakeGoldenDraft(const Golden& g, at::ScalarType dtype, at::Device device = at::kCPU) {

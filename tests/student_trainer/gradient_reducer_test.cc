@@ -22,10 +22,10 @@ using testing::RunTwoRanks;
 using testing::SliceSample;
 using testing::TinyConfig;
 
-constexpr int kSteps = 3;
+constexpr int kReducerSteps = 3;
 
-// Trains `draft` kSteps on `batch`; with a group, gradients are averaged.
-void Train(Eagle3DraftImpl& draft, const TttBatch& batch, ProcessGroup* group,
+// Trains `draft` kReducerSteps on `batch`; with a group, gradients are averaged.
+void TrainWithReducer(Eagle3DraftImpl& draft, const TttBatch& batch, ProcessGroup* group,
            absl::Status* status) {
   torch::optim::AdamW opt(draft.parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0));
   std::unique_ptr<GradientReducer> reducer;
@@ -34,7 +34,7 @@ void Train(Eagle3DraftImpl& draft, const TttBatch& batch, ProcessGroup* group,
     reducer =
         std::make_unique<GradientReducer>(group, draft.parameters(), draft.parameters(), 8 << 10);
   }
-  for (int s = 0; s < kSteps; ++s) {
+  for (int s = 0; s < kReducerSteps; ++s) {
     opt.zero_grad();
     if (reducer) reducer->Prepare();
     auto out = RunTtt(draft, batch);
@@ -58,13 +58,13 @@ TEST(GradientReducerTest, TwoRanksOnHalvesEqualOneRankOnTheWholeBatch) {
   const TttBatch full = RandomBatch(TinyConfig(), {16, 16}, /*seed=*/5);
   Eagle3Draft single = MakeTinyDraft(at::kFloat, /*seed=*/3);
   absl::Status single_status;
-  Train(*single, full, nullptr, &single_status);
+  TrainWithReducer(*single, full, nullptr, &single_status);
   ASSERT_TRUE(single_status.ok()) << single_status;
 
   Eagle3Draft drafts[2] = {MakeTinyDraft(at::kFloat, 3), MakeTinyDraft(at::kFloat, 3)};
   const auto status = RunTwoRanks([&](int r, ProcessGroup* group) {
     absl::Status st;
-    Train(*drafts[r], SliceSample(full, 16 * r, 16), group, &st);
+    TrainWithReducer(*drafts[r], SliceSample(full, 16 * r, 16), group, &st);
     return st;
   });
   ASSERT_TRUE(status[0].ok()) << status[0];
@@ -86,7 +86,7 @@ TEST(GradientReducerTest, TwoRanksOnHalvesEqualOneRankOnTheWholeBatch) {
     EXPECT_LT(err, 1e-5);
   }
   std::printf("DDP 2 ranks vs 1 rank on the doubled batch, %d steps: worst rel error %.3g\n",
-              kSteps, worst);
+              kReducerSteps, worst);
 }
 
 // A rank whose share of a global batch is empty runs the step without a

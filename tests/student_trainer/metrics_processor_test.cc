@@ -26,7 +26,7 @@ std::vector<nlohmann::json> ReadLines(const std::string& path) {
   return out;
 }
 
-StepRecord Step(int64_t step, int64_t tokens, double loss) {
+StepRecord MakeStepRecord(int64_t step, int64_t tokens, double loss) {
   StepRecord r;
   r.step = step;
   r.tokens = tokens;
@@ -61,10 +61,10 @@ TEST(MetricsProcessorTest, StepsGoToTheWindowsAndTheStepLog) {
   o.planned_steps = 20;  // windows of 5
   auto m = MetricsProcessor::Create(o, nullptr);
   ASSERT_TRUE(m.ok()) << m.status();
-  for (int64_t s = 1; s <= 12; ++s) (*m)->RecordStep(Step(s, 100, 20 - s));
+  for (int64_t s = 1; s <= 12; ++s) (*m)->RecordStep(MakeStepRecord(s, 100, 20 - s));
   // An empty data-parallel share: counted in the time and the wait, not in
   // the curves.
-  (*m)->RecordStep(Step(13, 0, 0));
+  (*m)->RecordStep(MakeStepRecord(13, 0, 0));
   EXPECT_EQ((*m)->tokens(), 1200);
   EXPECT_DOUBLE_EQ((*m)->wait_seconds(), 13 * 0.25);
   EXPECT_GE((*m)->train_seconds(), 0);
@@ -98,7 +98,7 @@ TEST(MetricsProcessorTest, UnderDataParallelismEachRankLogsToItsOwnFile) {
   o.log_every = 0;
   auto m = MetricsProcessor::Create(o, nullptr);
   ASSERT_TRUE(m.ok()) << m.status();
-  (*m)->RecordStep(Step(1, 10, 5));
+  (*m)->RecordStep(MakeStepRecord(1, 10, 5));
   EXPECT_EQ(ReadLines(o.step_log + ".rank1").size(), 1u);
 
   o.step_log = "/nonexistent/dir/steps.jsonl";

@@ -8,15 +8,14 @@
 
 #include "common/torch/torch_core.h"
 #include "student_trainer/ops/rms_norm.h"
+#include "tests/rel_inf.h"
 
 namespace e3 {
 namespace {
 
-constexpr double kEps = 1e-6;
+constexpr double kNormEps = 1e-6;
 
-double RelInf(const at::Tensor& a, const at::Tensor& b) {
-  return (a - b).abs().max().item<double>() / std::max(b.abs().max().item<double>(), 1e-30);
-}
+using testing::RelInf;
 
 struct Grads {
   at::Tensor normed, residual, dx, dw;
@@ -35,7 +34,7 @@ Grads Reference(const at::Tensor& x0, const at::Tensor& w0, const at::Tensor& a,
                 const at::Tensor& b, bool use_normed, bool use_residual) {
   at::Tensor x = x0.clone().requires_grad_(true);
   at::Tensor w = w0.clone().requires_grad_(true);
-  const at::Tensor normed = w * (x * at::rsqrt(x.pow(2).mean(-1, true) + kEps));
+  const at::Tensor normed = w * (x * at::rsqrt(x.pow(2).mean(-1, true) + kNormEps));
   Loss(normed, x, a, b, use_normed, use_residual).backward();
   return {normed.detach(), x.detach(), x.grad(), w.grad().defined() ? w.grad() : at::zeros_like(w0)};
 }
@@ -47,7 +46,7 @@ Grads Op(const at::Tensor& x0, const at::Tensor& w0, const at::Tensor& a, const 
   // something; `anchor` stands for the flat parameters' edge.
   at::Tensor weight_grad = at::full_like(w0, 0.25);
   const at::Tensor anchor = at::zeros({1}, x0.options()).requires_grad_(true);
-  const ops::NormedWithResidual out = ops::RmsNormWithResidual(x, w0, weight_grad, anchor, kEps);
+  const ops::NormedWithResidual out = ops::RmsNormWithResidual(x, w0, weight_grad, anchor, kNormEps);
   Loss(out.normed, out.residual, a, b, use_normed, use_residual).backward();
   return {out.normed.detach(), out.residual.detach(), x.grad(), weight_grad - 0.25};
 }
@@ -85,7 +84,7 @@ TEST(RmsNormWithResidualAliasTest, TheResidualIsXsStorage) {
   at::Tensor weight_grad = at::zeros({8}, f64);
   const at::Tensor anchor = at::zeros({1}, f64).requires_grad_(true);
   const ops::NormedWithResidual out =
-      ops::RmsNormWithResidual(x, torch::ones({8}, f64), weight_grad, anchor, kEps);
+      ops::RmsNormWithResidual(x, torch::ones({8}, f64), weight_grad, anchor, kNormEps);
   EXPECT_EQ(out.residual.data_ptr(), x.data_ptr());
 }
 

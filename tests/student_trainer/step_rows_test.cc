@@ -10,13 +10,12 @@
 
 #include "common/torch/torch_core.h"
 #include "student_trainer/ops/step_rows.h"
+#include "tests/rel_inf.h"
 
 namespace e3 {
 namespace {
 
-double RelInf(const at::Tensor& a, const at::Tensor& b) {
-  return (a - b).abs().max().item<double>() / std::max(b.abs().max().item<double>(), 1e-30);
-}
+using testing::RelInf;
 
 struct Inputs {
   at::Tensor x, norm_weight, weight_wide, loss_weights;

@@ -31,16 +31,13 @@
 #include "student_trainer/ops/ttt_attention.h"
 #include "student_trainer/ttt.h"
 #include "student_trainer/ttt_plan.h"
+#include "tests/rel_inf.h"
 #include "tests/student_trainer/tiny_draft.h"
 
 namespace e3 {
 namespace {
 
-double RelInf(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor x = a.detach().to(at::kCPU, at::kDouble),
-                   y = b.detach().to(at::kCPU, at::kDouble);
-  return (x - y).abs().max().item<double>() / std::max(y.abs().max().item<double>(), 1e-30);
-}
+using testing::RelInf;
 
 class StudentKernelsGpuTest : public ::testing::Test {
  protected:

@@ -132,7 +132,7 @@ std::unique_ptr<Served> Serve(Lie lie) {
   return s;
 }
 
-TeacherClientOptions Options(const std::string& address) {
+TeacherClientOptions ClientOptions(const std::string& address) {
   TeacherClientOptions o;
   o.address = address;
   o.subscriber_id = "rank-0";
@@ -150,7 +150,7 @@ void ExpectError(const absl::Status& s, absl::StatusCode code, const std::string
 
 TEST(TeacherClientLimitsTest, HonestWeightsOfTheDescribedSizesArrive) {
   auto served = Serve(Lie::kNone);
-  auto client = TeacherClient::Connect(Options(served->address));
+  auto client = TeacherClient::Connect(ClientOptions(served->address));
   ASSERT_TRUE(client.ok()) << client.status();
   auto w = (*client)->FetchWeights();
   ASSERT_TRUE(w.ok()) << w.status();
@@ -161,7 +161,7 @@ TEST(TeacherClientLimitsTest, HonestWeightsOfTheDescribedSizesArrive) {
 
 TEST(TeacherClientLimitsTest, AWeightLargerThanTheModelDimsIsRefused) {
   auto served = Serve(Lie::kOversizeShape);
-  auto client = TeacherClient::Connect(Options(served->address));
+  auto client = TeacherClient::Connect(ClientOptions(served->address));
   ASSERT_TRUE(client.ok()) << client.status();
   auto w = (*client)->FetchWeights();
   ExpectError(w.status(), absl::StatusCode::kDataLoss,
@@ -171,7 +171,7 @@ TEST(TeacherClientLimitsTest, AWeightLargerThanTheModelDimsIsRefused) {
 
 TEST(TeacherClientLimitsTest, ALyingTotalSizeIsRefusedBeforeAllocating) {
   auto served = Serve(Lie::kHugeTotalBytes);
-  auto client = TeacherClient::Connect(Options(served->address));
+  auto client = TeacherClient::Connect(ClientOptions(served->address));
   ASSERT_TRUE(client.ok()) << client.status();
   auto w = (*client)->FetchWeights();
   ExpectError(w.status(), absl::StatusCode::kDataLoss,
@@ -180,7 +180,7 @@ TEST(TeacherClientLimitsTest, ALyingTotalSizeIsRefusedBeforeAllocating) {
 
 TEST(TeacherClientLimitsTest, TheWholeDownloadIsCapped) {
   auto served = Serve(Lie::kNone);
-  TeacherClientOptions o = Options(served->address);
+  TeacherClientOptions o = ClientOptions(served->address);
   o.max_weights_bytes = 4 << 20;  // embed_tokens alone is 8 MiB
   auto client = TeacherClient::Connect(o);
   ASSERT_TRUE(client.ok()) << client.status();
@@ -193,7 +193,7 @@ TEST(TeacherClientLimitsTest, TheWholeDownloadIsCapped) {
 
 TEST(TeacherClientLimitsTest, DimsThatDisagreeWithTheConfigAreRefusedAtConnect) {
   auto served = Serve(Lie::kDimsDisagree);
-  auto client = TeacherClient::Connect(Options(served->address));
+  auto client = TeacherClient::Connect(ClientOptions(served->address));
   ASSERT_FALSE(client.ok());
   ExpectError(client.status(), absl::StatusCode::kDataLoss,
               "GetInfoResponse.model says hidden_size 256000, vocab_size 8192 but its config_json "
@@ -202,7 +202,7 @@ TEST(TeacherClientLimitsTest, DimsThatDisagreeWithTheConfigAreRefusedAtConnect) 
 
 TEST(TeacherClientLimitsTest, AMessageOverTheReceiveCapEndsTheStreamAtOnce) {
   auto served = Serve(Lie::kHugeBatch);
-  TeacherClientOptions o = Options(served->address);
+  TeacherClientOptions o = ClientOptions(served->address);
   o.max_receive_message_bytes = 1 << 20;
   auto client = TeacherClient::Connect(o);
   ASSERT_TRUE(client.ok()) << client.status();
@@ -219,7 +219,7 @@ TEST(TeacherClientLimitsTest, AMessageOverTheReceiveCapEndsTheStreamAtOnce) {
 }
 
 TEST(TeacherClientLimitsTest, CapsOutsideGrpcsRangeAreRefused) {
-  TeacherClientOptions o = Options("127.0.0.1:1");
+  TeacherClientOptions o = ClientOptions("127.0.0.1:1");
   o.max_receive_message_bytes = int64_t{1} << 40;
   auto client = TeacherClient::Connect(o);
   ASSERT_FALSE(client.ok());

@@ -13,7 +13,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-TeacherWaitOptions Options() {
+TeacherWaitOptions WaitOptions() {
   TeacherWaitOptions o;
   o.address = "10.0.0.7:50051";
   o.limit = absl::Milliseconds(300);
@@ -23,7 +23,7 @@ TeacherWaitOptions Options() {
 }
 
 TEST(TeacherWaitTest, BacksOffToItsCapThenGivesUpNamingTheFlag) {
-  TeacherWait wait(Options());
+  TeacherWait wait(WaitOptions());
   EXPECT_FALSE(wait.away());
   std::vector<absl::Duration> pauses;
   for (int i = 0; i < 4; ++i) {
@@ -44,7 +44,7 @@ TEST(TeacherWaitTest, BacksOffToItsCapThenGivesUpNamingTheFlag) {
 }
 
 TEST(TeacherWaitTest, ATeacherThatIsBackStartsTheClockAndBackoffAgain) {
-  TeacherWait wait(Options());
+  TeacherWait wait(WaitOptions());
   ASSERT_TRUE(wait.Failed("reset", "0:1").ok());
   ASSERT_TRUE(wait.Failed("reset", "0:1").ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(200));

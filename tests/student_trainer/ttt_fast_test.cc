@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "student_trainer/ttt.h"
+#include "tests/rel_inf.h"
 #include "tests/student_trainer/tiny_draft.h"
 
 namespace e3 {
@@ -22,10 +23,7 @@ using testing::MakeTinyDraft;
 using testing::RandomBatch;
 using testing::TinyConfig;
 
-double RelInf(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor x = a.detach().to(at::kDouble), y = b.detach().to(at::kDouble);
-  return (x - y).abs().max().item<double>() / std::max(y.abs().max().item<double>(), 1e-300);
-}
+using testing::RelInf;
 
 struct Case {
   std::string name;

@@ -18,7 +18,7 @@
 namespace e3 {
 namespace {
 
-struct Case {
+struct PlanCase {
   std::vector<int64_t> cu;
   TttHostBatch batch;
   std::vector<uint8_t> t2d;
@@ -26,9 +26,9 @@ struct Case {
 
 // `prompt_fraction` of each sample's first positions carry loss mask 0,
 // the rest a random mask that is mostly 1.
-Case MakeCase(std::vector<int64_t> cu, double prompt_fraction, int64_t vocab, uint64_t seed) {
+PlanCase MakeCase(std::vector<int64_t> cu, double prompt_fraction, int64_t vocab, uint64_t seed) {
   torch::manual_seed(seed);
-  Case c;
+  PlanCase c;
   c.cu = std::move(cu);
   const int64_t T = c.cu.back();
   c.batch.ids = torch::randint(vocab, {T}, torch::kLong);
@@ -55,7 +55,7 @@ std::vector<int64_t> Longs(const at::Tensor& t) {
 // there is in the draft vocab.
 struct Expected {
   int64_t end, sample, start;
-  bool trained(const Case& c, int64_t t, int64_t j) const {
+  bool trained(const PlanCase& c, int64_t t, int64_t j) const {
     const int64_t u = t + j;
     if (u + 1 >= end) return false;
     const int64_t top_next = c.batch.top[u + 1].item<int64_t>();
@@ -63,14 +63,14 @@ struct Expected {
   }
 };
 
-Expected Where(const Case& c, int64_t t) {
+Expected Where(const PlanCase& c, int64_t t) {
   for (size_t s = 0; s + 1 < c.cu.size(); ++s) {
     if (t < c.cu[s + 1]) return {c.cu[s + 1], static_cast<int64_t>(s), c.cu[s]};
   }
   return {};
 }
 
-void CheckPlan(const Case& c, const TttOptions& options) {
+void CheckPlan(const PlanCase& c, const TttOptions& options) {
   const TttPlan plan = MakeTttPlan(c.t2d, c.batch, c.cu, options);
   const TttDevicePlan d = UploadTttPlan(plan, at::Device(at::kCPU), at::kFloat, options.step_weight);
   const int64_t T = c.cu.back(), L = options.length;
@@ -85,7 +85,7 @@ void CheckPlan(const Case& c, const TttOptions& options) {
 
   std::vector<int64_t> prev_mid;
   for (int64_t j = 0; j < L; ++j) {
-    SCOPED_TRACE(testing::Message() << "step " << j);
+    SCOPED_TRACE(::testing::Message() << "step " << j);
     // The midlayer's rows: every position at step 0 and wherever the rows
     // are not compacted; else exactly the positions some step >= j trains.
     std::vector<int64_t> mid;
@@ -159,7 +159,7 @@ TEST(TttPlanTest, PackedSamplesEveryRow) {
 TEST(TttPlanTest, ChatMaskCompactsTheMidlayerRows) {
   TttOptions o;
   o.length = 5;
-  const Case c = MakeCase({0, 40, 64, 100}, 0.5, 50, 2);
+  const PlanCase c = MakeCase({0, 40, 64, 100}, 0.5, 50, 2);
   const TttPlan plan = MakeTttPlan(c.t2d, c.batch, c.cu, o);
   ASSERT_TRUE(plan.compacted(1)) << "the case should leave rows out";
   CheckPlan(c, o);
@@ -169,7 +169,7 @@ TEST(TttPlanTest, KeepingLogitsKeepsEveryRowWithWeights) {
   TttOptions o;
   o.length = 3;
   o.keep_logits = true;
-  const Case c = MakeCase({0, 20, 32}, 0.5, 30, 3);
+  const PlanCase c = MakeCase({0, 20, 32}, 0.5, 30, 3);
   const TttPlan plan = MakeTttPlan(c.t2d, c.batch, c.cu, o);
   const TttDevicePlan d = UploadTttPlan(plan, at::Device(at::kCPU), at::kDouble, o.step_weight);
   for (int64_t j = 0; j < o.length; ++j) {
@@ -188,7 +188,7 @@ TEST(TttPlanTest, KeepingLogitsKeepsEveryRowWithWeights) {
 // GPU waits for this when it exceeds the work queued before it).
 TEST(TttPlanTest, PlansSixteenThousandTokens) {
   TttOptions o;
-  const Case c = MakeCase({0, 16384}, 0.0, 32000, 4);
+  const PlanCase c = MakeCase({0, 16384}, 0.0, 32000, 4);
   TttPlan plan = MakeTttPlan(c.t2d, c.batch, c.cu, o);  // first touch of the allocator's pages
   const auto start = std::chrono::steady_clock::now();
   constexpr int kRepeats = 5;
@@ -204,7 +204,7 @@ TEST(TttPlanTest, PlansSixteenThousandTokens) {
 TEST(TttPlanTest, EveryPositionTrainedGivesRanges) {
   TttOptions o;
   o.length = 4;
-  Case c = MakeCase({0, 50}, 0.0, 30, 5);
+  PlanCase c = MakeCase({0, 50}, 0.0, 30, 5);
   c.batch.mask.fill_(true);
   std::fill(c.t2d.begin(), c.t2d.end(), 1);
   const TttPlan plan = MakeTttPlan(c.t2d, c.batch, c.cu, o);

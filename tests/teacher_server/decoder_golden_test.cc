@@ -30,7 +30,7 @@ using testing::GoldenModel;
 using testing::KernelCase;
 using testing::LoadGoldenCase;
 
-constexpr double kRelTol = 1e-4;
+constexpr double kDecoderRelTol = 1e-4;
 
 class DecoderGoldenTest : public ::testing::TestWithParam<KernelCase> {};
 
@@ -40,7 +40,7 @@ TEST_P(DecoderGoldenTest, MatchesTransformersFp32) {
   ASSERT_NE(m.model, nullptr);
   auto out = testing::GoldenForward(*m.model, c, /*return_logits=*/true);
   ASSERT_TRUE(out.ok()) << out.status();
-  testing::ExpectMatchesGolden(*out, c, kRelTol, c.name);
+  testing::ExpectMatchesGolden(*out, c, kDecoderRelTol, c.name);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, DecoderGoldenTest,

@@ -41,7 +41,7 @@ using testing::GoldenModel;
 using testing::KernelCase;
 using testing::LoadGoldenCase;
 
-constexpr double kRelTol = 1e-4;
+constexpr double kDeepseekRelTol = 1e-4;
 
 class DeepseekGoldenTest : public ::testing::TestWithParam<KernelCase> {};
 
@@ -62,7 +62,7 @@ TEST_P(DeepseekGoldenTest, MatchesTransformersFp32) {
 
   auto out = testing::GoldenForward(*m.model, c, /*return_logits=*/true);
   ASSERT_TRUE(out.ok()) << out.status();
-  testing::ExpectMatchesGolden(*out, c, kRelTol, c.name);
+  testing::ExpectMatchesGolden(*out, c, kDeepseekRelTol, c.name);
 
   // The argmax alone (no logits), as the server asks for it.
   auto alone = testing::GoldenForward(*m.model, c, /*return_logits=*/false);
@@ -104,7 +104,7 @@ TEST(DeepseekForwardTest, SglBackendKeepsTheReferenceNumerics) {
   EXPECT_NE(m.model->Techniques().find("FP8 block-scaled weights dequantized at load"), std::string::npos);
   auto out = testing::GoldenForward(*m.model, c, /*return_logits=*/false);
   ASSERT_TRUE(out.ok()) << out.status();
-  testing::ExpectMatchesGolden(*out, c, kRelTol, c.name + " sgl");
+  testing::ExpectMatchesGolden(*out, c, kDeepseekRelTol, c.name + " sgl");
 }
 
 // The official DeepSeek-V3 config.json (transformers 4.x layout: rope_scaling

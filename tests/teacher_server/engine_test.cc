@@ -15,6 +15,7 @@
 #include "common/model_dir.h"
 #include "tests/teacher_server/golden_fixture.h"
 #include "tests/teacher_server/synthetic_dataset.h"
+#include "tests/wait_for.h"
 
 namespace e3 {
 namespace {
@@ -84,14 +85,7 @@ AckParams FinalReport(int rank, const std::string& id, uint64_t generation, std:
 
 // Polls `pred` (the worker computes asynchronously; a loaded machine may
 // take seconds per batch).
-bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds limit = 30000ms) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return pred();
-}
+using testing::WaitFor;
 
 int CountShmSegments(const std::string& prefix) {
   int n = 0;

@@ -10,6 +10,7 @@
 #include "common/torch/tensor_convert.h"
 #include "common/torch/torch_core.h"
 #include "nlohmann/json.hpp"
+#include "tests/rel_inf.h"
 
 namespace e3::testing {
 
@@ -40,12 +41,6 @@ inline GoldenCase LoadGoldenCase(const std::string& name) {
   at::Tensor cu = c.tensors.at("cu_seqlens").to(at::kLong);
   c.cu_seqlens.assign(cu.data_ptr<int64_t>(), cu.data_ptr<int64_t>() + cu.numel());
   return c;
-}
-
-// max |a - b| / max |b|: the error relative to the tensor's scale.
-inline double RelInf(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() /
-         b.to(at::kDouble).abs().max().item<double>();
 }
 
 }  // namespace e3::testing

@@ -38,7 +38,7 @@ using testing::GoldenModel;
 using testing::LoadGoldenCase;
 using testing::RelInf;
 
-constexpr double kRelTol = 1e-4;
+constexpr double kGptOssRelTol = 1e-4;
 
 GoldenModel LoadModel(const GoldenCase& c, const std::string& backend = "hf") {
   ModelOptions options;
@@ -60,7 +60,7 @@ TEST_P(GptOssGoldenTest, MatchesTransformersFp32) {
   EXPECT_EQ(m.model->config().architecture, Architecture::kGptOss);
   auto out = testing::GoldenForward(*m.model, c, /*return_logits=*/true);
   ASSERT_TRUE(out.ok()) << out.status();
-  testing::ExpectMatchesGolden(*out, c, kRelTol, c.name + " " + GetParam().backend);
+  testing::ExpectMatchesGolden(*out, c, kGptOssRelTol, c.name + " " + GetParam().backend);
   std::printf("[%s] %s\n", c.name.c_str(), m.model->Techniques().c_str());
 }
 
@@ -168,7 +168,7 @@ TEST(GptOssForwardTest, TheWindowDropsKeys) {
   // Equal up to rounding: the two windows run the attention in different
   // shapes, and LibTorch's CPU kernels (BLIS on Debian, MKL in pip's
   // builds) round those differently. Same bound as against transformers.
-  EXPECT_LT(RelInf(last[1].narrow(0, 0, 8), last[0].narrow(0, 0, 8)), kRelTol);
+  EXPECT_LT(RelInf(last[1].narrow(0, 0, 8), last[0].narrow(0, 0, 8)), kGptOssRelTol);
   EXPECT_FALSE(torch::allclose(last[0].narrow(0, 8, 12), last[1].narrow(0, 8, 12), 1e-3, 1e-3));
 }
 
@@ -218,7 +218,7 @@ TEST(GptOssForwardTest, ACachedPrefixMatchesTheWholeSequence) {
     auto whole = model->Forward(*PackSamples({ids}, 128, at::kCPU), fwd);
     ASSERT_TRUE(whole.ok()) << whole.status();
     // Up to rounding (the cached keys meet the new queries in other shapes).
-    EXPECT_LT(RelInf(out->aux_hidden, whole->aux_hidden.narrow(0, 13, 10)), kRelTol);
+    EXPECT_LT(RelInf(out->aux_hidden, whole->aux_hidden.narrow(0, 13, 10)), kGptOssRelTol);
     EXPECT_TRUE(out->target_argmax.equal(whole->target_argmax.narrow(0, 13, 10)));
   }
 }

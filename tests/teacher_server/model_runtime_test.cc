@@ -8,7 +8,7 @@
 namespace e3 {
 namespace {
 
-const std::string kModel = std::string(E3_SOURCE_DIR) + "/examples/tiny-code-llama";
+const std::string kTinyModel = std::string(E3_SOURCE_DIR) + "/examples/tiny-code-llama";
 
 TEST(ModelRuntimeTest, AutoPicksSglOnAGpuAndHfOnTheCpu) {
   EXPECT_EQ(ResolveBackend("auto", /*cuda=*/true), "sgl");
@@ -72,7 +72,7 @@ TEST(ModelRuntimeTest, OptionsFollowTheDeviceAndRefuseBadValuesByFlag) {
 }
 
 TEST(ModelRuntimeTest, LoadsTheBundledModel) {
-  auto dir = ModelDir::Open(kModel);
+  auto dir = ModelDir::Open(kTinyModel);
   ASSERT_TRUE(dir.ok()) << dir.status();
   ModelRuntimeOptions o;
   auto mopts = MakeModelOptions(o);

@@ -24,7 +24,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-void SetDeadline(grpc::ClientContext* ctx) {
+void SetLimitsDeadline(grpc::ClientContext* ctx) {
   ctx->set_deadline(std::chrono::system_clock::now() + 20s);
 }
 
@@ -61,7 +61,7 @@ class ServiceLimitsTest : public ::testing::Test {
   static grpc::Status FirstBatch(v1::TeacherService::Stub& stub, const v1::SubscribeRequest& req,
                                  v1::BatchDescriptor* first) {
     grpc::ClientContext ctx;
-    SetDeadline(&ctx);
+    SetLimitsDeadline(&ctx);
     auto reader = stub.Subscribe(&ctx, req);
     if (reader->Read(first)) {
       ctx.TryCancel();
@@ -74,7 +74,7 @@ class ServiceLimitsTest : public ::testing::Test {
   static grpc::Status Generate(v1::TeacherService::Stub& stub, const std::vector<int32_t>& prompt,
                                int max_new, v1::GenerateResponse* resp) {
     grpc::ClientContext ctx;
-    SetDeadline(&ctx);
+    SetLimitsDeadline(&ctx);
     v1::GenerateRequest req;
     req.set_version(v1::PROTOCOL_VERSION_CURRENT);
     for (int32_t id : prompt) req.add_input_ids(id);
@@ -92,7 +92,7 @@ class ServiceLimitsTest : public ::testing::Test {
     auto rb = ReceivedBatch::Resolve(d, t.engine->shm_segment_prefix());
     ASSERT_TRUE(rb.ok()) << rb.status();
     grpc::ClientContext ctx;
-    SetDeadline(&ctx);
+    SetLimitsDeadline(&ctx);
     v1::AckRequest ack;
     ack.set_version(v1::PROTOCOL_VERSION_CURRENT);
     ack.set_subscriber_id("honest");
@@ -132,7 +132,7 @@ TEST_F(ServiceLimitsTest, RankAndWorldOutsideTheBoundsAreRefused) {
                "SubscribeRequest.resume");
   {
     grpc::ClientContext ctx;
-    SetDeadline(&ctx);
+    SetLimitsDeadline(&ctx);
     v1::GetInfoRequest req;
     req.set_version(v1::PROTOCOL_VERSION_CURRENT);
     req.set_world_size(2000000000);
@@ -142,7 +142,7 @@ TEST_F(ServiceLimitsTest, RankAndWorldOutsideTheBoundsAreRefused) {
   }
   {
     grpc::ClientContext ctx;
-    SetDeadline(&ctx);
+    SetLimitsDeadline(&ctx);
     v1::AckRequest ack;
     ack.set_version(v1::PROTOCOL_VERSION_CURRENT);
     ack.set_subscriber_id("big");
@@ -239,7 +239,7 @@ TEST_F(ServiceLimitsTest, ARequestOverTheReceiveCapIsRefusedByGrpc) {
                grpc::StatusCode::RESOURCE_EXHAUSTED, "larger than max");
   {
     grpc::ClientContext ctx;
-    SetDeadline(&ctx);
+    SetLimitsDeadline(&ctx);
     v1::AckRequest ack;
     ack.set_version(v1::PROTOCOL_VERSION_CURRENT);
     ack.set_subscriber_id("flood");
@@ -251,7 +251,7 @@ TEST_F(ServiceLimitsTest, ARequestOverTheReceiveCapIsRefusedByGrpc) {
   {
     // Under the byte cap, over the id cap: the handler refuses it.
     grpc::ClientContext ctx;
-    SetDeadline(&ctx);
+    SetLimitsDeadline(&ctx);
     v1::AckRequest ack;
     ack.set_version(v1::PROTOCOL_VERSION_CURRENT);
     ack.set_subscriber_id("flood");
@@ -262,7 +262,7 @@ TEST_F(ServiceLimitsTest, ARequestOverTheReceiveCapIsRefusedByGrpc) {
   }
   {
     grpc::ClientContext ctx;
-    SetDeadline(&ctx);
+    SetLimitsDeadline(&ctx);
     v1::GetWeightsRequest req;
     req.set_version(v1::PROTOCOL_VERSION_CURRENT);
     for (int i = 0; i < 100; ++i) req.add_names("embed_tokens");
@@ -287,7 +287,7 @@ TEST_F(ServiceLimitsTest, ABatchOverTheSendCapEndsTheStreamNamingTheFlag) {
                grpc::StatusCode::FAILED_PRECONDITION,
                "over the teacher's --max_send_message_bytes=65536");
   grpc::ClientContext ctx;
-  SetDeadline(&ctx);
+  SetLimitsDeadline(&ctx);
   v1::GetWeightsRequest req;
   req.set_version(v1::PROTOCOL_VERSION_CURRENT);
   auto reader = t->stub->GetWeights(&ctx, req);

@@ -26,6 +26,7 @@
 #include "common/file_util.h"
 #include "httplib.h"
 #include "proto/teacher.grpc.pb.h"
+#include "tests/metric_value.h"
 
 namespace e3 {
 namespace {
@@ -175,12 +176,7 @@ class TeacherBinaryTest : public ::testing::Test {
   std::string name_;
 };
 
-double MetricValue(const std::string& text, const std::string& name) {
-  const std::string key = "\n" + name + " ";
-  const size_t at = ("\n" + text).find(key);
-  if (at == std::string::npos) return -1;
-  return std::stod(text.substr(at + key.size() - 1));
-}
+using testing::MetricValue;
 
 TEST_F(TeacherBinaryTest, ServesMetricsAndInfoThenDrainsOnSigterm) {
   // This test's subscriber never commits: the drain waits for its final

@@ -33,6 +33,8 @@
 #include "teacher_server/generation.h"
 #include "teacher_server/serialized_model.h"
 #include "tests/teacher_server/loopback_teacher.h"
+#include "tests/wait_for.h"
+#include "tests/metric_value.h"
 
 namespace e3 {
 namespace {
@@ -62,22 +64,10 @@ grpc::Status SendAck(v1::TeacherService::Stub& stub, const std::string& subscrib
 }
 
 // Polls `pred` until it holds or `limit` passes.
-bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds limit = 30000ms) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return pred();
-}
+using testing::WaitFor;
 
 // The value of an unlabelled sample in a text exposition; -1 if absent.
-double MetricValue(const std::string& text, const std::string& name) {
-  const std::string key = "\n" + name + " ";
-  const size_t at = ("\n" + text).find(key);
-  if (at == std::string::npos) return -1;
-  return std::stod(text.substr(at + key.size() - 1));
-}
+using testing::MetricValue;
 
 bool ShmExists(const std::string& name) { return PathExists("/dev/shm" + name); }
 
