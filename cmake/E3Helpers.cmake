@@ -110,7 +110,7 @@ function(e3_library)
 endfunction()
 
 function(e3_test)
-  cmake_parse_arguments(E3 "TORCH" "NAME;TIMEOUT;COST" "SRCS;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(E3 "TORCH;BY_SUITE" "NAME;TIMEOUT;COST" "SRCS;DEPS;LABELS" ${ARGN})
   if(NOT E3_TIMEOUT)
     set(E3_TIMEOUT 120)
   endif()
@@ -138,9 +138,37 @@ function(e3_test)
   if(E3_COST)
     set(_cost COST ${E3_COST})
   endif()
+  if(E3_BY_SUITE)
+    e3_discover_suites(${E3_NAME} ${_label} ${E3_TIMEOUT})
+    return()
+  endif()
   gtest_discover_tests(${E3_NAME}
     PROPERTIES LABELS ${_label} TIMEOUT ${E3_TIMEOUT} ${_cost}
     DISCOVERY_TIMEOUT 60)
+endfunction()
+
+# Registers one CTest test per GoogleTest suite of `target` (its cases run
+# in one process, `--gtest_filter=<suite>.*`), listed after each build by
+# cmake/E3ListSuites.cmake as gtest_discover_tests lists cases. For binaries
+# that load LibTorch: each process spends about 0.9 s loading it, which is
+# most of a typical case's time (DECISIONS, "What CI builds and runs").
+function(e3_discover_suites target label timeout)
+  set(_file "${CMAKE_CURRENT_BINARY_DIR}/${target}_suites.cmake")
+  add_custom_command(TARGET ${target} POST_BUILD
+    COMMAND ${CMAKE_COMMAND} -D "BINARY=$<TARGET_FILE:${target}>" -D "OUTPUT=${_file}"
+            -D "LABEL=${label}" -D "TIMEOUT=${timeout}" -P "${PROJECT_SOURCE_DIR}/cmake/E3ListSuites.cmake"
+    BYPRODUCTS ${_file}
+    VERBATIM)
+  # Until the first build lists the suites, one test says so (as
+  # gtest_discover_tests does).
+  set(_include "${CMAKE_CURRENT_BINARY_DIR}/${target}_suites_include.cmake")
+  file(WRITE ${_include}
+    "if(EXISTS [=[${_file}]=])\n"
+    "  include([=[${_file}]=])\n"
+    "else()\n"
+    "  add_test([=[${target}_NOT_BUILT]=] [=[${target}_NOT_BUILT]=])\n"
+    "endif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${_include})
 endfunction()
 
 function(e3_test_group)
@@ -162,6 +190,9 @@ function(e3_test_group)
     endif()
   endforeach()
   if(E3_GROUPED_TESTS)
+    if(E3_TORCH)
+      list(APPEND _rest BY_SUITE)
+    endif()
     e3_test(NAME ${E3_GROUP} SRCS ${E3_SRCS} ${_rest})
     set_target_properties(${E3_GROUP} PROPERTIES UNITY_BUILD ON)
     return()
