@@ -202,14 +202,3 @@ function(e3_test_group)
     e3_test(NAME ${_name} SRCS ${_src} ${_rest})
   endforeach()
 endfunction()
-
-# The target that holds the tests of `src` (a *_test.cc): its own binary,
-# or its group's with E3_GROUPED_TESTS.
-function(e3_test_target out src group)
-  if(E3_GROUPED_TESTS)
-    set(${out} ${group} PARENT_SCOPE)
-  else()
-    get_filename_component(_name ${src} NAME_WE)
-    set(${out} ${_name} PARENT_SCOPE)
-  endif()
-endfunction()

@@ -14,7 +14,10 @@ and BLIS names the configuration it selected. The first number naming
 FMA) is printed. Nothing is printed where BLAS is not BLIS, where BLIS
 already chose a tuned configuration, or where BLIS_ARCH_TYPE is set.
 
-    eval "$(tools/blis_arch.py)"   # tools/test.sh and tools/demo.sh do this
+    eval "$(python3 tools/blis_arch.py)"   # tools/test.sh and tools/demo.sh do this
+
+The export goes to standard output; a line saying what was chosen goes to
+standard error.
 """
 import os
 import re
@@ -84,6 +87,8 @@ def main():
     if selected_config(None) != "generic":
         return 0  # not BLIS, or BLIS knows this CPU
     wanted = wanted_configs(cpu_flags())
+    if not wanted:
+        return 0
     found = {}
     for arch_type in range(_MAX_ID):
         config = selected_config(arch_type)
@@ -93,7 +98,9 @@ def main():
                 break
     for config in wanted:
         if config in found:
-            print(f"export BLIS_ARCH_TYPE={found[config]}  # BLIS '{config}' kernels; it would run 'generic' here")
+            print(f"blis_arch: BLIS_ARCH_TYPE={found[config]}, BLIS's '{config}' kernels "
+                  "(it would run 'generic' here)", file=sys.stderr)
+            print(f"export BLIS_ARCH_TYPE={found[config]}")
             return 0
     return 0
 

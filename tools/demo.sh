@@ -18,11 +18,7 @@ cd "$(dirname "$0")/.."
 ./tools/install_deps.sh
 # Debian's BLIS runs its portable kernels on CPUs newer than itself (AMD
 # Zen 5): tools/blis_arch.py names the tuned ones it should take instead.
-blis_arch=$(python3 tools/blis_arch.py)
-if [[ -n "$blis_arch" ]]; then
-  echo "demo: $blis_arch"
-  eval "$blis_arch"
-fi
+eval "$(python3 tools/blis_arch.py)"
 JOBS=${JOBS:-$(nproc)}
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" >/dev/null
 cmake --build build -j"$JOBS" --target teacher_server student_trainer e3_launch

@@ -9,11 +9,7 @@ cd "$(dirname "$0")/.."
 ./tools/install_deps.sh
 # Debian's BLIS runs its portable kernels on CPUs newer than itself (AMD
 # Zen 5): tools/blis_arch.py names the tuned ones it should take instead.
-blis_arch=$(python3 tools/blis_arch.py)
-if [[ -n "$blis_arch" ]]; then
-  echo "tools/test.sh: $blis_arch"
-  eval "$blis_arch"
-fi
+eval "$(python3 tools/blis_arch.py)"
 JOBS=${JOBS:-$(nproc)}
 # Let ccache hit across checkouts in different directories.
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1

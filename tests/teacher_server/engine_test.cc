@@ -83,8 +83,8 @@ AckParams FinalReport(int rank, const std::string& id, uint64_t generation, std:
   return a;
 }
 
-// Polls `pred` (the worker computes asynchronously; a loaded machine may
-// take seconds per batch).
+// The worker computes asynchronously (a loaded machine may take seconds
+// per batch), so the tests poll with WaitFor.
 using testing::WaitFor;
 
 int CountShmSegments(const std::string& prefix) {

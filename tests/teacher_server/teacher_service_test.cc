@@ -63,7 +63,6 @@ grpc::Status SendAck(v1::TeacherService::Stub& stub, const std::string& subscrib
   return stub.Ack(&ctx, ack, resp);
 }
 
-// Polls `pred` until it holds or `limit` passes.
 using testing::WaitFor;
 
 // The value of an unlabelled sample in a text exposition; -1 if absent.
