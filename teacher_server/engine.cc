@@ -347,6 +347,11 @@ void Engine::Drain() {
 
 bool Engine::DrainSettled() const { return DrainPending() == 0; }
 
+int Engine::DrainWaitedRanks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(drain_waits_.size());
+}
+
 int Engine::DrainPending() const {
   std::lock_guard<std::mutex> lock(mu_);
   int pending = 0;

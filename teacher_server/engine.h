@@ -157,6 +157,8 @@ class Engine {
   bool DrainSettled() const;
   // Ranks Drain() is still waiting on, for the message when the wait ends.
   int DrainPending() const;
+  // Ranks Drain() remembered (settled or not).
+  int DrainWaitedRanks() const;
 
   EngineStats stats() const;
   LedgerReport ledger_report() const;

@@ -75,22 +75,28 @@ void WatchUntilDone(const ServeOptions& o, Engine* engine, TeacherServiceImpl* s
     }
   }
   std::printf("teacher: signal %d: draining\n", signal.load());
+  std::fflush(stdout);
 }
 
 // Acks still reach the engine while it drains, so a student stopped by the
 // same signal can commit the checkpoint it writes as it stops.
+// Always logs the outcome: a student stopped by the same signal may have
+// committed before this teacher noticed it, which settles the drain at once.
 void WaitForFinalCommits(const ServeOptions& o, Engine* engine) {
-  if (engine->DrainSettled()) return;
-  std::printf("teacher: waiting up to %.0f s for %d rank(s) to commit their final checkpoint\n", o.drain_timeout_s,
-              engine->DrainPending());
-  std::fflush(stdout);
-  const auto deadline = Clock::now() + std::chrono::duration<double>(o.drain_timeout_s);
-  while (!engine->DrainSettled() && Clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (!engine->DrainSettled()) {
+    std::printf("teacher: waiting up to %.0f s for %d rank(s) to commit their final checkpoint\n", o.drain_timeout_s,
+                engine->DrainPending());
+    std::fflush(stdout);
+    const auto deadline = Clock::now() + std::chrono::duration<double>(o.drain_timeout_s);
+    while (!engine->DrainSettled() && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
   }
   const int pending = engine->DrainPending();
   if (pending == 0) {
-    std::printf("teacher: every draining rank committed its final checkpoint\n");
+    std::printf("teacher: every draining rank committed its final checkpoint (%d held uncommitted batches when "
+                "the drain began)\n",
+                engine->DrainWaitedRanks());
   } else {
     std::printf("teacher: %d rank(s) sent no final commit within %.0f s (--drain_timeout_s); their batches "
                 "are delivered again when they resume\n",

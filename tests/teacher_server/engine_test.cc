@@ -208,6 +208,7 @@ TEST(EngineTest, DrainWaitsForTheFinalCommitOfRanksWithUncommittedBatches) {
 
   (*engine)->Drain();
   EXPECT_EQ((*engine)->DrainPending(), 1);
+  EXPECT_EQ((*engine)->DrainWaitedRanks(), 1) << "rank 1 had committed all it took";
   EXPECT_FALSE((*engine)->DrainSettled());
   // Acks are still taken while draining; the final checkpoint's commit
   // settles rank 0, and the ledger records it.
@@ -237,6 +238,7 @@ TEST(EngineTest, AFinalReportBeforeTheDrainSettlesItsRank) {
 
   (*engine)->Drain();
   EXPECT_EQ((*engine)->DrainPending(), 1) << "rank 1's commit was not its last word; rank 0's was";
+  EXPECT_EQ((*engine)->DrainWaitedRanks(), 2) << "both ranks held a batch they had not committed";
   ASSERT_TRUE((*engine)->Ack(FinalReport(1, "plain", g1, {}, Cursor{0, 1})).ok());
   EXPECT_TRUE((*engine)->DrainSettled());
   EXPECT_EQ((*engine)->ledger_report().committed_batches, 2);
