@@ -117,9 +117,15 @@ void ProfileSteps(Step& step, int steps) {
   std::sort(order.rbegin(), order.rend());
   std::printf("profile: GPU busy %.1f ms per call over %d calls; top kernels (ms per call, launches per call):\n",
               total_us / 1e3 / steps, steps);
-  for (size_t i = 0; i < order.size() && i < 60; ++i) {
+  constexpr size_t kShown = 80;
+  for (size_t i = 0; i < order.size() && i < kShown; ++i) {
     std::printf("  %8.2f %6.0f  %s\n", order[i].first / 1e3 / steps,
                 static_cast<double>(by_kernel[order[i].second].second) / steps, order[i].second.c_str());
+  }
+  double rest_us = 0;
+  for (size_t i = kShown; i < order.size(); ++i) rest_us += order[i].first;
+  if (order.size() > kShown) {
+    std::printf("  %8.2f         the other %zu kernels\n", rest_us / 1e3 / steps, order.size() - kShown);
   }
 #else
   (void)step;

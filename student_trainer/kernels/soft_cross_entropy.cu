@@ -13,6 +13,7 @@
 // kernel takes it as 1 where the ATen statement sums p (the two differ by
 // fp32 rounding). The target probabilities are never stored: p =
 // exp(target - lse_t) is recomputed from the fp32 target logits.
+#include <algorithm>
 #include <cfloat>
 #include <climits>
 
@@ -20,6 +21,12 @@
 
 namespace e3::student_kernels {
 namespace {
+
+// RowRuns as the kernel reads them: run r is rows [begin[r], begin[r + 1]).
+struct RowRunOffsets {
+  int count = 0;
+  int64_t begin[kMaxRowRuns + 1] = {};
+};
 
 constexpr int kThreads = 512;
 
@@ -143,9 +150,18 @@ __global__ void __launch_bounds__(kThreads)
                            const int64_t* __restrict__ target_row,
                            const float* __restrict__ row_weight,
                            const float* __restrict__ row_grad_scale, float* __restrict__ loss,
-                           int64_t* __restrict__ argmax, AcceptanceArgs acc) {
+                           int64_t* __restrict__ argmax, AcceptanceArgs acc, RowRunOffsets runs) {
   using P = Pack<T, kVec>;
-  const int64_t row = blockIdx.x;
+  // Block b takes row b / count of run b % count: consecutive blocks read
+  // neighbouring target rows. Runs shorter than the longest leave blocks
+  // with nothing to do.
+  int64_t row = blockIdx.x;
+  if (runs.count > 0) {
+    const int run = static_cast<int>(blockIdx.x % runs.count);
+    const int64_t i = blockIdx.x / runs.count;
+    if (i >= runs.begin[run + 1] - runs.begin[run]) return;
+    row = runs.begin[run] + i;
+  }
   P* z = reinterpret_cast<P*>(logits + row * cols);
   const float weight = row_weight[row];
   const bool trained = weight != 0.f;
@@ -237,18 +253,32 @@ bool SoftCrossEntropy(Dtype dtype, void* logits, int64_t rows, int64_t cols,
                       const float* target_logits, const float* target_lse,
                       const int64_t* target_row, const float* row_weight,
                       const float* row_grad_scale, float* loss, int64_t* argmax,
-                      const AcceptanceArgs* acceptance, void* stream) {
+                      const AcceptanceArgs* acceptance, const RowRuns* row_runs, void* stream) {
   if (rows <= 0 || cols <= 0 || cols % kVec != 0 || !Aligned16(logits) ||
       !Aligned16(target_logits) || rows > 0x7fffffff) {
     return false;
+  }
+  RowRunOffsets runs;
+  int64_t blocks = rows;
+  if (row_runs != nullptr && row_runs->count > 0) {
+    if (row_runs->count > kMaxRowRuns) return false;
+    int64_t longest = 0;
+    runs.count = row_runs->count;
+    for (int r = 0; r < runs.count; ++r) {
+      if (row_runs->length[r] < 0) return false;
+      runs.begin[r + 1] = runs.begin[r] + row_runs->length[r];
+      longest = std::max(longest, row_runs->length[r]);
+    }
+    if (runs.begin[runs.count] != rows) return false;
+    blocks = longest * runs.count;
   }
   const AcceptanceArgs acc = acceptance != nullptr ? *acceptance : AcceptanceArgs{};
   if (acc.target_log_mass != nullptr && acc.write_grad && acc.acc_grad_scale == nullptr) return false;
   return DispatchDtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    SoftCrossEntropyKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, AsStream(stream)>>>(
+    SoftCrossEntropyKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, AsStream(stream)>>>(
         static_cast<T*>(logits), cols, target_logits, target_lse, target_row, row_weight,
-        row_grad_scale, loss, argmax, acc);
+        row_grad_scale, loss, argmax, acc, runs);
     return true;
   });
 }

@@ -189,11 +189,23 @@ struct AcceptanceArgs {
   bool write_grad = true;
   float* alpha = nullptr;  // [rows] out
 };
+//
+// `row_runs` (optional): the rows are runs, one per TTT step, of the same
+// positions, so that the runs' i-th rows read neighbouring target rows
+// (t + j + 1 for step j). The kernel then visits row i of every run before
+// row i + 1 of any, so each target row comes from memory once and from L2
+// for the other runs. The order changes no result. The lengths must sum to
+// rows; more than kMaxRowRuns runs are refused.
+constexpr int kMaxRowRuns = 16;
+struct RowRuns {
+  int count = 0;
+  int64_t length[kMaxRowRuns] = {};
+};
 bool SoftCrossEntropy(Dtype dtype, void* logits, int64_t rows, int64_t cols,
                       const float* target_logits, const float* target_lse,
                       const int64_t* target_row, const float* row_weight,
                       const float* row_grad_scale, float* loss, int64_t* argmax,
-                      const AcceptanceArgs* acceptance, void* stream);
+                      const AcceptanceArgs* acceptance, const RowRuns* row_runs, void* stream);
 
 // The target distribution's row statistics in one read of its fp32 logits
 // x [rows, cols] (row stride cols): lse[r] = log sum_v exp x_v and

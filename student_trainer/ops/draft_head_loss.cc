@@ -1,6 +1,7 @@
 #include "student_trainer/ops/draft_head_loss.h"
 
 #include <algorithm>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -19,14 +20,71 @@ struct Segment {
   int64_t step, begin, length;
 };
 
-// Splits the steps' rows, in step order, into chunks of at most
-// `chunk_rows` rows. A step whose rows are a range gets chunks of its own,
-// of near-equal size, so that each chunk is a view of the step's hidden
+// One chunk of the head's rows: runs of steps' rows, concatenated.
+struct Chunk {
+  std::vector<Segment> segments;
+  // One segment per step, from the same row index of range steps (so their
+  // i-th rows read target rows t + j + 1, neighbours): the soft CE visits
+  // them interleaved.
+  bool interleaved = false;
+  std::vector<int64_t> RowRuns() const {
+    std::vector<int64_t> runs;
+    for (const Segment& s : segments) runs.push_back(s.length);
+    return interleaved ? runs : std::vector<int64_t>{};
+  }
+};
+
+// The soft CE kernel's limit on interleaved runs.
+constexpr int64_t kMaxInterleavedSteps = 16;
+#ifdef E3_HAS_CUDA
+static_assert(kMaxInterleavedSteps == student_kernels::kMaxRowRuns);
+#endif
+
+// The steps to interleave, where every step with rows is a range step and
+// at least two of them fit a chunk together; else none.
+std::vector<int64_t> InterleavedSteps(const std::vector<HeadStepRows>& steps, int64_t chunk_rows) {
+  std::vector<int64_t> runs;
+  for (int64_t j = 0; j < static_cast<int64_t>(steps.size()); ++j) {
+    if (steps[j].rows.numel() == 0) continue;
+    if (steps[j].first_row < 0) return {};
+    runs.push_back(j);
+  }
+  const auto k = static_cast<int64_t>(runs.size());
+  return k >= 2 && k <= chunk_rows && k <= kMaxInterleavedSteps ? runs : std::vector<int64_t>{};
+}
+
+// Splits the steps' rows into chunks of about `chunk_rows` rows.
+// Range steps (long single samples, every position trained) go in
+// interleaved chunks: each chunk the same row indices of every step, so
+// the steps' soft CE rows that read one target row run together and read
+// it from memory once (the target, fp32, has twice the logits' bytes).
+// Other batches: a range step's rows get chunks of their own, of
+// near-equal size, so that each chunk is a view of the step's hidden
 // states and its gradient is written in place; other steps share chunks
 // (a step may span chunks, a chunk several steps).
-std::vector<std::vector<Segment>> Chunks(const std::vector<HeadStepRows>& steps,
-                                         int64_t chunk_rows) {
-  std::vector<std::vector<Segment>> chunks;
+std::vector<Chunk> Chunks(const std::vector<HeadStepRows>& steps, int64_t chunk_rows) {
+  std::vector<Chunk> chunks;
+  const std::vector<int64_t> runs = InterleavedSteps(steps, chunk_rows);
+  if (!runs.empty()) {
+    // As many chunks as the rows need, so a chunk may hold about one row
+    // per step more than chunk_rows.
+    int64_t longest = 0, total = 0;
+    for (int64_t j : runs) {
+      longest = std::max(longest, steps[j].rows.numel());
+      total += steps[j].rows.numel();
+    }
+    const int64_t pieces = (total + chunk_rows - 1) / chunk_rows;
+    for (int64_t p = 0; p < pieces; ++p) {
+      Chunk c{{}, true};
+      for (int64_t j : runs) {
+        const int64_t n = steps[j].rows.numel();
+        const int64_t begin = std::min(n, longest * p / pieces), end = std::min(n, longest * (p + 1) / pieces);
+        c.segments.push_back({j, begin, end - begin});
+      }
+      chunks.push_back(std::move(c));
+    }
+    return chunks;
+  }
   int64_t filled = chunk_rows;  // the last chunk is closed
   for (int64_t j = 0; j < static_cast<int64_t>(steps.size()); ++j) {
     const int64_t n = steps[j].rows.numel();
@@ -34,7 +92,7 @@ std::vector<std::vector<Segment>> Chunks(const std::vector<HeadStepRows>& steps,
       const int64_t pieces = (n + chunk_rows - 1) / chunk_rows;
       for (int64_t p = 0, begin = 0; p < pieces; ++p) {
         const int64_t end = n * (p + 1) / pieces;
-        chunks.push_back({{j, begin, end - begin}});
+        chunks.push_back({{{j, begin, end - begin}}});
         begin = end;
       }
       filled = chunk_rows;
@@ -46,7 +104,7 @@ std::vector<std::vector<Segment>> Chunks(const std::vector<HeadStepRows>& steps,
         filled = 0;
       }
       const int64_t take = std::min(n - begin, chunk_rows - filled);
-      chunks.back().push_back({j, begin, take});
+      chunks.back().segments.push_back({j, begin, take});
       begin += take;
       filled += take;
     }
@@ -146,20 +204,46 @@ at::Tensor SegmentRows(const at::Tensor& values, const HeadStepRows& st, const S
 // Concatenates; one tensor stays as it is (a view, when its rows were).
 at::Tensor CatRows(const std::vector<at::Tensor>& parts) { return parts.size() == 1 ? parts[0] : at::cat(parts, 0); }
 
+// Each step's per-row constants over all its rows, made once per call (a
+// chunk takes views of them, or one concatenation where it spans steps).
+struct StepRowConstants {
+  std::vector<at::Tensor> grad_scale, acc_scale, step;
+};
+
+StepRowConstants RowConstants(const std::vector<HeadStepRows>& steps, int64_t tokens) {
+  StepRowConstants k;
+  for (int64_t j = 0; j < static_cast<int64_t>(steps.size()); ++j) {
+    const HeadStepRows& st = steps[j];
+    const int64_t n = st.rows.numel();
+    k.grad_scale.push_back(at::full({n}, st.step_weight / static_cast<double>(tokens), st.row_weight.options()));
+    k.acc_scale.push_back(at::full({n}, st.step_weight * AcceptanceNorm(st), st.row_weight.options()));
+    k.step.push_back(at::full({n}, j, st.target_rows.options()));
+  }
+  return k;
+}
+
 ChunkRows Gather(const std::vector<Segment>& chunk, const std::vector<at::Tensor>& hiddens,
-                 const std::vector<HeadStepRows>& steps, int64_t tokens) {
+                 const std::vector<HeadStepRows>& steps, const StepRowConstants& k) {
   std::vector<at::Tensor> x, tr, w, s, a, j;
   for (const Segment& seg : chunk) {
     const HeadStepRows& st = steps[seg.step];
     x.push_back(SegmentRows(hiddens[seg.step], st, seg));
     tr.push_back(st.target_rows.narrow(0, seg.begin, seg.length));
     w.push_back(st.row_weight.narrow(0, seg.begin, seg.length));
-    s.push_back(
-        at::full({seg.length}, st.step_weight / static_cast<double>(tokens), w.back().options()));
-    a.push_back(at::full({seg.length}, st.step_weight * AcceptanceNorm(st), w.back().options()));
-    j.push_back(at::full({seg.length}, seg.step, tr.back().options()));
+    s.push_back(k.grad_scale[seg.step].narrow(0, seg.begin, seg.length));
+    a.push_back(k.acc_scale[seg.step].narrow(0, seg.begin, seg.length));
+    j.push_back(k.step[seg.step].narrow(0, seg.begin, seg.length));
   }
   return {CatRows(x), CatRows(tr), CatRows(w), CatRows(s), CatRows(a), CatRows(j)};
+}
+
+// Host values as a device vector without a copy from pageable memory (a
+// synchronisation that would leave the GPU idle while the host queues the
+// chunks' work): one fill per value.
+at::Tensor DeviceVector(const std::vector<double>& values, const at::TensorOptions& opts) {
+  std::vector<at::Tensor> parts;
+  for (double v : values) parts.push_back(at::full({1}, v, opts));
+  return at::cat(parts);
 }
 
 // log(a) where a > 0, else 0 (SpecForge's log acceptance rate).
@@ -177,27 +261,28 @@ struct StepFactors {
 // sum over each step's trained rows of alpha_t, from the draft's logits
 // as they are before any update: kLkLambda's weights need abar_j before
 // the gradient pass (one more forward of the head, no gradient written).
-at::Tensor AcceptanceSums(const std::vector<std::vector<Segment>>& chunks,
+at::Tensor AcceptanceSums(const std::vector<Chunk>& chunks,
                           const std::vector<at::Tensor>& hiddens, const HeadCall& call,
-                          const at::TensorOptions& fopts) {
+                          const at::TensorOptions& fopts, const StepRowConstants& constants) {
   const auto& steps = *call.steps;
   const auto& wts = *call.weights;
   at::Tensor sums = at::zeros({static_cast<int64_t>(steps.size())}, fopts);
   AcceptanceRows only_alpha;
   only_alpha.write_grad = false;
-  for (const std::vector<Segment>& chunk : chunks) {
-    const ChunkRows c = Gather(chunk, hiddens, steps, call.tokens);
+  for (const Chunk& chunk : chunks) {
+    const ChunkRows c = Gather(chunk.segments, hiddens, steps, constants);
     at::Tensor logits = at::mm(RmsNormForward(c.x, wts.norm, wts.eps).y, wts.lm_head.t());
     const SoftCrossEntropyResult r = SoftCrossEntropyInPlace(
-        logits, *call.target, c.target_rows, c.row_weight, c.grad_scale, &only_alpha);
+        logits, *call.target, c.target_rows, c.row_weight, c.grad_scale, &only_alpha, chunk.RowRuns());
     sums.index_add_(0, c.step_of_row, r.alpha.to(sums.scalar_type()) * c.row_weight.to(sums.scalar_type()));
   }
   return sums;
 }
 
-StepFactors LkFactors(const std::vector<std::vector<Segment>>& chunks,
+StepFactors LkFactors(const std::vector<Chunk>& chunks,
                       const std::vector<at::Tensor>& hiddens, const HeadCall& call,
-                      const at::TensorOptions& fopts, const at::Tensor& acc_norm) {
+                      const at::TensorOptions& fopts, const at::Tensor& acc_norm,
+                      const StepRowConstants& constants) {
   const auto& opt = *call.options;
   const int64_t num_steps = static_cast<int64_t>(call.steps->size());
   StepFactors f;
@@ -206,7 +291,7 @@ StepFactors LkFactors(const std::vector<std::vector<Segment>>& chunks,
     f.acc = at::full({num_steps}, -1.0, fopts);
     return f;
   }
-  const at::Tensor abar = AcceptanceSums(chunks, hiddens, call, fopts) * acc_norm;
+  const at::Tensor abar = AcceptanceSums(chunks, hiddens, call, fopts, constants) * acc_norm;
   f.kl_weight = opt.kl_scale * at::exp(-opt.kl_decay * abar);
   f.ce = f.kl_weight;
   f.acc = f.kl_weight - 1.0;  // d(1 - abar_j) = -d abar_j, weighted 1 - w_j
@@ -228,15 +313,17 @@ class DraftHeadLossFunction : public torch::autograd::Function<DraftHeadLossFunc
     const bool lk = opt.loss != HeadLossKind::kSoftCe;
     TORCH_CHECK(!lk || call.target->log_mass.defined(),
                 "DraftHeadLoss: the LK losses need the target's log mass on the draft vocab");
-    const std::vector<std::vector<Segment>> chunks = Chunks(steps, opt.chunk_rows);
+    const std::vector<Chunk> chunks = Chunks(steps, opt.chunk_rows);
     std::vector<double> norms, step_weights;
     for (const HeadStepRows& st : steps) {
       norms.push_back(AcceptanceNorm(st));
       step_weights.push_back(st.step_weight);
     }
-    const at::Tensor acc_norm = at::tensor(norms, at::TensorOptions().dtype(at::kDouble)).to(fopts);
+    // Only the LK losses read these.
+    const at::Tensor acc_norm = lk ? DeviceVector(norms, fopts) : at::Tensor();
     StepFactors factors;
-    if (lk) factors = LkFactors(chunks, hiddens, call, fopts, acc_norm);
+    const StepRowConstants constants = RowConstants(steps, call.tokens);
+    if (lk) factors = LkFactors(chunks, hiddens, call, fopts, acc_norm, constants);
     at::Tensor alpha_sum = at::zeros({num_steps}, fopts), log_alpha_sum = at::zeros({num_steps}, fopts);
     at::Tensor step_loss = at::zeros({num_steps}, fopts);
     at::Tensor step_hits = at::zeros({num_steps}, fopts.dtype(at::kLong));
@@ -253,14 +340,16 @@ class DraftHeadLossFunction : public torch::autograd::Function<DraftHeadLossFunc
       out.token_losses.push_back(at::zeros({call.tokens}, fopts));
     }
 
-    for (const std::vector<Segment>& chunk : chunks) {
-      ChunkRows c = Gather(chunk, hiddens, steps, call.tokens);
+    for (const Chunk& chunk_plan : chunks) {
+      const std::vector<Segment>& chunk = chunk_plan.segments;
+      ChunkRows c = Gather(chunk, hiddens, steps, constants);
       RmsNormResult nr = RmsNormForward(c.x, wts.norm, wts.eps);
       at::Tensor logits = at::mm(nr.y, wts.lm_head.t());
       if (opt.keep_logits) KeepRows(chunk, steps, logits.to(f), &out.logits);
       SoftCrossEntropyResult r;
       if (!lk) {
-        r = SoftCrossEntropyInPlace(logits, *call.target, c.target_rows, c.row_weight, c.grad_scale);
+        r = SoftCrossEntropyInPlace(logits, *call.target, c.target_rows, c.row_weight, c.grad_scale, nullptr,
+                                    chunk_plan.RowRuns());
         loss.add_((r.loss.to(f) * c.grad_scale.to(f)).sum());
       } else {
         AcceptanceRows terms;
@@ -268,7 +357,8 @@ class DraftHeadLossFunction : public torch::autograd::Function<DraftHeadLossFunc
         terms.log_form = opt.loss == HeadLossKind::kLkAlpha;
         const at::Tensor ce_scale =
             c.grad_scale * factors.ce.index_select(0, c.step_of_row).to(c.grad_scale.scalar_type());
-        r = SoftCrossEntropyInPlace(logits, *call.target, c.target_rows, c.row_weight, ce_scale, &terms);
+        r = SoftCrossEntropyInPlace(logits, *call.target, c.target_rows, c.row_weight, ce_scale, &terms,
+                                    chunk_plan.RowRuns());
         const at::Tensor w = c.row_weight.to(f), alpha = r.alpha.to(f);
         alpha_sum.index_add_(0, c.step_of_row, alpha * w);
         log_alpha_sum.index_add_(0, c.step_of_row, LogWherePositive(alpha) * w);
@@ -299,7 +389,7 @@ class DraftHeadLossFunction : public torch::autograd::Function<DraftHeadLossFunc
       step_loss = opt.loss == HeadLossKind::kLkAlpha
                       ? -log_alpha_sum * acc_norm
                       : factors.kl_weight * step_loss + (1.0 - factors.kl_weight) * (1.0 - out.step_acceptance);
-      loss = (step_loss * at::tensor(step_weights, at::TensorOptions().dtype(at::kDouble)).to(fopts)).sum();
+      loss = (step_loss * DeviceVector(step_weights, fopts)).sum();
     }
     out.step_loss = step_loss;
     out.step_hits = step_hits;
@@ -379,7 +469,8 @@ std::optional<SoftCrossEntropyResult> SoftCrossEntropyKernel(at::Tensor& logits,
                                                              const at::Tensor& target_rows,
                                                              const at::Tensor& row_weight,
                                                              const at::Tensor& row_grad_scale,
-                                                             const AcceptanceRows* acceptance) {
+                                                             const AcceptanceRows* acceptance,
+                                                             const std::vector<int64_t>& row_runs) {
   const int64_t rows = logits.size(0), cols = logits.size(1);
   student_kernels::Dtype dt;
   auto fp32 = [](const at::Tensor& t) { return !t.defined() || t.scalar_type() == at::kFloat; };
@@ -394,6 +485,11 @@ std::optional<SoftCrossEntropyResult> SoftCrossEntropyKernel(at::Tensor& logits,
   r.argmax = at::empty({rows}, target_rows.options());
   const at::Tensor w = row_weight.contiguous(), s = row_grad_scale.contiguous(),
                    tr = target_rows.contiguous();
+  student_kernels::RowRuns runs;
+  if (row_runs.size() <= static_cast<size_t>(student_kernels::kMaxRowRuns)) {  // else rows in order
+    runs.count = static_cast<int>(row_runs.size());
+    std::copy(row_runs.begin(), row_runs.end(), runs.length);
+  }
   student_kernels::AcceptanceArgs args;
   at::Tensor log_mass, acc_scale;
   if (acceptance != nullptr) {
@@ -412,7 +508,7 @@ std::optional<SoftCrossEntropyResult> SoftCrossEntropyKernel(at::Tensor& logits,
           dt, logits.data_ptr(), rows, cols, target.logits.data_ptr<float>(),
           target.lse.data_ptr<float>(), tr.data_ptr<int64_t>(), w.data_ptr<float>(),
           s.data_ptr<float>(), r.loss.data_ptr<float>(), r.argmax.data_ptr<int64_t>(),
-          acceptance != nullptr ? &args : nullptr, StudentKernelStream(logits))) {
+          acceptance != nullptr ? &args : nullptr, runs.count > 0 ? &runs : nullptr, StudentKernelStream(logits))) {
     return std::nullopt;
   }
   CheckStudentKernelLaunch("SoftCrossEntropy");
@@ -457,11 +553,16 @@ SoftCrossEntropyResult SoftCrossEntropyInPlace(at::Tensor& logits, const TargetD
                                                const at::Tensor& target_rows,
                                                const at::Tensor& row_weight,
                                                const at::Tensor& row_grad_scale,
-                                               const AcceptanceRows* acceptance) {
+                                               const AcceptanceRows* acceptance,
+                                               const std::vector<int64_t>& row_runs) {
   TORCH_CHECK(acceptance == nullptr || target.log_mass.defined(),
               "SoftCrossEntropyInPlace: the acceptance terms need target.log_mass");
+  TORCH_CHECK(std::accumulate(row_runs.begin(), row_runs.end(), int64_t{0}) == (row_runs.empty() ? 0 : logits.size(0)),
+              "SoftCrossEntropyInPlace: row runs of ", c10::IntArrayRef(row_runs), " do not cover ", logits.size(0),
+              " rows");
 #ifdef E3_HAS_CUDA
-  if (auto r = SoftCrossEntropyKernel(logits, target, target_rows, row_weight, row_grad_scale, acceptance)) {
+  if (auto r = SoftCrossEntropyKernel(logits, target, target_rows, row_weight, row_grad_scale, acceptance,
+                                      row_runs)) {
     return *r;
   }
 #endif

@@ -57,7 +57,9 @@ struct DraftHeadWeights {
 };
 
 struct DraftHeadOptions {
-  int64_t chunk_rows = 8192;  // rows of logits alive at a time
+  // Rows of logits alive at a time (chunks that interleave the steps' rows
+  // may hold about one row per step more).
+  int64_t chunk_rows = 8192;
   bool keep_logits =
       false;  // also return every step's logits (fp32 [T, N], zero where not computed)
   bool keep_token_losses = false;
@@ -98,12 +100,16 @@ struct SoftCrossEntropyResult {
 // Soft cross-entropy rows in place, as student_kernels::SoftCrossEntropy
 // (the kernel on the GPU, ATen elsewhere): overwrites logits with
 // row_grad_scale * row_weight * dloss/dlogits, plus the acceptance terms'
-// gradient when `acceptance` is given.
+// gradient when `acceptance` is given. `row_runs`, when given, are the
+// lengths of the rows' runs, one per TTT step, whose i-th rows read
+// neighbouring target rows: the GPU kernel visits them interleaved
+// (student_kernels::RowRuns; results do not depend on it).
 SoftCrossEntropyResult SoftCrossEntropyInPlace(at::Tensor& logits, const TargetDistribution& target,
                                                const at::Tensor& target_rows,
                                                const at::Tensor& row_weight,
                                                const at::Tensor& row_grad_scale,
-                                               const AcceptanceRows* acceptance = nullptr);
+                                               const AcceptanceRows* acceptance = nullptr,
+                                               const std::vector<int64_t>& row_runs = {});
 
 }  // namespace e3::ops
 

@@ -154,6 +154,50 @@ TEST_P(SoftCrossEntropyVocabTest, RowsAndGradient) {
 }
 INSTANTIATE_TEST_SUITE_P(Vocab, SoftCrossEntropyVocabTest, ::testing::Values(4000, 32000, 64000));
 
+// Interleaved runs (the head's chunks of range steps: step j's row i reads
+// target row i + j + 1, and each step has one row fewer than the one
+// before) visit rows in another order only: every output equals the plain
+// order's bit for bit, with and without the acceptance terms. Runs that do
+// not cover the rows are refused.
+TEST_F(StudentKernelsGpuTest, SoftCrossEntropyInterleavedRunsChangeNothing) {
+  const int64_t steps = 7, first_rows = 40, vocab = 32000, targets = first_rows + steps;
+  const auto f32 = torch::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+  ops::TargetDistribution target;
+  target.logits = torch::randn({targets, vocab}, f32) * 3;
+  target.lse = at::logsumexp(target.logits, -1);
+  target.top = target.logits.argmax(-1);
+  target.log_mass = -torch::rand({targets}, f32);
+  std::vector<int64_t> runs;
+  std::vector<at::Tensor> run_targets;
+  for (int64_t j = 0; j < steps; ++j) {
+    runs.push_back(first_rows - j);
+    run_targets.push_back(torch::arange(j + 1, j + 1 + runs.back(), f32.dtype(at::kLong)));
+  }
+  const at::Tensor target_rows = at::cat(run_targets);
+  const int64_t rows = target_rows.size(0);
+  const at::Tensor z = torch::randn({rows, vocab}, bf16) * 4;
+  const at::Tensor weight = (torch::rand({rows}, f32) > 0.2).to(at::kFloat);
+  const at::Tensor scale = torch::full({rows}, 0.125, f32);
+  ops::AcceptanceRows terms;
+  terms.grad_scale = torch::full({rows}, -0.5, f32);
+  for (bool lk : {false, true}) {
+    SCOPED_TRACE(lk ? "with the acceptance terms" : "soft CE");
+    std::vector<std::vector<at::Tensor>> outs;
+    for (bool interleaved : {false, true}) {
+      at::Tensor logits = z.clone();
+      ops::SoftCrossEntropyResult r = ops::SoftCrossEntropyInPlace(
+          logits, target, target_rows, weight, scale, lk ? &terms : nullptr,
+          interleaved ? runs : std::vector<int64_t>{});
+      outs.push_back({r.loss, r.argmax, logits, lk ? r.alpha : r.loss});
+    }
+    for (size_t k = 0; k < outs[0].size(); ++k) EXPECT_TRUE(outs[0][k].equal(outs[1][k])) << "output " << k;
+  }
+  at::Tensor logits = z.clone();
+  runs.back() += 1;
+  EXPECT_THROW(ops::SoftCrossEntropyInPlace(logits, target, target_rows, weight, scale, nullptr, runs),
+               c10::Error);
+}
+
 // The target distribution's log-sum-exp and argmax in one pass against
 // ATen's: fp32 sums in another order (1e-6 relative), the same indices.
 TEST_F(StudentKernelsGpuTest, TargetRowStatsMatchLogSumExpAndArgmax) {
