@@ -80,9 +80,11 @@ void WatchUntilDone(const ServeOptions& o, Engine* engine, TeacherServiceImpl* s
 
 // Acks still reach the engine while it drains, so a student stopped by the
 // same signal can commit the checkpoint it writes as it stops.
-// Always logs the outcome: a student stopped by the same signal may have
-// committed before this teacher noticed it, which settles the drain at once.
-void WaitForFinalCommits(const ServeOptions& o, Engine* engine) {
+// After a signal, always logs the outcome: a student stopped by the same
+// signal may have committed before this teacher noticed it, which settles
+// the drain at once. A teacher done with its data has nothing to report.
+void WaitForFinalCommits(const ServeOptions& o, Engine* engine, bool signalled) {
+  if (!signalled && engine->DrainSettled()) return;
   if (!engine->DrainSettled()) {
     std::printf("teacher: waiting up to %.0f s for %d rank(s) to commit their final checkpoint\n", o.drain_timeout_s,
                 engine->DrainPending());
@@ -94,8 +96,8 @@ void WaitForFinalCommits(const ServeOptions& o, Engine* engine) {
   }
   const int pending = engine->DrainPending();
   if (pending == 0) {
-    std::printf("teacher: every draining rank committed its final checkpoint (%d held uncommitted batches when "
-                "the drain began)\n",
+    std::printf("teacher: every draining rank committed its final checkpoint (%d rank(s) held uncommitted "
+                "batches when the drain began)\n",
                 engine->DrainWaitedRanks());
   } else {
     std::printf("teacher: %d rank(s) sent no final commit within %.0f s (--drain_timeout_s); their batches "
@@ -148,7 +150,7 @@ absl::Status Serve(const ServeOptions& o, Engine* engine, TeacherServiceImpl* se
   server->GetHealthCheckService()->SetServingStatus(false);
   metrics->SetServing(false);
   engine->Drain();
-  WaitForFinalCommits(o, engine);
+  WaitForFinalCommits(o, engine, signal != 0);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   std::printf("teacher: ledger %s\n", engine->ledger_report().ToJson().c_str());
   std::fflush(stdout);

@@ -271,6 +271,7 @@ bool SoftCrossEntropy(Dtype dtype, void* logits, int64_t rows, int64_t cols,
     }
     if (runs.begin[runs.count] != rows) return false;
     blocks = longest * runs.count;
+    if (blocks > 0x7fffffff) return false;
   }
   const AcceptanceArgs acc = acceptance != nullptr ? *acceptance : AcceptanceArgs{};
   if (acc.target_log_mass != nullptr && acc.write_grad && acc.acc_grad_scale == nullptr) return false;

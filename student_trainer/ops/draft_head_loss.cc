@@ -58,7 +58,8 @@ std::vector<int64_t> InterleavedSteps(const std::vector<HeadStepRows>& steps, in
 // interleaved chunks: each chunk the same row indices of every step, so
 // the steps' soft CE rows that read one target row run together and read
 // it from memory once (the target, fp32, has twice the logits' bytes).
-// Other batches: a range step's rows get chunks of their own, of
+// Their rows are gathered into the chunk and their gradient scattered
+// back. Other batches: a range step's rows get chunks of their own, of
 // near-equal size, so that each chunk is a view of the step's hidden
 // states and its gradient is written in place; other steps share chunks
 // (a step may span chunks, a chunk several steps).
@@ -66,14 +67,12 @@ std::vector<Chunk> Chunks(const std::vector<HeadStepRows>& steps, int64_t chunk_
   std::vector<Chunk> chunks;
   const std::vector<int64_t> runs = InterleavedSteps(steps, chunk_rows);
   if (!runs.empty()) {
-    // As many chunks as the rows need, so a chunk may hold about one row
-    // per step more than chunk_rows.
-    int64_t longest = 0, total = 0;
-    for (int64_t j : runs) {
-      longest = std::max(longest, steps[j].rows.numel());
-      total += steps[j].rows.numel();
-    }
-    const int64_t pieces = (total + chunk_rows - 1) / chunk_rows;
+    // Each chunk takes up to ceil(longest / pieces) rows of every step: at
+    // most chunk_rows + k rows (the steps of a long sample differ by a row).
+    int64_t longest = 0;
+    for (int64_t j : runs) longest = std::max(longest, steps[j].rows.numel());
+    const auto k = static_cast<int64_t>(runs.size());
+    const int64_t pieces = (k * longest + chunk_rows - 1) / chunk_rows;
     for (int64_t p = 0; p < pieces; ++p) {
       Chunk c{{}, true};
       for (int64_t j : runs) {

@@ -58,7 +58,7 @@ struct DraftHeadWeights {
 
 struct DraftHeadOptions {
   // Rows of logits alive at a time (chunks that interleave the steps' rows
-  // may hold about one row per step more).
+  // may hold one row per step more).
   int64_t chunk_rows = 8192;
   bool keep_logits =
       false;  // also return every step's logits (fp32 [T, N], zero where not computed)

@@ -156,11 +156,12 @@ INSTANTIATE_TEST_SUITE_P(Vocab, SoftCrossEntropyVocabTest, ::testing::Values(400
 
 // Interleaved runs (the head's chunks of range steps: step j's row i reads
 // target row i + j + 1, and each step has one row fewer than the one
-// before) visit rows in another order only: every output equals the plain
-// order's bit for bit, with and without the acceptance terms. Runs that do
-// not cover the rows are refused.
+// before; a chunk past a step's last row gives it an empty run) visit rows
+// in another order only: every output equals the plain order's bit for
+// bit, with and without the acceptance terms. Runs that do not cover the
+// rows are refused.
 TEST_F(StudentKernelsGpuTest, SoftCrossEntropyInterleavedRunsChangeNothing) {
-  const int64_t steps = 7, first_rows = 40, vocab = 32000, targets = first_rows + steps;
+  const int64_t steps = 8, first_rows = 7, vocab = 32000, targets = first_rows + steps;
   const auto f32 = torch::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
   ops::TargetDistribution target;
   target.logits = torch::randn({targets, vocab}, f32) * 3;
@@ -170,7 +171,7 @@ TEST_F(StudentKernelsGpuTest, SoftCrossEntropyInterleavedRunsChangeNothing) {
   std::vector<int64_t> runs;
   std::vector<at::Tensor> run_targets;
   for (int64_t j = 0; j < steps; ++j) {
-    runs.push_back(first_rows - j);
+    runs.push_back(first_rows - j);  // 7 rows down to none
     run_targets.push_back(torch::arange(j + 1, j + 1 + runs.back(), f32.dtype(at::kLong)));
   }
   const at::Tensor target_rows = at::cat(run_targets);
@@ -384,16 +385,21 @@ TttBatch GpuBatch(const Eagle3DraftConfig& c) {
 TEST_F(StudentKernelsGpuTest, FastStepKernelsMatchItsAtenStatement) {
   struct Case {
     int64_t kv_heads, head_dim, ttt_length;
+    bool one_sample = false;
   };
-  // TTT 12: eleven diagonal keys, more than one pass of the key kernel can hold.
+  // TTT 12: eleven diagonal keys, more than one pass of the key kernel can
+  // hold. One sample, every position trained: the head's chunks interleave
+  // the steps' rows (runs of unequal length).
   for (const Case& c : {Case{2, 64, 7}, Case{4, 64, 7}, Case{1, 128, 7}, Case{2, 64, 12},
-                        Case{1, 32, 7}}) {
+                        Case{1, 32, 7}, Case{2, 64, 7, true}}) {
     SCOPED_TRACE(::testing::Message() << "kv_heads " << c.kv_heads << ", head_dim " << c.head_dim
-                                      << ", TTT " << c.ttt_length);
+                                      << ", TTT " << c.ttt_length << (c.one_sample ? ", one sample" : ""));
     Eagle3Draft draft = GpuDraft(at::kBFloat16, c.kv_heads, false, c.head_dim);
     TttBatch batch = GpuBatch(draft->config());
-    if (c.head_dim == 32) {
-      batch = testing::RandomBatch(draft->config(), {300, 17, 211, 1, 94}, /*seed=*/8);
+    if (c.head_dim == 32 || c.one_sample) {
+      const std::vector<int64_t> lengths =
+          c.one_sample ? std::vector<int64_t>{700} : std::vector<int64_t>{300, 17, 211, 1, 94};
+      batch = testing::RandomBatch(draft->config(), lengths, /*seed=*/8);
       batch.aux_hidden = batch.aux_hidden * 0.5;
     }
     TttOptions options;

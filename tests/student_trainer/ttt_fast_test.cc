@@ -201,9 +201,10 @@ INSTANTIATE_TEST_SUITE_P(
                            /*head_chunk_rows=*/5, TttPositions::kAdvancing, TttLoss::kLkLambda},
                       Case{"lk_lambda_early_masks", {12, 9}, 5, 1, 0.5, false, true, 8192,
                            TttPositions::kAdvancing, TttLoss::kLkLambda},
-                      // Range steps: interleaved chunks of one row per step (10 rows
-                      // fit 7 steps once), of every row in one chunk, an LK loss over
-                      // them; and 5-row chunks, too few for 7 steps: a chunk per step.
+                      // Range steps: interleaved chunks of 1-2 rows per step (10-row
+                      // chunks, 7 steps), of every row in one chunk, an LK loss over
+                      // them; and 5-row chunks, too few for 7 steps: each step's rows
+                      // in chunks of their own.
                       Case{"one_sample_every_position_trained", {23}, 7, 2, 1.0, false, false,
                            /*head_chunk_rows=*/10, TttPositions::kAdvancing, TttLoss::kSoftCe,
                            /*every_target_in_vocab=*/true},
