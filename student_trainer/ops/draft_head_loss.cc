@@ -6,6 +6,7 @@
 #include <string>
 #include <tuple>
 
+#include "student_trainer/kernels/student_kernels.h"
 #include "student_trainer/ops/kernel_switch.h"
 #include "student_trainer/ops/rms_norm.h"
 
@@ -29,16 +30,12 @@ struct Chunk {
   bool interleaved = false;
   std::vector<int64_t> RowRuns() const {
     std::vector<int64_t> runs;
-    for (const Segment& s : segments) runs.push_back(s.length);
-    return interleaved ? runs : std::vector<int64_t>{};
+    if (interleaved) {
+      for (const Segment& s : segments) runs.push_back(s.length);
+    }
+    return runs;
   }
 };
-
-// The soft CE kernel's limit on interleaved runs.
-constexpr int64_t kMaxInterleavedSteps = 16;
-#ifdef E3_HAS_CUDA
-static_assert(kMaxInterleavedSteps == student_kernels::kMaxRowRuns);
-#endif
 
 // The steps to interleave, where every step with rows is a range step and
 // at least two of them fit a chunk together; else none.
@@ -50,7 +47,7 @@ std::vector<int64_t> InterleavedSteps(const std::vector<HeadStepRows>& steps, in
     runs.push_back(j);
   }
   const auto k = static_cast<int64_t>(runs.size());
-  return k >= 2 && k <= chunk_rows && k <= kMaxInterleavedSteps ? runs : std::vector<int64_t>{};
+  return k >= 2 && k <= chunk_rows && k <= student_kernels::kMaxRowRuns ? runs : std::vector<int64_t>{};
 }
 
 // Splits the steps' rows into chunks of about `chunk_rows` rows.
