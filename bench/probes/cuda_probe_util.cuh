@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #define CHECK_CUDA(x) do { cudaError_t e = (x); if (e != cudaSuccess) { std::printf("%s: %s\n", #x, cudaGetErrorString(e)); std::exit(1); } } while (0)
@@ -69,6 +70,50 @@ static float TimeMs(F fn, int iters = 20) {
   float ms = 0; cudaEventElapsedTime(&ms, a, b);
   cudaEventDestroy(a); cudaEventDestroy(b);
   return ms / iters;
+}
+
+// One configuration attribute of a cuBLASLt algorithm.
+template <typename T>
+static T LtAlgoConfig(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  T v{};
+  size_t written = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &v, sizeof(v), &written);
+  return v;
+}
+
+// An algorithm's configuration, for the probes' logs (cuBLASLt's ids).
+static std::string LtAlgoLabel(const cublasLtMatmulAlgo_t& a) {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "id %d tile %u stages %u splitk %d red %u swz %u opt %u inner %u cluster %u",
+                LtAlgoConfig<int32_t>(a, CUBLASLT_ALGO_CONFIG_ID), LtAlgoConfig<uint32_t>(a, CUBLASLT_ALGO_CONFIG_TILE_ID),
+                LtAlgoConfig<uint32_t>(a, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+                LtAlgoConfig<int32_t>(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+                LtAlgoConfig<uint32_t>(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+                LtAlgoConfig<uint32_t>(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+                LtAlgoConfig<uint32_t>(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
+                unsigned(LtAlgoConfig<uint16_t>(a, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID)),
+                unsigned(LtAlgoConfig<uint16_t>(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)));
+  return buf;
+}
+
+// `a` with each CTA swizzle and each of `clusters` (cublasLtClusterShape_t
+// values) that it accepts. The caller still checks each against its problem.
+static std::vector<cublasLtMatmulAlgo_t> LtAlgoVariants(const cublasLtMatmulAlgo_t& a,
+                                                       const std::vector<uint16_t>& clusters) {
+  std::vector<cublasLtMatmulAlgo_t> out;
+  for (uint32_t swz : {0u, 1u}) {
+    for (uint16_t cluster : clusters) {
+      cublasLtMatmulAlgo_t v = a;
+      if (cublasLtMatmulAlgoConfigSetAttribute(&v, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz, sizeof(swz)) !=
+              CUBLAS_STATUS_SUCCESS ||
+          cublasLtMatmulAlgoConfigSetAttribute(&v, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster)) !=
+              CUBLAS_STATUS_SUCCESS) {
+        continue;
+      }
+      out.push_back(v);
+    }
+  }
+  return out;
 }
 
 // One shape's cuBLASLt descriptors (row-major y = x W^T as column-major

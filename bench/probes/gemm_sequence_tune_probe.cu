@@ -41,27 +41,6 @@ struct Problem {
   int chosen = 0;
 };
 
-template <typename T>
-T Config(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {
-  T v{};
-  size_t written = 0;
-  cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &v, sizeof(v), &written);
-  return v;
-}
-
-std::string Label(const cublasLtMatmulAlgo_t& a) {
-  char buf[160];
-  std::snprintf(buf, sizeof(buf), "id %d tile %u stages %u splitk %d red %u swz %u opt %u inner %u cluster %u",
-                Config<int32_t>(a, CUBLASLT_ALGO_CONFIG_ID), Config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_TILE_ID),
-                Config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_STAGES_ID), Config<int32_t>(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
-                Config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
-                Config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
-                Config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
-                unsigned(Config<uint16_t>(a, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID)),
-                unsigned(Config<uint16_t>(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)));
-  return buf;
-}
-
 void Prepare(cublasLtHandle_t lt, Problem& p, int max_candidates) {
   CHECK_BLAS(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -89,7 +68,7 @@ void Prepare(cublasLtHandle_t lt, Problem& p, int max_candidates) {
     cublasLtMatmulHeuristicResult_t check;
     if (cublasLtMatmulAlgoCheck(lt, p.desc, p.la, p.lb, p.lc, p.lc, &a, &check) != CUBLAS_STATUS_SUCCESS) return;
     if (check.workspaceSize > kWorkspace) return;
-    const std::string label = Label(a);
+    const std::string label = LtAlgoLabel(a);
     if (std::find(seen.begin(), seen.end(), label) != seen.end()) return;
     seen.push_back(label);
     p.candidates.push_back(a);
@@ -102,21 +81,11 @@ void Prepare(cublasLtHandle_t lt, Problem& p, int max_candidates) {
   // shapes, where the algorithm accepts them.
   const int base = int(p.candidates.size());
   for (int i = 0; i < std::min(base, 2); ++i) {
-    for (uint32_t swz : {0u, 1u}) {
-      for (uint16_t cluster : {uint16_t(CUBLASLT_CLUSTER_SHAPE_1x1x1), uint16_t(CUBLASLT_CLUSTER_SHAPE_2x1x1),
-                               uint16_t(CUBLASLT_CLUSTER_SHAPE_1x2x1), uint16_t(CUBLASLT_CLUSTER_SHAPE_2x2x1),
-                               uint16_t(CUBLASLT_CLUSTER_SHAPE_4x1x1), uint16_t(CUBLASLT_CLUSTER_SHAPE_1x4x1)}) {
-        cublasLtMatmulAlgo_t a = p.candidates[i];
-        if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz, sizeof(swz)) !=
-            CUBLAS_STATUS_SUCCESS) {
-          continue;
-        }
-        if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
-                                                 sizeof(cluster)) != CUBLAS_STATUS_SUCCESS) {
-          continue;
-        }
-        add(a);
-      }
+    for (const cublasLtMatmulAlgo_t& a :
+         LtAlgoVariants(p.candidates[i], {CUBLASLT_CLUSTER_SHAPE_1x1x1, CUBLASLT_CLUSTER_SHAPE_2x1x1,
+                                          CUBLASLT_CLUSTER_SHAPE_1x2x1, CUBLASLT_CLUSTER_SHAPE_2x2x1,
+                                          CUBLASLT_CLUSTER_SHAPE_4x1x1, CUBLASLT_CLUSTER_SHAPE_1x4x1})) {
+      add(a);
     }
   }
 }

@@ -21,10 +21,8 @@
 // swizzle and cluster variants. Coordinate descent over the problems, then
 // the tuned set against the first choices in alternated rounds.
 //
-//   nvcc -O2 -std=c++17 -arch=sm_90a -I. bench/probes/student_gemm_sequence_tune_probe.cu -lcublasLt \
-//        -o /tmp/student_seq_tune
+//   nvcc -O2 -std=c++17 -arch=sm_90a -I. bench/probes/student_gemm_sequence_tune_probe.cu -lcublasLt -o /tmp/student_seq_tune
 //   /tmp/student_seq_tune [tokens=16384] [max_candidates=8] [passes=1]
-#include <array>
 #include <string>
 #include <vector>
 
@@ -54,26 +52,7 @@ struct Problem {
   void *a = nullptr, *b = nullptr, *c = nullptr, *r = nullptr;
 };
 
-template <typename T>
-T Config(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {
-  T v{};
-  size_t written = 0;
-  cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &v, sizeof(v), &written);
-  return v;
-}
-
-std::string Label(const cublasLtMatmulAlgo_t& a) {
-  char buf[160];
-  std::snprintf(buf, sizeof(buf), "id %d tile %u stages %u splitk %d swz %u opt %u cluster %u",
-                Config<int32_t>(a, CUBLASLT_ALGO_CONFIG_ID), Config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_TILE_ID),
-                Config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_STAGES_ID), Config<int32_t>(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
-                Config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
-                Config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
-                unsigned(Config<uint16_t>(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)));
-  return buf;
-}
-
-void Describe(cublasLtHandle_t lt, Problem& p) {
+void Describe(Problem& p) {
   CHECK_BLAS(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   // cuBLASLt's A is our B, its B our A.
   const cublasOperation_t ta = p.b_stored_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -105,11 +84,11 @@ void FindCandidates(cublasLtHandle_t lt, Problem& p, int max_candidates) {
   cublasLtMatmulPreferenceDestroy(pref);
   auto add = [&](const cublasLtMatmulAlgo_t& a) {
     if (int(p.candidates.size()) >= max_candidates) return;
-    if (Config<int32_t>(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) > 1) return;
+    if (LtAlgoConfig<int32_t>(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) > 1) return;
     cublasLtMatmulHeuristicResult_t check;
     if (cublasLtMatmulAlgoCheck(lt, p.desc, p.la, p.lb, p.lc, p.lc, &a, &check) != CUBLAS_STATUS_SUCCESS) return;
     if (check.workspaceSize > kWorkspace) return;
-    const std::string label = Label(a);
+    const std::string label = LtAlgoLabel(a);
     if (std::find(p.labels.begin(), p.labels.end(), label) != p.labels.end()) return;
     p.candidates.push_back(a);
     p.labels.push_back(label);
@@ -117,16 +96,10 @@ void FindCandidates(cublasLtHandle_t lt, Problem& p, int max_candidates) {
   if (count > 0 && results[0].state == CUBLAS_STATUS_SUCCESS) add(results[0].algo);
   // Variants of the first choice: the other swizzle and cluster shapes.
   if (!p.candidates.empty()) {
-    for (uint32_t swz : {0u, 1u}) {
-      for (uint16_t cluster : {uint16_t(CUBLASLT_CLUSTER_SHAPE_1x1x1), uint16_t(CUBLASLT_CLUSTER_SHAPE_2x1x1),
-                               uint16_t(CUBLASLT_CLUSTER_SHAPE_1x2x1), uint16_t(CUBLASLT_CLUSTER_SHAPE_2x2x1)}) {
-        cublasLtMatmulAlgo_t a = p.candidates[0];
-        if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz, sizeof(swz)) ||
-            cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster))) {
-          continue;
-        }
-        add(a);
-      }
+    for (const cublasLtMatmulAlgo_t& a :
+         LtAlgoVariants(p.candidates[0], {CUBLASLT_CLUSTER_SHAPE_1x1x1, CUBLASLT_CLUSTER_SHAPE_2x1x1,
+                                          CUBLASLT_CLUSTER_SHAPE_1x2x1, CUBLASLT_CLUSTER_SHAPE_2x2x1})) {
+      add(a);
     }
   }
   for (int i = 1; i < count; ++i) {
@@ -201,7 +174,7 @@ int main(int argc, char** argv) {
   double tflop = 0;
   for (size_t i = 0; i < problems.size(); ++i) {
     Problem& p = problems[i];
-    Describe(lt, p);
+    Describe(p);
     FindCandidates(lt, p, max_candidates);
     Allocate(p, 100 + 10 * unsigned(i));
     const double f = 2.0 * p.m * p.n * p.k * p.calls / 1e12;
