@@ -36,8 +36,8 @@ void* cudnn_frontend::cudnn_dlhandle = nullptr;
 
 #include <cmath>
 #include <cstdint>
-#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -62,9 +62,8 @@ enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDo, kDq, kDk, kDv };
     }                                                                      \
   } while (0)
 
-// The step's buffers at `t` tokens.
+// The step's buffers.
 struct Buffers {
-  int64_t t;
   __nv_bfloat16 *qkv_step, *qkv0, *o, *d_o, *dq, *dk, *dv;
   float* stats;
 };
@@ -77,7 +76,7 @@ __nv_bfloat16* AllocBf16(size_t n, unsigned seed, float scale) {
 }
 
 Buffers MakeBuffers(int64_t t) {
-  Buffers b{t};
+  Buffers b;
   b.qkv_step = AllocBf16(t * kFusedHeads * kDim, 1, 1.f);
   b.qkv0 = AllocBf16(t * kFusedHeads * kDim, 2, 1.f);
   b.o = AllocBf16(t * kHeads * kDim, 3, 1.f);
@@ -180,14 +179,14 @@ int64_t EngineOf(const std::string& tag) {
 // Adds one-knob variants of the engines the heuristics named, in engine id
 // order, up to `max_variants` in all; cuDNN refuses many at creation.
 void AddKnobVariants(fe::graph::Graph& g, int max_variants) {
-  std::map<int64_t, bool> engines;
+  std::set<int64_t> engines;
   for (int64_t i = 0; i < g.get_execution_plan_count(); ++i) {
     std::string tag;
     (void)g.get_plan_name_at_index(i, tag);
-    engines[EngineOf(tag)] = true;
+    engines.insert(EngineOf(tag));
   }
   int added = 0;
-  for (const auto& [engine, unused] : engines) {
+  for (int64_t engine : engines) {
     if (engine < 0) continue;
     std::vector<fe::Knob> knobs;
     if (g.get_knobs_for_engine(engine, knobs).is_bad()) continue;
@@ -213,14 +212,16 @@ __global__ void MaxAbs(const __nv_bfloat16* a, const __nv_bfloat16* b, size_t n,
   atomicMax(reinterpret_cast<int*>(out) + 1, __float_as_int(ref));
 }
 
-// max |a - ref| / max |ref| over the listed outputs.
-float RelativeError(const std::vector<std::pair<__nv_bfloat16*, __nv_bfloat16*>>& outputs,
-                    const std::vector<size_t>& sizes) {
+// A plan's outputs: where each lies and its element count.
+using Outputs = std::vector<std::pair<__nv_bfloat16*, size_t>>;
+
+// The worst over the outputs of max |output - ref| / max |ref|.
+float RelativeError(const Outputs& outputs, const std::vector<__nv_bfloat16*>& refs) {
   float worst = 0.f, *d = nullptr, h[2];
   CHECK_CUDA(cudaMalloc(&d, 2 * sizeof(float)));
   for (size_t i = 0; i < outputs.size(); ++i) {
     CHECK_CUDA(cudaMemset(d, 0, 2 * sizeof(float)));
-    MaxAbs<<<1024, 256>>>(outputs[i].first, outputs[i].second, sizes[i], d);
+    MaxAbs<<<1024, 256>>>(outputs[i].first, refs[i], outputs[i].second, d);
     CHECK_CUDA(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost));
     worst = std::max(worst, h[0] / std::max(h[1], 1e-30f));
   }
@@ -236,10 +237,20 @@ struct Plan {
   std::vector<float> ms;
 };
 
+// The graph's operation graph and candidate plans: the heuristics' and
+// `max_variants` knob variants.
+void AddCandidatePlans(fe::graph::Graph& g, cudnnHandle_t handle, int max_variants) {
+  CHECK_FE(g.validate());
+  CHECK_FE(g.build_operation_graph(handle));
+  AddHeuristicsPlans(g);
+  AddKnobVariants(g, max_variants);
+  CHECK_FE(g.check_support(handle));
+}
+
 // Builds every plan of `g`, checks each against the first that runs and
-// times them all in `rounds` alternated rounds.
-void ProbeAll(const char* what, fe::graph::Graph& g, cudnnHandle_t handle, const Buffers& b, double flop,
-              int rounds, const std::vector<std::pair<__nv_bfloat16*, size_t>>& outputs) {
+// times them all in `rounds` alternated rounds; returns the plans that ran.
+std::vector<Plan> ProbeAll(const char* what, fe::graph::Graph& g, cudnnHandle_t handle, const Buffers& b,
+                           double flop, int rounds, const Outputs& outputs) {
   auto pack = VariantPack(b);
   std::vector<Plan> plans;
   std::vector<__nv_bfloat16*> refs;
@@ -259,6 +270,7 @@ void ProbeAll(const char* what, fe::graph::Graph& g, cudnnHandle_t handle, const
     auto ran = g.execute_plan_at_index(handle, pack, ws, i);
     if (ran.is_bad() || cudaDeviceSynchronize() != cudaSuccess) {
       std::printf("  plan %lld %s: failed to run (%s)\n", (long long)i, tag.c_str(), ran.get_message().substr(0, 120).c_str());
+      cudaFree(ws);
       continue;
     }
     float err = 0.f;
@@ -270,10 +282,7 @@ void ProbeAll(const char* what, fe::graph::Graph& g, cudnnHandle_t handle, const
         refs.push_back(r);
       }
     } else {
-      std::vector<std::pair<__nv_bfloat16*, __nv_bfloat16*>> pairs;
-      std::vector<size_t> sizes;
-      for (size_t j = 0; j < outputs.size(); ++j) pairs.push_back({outputs[j].first, refs[j]}), sizes.push_back(outputs[j].second);
-      err = RelativeError(pairs, sizes);
+      err = RelativeError(outputs, refs);
     }
     plans.push_back({i, tag, ws, err, {}});
   }
@@ -287,6 +296,7 @@ void ProbeAll(const char* what, fe::graph::Graph& g, cudnnHandle_t handle, const
     std::printf("  plan %2lld: %7.3f ms %4.0f TFLOP/s, %.2fx the first, max rel diff %.1e  %s\n", (long long)p.index,
                 ms, flop / ms / 1e9, Median(plans.front().ms) / ms, p.err, p.tag.c_str());
   }
+  return plans;
 }
 
 void Probe(int64_t t, int rounds, int max_variants) {
@@ -297,28 +307,17 @@ void Probe(int64_t t, int rounds, int max_variants) {
   if (fe::detail::create_handle(&handle) != CUDNN_STATUS_SUCCESS) { std::printf("cudnnCreate failed\n"); std::exit(1); }
 
   auto fwd = ForwardGraph(t, scale);
-  CHECK_FE(fwd->validate());
-  CHECK_FE(fwd->build_operation_graph(handle));
-  AddHeuristicsPlans(*fwd);
-  AddKnobVariants(*fwd, max_variants);
-  CHECK_FE(fwd->check_support(handle));
-  ProbeAll("forward", *fwd, handle, b, fwd_flop, rounds, {{b.o, size_t(t * kHeads * kDim)}});
+  AddCandidatePlans(*fwd, handle, max_variants);
+  const std::vector<Plan> fwd_plans =
+      ProbeAll("forward", *fwd, handle, b, fwd_flop, rounds, {{b.o, size_t(t * kHeads * kDim)}});
+  if (fwd_plans.empty()) { std::printf("no forward plan ran\n"); std::exit(1); }
   // The backward reads the first forward plan's output and log-sum-exp.
-  CHECK_FE(fwd->build_plan_at_index(0));
-  int64_t ws_bytes = 0;
-  CHECK_FE(fwd->get_workspace_size_plan_at_index(0, ws_bytes));
-  void* ws = nullptr;
-  if (ws_bytes > 0) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
   auto pack = VariantPack(b);
-  CHECK_FE(fwd->execute_plan_at_index(handle, pack, ws, 0));
+  CHECK_FE(fwd->execute_plan_at_index(handle, pack, fwd_plans.front().workspace, fwd_plans.front().index));
   CHECK_CUDA(cudaDeviceSynchronize());
 
   auto bwd = BackwardGraph(t, scale);
-  CHECK_FE(bwd->validate());
-  CHECK_FE(bwd->build_operation_graph(handle));
-  AddHeuristicsPlans(*bwd);
-  AddKnobVariants(*bwd, max_variants);
-  CHECK_FE(bwd->check_support(handle));
+  AddCandidatePlans(*bwd, handle, max_variants);
   ProbeAll("backward", *bwd, handle, b, 2.5 * fwd_flop, rounds,
            {{b.dq, size_t(t * kHeads * kDim)}, {b.dk, size_t(t * kKvHeads * kDim)}, {b.dv, size_t(t * kKvHeads * kDim)}});
 }
