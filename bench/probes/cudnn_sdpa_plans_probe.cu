@@ -16,9 +16,11 @@
 // not deterministic, so its plans differ from the first by rounding even
 // where the configuration is the same.
 //
-// Result (nvidia-h100-x1, cuDNN 9.19, 2026-12-07, `16384 3 8`): no plan
-// beats the first beyond the 3-7% spread of one configuration timed
-// three times (bench/README.md, rejected table).
+// Result (nvidia-h100-x1, cuDNN 9.19, 2026-12-07, `16384 3 8` and
+// `16384 3 64`, the second reaching every variant cuDNN accepts): no plan
+// beats the first beyond the spread of one configuration timed again
+// (0.92-1.07x); the other engines are at least twice as slow
+// (bench/README.md, rejected table).
 //
 //   nvcc -O2 -std=c++17 -arch=sm_90a -I. -I<cudnn-frontend>/include -I<cudnn>/include \
 //        -DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING bench/probes/cudnn_sdpa_plans_probe.cu \
