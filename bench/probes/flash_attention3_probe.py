@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from attention_probe_util import bhsd, timed
+
 T = int(sys.argv[1]) if len(sys.argv) > 1 else 16384
 H, KV, D = 32, 8, 128
 FWD_FLOP = 2 * T * T * D * H  # the causal half of 4 T^2 D H
@@ -45,28 +47,16 @@ def report_environment():
     return found
 
 
-def timed(fn, reps=10):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
-
-
 def bench(name, attn):
+    """Times attn over [T, heads, D] rows; returns its [T, H, D] output."""
     torch.manual_seed(0)
-    q = torch.randn(1, T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k = torch.randn(1, T, KV, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    v = torch.randn(1, T, KV, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    q = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(T, KV, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(T, KV, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     out = attn(q, k, v)
     dout = torch.randn_like(out)
-    fwd_ms = timed(lambda: attn(q, k, v))
-    both_ms = timed(lambda: torch.autograd.grad(attn(q, k, v), (q, k, v), dout))
+    fwd_ms = 1e3 * timed(lambda: attn(q, k, v))
+    both_ms = 1e3 * timed(lambda: torch.autograd.grad(attn(q, k, v), (q, k, v), dout))
     bwd_ms = both_ms - fwd_ms
     print(f"{name}: forward {fwd_ms:.2f} ms ({FWD_FLOP / fwd_ms / 1e9:.0f} TFLOP/s), "
           f"backward {bwd_ms:.2f} ms ({BWD_FLOP / bwd_ms / 1e9:.0f} TFLOP/s)")
@@ -75,14 +65,14 @@ def bench(name, attn):
 
 def cudnn_attention(q, k, v):
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                              is_causal=True, enable_gqa=True).transpose(1, 2)
+        out = F.scaled_dot_product_attention(bhsd(q), bhsd(k), bhsd(v), is_causal=True, enable_gqa=True)
+    return out.squeeze(0).transpose(0, 1)
 
 
 def flash3_attention(module):
-    def attn(q, k, v):
-        out = module.flash_attn_func(q, k, v, causal=True)
-        return out[0] if isinstance(out, tuple) else out
+    def attn(q, k, v):  # FlashAttention-3 takes [batch, T, heads, D]
+        out = module.flash_attn_func(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), causal=True)
+        return (out[0] if isinstance(out, tuple) else out).squeeze(0)
     return attn
 
 
