@@ -37,6 +37,9 @@ std::vector<std::string> FingerprintDifferences(const DataFingerprint& c, const 
   }
   Compare(c.tokens_per_batch, t.tokens_per_batch, "token budget (--tokens_per_batch)", &d);
   Compare(Shown(c.draft_vocab), Shown(t.draft_vocab), "draft vocab (--draft_vocab_size, --vocab_map)", &d);
+  if (!c.aux_layers.empty() && !t.aux_layers.empty()) {
+    Compare(c.aux_layers, t.aux_layers, "aux layers (--aux_layer_ids)", &d);
+  }
   return d;
 }
 
@@ -56,7 +59,7 @@ nlohmann::json FingerprintToJson(const DataFingerprint& f) {
           {"samples", f.samples},         {"data_seed", f.data_seed},
           {"epochs", f.epochs},           {"num_data_shards", f.num_data_shards},
           {"data_shard", f.data_shard},   {"tokens_per_batch", f.tokens_per_batch},
-          {"draft_vocab", f.draft_vocab}};
+          {"draft_vocab", f.draft_vocab}, {"aux_layers", f.aux_layers}};
 }
 
 absl::StatusOr<DataFingerprint> FingerprintFromJson(const nlohmann::json& j, const std::string& where) {
@@ -65,8 +68,8 @@ absl::StatusOr<DataFingerprint> FingerprintFromJson(const nlohmann::json& j, con
   auto text = [&](const char* key, std::string* out) -> absl::Status {
     auto it = j.find(key);
     if (it == j.end()) return absl::OkStatus();
-    if (!it->is_string() || it->get<std::string>().size() > 64) {
-      return absl::DataLossError(absl::StrCat(where, ".", key, ": expected a string of at most 64 characters"));
+    if (!it->is_string() || it->get<std::string>().size() > 256) {
+      return absl::DataLossError(absl::StrCat(where, ".", key, ": expected a string of at most 256 characters"));
     }
     *out = it->get<std::string>();
     return absl::OkStatus();
@@ -84,7 +87,8 @@ absl::StatusOr<DataFingerprint> FingerprintFromJson(const nlohmann::json& j, con
     return absl::OkStatus();
   };
   for (auto [key, out] : {std::pair{"dataset", &f.dataset}, {"chat_template", &f.chat_template},
-                          {"samples", &f.samples}, {"draft_vocab", &f.draft_vocab}}) {
+                          {"samples", &f.samples}, {"draft_vocab", &f.draft_vocab},
+                          {"aux_layers", &f.aux_layers}}) {
     if (absl::Status s = text(key, out); !s.ok()) return s;
   }
   for (absl::Status s : {integer("data_seed", &f.data_seed), integer("epochs", &f.epochs),

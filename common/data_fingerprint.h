@@ -29,6 +29,10 @@ struct DataFingerprint {
   int32_t data_shard = 0;
   int64_t tokens_per_batch = 0;
   std::string draft_vocab;  // d2t
+  // The layers whose states the batches carry ("1,3,4"): a draft trained
+  // on one set resumed against another would learn from other features.
+  // Empty in cursors written before it was recorded; then not compared.
+  std::string aux_layers;
 
   // No fingerprint: a student with no cursor yet, or a checkpoint written
   // before cursors carried one. It matches any teacher.

@@ -376,7 +376,23 @@ bool ModelConfig::IsMoeLayer(int64_t i) const {
 
 std::vector<int32_t> ModelConfig::DefaultAuxLayerIds() const {
   const int32_t L = static_cast<int32_t>(num_hidden_layers);
-  return {std::min(1, L - 1), std::max(0, L / 2 - 1), std::max(0, L - 4)};
+  return {std::min(1, std::max(0, L - 2)), std::max(0, L / 2 - 1), std::max(0, L - 4)};
+}
+
+absl::Status CheckAuxLayerIds(const std::vector<int32_t>& ids, int64_t num_hidden_layers) {
+  const int64_t L = num_hidden_layers;
+  for (int32_t id : ids) {
+    if (id < 0 || id >= L) {
+      return absl::InvalidArgumentError(absl::StrCat("aux layer id ", id, " is outside [0, ", L, ")"));
+    }
+    if (id == L - 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "aux layer id ", id, " is the last decoder layer's output (L = ", L,
+          "): SGLang captures id i at the input of layer i + 1, which the last layer does not have, so a draft "
+          "trained on it would be served on other states; choose ids in [0, ", L - 2, "]"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source) {

@@ -138,7 +138,8 @@ struct ModelConfig {
   std::vector<int64_t> eos_token_ids;
   std::string raw_json;  // the file verbatim, forwarded to students
 
-  // The SpecForge/ModelOpt default aux layers: [1, L/2 - 1, L - 4].
+  // The SpecForge/ModelOpt default aux layers: [1, L/2 - 1, L - 4],
+  // kept below the last layer on models too shallow for that.
   std::vector<int32_t> DefaultAuxLayerIds() const;
   // Whether decoder layer i uses the routed-experts MLP (Qwen3-MoE's rule:
   // not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0;
@@ -151,6 +152,13 @@ struct ModelConfig {
     return static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);
   }
 };
+
+// Aux layer ids count "output of decoder layer i". A draft can be served
+// only on ids every engine can capture: SGLang takes id i at the input of
+// layer i + 1, so the last layer's output (L - 1) never reaches it, and
+// vLLM before its hidden-state capture rework had the same limit. OK when
+// every id is in [0, L - 2]; otherwise InvalidArgument naming the id.
+absl::Status CheckAuxLayerIds(const std::vector<int32_t>& ids, int64_t num_hidden_layers);
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& config_json_path);
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source);

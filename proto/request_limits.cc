@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/sample_order.h"
+#include "common/status_macros.h"
 
 namespace e3 {
 namespace {
@@ -143,7 +144,13 @@ absl::Status CheckAckRequest(const v1::AckRequest& req, const RequestLimits& lim
                    absl::StrCat("holds ", req.batch_ids_size(), " ids; expected at most ",
                                 limits.max_ack_batch_ids));
   }
-  if (req.has_committed()) return CheckCursor(kMsg, "committed", req.committed());
+  if (req.has_committed()) E3_RETURN_IF_ERROR(CheckCursor(kMsg, "committed", req.committed()));
+  // The generation is what fences an Ack to the subscription it belongs
+  // to; without it any process that knows a subscriber id could commit.
+  if (req.subscription_generation() == 0) {
+    return Invalid(kMsg, "subscription_generation",
+                   "is 0; an Ack carries the generation its Subscribe's acceptance announced");
+  }
   return absl::OkStatus();
 }
 

@@ -15,6 +15,7 @@ v1::DataFingerprint FingerprintToWire(const DataFingerprint& f) {
   w.set_data_shard(f.data_shard);
   w.set_tokens_per_batch(f.tokens_per_batch);
   w.set_draft_vocab(f.draft_vocab);
+  w.set_aux_layers(f.aux_layers);
   return w;
 }
 
@@ -29,6 +30,7 @@ DataFingerprint FingerprintFromWire(const v1::DataFingerprint& w) {
   f.data_shard = w.data_shard();
   f.tokens_per_batch = w.tokens_per_batch();
   f.draft_vocab = w.draft_vocab();
+  f.aux_layers = w.aux_layers();
   return f;
 }
 

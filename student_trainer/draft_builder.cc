@@ -14,12 +14,7 @@ absl::StatusOr<Eagle3Draft> BuiltDraft::Initial() const {
 }
 
 absl::StatusOr<at::Device> ParseStudentDevice(const std::string& name) {
-  try {
-    return at::Device(name);
-  } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device '", name, "': ", e.what_without_backtrace()));
-  }
+  return ParseUsableDevice(name, "--device");
 }
 
 absl::StatusOr<BuiltDraft> BuildDraft(const TeacherInfo& info, const FrozenWeights& frozen,

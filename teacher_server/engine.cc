@@ -39,11 +39,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(CausalLM* model, const Da
     return absl::InvalidArgumentError(absl::StrCat(dataset->source(), ": ", dataset->size(),
                                                    " samples; batch ids allow fewer than ", kMaxBatchesPerEpoch));
   }
-  const int64_t L = model->config().num_hidden_layers;
-  for (int32_t id : options.aux_layer_ids) {
-    if (id < 0 || id >= L) {
-      return absl::InvalidArgumentError(absl::StrCat("aux layer id ", id, " is outside [0, ", L, ")"));
-    }
+  E3_RETURN_IF_ERROR(CheckAuxLayerIds(options.aux_layer_ids, model->config().num_hidden_layers));
+  if (options.student_world_size < 0 || options.student_world_size > kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat("--student_world_size is ", options.student_world_size,
+                                                   "; expected 0 (the first subscriber's) to ", kMaxWorldSize));
   }
   auto engine = std::unique_ptr<Engine>(new Engine(model, dataset, std::move(options)));
   engine->lengths_ = dataset->Lengths();
@@ -51,7 +50,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(CausalLM* model, const Da
   engine->next_generation_ = static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()));
   {
     std::lock_guard<std::mutex> lock(engine->mu_);
-    engine->RestoreFromLedgerLocked();
+    E3_RETURN_IF_ERROR(engine->RestoreFromLedgerLocked());
   }
   engine->worker_ = std::thread([e = engine.get()] { e->WorkerLoop(); });
   return engine;
@@ -112,10 +111,22 @@ int64_t Engine::batches_per_epoch(int world) const {
   return batches.ok() ? static_cast<int64_t>(batches->size()) : dataset_->size();
 }
 
-void Engine::RestoreFromLedgerLocked() {
+absl::Status Engine::RestoreFromLedgerLocked() {
   const RestoredLedger& r = ledger_.restored();
-  if (r.world == 0) return;
-  world_ = r.world;
+  world_ = options_.student_world_size;
+  if (r.world != 0 && world_ != 0 && r.world != world_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        options_.ledger_path, ": the ledger records a world of ", r.world, " student ranks, but --student_world_size is ",
+        world_, "; a run with another world needs its own --ledger"));
+  }
+  if (r.world != 0) world_ = r.world;
+  if (world_ == 0) return absl::OkStatus();  // positions need the world's batch plan
+  for (const auto& [rank, c] : r.delivered) {
+    if (rank < 0 || rank >= world_ || c.epoch < 0 || c.next_batch < 0) continue;
+    ranks_[rank].delivered_high = NormalizeLocked({c.epoch, c.next_batch});
+    ranks_[rank].delivery_known = true;
+  }
+  if (r.world == 0) return absl::OkStatus();  // commits are restored with the world they confirmed
   for (const auto& [rank, c] : r.committed) {
     if (rank < 0 || rank >= world_ || c.epoch < 0 || c.next_batch < 0) continue;
     // Not attached and generation 0: known, but nobody subscribes it yet.
@@ -128,6 +139,7 @@ void Engine::RestoreFromLedgerLocked() {
   }
   std::printf("teacher: ledger %s: a world of %d student ranks; committed: %s\n", options_.ledger_path.c_str(),
               world_, committed.empty() ? "nothing yet" : committed.c_str());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<uint64_t> Engine::Subscribe(const SubscribeParams& p) {
@@ -137,17 +149,12 @@ absl::StatusOr<uint64_t> Engine::Subscribe(const SubscribeParams& p) {
   return result;
 }
 
-absl::StatusOr<uint64_t> Engine::SubscribeImpl(const SubscribeParams& p,
-                                                 std::function<void()>* superseded_notify_out) {
-  E3_ASSIGN_OR_RETURN(ShardSpec shard, ShardSpec::Create(p.rank, p.world_size));
-  std::lock_guard<std::mutex> lock(mu_);
-  std::function<void()>& superseded_notify = *superseded_notify_out;
+absl::Status Engine::CheckSubscribeLocked(const SubscribeParams& p, int world) {
   if (draining_) return absl::UnavailableError("teacher is draining (shutting down)");
-  if (world_ == 0) {
-    world_ = shard.world();
-  } else if (world_ != shard.world()) {
-    return absl::FailedPreconditionError(absl::StrCat("this teacher serves a world of ", world_,
-                                                      " student ranks; the subscriber says ", shard.world()));
+  if (world_ != 0 && world_ != world) {
+    const std::string why = options_.student_world_size != 0 ? " (--student_world_size)" : "";
+    return absl::FailedPreconditionError(absl::StrCat("this teacher serves a world of ", world_, " student ranks",
+                                                      why, "; the subscriber says ", world));
   }
   if (p.resume.epoch < 0 || p.resume.next_batch < 0) {
     return absl::InvalidArgumentError("resume cursor must not be negative");
@@ -155,15 +162,27 @@ absl::StatusOr<uint64_t> Engine::SubscribeImpl(const SubscribeParams& p,
   if (p.committed.has_value() && p.resume < *p.committed) {
     return absl::InvalidArgumentError("the committed cursor is past the resume cursor");
   }
-  E3_RETURN_IF_ERROR(CheckSameDataStream(
-      p.fingerprint, options_.fingerprint,
-      absl::StrCat("subscriber \"", p.subscriber_id, "\" (rank ", p.rank, ")'s cursor ", p.resume.epoch, ":",
-                   p.resume.next_batch)));
+  const std::string who = absl::StrCat("subscriber \"", p.subscriber_id, "\" (rank ", p.rank, ")'s cursor ",
+                                       p.resume.epoch, ":", p.resume.next_batch);
+  E3_RETURN_IF_ERROR(CheckSameDataStream(p.fingerprint, options_.fingerprint, who));
+  auto it = ranks_.find(p.rank);
+  if (world_ != 0 && it != ranks_.end() && it->second.delivery_known &&
+      it->second.delivered_high < NormalizeLocked(p.resume)) {
+    const Cursor& high = it->second.delivered_high;
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, " is past every batch this teacher delivered to rank ", p.rank, " (up to ", high.epoch, ":",
+        high.next_batch, "): the checkpoint's cursor was edited, or the checkpoint belongs to another run"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Engine::SubscribeImpl(const SubscribeParams& p,
+                                                 std::function<void()>* superseded_notify_out) {
+  E3_ASSIGN_OR_RETURN(ShardSpec shard, ShardSpec::Create(p.rank, p.world_size));
+  std::lock_guard<std::mutex> lock(mu_);
+  E3_RETURN_IF_ERROR(CheckSubscribeLocked(p, shard.world()));
+  if (world_ == 0) world_ = shard.world();
   RankState& st = ranks_[p.rank];
-  ReclaimLocked(st);
-  // Wake the superseded stream (if any) so it sees it is superseded and
-  // ends, instead of idling until its client gives up.
-  superseded_notify = std::move(st.notify);
   // A subscriber resumes where its weights end. Behind the committed
   // cursor, its weights lost batches the ledger counts (an older
   // checkpoint): the record goes back with it. Ahead of it, the batches
@@ -172,18 +191,23 @@ absl::StatusOr<uint64_t> Engine::SubscribeImpl(const SubscribeParams& p,
   // Compared as positions: an epoch's end (e, batches) is (e + 1, 0).
   const Cursor resume = NormalizeLocked(p.resume);
   if (resume < st.committed) {
-    ledger_.RecordEvent(absl::StrCat("{\"event\":\"rewind\",\"rank\":", p.rank, ",\"from_epoch\":", st.committed.epoch,
-                                     ",\"from_batch\":", st.committed.next_batch, ",\"to_epoch\":", resume.epoch,
-                                     ",\"to_batch\":", resume.next_batch, "}"));
+    E3_RETURN_IF_ERROR(ledger_.RecordEvent(absl::StrCat(
+        "{\"event\":\"rewind\",\"rank\":", p.rank, ",\"from_epoch\":", st.committed.epoch,
+        ",\"from_batch\":", st.committed.next_batch, ",\"to_epoch\":", resume.epoch, ",\"to_batch\":",
+        resume.next_batch, "}")));
     st.committed = resume;
   }
-  if (p.committed.has_value()) CommitLocked(p.rank, st, *p.committed);
+  if (p.committed.has_value()) E3_RETURN_IF_ERROR(CommitLocked(p.rank, st, *p.committed));
+  ReclaimLocked(st);
+  // Wake the superseded stream (if any) so it sees it is superseded and
+  // ends, instead of idling until its client gives up.
+  *superseded_notify_out = std::move(st.notify);
   st.subscriber_id = p.subscriber_id;
   st.generation = next_generation_++;
   st.attached = true;
   st.credit_window = std::max(1, std::min(p.credit_window, options_.max_credit_window));
   st.transport = p.transport;
-  st.next_compute = NormalizeLocked(p.resume);
+  st.next_compute = resume;
   st.acked_end = p.resume;
   st.delivered_end = st.next_compute;
   st.end_sent = false;
@@ -191,9 +215,11 @@ absl::StatusOr<uint64_t> Engine::SubscribeImpl(const SubscribeParams& p,
   st.subscribed_at_end = AtEndLocked(st.next_compute);
   st.computing = false;
   st.notify = nullptr;
-  ledger_.RecordEvent(absl::StrCat("{\"event\":\"subscribe\",\"rank\":", p.rank, ",\"world\":", world_,
-                                   ",\"subscriber\":\"", p.subscriber_id, "\",\"generation\":", st.generation,
-                                   ",\"epoch\":", p.resume.epoch, ",\"batch\":", p.resume.next_batch, "}"));
+  // Informational (the world is restored from commits): not worth refusing for.
+  (void)ledger_.RecordEvent(absl::StrCat("{\"event\":\"subscribe\",\"rank\":", p.rank, ",\"world\":", world_,
+                                         ",\"subscriber\":\"", p.subscriber_id, "\",\"generation\":",
+                                         st.generation, ",\"epoch\":", p.resume.epoch, ",\"batch\":",
+                                         p.resume.next_batch, "}"));
   cv_.notify_all();
   return st.generation;
 }
@@ -214,11 +240,17 @@ absl::StatusOr<std::optional<ReadyBatch>> Engine::TakeNext(int rank, uint64_t ge
   }
   RankState& st = it->second;
   if (!st.ready.empty()) {
+    const ReadyBatch& front = st.ready.front();
+    // Not handed out unless recorded: the stream ends, and the student's
+    // resubscription tries again.
+    E3_RETURN_IF_ERROR(ledger_.RecordDelivery(rank, front.epoch, front.index, front.sample_ids));
     ReadyBatch b = std::move(st.ready.front());
     st.ready.pop_front();
     st.unacked[b.batch_id] = b;
-    st.delivered_end = std::max(st.delivered_end, NormalizeLocked({b.epoch, b.index + 1}));
-    ledger_.RecordDelivery(rank, b.epoch, b.index, b.sample_ids);
+    const Cursor after = NormalizeLocked({b.epoch, b.index + 1});
+    st.delivered_end = std::max(st.delivered_end, after);
+    st.delivered_high = st.delivery_known ? std::max(st.delivered_high, after) : after;
+    st.delivery_known = true;
     return std::optional<ReadyBatch>(std::move(b));
   }
   // Draining: hand out what is computed or being computed, then end.
@@ -283,17 +315,25 @@ absl::Status Engine::CheckSubscriptionLocked(const AckParams& a, const RankState
   return absl::OkStatus();
 }
 
-void Engine::CommitLocked(int rank, RankState& st, const Cursor& committed) {
-  if (!(st.committed < committed)) return;
+absl::Status Engine::CommitLocked(int rank, RankState& st, const Cursor& committed) {
+  if (!(st.committed < committed)) return absl::OkStatus();
+  // The run's first commit confirms its world: a restarted teacher takes
+  // the world back from here, never from subscribers that did not train.
+  if (ledger_.restored().world == 0) E3_RETURN_IF_ERROR(ledger_.RecordWorld(world_));
   Cursor c = NormalizeLocked(st.committed);
   while (c < committed && !AtEndLocked(c)) {
     const GlobalBatch& g = PlanLocked(c.epoch)[c.next_batch];
     std::vector<int64_t> share;
     for (size_t i = static_cast<size_t>(rank); i < g.sample_ids.size(); i += world_) share.push_back(g.sample_ids[i]);
-    ledger_.RecordCommit(rank, c.epoch, c.next_batch, share);
+    const absl::Status recorded = ledger_.RecordCommit(rank, c.epoch, c.next_batch, share);
+    if (!recorded.ok()) {
+      st.committed = c;  // as far as the ledger holds
+      return recorded;
+    }
     c = NormalizeLocked({c.epoch, c.next_batch + 1});
   }
   st.committed = NormalizeLocked(committed);  // {e, N} means {e + 1, 0}
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int> Engine::Ack(const AckParams& a) {
@@ -315,9 +355,12 @@ absl::StatusOr<int> Engine::Ack(const AckParams& a) {
     if (st.acked_end < after) st.acked_end = after;
     st.unacked.erase(u);
   }
+  // What the student acked may be in its next checkpoint: the record of
+  // its delivery is on disk before the student can report that cursor.
+  E3_RETURN_IF_ERROR(ledger_.SyncDeliveries());
   if (a.committed.has_value()) {
     st.commit_acks += 1;
-    CommitLocked(a.rank, st, *a.committed);
+    E3_RETURN_IF_ERROR(CommitLocked(a.rank, st, *a.committed));
     if (a.final_report) st.final_reported = true;
   }
   cv_.notify_all();
@@ -442,7 +485,7 @@ void Engine::WorkerLoop() {
         if (!st.attached && (!st.ready.empty() || !st.unacked.empty()) &&
             now - st.detached_at >= options_.subscriber_timeout) {
           ReclaimLocked(st);
-          ledger_.RecordEvent(absl::StrCat("{\"event\":\"reclaim\",\"rank\":", r, "}"));
+          (void)ledger_.RecordEvent(absl::StrCat("{\"event\":\"reclaim\",\"rank\":", r, "}"));
         }
       }
       if (draining_ || !PickWork(&rank, &generation, &cursor, &transport)) {

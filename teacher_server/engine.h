@@ -63,6 +63,11 @@ struct EngineOptions {
   absl::Duration subscriber_timeout = absl::Seconds(60);
   std::string shm_prefix = "/e3";  // segment names: <prefix>-<pid>-<rank>-<batch id>
   std::string ledger_path;         // JSON lines; empty keeps the ledger in memory
+  // The students' data-parallel world, when the launcher knows it: a
+  // subscription claiming another is refused. 0: the first subscription
+  // fixes it (for this process; the ledger keeps it once a commit
+  // confirms it).
+  int student_world_size = 0;
   // What defines the stream (announced in GetInfo); a subscriber's cursor
   // made under another is refused. Empty: no check.
   DataFingerprint fingerprint;
@@ -162,6 +167,9 @@ class Engine {
 
   EngineStats stats() const;
   LedgerReport ledger_report() const;
+  // The ledger's first failed write (OK: none): a run whose record is
+  // incomplete must not end as a success.
+  absl::Status ledger_failure() const { return ledger_.first_failure(); }
   // True once every rank of the world knows, through this process, that its
   // data ended (RankState::knows_end). A teacher restarted after the last
   // commit has a complete ledger at once, yet its students may not have
@@ -192,6 +200,12 @@ class Engine {
     // One past the furthest batch this subscription was handed, or its
     // resume cursor: commits beyond it name batches it never had.
     Cursor delivered_end;
+    // One past the furthest batch this rank was ever handed, by this
+    // process or (from the ledger) an earlier one; `delivery_known` says
+    // whether there is any such record. A resume cursor past it names
+    // batches the rank never had: an edited checkpoint, or another run's.
+    Cursor delivered_high;
+    bool delivery_known = false;
     bool end_sent = false;
     // The student knows its data ended, as far as this process can tell
     // (sticky across resubscriptions): a subscription here was handed the
@@ -220,9 +234,12 @@ class Engine {
   void ReclaimLocked(RankState& st);
   // Takes the world and each rank's committed cursor back from the ledger
   // (a restarted teacher continues the record where it stopped).
-  void RestoreFromLedgerLocked();
-  // Records commits of [st.committed, committed) and moves st.committed.
-  void CommitLocked(int rank, RankState& st, const Cursor& committed);
+  absl::Status RestoreFromLedgerLocked();
+  // Records commits of [st.committed, committed) and moves st.committed
+  // as far as the ledger could record them.
+  absl::Status CommitLocked(int rank, RankState& st, const Cursor& committed);
+  // The checks a subscription must pass before it changes anything.
+  absl::Status CheckSubscribeLocked(const SubscribeParams& p, int world);
   absl::Status CheckSubscriptionLocked(const AckParams& a, const RankState& st) const;
 
   CausalLM* model_;
@@ -233,7 +250,7 @@ class Engine {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  int world_ = 0;  // fixed by the first subscriber
+  int world_ = 0;  // options_.student_world_size, else fixed by the first subscriber
   std::map<int64_t, std::vector<GlobalBatch>> plans_;
   std::map<int, RankState> ranks_;
   EngineStats stats_;

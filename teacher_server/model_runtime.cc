@@ -60,12 +60,7 @@ std::string DefaultGemmTuningCachePath(const EnvLookup& env) {
 
 absl::StatusOr<ModelOptions> MakeModelOptions(const ModelRuntimeOptions& o) {
   ModelOptions m;
-  try {
-    m.device = at::Device(o.device);
-  } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device=", o.device, ": ", e.what_without_backtrace()));
-  }
+  E3_ASSIGN_OR_RETURN(m.device, ParseUsableDevice(o.device, "--device"));
   if (!SetBackend(ResolveBackend(o.backend, m.device.is_cuda()), &m).ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--backend=", o.backend, ": expected auto, hf or sgl"));

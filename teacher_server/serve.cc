@@ -26,6 +26,14 @@ void WritePortFile(const std::string& path, int port) {
   std::rename(tmp.c_str(), path.c_str());
 }
 
+// A port file names this process's port only while it serves: one left
+// behind would send the next launch's students to a dead port.
+void RemovePortFile(const std::string& path, int port) {
+  std::ifstream in(path);
+  int written = -1;
+  if (in >> written && written == port) std::remove(path.c_str());
+}
+
 // With every epoch committed: true once every rank has the end of its data
 // from this process, or exit_grace_s after the ledger was first seen
 // complete (a rank that never comes back).
@@ -115,6 +123,9 @@ absl::Status Serve(const ServeOptions& o, Engine* engine, TeacherServiceImpl* se
   int bound_port = 0;
   builder.AddListeningPort(o.listen, o.auth != nullptr ? o.auth->ServerCredentials() : grpc::InsecureServerCredentials(),
                            &bound_port);
+  // gRPC sets SO_REUSEPORT by default, which lets a second teacher bind a
+  // running one's port and take half its students.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(service);
   AddServerKeepalive(o.keepalive, &builder);
   ApplyMessageLimits(o.messages, &builder);
@@ -142,6 +153,10 @@ absl::Status Serve(const ServeOptions& o, Engine* engine, TeacherServiceImpl* se
                  "who reaches the port can subscribe, commit, stop an --exit_when_done teacher and download "
                  "embed_tokens and the target head (--tls_cert/--tls_key, --auth_token_file)\n",
                  o.listen.c_str());
+  } else if (o.auth == nullptr || !o.auth->token()) {
+    std::fprintf(stderr,
+                 "teacher: note: no --auth_token_file: any local process can subscribe as a student, supersede "
+                 "one, or commit for it (e3_launch gives every run a fresh token)\n");
   }
   std::fflush(stdout);
   if (!o.port_file.empty()) WritePortFile(o.port_file, bound_port);
@@ -152,8 +167,13 @@ absl::Status Serve(const ServeOptions& o, Engine* engine, TeacherServiceImpl* se
   engine->Drain();
   WaitForFinalCommits(o, engine, signal != 0);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  if (!o.port_file.empty()) RemovePortFile(o.port_file, bound_port);
   std::printf("teacher: ledger %s\n", engine->ledger_report().ToJson().c_str());
   std::fflush(stdout);
+  const absl::Status ledger = engine->ledger_failure();
+  if (!ledger.ok()) {
+    return absl::DataLossError(absl::StrCat("the ledger misses what this teacher could not write: ", ledger.message()));
+  }
   return absl::OkStatus();
 }
 

@@ -3,6 +3,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/file_util.h"
 #include "common/fnv1a.h"
 #include "common/status_macros.h"
@@ -42,6 +43,7 @@ absl::StatusOr<DataFingerprint> StreamFingerprint(const TeacherDataOptions& o, c
   f.data_shard = o.data_shard;
   f.tokens_per_batch = engine.tokens_per_batch;
   f.draft_vocab = FingerprintHex(HashVector(served.vocab.d2t, kFingerprintSeed));
+  f.aux_layers = absl::StrJoin(engine.aux_layer_ids, ",");
   return f;
 }
 

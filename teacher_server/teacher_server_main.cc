@@ -22,6 +22,7 @@
 #include "common/file_util.h"
 #include "common/launch_env.h"
 #include "common/model_dir.h"
+#include "common/rpc/listen_address.h"
 #include "common/run_config.h"
 #include "common/service_flags.h"
 #include "common/shm_segment.h"
@@ -106,7 +107,11 @@ ABSL_FLAG(int, credit_window, 16,
           "most batches in flight per subscriber (a student asking for more gets this many)");
 ABSL_FLAG(int, max_credit_window, 16, "deprecated: use --credit_window");
 ABSL_FLAG(double, subscriber_timeout_s, 60, "buffers of a vanished subscriber are reclaimed after this");
-ABSL_FLAG(std::string, ledger, "", "append the delivery/commit ledger (JSON lines) here");
+ABSL_FLAG(std::string, ledger, "",
+          "append the delivery/commit ledger (JSON lines) here; the file is locked while this teacher runs");
+ABSL_FLAG(int, student_world_size, 0,
+          "the students' data-parallel world size: subscriptions claiming another are refused (0: the first "
+          "subscription fixes it; e3_launch passes its student count)");
 ABSL_FLAG(bool, skip_malformed, true, "skip and count malformed data lines (false: fail on the first)");
 ABSL_FLAG(bool, train_on_all_tokens, false, "loss on every token, not only assistant turns");
 ABSL_FLAG(int64_t, max_samples, 0, "use at most this many samples (0: all)");
@@ -274,6 +279,7 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags(bool cuda) {
   e.max_credit_window = absl::GetFlag(FLAGS_credit_window);
   e.subscriber_timeout = absl::Seconds(absl::GetFlag(FLAGS_subscriber_timeout_s));
   e.ledger_path = absl::GetFlag(FLAGS_ledger);
+  e.student_world_size = absl::GetFlag(FLAGS_student_world_size);
   if (absl::GetFlag(FLAGS_transports).empty()) {
     e.transports = DefaultTransports(cuda);
   } else {
@@ -297,6 +303,8 @@ absl::StatusOr<TeacherServerOptions> OptionsFromFlags() {
   E3_RETURN_IF_ERROR(ValidateTeacherDataOptions(o.data, o.runtime.launch.world_size > 1));
   E3_ASSIGN_OR_RETURN(o.engine, EngineOptionsFromFlags(absl::StartsWith(o.runtime.device, "cuda")));
   o.serve.listen = absl::GetFlag(FLAGS_listen);
+  E3_RETURN_IF_ERROR(CheckListenAddress(o.serve.listen, "--listen"));
+  E3_RETURN_IF_ERROR(CheckPortFlag(absl::GetFlag(FLAGS_metrics_port), -1, "--metrics_port"));
   o.serve.port_file = absl::GetFlag(FLAGS_port_file);
   o.serve.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   o.serve.metrics_port = absl::GetFlag(FLAGS_metrics_port);
@@ -412,5 +420,9 @@ int main(int argc, char** argv) {
   sa.sa_handler = [](int sig) { e3::g_signal = sig; };
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  // Past a file size limit (ulimit -f) write() then fails with EFBIG, which
+  // the ledger and the caches report as they would a full disk, instead of
+  // the signal killing the process without a word.
+  signal(SIGXFSZ, SIG_IGN);
   return e3::Main();
 }

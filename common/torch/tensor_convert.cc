@@ -6,6 +6,29 @@
 
 namespace e3 {
 
+absl::StatusOr<at::Device> ParseUsableDevice(const std::string& name, const std::string& flag) {
+  at::Device device(at::kCPU);
+  try {
+    device = at::Device(name);
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, "=", name, ": expected cpu or cuda:N (", e.what_without_backtrace(), ")"));
+  }
+  if (!device.is_cuda()) return device;
+  // Asked before any tensor goes there: LibTorch without CUDA throws from
+  // deep inside the first copy instead.
+  if (!torch::cuda::is_available()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        flag, "=", name, ": this build's LibTorch has no CUDA, or no GPU is visible; use ", flag, "=cpu"));
+  }
+  const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
+  if (device.has_index() && device.index() >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(flag, "=", name, ": only ", count, " GPU(s) are visible (cuda:0 to cuda:", count - 1, ")"));
+  }
+  return device;
+}
+
 absl::StatusOr<at::ScalarType> ParseComputeScalarType(std::string_view name) {
   auto dtype = ParseComputeDType(name);
   if (!dtype.ok()) return dtype.status();

@@ -16,6 +16,11 @@ absl::StatusOr<DType> FromScalarType(at::ScalarType type);
 // the LibTorch scalar type.
 absl::StatusOr<at::ScalarType> ParseComputeScalarType(std::string_view name);
 
+// A device flag ("cpu", "cuda", "cuda:N") as a device this process can
+// use: a CUDA device needs a LibTorch built with CUDA and a visible GPU of
+// that index. Errors name `flag`.
+absl::StatusOr<at::Device> ParseUsableDevice(const std::string& name, const std::string& flag);
+
 // Copies a view's bytes into a new tensor of `dtype` on `device`
 // (bf16/fp16/fp32 on disk convert to the compute dtype).
 absl::StatusOr<at::Tensor> ViewToTensor(const TensorView& view, at::ScalarType dtype,

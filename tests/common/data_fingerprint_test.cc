@@ -56,7 +56,7 @@ TEST(DataFingerprintTest, JsonRoundTripsAndRefusesWrongTypes) {
   auto bad = FingerprintFromJson(nlohmann::json{{"data_shard", "one"}}, "state.json: cursors[0].fingerprint");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("cursors[0].fingerprint.data_shard"));
-  EXPECT_FALSE(FingerprintFromJson(nlohmann::json{{"dataset", std::string(65, 'a')}}, "f").ok());
+  EXPECT_FALSE(FingerprintFromJson(nlohmann::json{{"dataset", std::string(257, 'a')}}, "f").ok());
   EXPECT_FALSE(FingerprintFromJson(nlohmann::json::array(), "f").ok());
   EXPECT_EQ(FingerprintHex(0xabcull), "0000000000000abc");
 }

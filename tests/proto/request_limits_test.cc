@@ -139,6 +139,8 @@ TEST(RequestLimitsTest, Ack) {
   v1::AckRequest r;
   r.set_subscriber_id("rank-0");
   r.add_batch_ids(7);
+  ExpectRefused(CheckAckRequest(r, Limits()), "AckRequest.subscription_generation is 0");
+  r.set_subscription_generation(12);
   EXPECT_TRUE(CheckAckRequest(r, Limits()).ok());
   r.set_rank(kMaxWorldSize);
   ExpectRefused(CheckAckRequest(r, Limits()),

@@ -20,6 +20,7 @@
 #include "common/file_util.h"
 #include "common/safetensors.h"
 #include "student_trainer/checkpoint_manager.h"
+#include "tests/file_size_limit.h"
 #include "tests/student_trainer/tiny_draft.h"
 #include "tests/scratch_dir.h"
 
@@ -373,27 +374,6 @@ TEST(CheckpointTest, ACompleteCheckpointNewerThanLatestIsTheOneLoaded) {
   EXPECT_TRUE(loaded->problems.empty());
 }
 
-// The soft file size limit for this process while in scope, with SIGXFSZ
-// ignored so that write() fails with EFBIG as it would with ENOSPC on a
-// full disk. In-process (no fork): LibTorch's thread pools do not survive
-// a fork.
-class FileSizeLimit {
- public:
-  explicit FileSizeLimit(rlim_t bytes) {
-    old_handler_ = std::signal(SIGXFSZ, SIG_IGN);
-    ::getrlimit(RLIMIT_FSIZE, &old_);
-    rlimit lower = old_;
-    lower.rlim_cur = bytes;
-    ok_ = ::setrlimit(RLIMIT_FSIZE, &lower) == 0;
-  }
-  ~FileSizeLimit() {
-    ::setrlimit(RLIMIT_FSIZE, &old_);
-    std::signal(SIGXFSZ, old_handler_);
-  }
-  bool ok() const { return ok_; }
-
- private:
-  rlimit old_{};
   void (*old_handler_)(int) = nullptr;
   bool ok_ = false;
 };
@@ -412,7 +392,7 @@ TEST(CheckpointTest, AFullDiskFailsTheSaveNamingTheFileAndKeepsThePrevious) {
   st.cursors = {{0, 30}};
   absl::StatusOr<std::string> saved;
   {
-    FileSizeLimit full(static_cast<rlim_t>(limit));
+    testing::FileSizeLimit full(static_cast<rlim_t>(limit));
     ASSERT_TRUE(full.ok());
     saved = SaveCheckpoint(two.dir, st, *d, *opt);
   }

@@ -13,6 +13,7 @@
 
 #include "common/file_util.h"
 #include "common/model_dir.h"
+#include "tests/file_size_limit.h"
 #include "tests/teacher_server/golden_fixture.h"
 #include "tests/teacher_server/synthetic_dataset.h"
 #include "tests/wait_for.h"
@@ -330,6 +331,123 @@ TEST(EngineTest, InconsistentSubscriptionsAreRefused) {
   EngineOptions o = SmallBatches();
   o.aux_layer_ids = {9};
   EXPECT_FALSE(Engine::Create(w.model.get(), w.dataset.get(), o).ok());
+}
+
+// A checkpoint whose cursor was edited, or that belongs to another run,
+// names batches the rank was never sent: refused, in this process and
+// after a restart on the same ledger.
+TEST(EngineTest, AResumeCursorPastEveryDeliveryIsRefused) {
+  World w = MakeWorld(30);
+  const std::string dir = MakeTempDir("engine_resume_past_").value();
+  EngineOptions o = SmallBatches();
+  o.ledger_path = JoinPath(dir, "ledger.jsonl");
+  {
+    auto engine = Engine::Create(w.model.get(), w.dataset.get(), o);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    const uint64_t g = SubscribeRank(**engine, 0, 1, "s");
+    ReadyBatch b0 = Next(**engine, 0, g), b1 = Next(**engine, 0, g);
+    ASSERT_TRUE((*engine)->Ack(0, "s", {b0.batch_id, b1.batch_id}, Cursor{0, 2}).ok());
+    SubscribeParams p;
+    p.subscriber_id = "s";
+    p.resume = {0, 9};
+    auto edited = (*engine)->Subscribe(p);
+    ASSERT_FALSE(edited.ok());
+    EXPECT_EQ(edited.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(edited.status().message().find("past every batch this teacher delivered to rank 0 (up to 0:2)"),
+              std::string::npos)
+        << edited.status();
+  }
+  auto restarted = Engine::Create(w.model.get(), w.dataset.get(), o);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  SubscribeParams p;
+  p.subscriber_id = "s";
+  p.resume = {0, 9};
+  EXPECT_FALSE((*restarted)->Subscribe(p).ok());
+  p.resume = {0, 2};
+  EXPECT_TRUE((*restarted)->Subscribe(p).ok());
+  (void)RemoveAll(dir);
+}
+
+// The launcher passes its student count: a subscriber claiming another
+// world is refused, and a ledger of another world is not reused.
+TEST(EngineTest, AConfiguredWorldRefusesAnyOther) {
+  World w = MakeWorld(12);
+  const std::string dir = MakeTempDir("engine_world_").value();
+  EngineOptions o = SmallBatches();
+  o.student_world_size = 1;
+  o.ledger_path = JoinPath(dir, "ledger.jsonl");
+  {
+    auto engine = Engine::Create(w.model.get(), w.dataset.get(), o);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    SubscribeParams p;
+    p.subscriber_id = "intruder";
+    p.world_size = 20;
+    auto refused = (*engine)->Subscribe(p);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("world of 1 student ranks (--student_world_size)"), std::string::npos)
+        << refused.status();
+    const uint64_t g = SubscribeRank(**engine, 0, 1, "real");
+    ReadyBatch b = Next(**engine, 0, g);
+    ASSERT_TRUE((*engine)->Ack(0, "real", {b.batch_id}, Cursor{0, 1}).ok());
+  }
+  o.student_world_size = 2;
+  auto other = Engine::Create(w.model.get(), w.dataset.get(), o);
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("records a world of 1 student ranks"), std::string::npos) << other.status();
+  (void)RemoveAll(dir);
+}
+
+// Subscribers that never committed do not fix the world of a restarted
+// teacher: twenty fake ranks cannot lock the real one out for good.
+TEST(EngineTest, AWorldNoCommitConfirmedIsNotRestored) {
+  World w = MakeWorld(12);
+  const std::string dir = MakeTempDir("engine_unconfirmed_world_").value();
+  EngineOptions o = SmallBatches();
+  o.ledger_path = JoinPath(dir, "ledger.jsonl");
+  {
+    auto engine = Engine::Create(w.model.get(), w.dataset.get(), o);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    SubscribeRank(**engine, 3, 20, "fake");
+    EXPECT_FALSE((*engine)->Subscribe(SubscribeParams{}).ok()) << "the world of this process is 20";
+  }
+  auto restarted = Engine::Create(w.model.get(), w.dataset.get(), o);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  SubscribeParams p;
+  p.subscriber_id = "real";
+  EXPECT_TRUE((*restarted)->Subscribe(p).ok());
+  (void)RemoveAll(dir);
+}
+
+// A ledger that cannot be written stops the commit path with an error
+// naming it; nothing is counted that the file lacks, and commits resume
+// once it can be written.
+TEST(EngineTest, ALedgerThatCannotBeWrittenStopsCommitsUntilItCan) {
+  World w = MakeWorld(20);
+  const std::string dir = MakeTempDir("engine_ledger_full_").value();
+  EngineOptions o = SmallBatches();
+  o.ledger_path = JoinPath(dir, "ledger.jsonl");
+  auto engine = Engine::Create(w.model.get(), w.dataset.get(), o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const uint64_t g = SubscribeRank(**engine, 0, 1, "s");
+  ReadyBatch b0 = Next(**engine, 0, g), b1 = Next(**engine, 0, g);
+  ASSERT_TRUE((*engine)->Ack(0, "s", {b0.batch_id}, Cursor{0, 1}).ok());
+  const int64_t size = static_cast<int64_t>(ReadFileToString(o.ledger_path).value().size());
+  {
+    testing::FileSizeLimit full(static_cast<rlim_t>(size));
+    ASSERT_TRUE(full.ok());
+    auto refused = (*engine)->Ack(0, "s", {b1.batch_id}, Cursor{0, 2});
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_NE(refused.status().message().find(o.ledger_path), std::string::npos) << refused.status();
+    EXPECT_EQ((*engine)->ledger_report().committed_batches, 1);
+  }
+  EXPECT_FALSE((*engine)->ledger_failure().ok());
+  ASSERT_TRUE((*engine)->Ack(0, "s", {}, Cursor{0, 2}).ok());
+  const LedgerReport r = (*engine)->ledger_report();
+  EXPECT_EQ(r.committed_batches, 2);
+  EXPECT_EQ(r.samples_committed_twice, 0);
+  engine->reset();
+  (void)RemoveAll(dir);
 }
 
 }  // namespace

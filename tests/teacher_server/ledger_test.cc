@@ -1,8 +1,9 @@
 // The ledger on disk: a restarted teacher reads its file back, so the
 // report covers every process of the run and commits continue from each
-// rank's committed cursor; a half-written last line (the
-// process died mid-write) is cut off; a corrupt line or a file of another
-// dataset is an error naming the file.
+// rank's committed cursor; a half-written line (the process died, or a
+// write failed, mid-line) is dropped; a corrupt line or a file of another
+// dataset is an error naming the file; a write that fails is cut back off
+// the file, counts for nothing and is returned; the file is locked.
 #include "teacher_server/ledger.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "common/file_util.h"
+#include "tests/file_size_limit.h"
 
 namespace e3 {
 namespace {
@@ -37,14 +39,14 @@ TEST_F(LedgerTest, AReopenedLedgerCoversTheWholeRun) {
   {
     Ledger first;
     ASSERT_TRUE(first.Open(path_, 6).ok());
-    first.RecordDelivery(0, 0, 0, {0, 1, 2});
-    first.RecordCommit(0, 0, 0, {0, 1, 2});
-    first.RecordDelivery(0, 0, 1, {3, 4, 5});  // delivered, never committed: the process dies
+    ASSERT_TRUE(first.RecordDelivery(0, 0, 0, {0, 1, 2}).ok());
+    ASSERT_TRUE(first.RecordCommit(0, 0, 0, {0, 1, 2}).ok());
+    ASSERT_TRUE(first.RecordDelivery(0, 0, 1, {3, 4, 5}).ok());  // delivered, never committed: the process dies
   }
   Ledger second;
   ASSERT_TRUE(second.Open(path_, 6).ok());
-  second.RecordDelivery(0, 0, 1, {3, 4, 5});  // redelivered after the restart
-  second.RecordCommit(0, 0, 1, {3, 4, 5});
+  ASSERT_TRUE(second.RecordDelivery(0, 0, 1, {3, 4, 5}).ok());  // redelivered after the restart
+  ASSERT_TRUE(second.RecordCommit(0, 0, 1, {3, 4, 5}).ok());
   const LedgerReport r = second.Report(/*complete_epochs=*/1);
   EXPECT_EQ(r.deliveries, 3);
   EXPECT_EQ(r.redeliveries, 1);
@@ -59,12 +61,12 @@ TEST_F(LedgerTest, AReopenedLedgerGivesBackTheWorldAndEachRanksCommittedCursor) 
     Ledger first;
     ASSERT_TRUE(first.Open(path_, 8).ok());
     EXPECT_EQ(first.restored().world, 0) << "a new file restores nothing";
-    first.RecordEvent(R"({"event":"subscribe","rank":0,"world":2,"subscriber":"rank-0","epoch":0,"batch":0})");
-    first.RecordCommit(0, 0, 0, {0});
-    first.RecordCommit(0, 0, 1, {2});
-    first.RecordCommit(1, 0, 0, {1});
+    ASSERT_TRUE(first.RecordEvent(R"({"event":"subscribe","rank":0,"world":2,"subscriber":"rank-0","epoch":0,"batch":0})").ok());
+    ASSERT_TRUE(first.RecordCommit(0, 0, 0, {0}).ok());
+    ASSERT_TRUE(first.RecordCommit(0, 0, 1, {2}).ok());
+    ASSERT_TRUE(first.RecordCommit(1, 0, 0, {1}).ok());
     // Rank 1 came back from an older checkpoint.
-    first.RecordEvent(R"({"event":"rewind","rank":1,"from_epoch":0,"from_batch":1,"to_epoch":0,"to_batch":0})");
+    ASSERT_TRUE(first.RecordEvent(R"({"event":"rewind","rank":1,"from_epoch":0,"from_batch":1,"to_epoch":0,"to_batch":0})").ok());
   }
   Ledger second;
   ASSERT_TRUE(second.Open(path_, 8).ok());
@@ -88,7 +90,7 @@ TEST_F(LedgerTest, AHalfWrittenLastLineIsCutOff) {
   {
     Ledger first;
     ASSERT_TRUE(first.Open(path_, 3).ok());
-    first.RecordCommit(0, 0, 0, {0, 1, 2});
+    ASSERT_TRUE(first.RecordCommit(0, 0, 0, {0, 1, 2}).ok());
   }
   auto before = ReadFileToString(path_);
   ASSERT_TRUE(before.ok());
@@ -137,6 +139,100 @@ TEST_F(LedgerTest, ALedgerOfAnotherDatasetIsRefused) {
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(std::string(st.message()).find("10 samples"), std::string::npos) << st;
+}
+
+TEST_F(LedgerTest, ASecondLedgerOnTheSameFileIsRefused) {
+  Ledger first;
+  ASSERT_TRUE(first.Open(path_, 3).ok());
+  Ledger second;
+  const absl::Status st = second.Open(path_, 3);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(std::string(st.message()).find("in use by another process"), std::string::npos) << st;
+}
+
+TEST_F(LedgerTest, AFailedWriteIsCutOffCountsForNothingAndStopsOnlyUntilWritesWork) {
+  Ledger ledger;
+  ASSERT_TRUE(ledger.Open(path_, 6).ok());
+  ASSERT_TRUE(ledger.RecordCommit(0, 0, 0, {0, 1}).ok());
+  const std::string before = ReadFileToString(path_).value();
+  {
+    // Room for part of a line, not a whole one: the write is torn.
+    testing::FileSizeLimit full(before.size() + 10);
+    ASSERT_TRUE(full.ok());
+    const absl::Status st = ledger.RecordCommit(0, 0, 1, {2, 3});
+    EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+    EXPECT_NE(std::string(st.message()).find(path_), std::string::npos) << st;
+    EXPECT_NE(std::string(st.message()).find("takes no commit"), std::string::npos) << st;
+    EXPECT_FALSE(ledger.RecordDelivery(0, 0, 2, {4, 5}).ok());
+  }
+  EXPECT_EQ(ReadFileToString(path_).value(), before) << "the torn line stays in the file";
+  LedgerReport r = ledger.Report(0);
+  EXPECT_EQ(r.committed_batches, 1);
+  EXPECT_EQ(r.deliveries, 0);
+  EXPECT_EQ(r.write_failures, 2);
+  EXPECT_FALSE(ledger.first_failure().ok());
+  // The disk has room again: the same commit goes in, once.
+  ASSERT_TRUE(ledger.RecordCommit(0, 0, 1, {2, 3}).ok());
+  r = ledger.Report(0);
+  EXPECT_EQ(r.committed_batches, 2);
+  EXPECT_EQ(r.samples_committed_twice, 0);
+}
+
+TEST_F(LedgerTest, ATornLineFollowedByAWholeEventIsRecovered) {
+  {
+    Ledger first;
+    ASSERT_TRUE(first.Open(path_, 4).ok());
+    ASSERT_TRUE(first.RecordCommit(0, 0, 0, {0, 1}).ok());
+  }
+  // An older writer's failed write left a fragment, and the next event
+  // was appended after it on the same line.
+  AppendRaw("{\"event\":\"commit\",\"rank\":0,\"ep");
+  AppendRaw("{\"event\":\"commit\",\"rank\":0,\"epoch\":0,\"index\":1,\"samples\":[2,3]}\n");
+  Ledger second;
+  ASSERT_TRUE(second.Open(path_, 4).ok());
+  const LedgerReport r = second.Report(1);
+  EXPECT_EQ(r.committed_batches, 2);
+  EXPECT_EQ(r.samples_never_committed, 0);
+  EXPECT_EQ(second.restored().committed.at(0).next_batch, 2);
+}
+
+TEST_F(LedgerTest, OnlyACommittedWorldIsRestored) {
+  {
+    Ledger first;
+    ASSERT_TRUE(first.Open(path_, 8).ok());
+    // A subscriber that never trained claimed a world of 20.
+    ASSERT_TRUE(first.RecordEvent(R"({"event":"subscribe","rank":0,"world":20,"subscriber":"x","epoch":0,"batch":0})").ok());
+  }
+  {
+    Ledger second;
+    ASSERT_TRUE(second.Open(path_, 8).ok());
+    EXPECT_EQ(second.restored().world, 0);
+    ASSERT_TRUE(second.RecordWorld(1).ok());
+    ASSERT_TRUE(second.RecordCommit(0, 0, 0, {0}).ok());
+  }
+  Ledger third;
+  ASSERT_TRUE(third.Open(path_, 8).ok());
+  EXPECT_EQ(third.restored().world, 1);
+}
+
+TEST_F(LedgerTest, EachRanksFurthestDeliveryIsRestored) {
+  {
+    Ledger first;
+    ASSERT_TRUE(first.Open(path_, 8).ok());
+    ASSERT_TRUE(first.RecordDelivery(0, 0, 0, {0}).ok());
+    ASSERT_TRUE(first.RecordDelivery(0, 0, 3, {6}).ok());
+    ASSERT_TRUE(first.RecordDelivery(0, 0, 1, {2}).ok());  // a redelivery after a rewind
+    ASSERT_TRUE(first.RecordDelivery(1, 1, 0, {1}).ok());
+    ASSERT_TRUE(first.SyncDeliveries().ok());
+  }
+  Ledger second;
+  ASSERT_TRUE(second.Open(path_, 8).ok());
+  const auto& delivered = second.restored().delivered;
+  ASSERT_EQ(delivered.size(), 2u);
+  EXPECT_EQ(delivered.at(0).epoch, 0);
+  EXPECT_EQ(delivered.at(0).next_batch, 4);
+  EXPECT_EQ(delivered.at(1).epoch, 1);
+  EXPECT_EQ(delivered.at(1).next_batch, 1);
 }
 
 }  // namespace

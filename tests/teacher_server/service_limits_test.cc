@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/model_dir.h"
 #include "common/vocab_map.h"
+#include "proto/subscription_wire.h"
 #include "proto/wire_codec.h"
 #include "teacher_server/engine.h"
 #include "teacher_server/teacher_service.h"
@@ -59,11 +60,19 @@ class ServiceLimitsTest : public ::testing::Test {
 
   // The stream's first message, or its final status when there is none.
   static grpc::Status FirstBatch(v1::TeacherService::Stub& stub, const v1::SubscribeRequest& req,
-                                 v1::BatchDescriptor* first) {
+                                 v1::BatchDescriptor* first, uint64_t* generation = nullptr) {
     grpc::ClientContext ctx;
     SetLimitsDeadline(&ctx);
     auto reader = stub.Subscribe(&ctx, req);
     if (reader->Read(first)) {
+      if (generation != nullptr) {
+        const auto& md = ctx.GetServerInitialMetadata();
+        auto it = md.find(kSubscriptionGenerationKey);
+        if (it != md.end()) {
+          *generation =
+              ParseSubscriptionGeneration(std::string(it->second.data(), it->second.size())).value_or(0);
+        }
+      }
       ctx.TryCancel();
       reader->Finish();
       return grpc::Status::OK;
@@ -85,7 +94,8 @@ class ServiceLimitsTest : public ::testing::Test {
   // An honest student still gets its first batch and its ack is taken.
   static void ExpectServesAnHonestStudent(testing::LoopbackTeacher& t) {
     v1::BatchDescriptor d;
-    grpc::Status st = FirstBatch(*t.stub, Subscribe("honest", 0, 1), &d);
+    uint64_t generation = 0;
+    grpc::Status st = FirstBatch(*t.stub, Subscribe("honest", 0, 1), &d, &generation);
     ASSERT_TRUE(st.ok()) << st.error_message();
     EXPECT_EQ(d.index_in_epoch(), 0);
     EXPECT_GT(d.num_tokens(), 0);
@@ -96,6 +106,7 @@ class ServiceLimitsTest : public ::testing::Test {
     v1::AckRequest ack;
     ack.set_version(v1::PROTOCOL_VERSION_CURRENT);
     ack.set_subscriber_id("honest");
+    ack.set_subscription_generation(generation);
     ack.add_batch_ids(d.batch_id());
     v1::AckResponse resp;
     st = t.stub->Ack(&ctx, ack, &resp);

@@ -28,6 +28,7 @@
 #include "common/model_dir.h"
 #include "common/shm_segment.h"
 #include "common/vocab_map.h"
+#include "proto/subscription_wire.h"
 #include "proto/wire_codec.h"
 #include "teacher_server/eval_set.h"
 #include "teacher_server/generation.h"
@@ -47,9 +48,19 @@ void SetDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds ms = 10000m
   ctx->set_deadline(std::chrono::system_clock::now() + ms);
 }
 
-// Acks `batch_ids` as rank 0 of `subscriber_id`, with a deadline;
-// `committed`, when given, reports a checkpoint's cursor.
-grpc::Status SendAck(v1::TeacherService::Stub& stub, const std::string& subscriber_id,
+// The generation a Subscribe stream's acceptance announced (its initial
+// metadata, there once the first message was read); 0 when absent.
+uint64_t GenerationOf(grpc::ClientContext& stream) {
+  const auto& md = stream.GetServerInitialMetadata();
+  auto it = md.find(kSubscriptionGenerationKey);
+  if (it == md.end()) return 0;
+  return ParseSubscriptionGeneration(std::string(it->second.data(), it->second.size())).value_or(0);
+}
+
+// Acks `batch_ids` as rank 0 of `subscriber_id` on the subscription of
+// `stream`, with a deadline; `committed`, when given, reports a
+// checkpoint's cursor.
+grpc::Status SendAck(v1::TeacherService::Stub& stub, const std::string& subscriber_id, grpc::ClientContext& stream,
                      const std::vector<int64_t>& batch_ids, v1::AckResponse* resp,
                      const v1::Cursor* committed = nullptr) {
   grpc::ClientContext ctx;
@@ -57,6 +68,7 @@ grpc::Status SendAck(v1::TeacherService::Stub& stub, const std::string& subscrib
   v1::AckRequest ack;
   ack.set_version(v1::PROTOCOL_VERSION_CURRENT);
   ack.set_subscriber_id(subscriber_id);
+  ack.set_subscription_generation(GenerationOf(stream));
   ack.set_rank(0);
   for (int64_t id : batch_ids) ack.add_batch_ids(id);
   if (committed != nullptr) *ack.mutable_committed() = *committed;
@@ -377,7 +389,7 @@ TEST_F(TeacherServiceTest, OtherHostGetsInlineBatchesAndAcksReturnCredits) {
     CheckBatch(**rb);
 
     v1::AckResponse aresp;
-    grpc::Status st = SendAck(*t->stub, "student-b", {batch_id}, &aresp);
+    grpc::Status st = SendAck(*t->stub, "student-b", ctx, {batch_id}, &aresp);
     ASSERT_TRUE(st.ok()) << st.error_message();
     // Everything taken so far is acked: only computed-ahead batches use
     // credits, and at least the window minus one such batch is free.
@@ -388,13 +400,13 @@ TEST_F(TeacherServiceTest, OtherHostGetsInlineBatchesAndAcksReturnCredits) {
   ASSERT_TRUE(WaitFor([&] { return t->engine->stats().buffered_batches == 3; })) << t->engine->stats().buffered_batches;
   {
     v1::AckResponse aresp;
-    ASSERT_TRUE(SendAck(*t->stub, "student-b", {}, &aresp).ok());
+    ASSERT_TRUE(SendAck(*t->stub, "student-b", ctx, {}, &aresp).ok());
     EXPECT_EQ(aresp.credits(), 0);
   }
   // A stale subscriber's ack is refused.
   {
     v1::AckResponse aresp;
-    grpc::Status st = SendAck(*t->stub, "someone-else", {}, &aresp);
+    grpc::Status st = SendAck(*t->stub, "someone-else", ctx, {}, &aresp);
     EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
     EXPECT_NE(st.error_message().find("student-b"), std::string::npos) << st.error_message();
   }
@@ -404,7 +416,7 @@ TEST_F(TeacherServiceTest, OtherHostGetsInlineBatchesAndAcksReturnCredits) {
     ASSERT_TRUE(reader->Read(&d));
     EXPECT_EQ(d.index_in_epoch(), 4);
     v1::AckResponse aresp;
-    ASSERT_TRUE(SendAck(*t->stub, "student-b", {d.batch_id()}, &aresp).ok());
+    ASSERT_TRUE(SendAck(*t->stub, "student-b", ctx, {d.batch_id()}, &aresp).ok());
     EXPECT_GE(aresp.credits(), 1);
     EXPECT_LE(aresp.credits(), 3);
   }
@@ -449,7 +461,7 @@ TEST_F(TeacherServiceTest, SameHostGetsShmReferencesThatResolve) {
     }
     // Acking frees the batch: its segment is unlinked.
     v1::AckResponse aresp;
-    ASSERT_TRUE(SendAck(*t->stub, "student-a", {batch_id}, &aresp).ok());
+    ASSERT_TRUE(SendAck(*t->stub, "student-a", ctx, {batch_id}, &aresp).ok());
     EXPECT_TRUE(WaitFor([&] { return !ShmExists(segment); })) << segment << " still exists after the ack";
   }
   std::string text = RenderMetrics(*t->metrics.registry());
@@ -547,7 +559,7 @@ TEST_F(TeacherServiceTest, StreamEndsWithEndOfDataThenOk) {
     committed.set_epoch(d.index_in_epoch() + 1 == per_epoch ? 1 : 0);
     committed.set_next_batch(d.index_in_epoch() + 1 == per_epoch ? 0 : d.index_in_epoch() + 1);
     v1::AckResponse aresp;
-    ASSERT_TRUE(SendAck(*t->stub, "tiny", {d.batch_id()}, &aresp, &committed).ok());
+    ASSERT_TRUE(SendAck(*t->stub, "tiny", ctx, {d.batch_id()}, &aresp, &committed).ok());
   }
   grpc::Status st = reader->Finish();
   EXPECT_TRUE(ended);
