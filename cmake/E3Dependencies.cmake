@@ -5,6 +5,8 @@ find_package(Threads REQUIRED)
 find_package(absl CONFIG REQUIRED)
 find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
+# TLS key checks (common/rpc/tls_key_pair.h); gRPC links it already.
+find_package(OpenSSL REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(prometheus-cpp CONFIG REQUIRED COMPONENTS core)
 # The run config (common/run_config.h) is YAML (Debian libyaml-cpp-dev).

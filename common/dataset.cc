@@ -98,6 +98,13 @@ constexpr char kCauseTurns[] = "bad turns";
 constexpr char kCauseTemplate[] = "template could not render";
 constexpr char kCauseIds[] = "bad input_ids/loss_mask";
 constexpr char kCauseNoUser[] = "no user turn";
+constexpr char kCauseTooLong[] = "line too long";
+
+ParsedLine TooLong(size_t bytes, int64_t max_bytes) {
+  return Malformed(absl::StrCat("the line is ", bytes, " bytes, over the limit of ", max_bytes,
+                                " (--max_line_bytes, data.max_line_bytes); it was not read"),
+                   kCauseTooLong);
+}
 
 // The turns up to the last user turn, as a serving engine's prompt.
 ParsedLine PromptOfConversation(std::vector<ChatMessage> messages, const nlohmann::ordered_json& tools,
@@ -304,6 +311,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Load(const DatasetOptions& opt
                                                              " (expected a .jsonl or .jsonl.gz file)"));
   }
   LineReader& in = **opened;
+  in.set_max_line_bytes(static_cast<size_t>(std::max<int64_t>(0, options.max_line_bytes)));
 
   LineContext ctx;
   ctx.tokenizer = &tokenizer;
@@ -317,17 +325,26 @@ absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Load(const DatasetOptions& opt
   dataset->source_ = options.path;
   DatasetStats& stats = dataset->stats_;
   std::vector<std::string> lines;
+  std::vector<size_t> skipped;  // per line of the block: bytes of a line too long to read
   std::vector<ParsedLine> parsed;
   int64_t line_number = 0;
   bool done = false;
   bool more = true;
   while (!done && more) {
     lines.clear();
+    skipped.clear();
     std::string line;
-    while (lines.size() < kBlockLines && (more = in.Next(&line))) lines.push_back(std::move(line));
+    size_t line_skipped = 0;
+    while (lines.size() < kBlockLines && (more = in.Next(&line, &line_skipped))) {
+      lines.push_back(std::move(line));
+      skipped.push_back(line_skipped);
+    }
     if (lines.empty()) break;
     if (line_number == 0 && lines[0].rfind("\xEF\xBB\xBF", 0) == 0) lines[0].erase(0, 3);  // BOM
     ParseBlock(lines, ctx, threads, &parsed);
+    for (size_t i = 0; i < lines.size(); ++i) {
+      if (skipped[i] > 0) parsed[i] = TooLong(skipped[i], options.max_line_bytes);
+    }
     for (ParsedLine& p : parsed) {
       ++line_number;
       ++stats.lines_read;

@@ -28,6 +28,9 @@ struct Sample {
   int64_t size() const { return static_cast<int64_t>(input_ids.size()); }
 };
 
+// Room for a 128k-token conversation with JSON escapes, several times over.
+inline constexpr int64_t kDefaultMaxLineBytes = int64_t{8} << 20;
+
 struct DatasetOptions {
   std::string path;  // .jsonl, or .jsonl.gz
   // true: skip malformed lines, count them and keep the first few messages;
@@ -46,6 +49,10 @@ struct DatasetOptions {
   bool drop_empty_loss_mask = true;
   // Stop after this many kept samples; 0 reads the whole file.
   int64_t max_samples = 0;
+  // A longer line is counted malformed without being read into memory:
+  // parsing, rendering and tokenizing a line costs tens of times its size.
+  // 0: no bound.
+  int64_t max_line_bytes = kDefaultMaxLineBytes;
   // Bound for pre-tokenized ids; 0 uses the tokenizer's vocab_size.
   int64_t vocab_size = 0;
   // Tokenizer threads; 0 picks from the hardware. Output order never

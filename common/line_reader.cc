@@ -70,17 +70,37 @@ bool LineReader::Fill() {
   return true;
 }
 
-bool LineReader::Next(std::string* line) {
+bool LineReader::Next(std::string* line, size_t* skipped_bytes) {
+  size_t skipped = 0;  // bytes of an over-long line dropped so far
+  if (skipped_bytes != nullptr) *skipped_bytes = 0;
   while (true) {
     const size_t newline = buffer_.find('\n', at_);
-    if (newline != std::string::npos) {
-      line->assign(buffer_, at_, newline - at_);
+    const size_t length = (newline == std::string::npos ? buffer_.size() : newline) - at_;
+    if (max_line_bytes_ > 0 && skipped + length > max_line_bytes_) {
+      // Over the limit: what is buffered goes, and the rest of the line
+      // is read past chunk by chunk.
+      skipped += length;
+      at_ += length;
+      if (newline != std::string::npos) {
+        ++at_;
+        line->clear();
+        if (skipped_bytes != nullptr) *skipped_bytes = skipped;
+        return true;
+      }
+    } else if (newline != std::string::npos) {
+      line->assign(buffer_, at_, length);
       at_ = newline + 1;
       return true;
     }
     if (!Fill()) break;
   }
-  if (!status_.ok() || at_ >= buffer_.size()) return false;
+  if (!status_.ok()) return false;
+  if (skipped > 0) {  // the last line, over the limit
+    line->clear();
+    if (skipped_bytes != nullptr) *skipped_bytes = skipped;
+    return true;
+  }
+  if (at_ >= buffer_.size()) return false;
   line->assign(buffer_, at_, std::string::npos);  // the last line, without '\n'
   at_ = buffer_.size();
   return true;

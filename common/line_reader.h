@@ -20,8 +20,12 @@ class LineReader {
   LineReader& operator=(const LineReader&) = delete;
 
   // The next line without its '\n' (a trailing '\r' is kept); false at the
-  // end of the file or on an error, which status() then reports.
-  bool Next(std::string* line);
+  // end of the file or on an error, which status() then reports. A line
+  // longer than set_max_line_bytes is skipped unread, never held whole: it
+  // comes back empty with its length in *skipped_bytes (0 otherwise).
+  bool Next(std::string* line, size_t* skipped_bytes = nullptr);
+  // 0: lines of any length.
+  void set_max_line_bytes(size_t bytes) { max_line_bytes_ = bytes; }
   // Ok, or DataLoss naming the path (a truncated or corrupt gzip stream,
   // a read error).
   const absl::Status& status() const { return status_; }
@@ -37,6 +41,7 @@ class LineReader {
   std::string buffer_;
   size_t at_ = 0;
   bool eof_ = false;
+  size_t max_line_bytes_ = 0;
   absl::Status status_;
 };
 

@@ -10,6 +10,12 @@
 #include "prometheus/text_serializer.h"
 
 namespace e3 {
+namespace {
+
+constexpr size_t kWorkers = 32;
+constexpr time_t kIdleSeconds = 1;
+
+}  // namespace
 
 std::string RenderMetrics(const prometheus::Collectable& registry) {
   std::ostringstream out;
@@ -28,6 +34,14 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(std::shared_
     int yes = 1;
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
+  // Each connection holds a worker while it idles between requests. With
+  // httplib's defaults (one worker a core, five idle seconds) a few dozen
+  // idle connections kept scrapes waiting for seconds: more workers, and
+  // an idle or silent connection lets its worker go after a second.
+  out->server_->new_task_queue = [] { return new httplib::ThreadPool(kWorkers); };
+  out->server_->set_keep_alive_timeout(kIdleSeconds);
+  out->server_->set_read_timeout(kIdleSeconds, 0);
+  out->server_->set_write_timeout(kIdleSeconds, 0);
   const prometheus::Collectable* reg = out->registry_.get();
   out->server_->Get("/metrics", [reg](const httplib::Request&, httplib::Response& res) {
     res.set_content(RenderMetrics(*reg), "text/plain; version=0.0.4; charset=utf-8");

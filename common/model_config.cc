@@ -89,6 +89,12 @@ absl::StatusOr<RopeConfig> ParseRope(const json& root, const std::string& source
   // rope_theta at top level and the scaling dict (or null) in rope_scaling.
   json params = json::object();
   std::string prefix;
+  if (root.contains("rope_parameters") && !root.at("rope_parameters").is_object() &&
+      !root.at("rope_parameters").is_null()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": field \"rope_parameters\": expected an object (rope_type, rope_theta, ...) or null, got ",
+        root.at("rope_parameters").type_name()));
+  }
   if (root.contains("rope_parameters") && root.at("rope_parameters").is_object()) {
     params = root.at("rope_parameters");
     prefix = "rope_parameters.";

@@ -209,6 +209,8 @@ const std::vector<KeyDef>& KeyDefs() {
              "a positive integer", "max_seq_len", ""),
       IntKey("data.max_samples", Field(&C::data, &C::Data::max_samples), 0, kMaxInt64,
              "a non-negative integer", "max_samples", ""),
+      IntKey("data.max_line_bytes", Field(&C::data, &C::Data::max_line_bytes), 0, kMaxInt64,
+             "a non-negative integer (0: no bound)", "max_line_bytes", ""),
       IntKey("data.epochs", Field(&C::data, &C::Data::epochs), 1, kMaxInt64, "a positive integer",
              "epochs", ""),
       SeedKey("data.seed", Field(&C::data, &C::Data::seed), "data_seed", ""),
@@ -383,14 +385,28 @@ bool ToRaw(const YAML::Node& node, Raw* raw) {
   return true;
 }
 
+// YAML leaves a repeated key to the reader; yaml-cpp keeps both and the
+// last would silently win, so a key given twice is an error naming both
+// lines. `first_line` remembers each name's line (1-based).
+absl::Status CheckOnce(const YAML::Node& key, const std::string& path, const std::string& source,
+                       std::map<std::string, int>* first_line) {
+  const int line = key.Mark().line + 1;
+  auto [it, inserted] = first_line->emplace(path, line);
+  if (inserted) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(source, ":", line, ": ", path, ": given twice (first on line ", it->second, ")"));
+}
+
 absl::Status ReadDocument(const YAML::Node& root, const std::string& source, RunConfig& config) {
   if (root.IsNull()) return absl::OkStatus();
   if (!root.IsMap()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": expected a map of sections (",
                                                    absl::StrJoin(Sections(), ", "), ")"));
   }
+  std::map<std::string, int> seen;
   for (const auto& section : root) {
     const std::string name = section.first.as<std::string>();
+    E3_RETURN_IF_ERROR(CheckOnce(section.first, name, source, &seen));
     if (KnownKeys(name).empty()) {
       return KeyError(
           source, name,
@@ -402,6 +418,7 @@ absl::Status ReadDocument(const YAML::Node& root, const std::string& source, Run
     }
     for (const auto& entry : section.second) {
       const std::string path = absl::StrCat(name, ".", entry.first.as<std::string>());
+      E3_RETURN_IF_ERROR(CheckOnce(entry.first, path, source, &seen));
       Raw raw;
       if (!ToRaw(entry.second, &raw)) {
         const KeyDef* def = FindKey(path);

@@ -35,6 +35,7 @@ struct RunConfig {
     int64_t eval_max_new_tokens = 256;
     int64_t max_seq_len = 2048;
     int64_t max_samples = 0;
+    int64_t max_line_bytes = int64_t{8} << 20;
     int64_t epochs = 1;
     uint64_t seed = 42;  // the sample order (teacher --data_seed)
     bool train_on_all_tokens = false;

@@ -67,6 +67,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadTrainingData(const TeacherDataOptio
   d.max_length = o.max_seq_len;
   d.train_on_all_tokens = o.train_on_all_tokens;
   d.max_samples = o.max_samples;
+  d.max_line_bytes = o.max_line_bytes;
   d.vocab_size = vocab_size;
   E3_ASSIGN_OR_RETURN(std::unique_ptr<Dataset> dataset,
                       Dataset::Load(d, *data.tokenizer, *data.chat_template));
@@ -161,6 +162,7 @@ absl::StatusOr<std::unique_ptr<EvalSet>> StartEvalSet(const TeacherDataOptions& 
   d.min_length = 1;
   d.skip_malformed = o.skip_malformed;
   d.max_samples = o.eval_samples;
+  d.max_line_bytes = o.max_line_bytes;
   d.vocab_size = model->config().vocab_size;
   E3_ASSIGN_OR_RETURN(std::unique_ptr<Dataset> prompts,
                       Dataset::Load(d, *data.tokenizer, *data.chat_template));

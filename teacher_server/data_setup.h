@@ -30,6 +30,7 @@ struct TeacherDataOptions {
   int64_t max_seq_len = 2048;
   bool train_on_all_tokens = false;
   int64_t max_samples = 0;
+  int64_t max_line_bytes = kDefaultMaxLineBytes;  // longer data lines are skipped unread
   // --regenerate: generation.seed is the data seed; cache_path empty:
   // regenerated-<fingerprint>.jsonl in the working directory.
   bool regenerate = false;

@@ -115,6 +115,9 @@ ABSL_FLAG(int, student_world_size, 0,
 ABSL_FLAG(bool, skip_malformed, true, "skip and count malformed data lines (false: fail on the first)");
 ABSL_FLAG(bool, train_on_all_tokens, false, "loss on every token, not only assistant turns");
 ABSL_FLAG(int64_t, max_samples, 0, "use at most this many samples (0: all)");
+ABSL_FLAG(int64_t, max_line_bytes, e3::kDefaultMaxLineBytes,
+          "data lines longer than this many bytes are counted malformed without being read (parsing and "
+          "tokenizing a line costs tens of times its size); 0: no bound");
 ABSL_FLAG(bool, exit_when_done, false, "exit once every rank has committed every epoch");
 ABSL_FLAG(double, exit_grace_s, 60,
           "with --exit_when_done: once every epoch is committed, how long to wait for ranks not yet handed the "
@@ -252,6 +255,7 @@ absl::StatusOr<TeacherDataOptions> DataOptionsFromFlags() {
   d.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
   d.train_on_all_tokens = absl::GetFlag(FLAGS_train_on_all_tokens);
   d.max_samples = absl::GetFlag(FLAGS_max_samples);
+  d.max_line_bytes = absl::GetFlag(FLAGS_max_line_bytes);
   d.regenerate = absl::GetFlag(FLAGS_regenerate);
   d.regen.generation.max_new_tokens = absl::GetFlag(FLAGS_regen_max_new_tokens);
   d.regen.generation.max_sequences = absl::GetFlag(FLAGS_regen_batch_sequences);

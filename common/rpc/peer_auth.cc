@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
+#include "common/rpc/tls_key_pair.h"
 #include "common/status_macros.h"
 
 namespace e3 {
@@ -63,6 +64,7 @@ absl::StatusOr<PeerAuth> PeerAuth::ForServer(const PeerAuthOptions& o) {
     a.tls_ = true;
     E3_ASSIGN_OR_RETURN(a.cert_pem_, ReadPem("tls_cert", o.tls_cert));
     E3_ASSIGN_OR_RETURN(a.key_pem_, ReadPem("tls_key", o.tls_key));
+    E3_RETURN_IF_ERROR(CheckKeyMatchesCertificate(a.cert_pem_, o.tls_cert, a.key_pem_, o.tls_key));
   }
   if (!o.tls_ca.empty()) {
     a.mutual_ = true;
@@ -90,6 +92,7 @@ absl::StatusOr<PeerAuth> PeerAuth::ForClient(const PeerAuthOptions& o) {
     a.mutual_ = true;
     E3_ASSIGN_OR_RETURN(a.cert_pem_, ReadPem("tls_cert", o.tls_cert));
     E3_ASSIGN_OR_RETURN(a.key_pem_, ReadPem("tls_key", o.tls_key));
+    E3_RETURN_IF_ERROR(CheckKeyMatchesCertificate(a.cert_pem_, o.tls_cert, a.key_pem_, o.tls_key));
   }
   a.server_name_ = o.tls_server_name;
   if (!o.auth_token_file.empty()) {

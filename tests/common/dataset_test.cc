@@ -484,6 +484,31 @@ TEST_F(DatasetTest, MissingFileAndDirectory) {
   EXPECT_THAT(Msg(dir.status()), HasSubstr("is a directory"));
 }
 
+// A line past the byte limit is counted malformed and never held whole:
+// the lines around it load as usual, whatever chunk boundaries it spans.
+TEST_F(DatasetTest, AnOverLongLineIsSkippedUnread) {
+  const std::string chat =
+      R"({"conversations": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}]})";
+  std::string words;
+  for (int i = 0; i < 200000; ++i) words += "hello ";  // 1.2 MB, spanning chunk boundaries
+  const std::string huge =
+      R"({"conversations": [{"role": "user", "content": ")" + words + R"("}, {"role": "assistant", "content": "ok"}]})";
+  const std::string path = Write("long.jsonl", chat + "\n" + huge + "\n" + chat + "\n" + huge);
+  DatasetOptions options = Options(path);
+  options.max_line_bytes = 1 << 20;
+  auto dataset = Load(options);
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  EXPECT_EQ((*dataset)->size(), 2);
+  const DatasetStats& stats = (*dataset)->stats();
+  EXPECT_EQ(stats.malformed, 2);
+  EXPECT_EQ(stats.malformed_by_cause.at("line too long"), 2);
+  ASSERT_FALSE(stats.first_errors.empty());
+  EXPECT_NE(stats.first_errors[0].find(path + ":2: the line is " + std::to_string(huge.size()) +
+                                       " bytes, over the limit of 1048576"),
+            std::string::npos)
+      << stats.first_errors[0];
+}
+
 TEST_F(DatasetTest, MaxSamplesStopsEarly) {
   std::string text;
   for (int i = 0; i < 10; ++i) text += std::string(kGoodIds) + "\n";

@@ -99,6 +99,9 @@ TEST(ModelConfigTest, ErrorsNameTheFileAndField) {
        "rope_parameters.rope_type\": unsupported rope type \"dynamic\""},
       {"{" + kBase + R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})",
        "rope_scaling.low_freq_factor\": required number is missing"},
+      {"{" + kBase + R"(, "rope_parameters": "yarn"})",
+       "field \"rope_parameters\": expected an object (rope_type, rope_theta, ...) or null, got string"},
+      {"{" + kBase + R"(, "rope_parameters": [1, 2]})", "field \"rope_parameters\": expected an object"},
       {"{" + kBase + R"(, "hidden_act": "gelu"})", "hidden_act"},
       {"{" + kBase + R"(, "tie_word_embeddings": "yes"})", "tie_word_embeddings"},
       // Sizes are bounded: a config also comes from a teacher's GetInfo.

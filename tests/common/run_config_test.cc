@@ -112,6 +112,10 @@ TEST(RunConfigTest, ErrorsNameTheFileTheKeyAndWhatWasExpected) {
       {"teachers:\n  devices: [0, 1, 2]\n  tp: 2\n",
        "run.yaml: teachers.devices: 3 devices do not divide"},
       {"model:\n  dir: [unclosed\n", "run.yaml:"},
+      {"schedule:\n  lr: 1e-3\n  max_steps: 5\n  lr: 2e-3\n",
+       "run.yaml:4: schedule.lr: given twice (first on line 2)"},
+      {"schedule:\n  lr: 1e-3\ndata:\n  epochs: 2\nschedule:\n  max_steps: 5\n",
+       "run.yaml:5: schedule: given twice (first on line 1)"},
   };
   for (const Case& c : cases) {
     auto parsed = ParseRunConfig(c.yaml, "run.yaml");

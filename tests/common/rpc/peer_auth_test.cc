@@ -179,6 +179,15 @@ TEST_F(PeerAuthTest, BadFlagsNameTheFlagAndTheFile) {
   EXPECT_NE(std::string(missing.status().message()).find("--tls_cert=" + certs_.dir + "/nope.pem"),
             std::string::npos)
       << missing.status();
+  // A key of another pair is named as such, not as a port that cannot bind.
+  auto mismatch = PeerAuth::ForServer(Opts(certs_.server_cert, certs_.client_key, "", ""));
+  ASSERT_FALSE(mismatch.ok());
+  EXPECT_NE(std::string(mismatch.status().message())
+                .find("--tls_key=" + certs_.client_key + " is not the key of the certificate in --tls_cert=" +
+                      certs_.server_cert),
+            std::string::npos)
+      << mismatch.status();
+  EXPECT_FALSE(PeerAuth::ForClient(Opts(certs_.client_cert, certs_.server_key, certs_.ca, "")).ok());
   auto not_pem = PeerAuth::ForClient(Opts("", "", certs_.dir + "/make_certs.sh", ""));
   ASSERT_FALSE(not_pem.ok());
   EXPECT_NE(std::string(not_pem.status().message()).find("not a PEM file"), std::string::npos);
