@@ -15,6 +15,8 @@ PKGS=(
   libpython3-dev python3-jinja2 zlib1g-dev
   # Any Split regex of a tokenizer.json, on the engine HF tokenizers uses.
   libonig-dev
+  # CRC-32C of TensorBoard event files and checkpoints (Intel ISA-L).
+  libisal-dev
   # The run config (YAML), and the plot of a run's curves (tools/plot_run.py).
   libyaml-cpp-dev python3-matplotlib
   # The sanitizer builds: clang with libFuzzer and the TSan/ASan runtimes.
