@@ -51,6 +51,7 @@ struct RunConfig {
   struct Draft {
     int64_t vocab_size = 32000;
     std::string vocab_map;
+    std::string init_from;  // a draft export to warm-start from
     std::vector<int64_t> aux_layer_ids;  // empty: [1, L/2-1, L-4]
     int64_t ttt_length = 7;
     std::string ttt_positions = "advancing";
@@ -80,6 +81,7 @@ struct RunConfig {
     int64_t log_every = 10;
     int64_t eval_every = 0;
     int64_t eval_chain = 7;
+    int64_t early_stop_patience = 0;
     int64_t credit_window = 4;
   } schedule;
   struct Teachers {

@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "student_trainer/adamw_state_file.h"
 #include "student_trainer/draft_export.h"
+#include "student_trainer/state/checkpoint_checksums.h"
 
 namespace e3 {
 namespace {
@@ -60,7 +61,8 @@ absl::Status WriteCheckpointFiles(const std::string& tmp, const TrainerState& st
   exp.dtype = at::kFloat;  // exact resume; the final export picks its own dtype
   E3_RETURN_IF_ERROR(ExportDraft(draft, tmp, exp));
   E3_RETURN_IF_ERROR(optimizer.Save(tmp));
-  return WriteFileAtomically(JoinPath(tmp, kState), TrainerStateToJson(state));
+  E3_RETURN_IF_ERROR(WriteFileAtomically(JoinPath(tmp, kState), TrainerStateToJson(state)));
+  return WriteChecksums(tmp);  // last: it covers every file above
 }
 
 // Checkpoints of `step` or later were not loaded by the resume that led
@@ -100,9 +102,11 @@ absl::Status Prune(const std::string& dir, int keep) {
 // both as they were.
 absl::StatusOr<TrainerState> LoadCheckpointAt(const std::string& path, int64_t step, Eagle3DraftImpl& draft,
                                               DraftOptimizer& optimizer) {
+  E3_RETURN_IF_ERROR(VerifyChecksums(path));
   const std::string state_path = JoinPath(path, kState);
   E3_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(state_path));
   E3_ASSIGN_OR_RETURN(TrainerState state, ParseTrainerState(text, state_path));
+  E3_RETURN_IF_ERROR(CheckCursorsAgainstSteps(state, state_path));
   if (state.step != step) {
     return absl::DataLossError(absl::StrCat(state_path, ": field \"step\" is ", state.step,
                                             ", but the directory is named for step ", step));

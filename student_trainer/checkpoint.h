@@ -9,10 +9,13 @@
 // way). A crash or a full disk at any point leaves the previous checkpoints
 // as they were, so a `step-N` directory is complete by construction.
 //
-// Resume takes the newest `step-N` that loads. One that does not (a
-// truncated safetensors file, bad JSON, a missing file, a size that does not
-// match the draft) is skipped with the reason, naming the file, and the next
-// older one is tried; each loader checks everything before it copies
+// Every file's size and CRC-32C are recorded last, in checksums.json
+// (state/checkpoint_checksums.h), and checked before anything is read.
+//
+// Resume takes the newest `step-N` that loads. One that does not (a file
+// whose bytes changed, a truncated safetensors file, bad JSON, a missing
+// file, a size that does not match the draft) is skipped with the reason,
+// naming the file, and the next older one is tried; each loader checks everything before it copies
 // anything, so a skipped checkpoint leaves the draft and optimizer as they
 // were (LibTorch's legacy optimizer.pt archive excepted). What to do when
 // none loads is the caller's decision (checkpoint_manager.h).

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/torch/tensor_convert.h"
+#include "student_trainer/draft_export.h"
 
 namespace e3 {
 
@@ -10,7 +11,9 @@ absl::StatusOr<Eagle3Draft> BuiltDraft::Initial() const {
   Eagle3DraftOptions initial = options;
   initial.dtype = (master.has_value() ? **master : *draft).options().dtype;
   initial.keep_full_target_head = false;  // it only drafts
-  return CreateEagle3Draft(initial, frozen);
+  E3_ASSIGN_OR_RETURN(Eagle3Draft d, CreateEagle3Draft(initial, frozen));
+  if (!init_from.empty()) E3_RETURN_IF_ERROR(LoadDraftExport(*d, init_from, OtherTarget::kWarn));
+  return d;
 }
 
 absl::StatusOr<at::Device> ParseStudentDevice(const std::string& name) {
@@ -24,6 +27,7 @@ absl::StatusOr<BuiltDraft> BuildDraft(const TeacherInfo& info, const FrozenWeigh
   BuiltDraft b;
   E3_ASSIGN_OR_RETURN(b.options.config,
                       DraftConfigFromTarget(target, info.draft_vocab_size, info.aux_layer_ids));
+  b.options.config.target = info.target;
   b.dtype_name = o.dtype.empty() ? (o.device.is_cuda() ? "bfloat16" : "float32") : o.dtype;
   b.options.seed = o.init_seed;
   b.options.device = o.device;

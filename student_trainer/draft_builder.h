@@ -36,10 +36,12 @@ struct BuiltDraft {
   std::optional<Eagle3Draft> master;  // its fp32 copy, below fp32
   std::unique_ptr<DraftOptimizer> optimizer;
   std::string dtype_name;
+  std::string init_from;  // the export a warm start loaded (empty: none)
 
   // What the optimizer, checkpoints and the export see.
   Eagle3DraftImpl& trained() { return master.has_value() ? **master : *draft; }
-  // The draft as it started (the same seed), in the trained dtype.
+  // The draft as it started (the same seed, or the warm start's export),
+  // in the trained dtype.
   absl::StatusOr<Eagle3Draft> Initial() const;
 };
 

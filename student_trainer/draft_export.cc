@@ -1,5 +1,6 @@
 #include "student_trainer/draft_export.h"
 
+#include "common/draft_aux_layers.h"
 #include "common/file_util.h"
 
 #include <cstdio>
@@ -114,10 +115,25 @@ absl::Status CheckDraftWeights(const Eagle3DraftImpl& draft, const SafetensorsFi
     if (!value.equal(mine->to(at::kCPU))) {
       return absl::FailedPreconditionError(absl::StrCat(
           file.path(), ": tensor \"", name,
-          "\": the vocab map differs from the draft's (its target head rows were chosen with "
-          "another map); build the draft with LoadVocabMap on this file"));
+          "\": its draft vocab differs from the one the teacher serves (the head's rows were chosen "
+          "with another map); serve this draft's vocab from the teacher: draft.init_from (teacher "
+          "--init_from) for a warm start, or --vocab_map=", file.path()));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSameTarget(const TargetIdentity& file, const TargetIdentity& mine, const std::string& path,
+                             OtherTarget other_target) {
+  if (file.empty() || mine.empty() || file.config_sha256 == mine.config_sha256) return absl::OkStatus();
+  const std::string what = absl::StrCat(path, " was trained for ", file.name_or_path, " (config.json sha256 ",
+                                        file.config_sha256.substr(0, 12), "...), but the teacher serves ",
+                                        mine.name_or_path, " (", mine.config_sha256.substr(0, 12), "...)");
+  if (other_target == OtherTarget::kRefuse) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, "; to start a draft for this target from it, use draft.init_from (--init_from)"));
+  }
+  std::fprintf(stderr, "student: warning: %s\n", what.c_str());
   return absl::OkStatus();
 }
 
@@ -137,7 +153,8 @@ absl::Status LoadDraftWeightsImpl(Eagle3DraftImpl& draft, const SafetensorsFile&
 
 }  // namespace
 
-absl::StatusOr<std::string> DraftConfigJson(const Eagle3DraftConfig& c, at::ScalarType dtype) {
+absl::StatusOr<std::string> DraftConfigJson(const Eagle3DraftConfig& c, at::ScalarType dtype,
+                                            const json& extra) {
   E3_RETURN_IF_ERROR(c.Validate());
   E3_ASSIGN_OR_RETURN(std::string dtype_name, TorchDtypeName(dtype));
   if (c.max_position_embeddings <= 0) {
@@ -171,14 +188,18 @@ absl::StatusOr<std::string> DraftConfigJson(const Eagle3DraftConfig& c, at::Scal
   if (c.rope.partial_rotary_factor != 1.0)
     j["partial_rotary_factor"] = c.rope.partial_rotary_factor;
   j["torch_dtype"] = dtype_name;
-  // HF/vLLM convention: id i = output of decoder layer i. SGLang adds +1.
-  j["eagle_config"] = {{"eagle_aux_hidden_state_layer_ids", c.aux_layer_ids}};
+  // vLLM reads only the top-level key, counting the state entering layer j;
+  // SGLang reads only eagle_config, counting the output of layer i.
+  j["eagle_aux_hidden_state_layer_ids"] = VllmAuxLayerIds(c.aux_layer_ids);
+  j["eagle_config"] = {{"eagle_aux_hidden_state_layer_ids", c.aux_layer_ids}, {"use_aux_hidden_state", true}};
+  if (!c.target.empty()) j["e3_target"] = TargetIdentityToJson(c.target);
+  for (const auto& [key, value] : extra.items()) j[key] = value;
   return j.dump(2) + "\n";
 }
 
 absl::Status ExportDraft(const Eagle3DraftImpl& draft, const std::string& dir,
                          const DraftExportOptions& options) {
-  E3_ASSIGN_OR_RETURN(std::string config_text, DraftConfigJson(draft.config(), options.dtype));
+  E3_ASSIGN_OR_RETURN(std::string config_text, DraftConfigJson(draft.config(), options.dtype, options.extra));
   E3_RETURN_IF_ERROR(MakeDirs(dir));
   std::vector<TensorToWrite> tensors;
   try {
@@ -244,18 +265,10 @@ absl::StatusOr<Eagle3DraftConfig> ReadDraftConfig(const std::string& path) {
       return field_error("target_hidden_size", "expected an integer");
     c.target_hidden_size = root["target_hidden_size"].get<int64_t>();
   }
-  if (root.contains("eagle_config") && root["eagle_config"].is_object() &&
-      root["eagle_config"].contains("eagle_aux_hidden_state_layer_ids")) {
-    const json& ids = root["eagle_config"]["eagle_aux_hidden_state_layer_ids"];
-    if (!ids.is_array())
-      return field_error("eagle_config.eagle_aux_hidden_state_layer_ids", "expected a list");
-    for (const json& id : ids) {
-      if (!id.is_number_integer()) {
-        return field_error("eagle_config.eagle_aux_hidden_state_layer_ids", "expected integers");
-      }
-      c.aux_layer_ids.push_back(id.get<int32_t>());
-    }
-    c.num_aux = static_cast<int64_t>(c.aux_layer_ids.size());
+  E3_ASSIGN_OR_RETURN(c.aux_layer_ids, ReadDraftAuxLayerIds(root, path));
+  if (!c.aux_layer_ids.empty()) c.num_aux = static_cast<int64_t>(c.aux_layer_ids.size());
+  if (root.contains("e3_target")) {
+    E3_ASSIGN_OR_RETURN(c.target, TargetIdentityFromJson(root["e3_target"], absl::StrCat(path, ": e3_target")));
   }
   absl::Status valid = c.Validate();
   if (!valid.ok())
@@ -272,7 +285,7 @@ absl::Status LoadDraftWeights(Eagle3DraftImpl& draft, const SafetensorsFile& fil
   }
 }
 
-absl::Status LoadDraftExport(Eagle3DraftImpl& draft, const std::string& dir) {
+absl::Status LoadDraftExport(Eagle3DraftImpl& draft, const std::string& dir, OtherTarget other_target) {
   const std::string config_path = JoinPath(dir, kDraftConfigFile);
   E3_ASSIGN_OR_RETURN(Eagle3DraftConfig file_config, ReadDraftConfig(config_path));
   const Eagle3DraftConfig& mine = draft.config();
@@ -292,6 +305,13 @@ absl::Status LoadDraftExport(Eagle3DraftImpl& draft, const std::string& dir) {
     if (values.first != values.second)
       return Mismatch(config_path, field, values.first, values.second);
   }
+  if (!file_config.aux_layer_ids.empty() && file_config.aux_layer_ids != mine.aux_layer_ids) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        config_path, ": the draft was trained on aux layers [", absl::StrJoin(file_config.aux_layer_ids, ", "),
+        "], but the teacher captures [", absl::StrJoin(mine.aux_layer_ids, ", "),
+        "]: give the teacher --aux_layer_ids (draft.aux_layer_ids) of the draft"));
+  }
+  E3_RETURN_IF_ERROR(CheckSameTarget(file_config.target, mine.target, config_path, other_target));
   if (file_config.rope.type != mine.rope.type || file_config.rope.theta != mine.rope.theta) {
     return absl::FailedPreconditionError(
         absl::StrCat(config_path, ": rope (", RopeTypeName(file_config.rope.type), ", theta ",

@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
+#include "common/target_identity.h"
 #include "common/torch/rope.h"
 #include "common/torch/torch_core.h"
 #include "common/vocab_map.h"
@@ -48,9 +49,12 @@ struct Eagle3DraftConfig {
   int64_t max_position_embeddings = 0;
   int64_t vocab_size = 0;        // the target's vocabulary
   int64_t draft_vocab_size = 0;  // rows of lm_head
-  // Aux layer ids in the HF/vLLM convention (output of decoder layer i);
-  // only recorded in the export's eagle_config.
+  // Aux layer ids counted "output of decoder layer i"; the export writes
+  // them in each serving engine's own numbering (draft_export.h).
   std::vector<int32_t> aux_layer_ids;
+  // The model the draft was trained for (empty when not known, as in
+  // exports written before it was recorded).
+  TargetIdentity target;
 
   int64_t rotary_dim() const {
     return static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);

@@ -73,7 +73,33 @@ absl::StatusOr<std::unique_ptr<MetricsProcessor>> MetricsProcessor::Create(
           absl::StrCat("--step_log ", path, ": cannot open for append"));
     }
   }
+  if (!options.tensorboard_dir.empty()) {
+    absl::StatusOr<std::unique_ptr<EventFileWriter>> tb = EventFileWriter::Open(options.tensorboard_dir);
+    if (!tb.ok()) return tb.status();
+    m->tensorboard_ = std::move(tb).value();
+  }
   return m;
+}
+
+void MetricsProcessor::TensorBoardFailed(const absl::Status& status) {
+  if (status.ok() || tensorboard_failed_) return;
+  tensorboard_failed_ = true;
+  std::fprintf(stderr, "student[%d]: warning: TensorBoard: %s; training goes on\n", options_.rank,
+               std::string(status.message()).c_str());
+}
+
+// TensorBoard's tags: one chart per quantity, grouped as the step log is.
+void MetricsProcessor::WriteScalars(const StepRecord& r, double seconds) {
+  if (tensorboard_ == nullptr) return;
+  std::vector<std::pair<std::string, double>> scalars = {
+      {"train/loss", r.loss},
+      {"train/simulated_tau", r.tau},
+      {"train/lr", r.lr},
+      {"train/tokens_per_second", seconds > 0 ? static_cast<double>(r.tokens) / seconds : 0.0},
+      {"train/data_wait_seconds", r.wait_seconds}};
+  for (size_t j = 0; j < r.acc.size(); ++j) scalars.emplace_back(absl::StrCat("train/acc_", j), r.acc[j]);
+  for (const auto& [tag, value] : scalars) TensorBoardFailed(tensorboard_->AddScalar(tag, r.step, value));
+  if (options_.log_every > 0 && r.step % options_.log_every == 0) TensorBoardFailed(tensorboard_->Flush());
 }
 
 double MetricsProcessor::train_seconds() const {
@@ -107,6 +133,7 @@ void MetricsProcessor::RecordStep(const StepRecord& r) {
                            {"data_wait_seconds", r.wait_seconds}};
     if (!r.acceptance_rate.empty()) line["acceptance_rate"] = r.acceptance_rate;
     WriteLine(line);
+    WriteScalars(r, seconds);
     if (prometheus_ != nullptr) {
       StepReport p;
       p.tokens = r.tokens;
@@ -148,6 +175,13 @@ void MetricsProcessor::RecordAcceptance(int64_t step, const AcceptanceReport& r,
     std::fflush(stdout);
   }
   WriteLine({{"step", step}, {"eval", AcceptanceJson(r)}});
+  if (tensorboard_ != nullptr) {
+    for (size_t i = 0; i < r.chain_lengths.size(); ++i) {
+      TensorBoardFailed(
+          tensorboard_->AddScalar(absl::StrCat("eval/tau_chain_", r.chain_lengths[i]), step, r.counts[i].tau()));
+    }
+    TensorBoardFailed(tensorboard_->Flush());
+  }
   if (prometheus_ != nullptr) {
     std::vector<double> tau;
     for (const AcceptanceCounts& c : r.counts) tau.push_back(c.tau());

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/tensorboard/event_writer.h"
 #include "nlohmann/json.hpp"
 #include "student_trainer/acceptance.h"
 #include "student_trainer/student_metrics.h"
@@ -58,6 +59,8 @@ struct MetricsOptions {
   std::string step_log;
   int log_every = 10;
   int64_t planned_steps = 0;  // shown in the console line; sizes the windows
+  // The step log's scalars as TensorBoard event files here; empty: none.
+  std::string tensorboard_dir;
 };
 
 struct StepRecord {
@@ -94,11 +97,16 @@ class MetricsProcessor {
  private:
   MetricsProcessor(const MetricsOptions& options, StudentMetrics* prometheus, size_t window);
   void WriteLine(const nlohmann::json& line);
+  void WriteScalars(const StepRecord& r, double seconds);
+  // A TensorBoard write that fails is said once; training goes on.
+  void TensorBoardFailed(const absl::Status& status);
   void MaybeLog(const StepRecord& r);
 
   MetricsOptions options_;
   StudentMetrics* prometheus_;
   std::ofstream step_log_;
+  std::unique_ptr<EventFileWriter> tensorboard_;
+  bool tensorboard_failed_ = false;
   StepWindow first_, last_;
   int64_t tokens_ = 0;
   double wait_ = 0;

@@ -21,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "common/launch_env.h"
 #include "common/metrics_server.h"
+#include "common/rpc/listen_address.h"
 #include "common/run_config.h"
 #include "common/service_flags.h"
 #include "common/status_macros.h"
@@ -88,6 +89,18 @@ ABSL_FLAG(std::string, on_checkpoint_load_error, "stop",
           "stop, or start_fresh from the initial draft");
 ABSL_FLAG(std::string, output_dir, "", "export the final draft here (config.json + model.safetensors)");
 ABSL_FLAG(std::string, export_dtype, "bfloat16", "dtype of the exported weights");
+ABSL_FLAG(std::string, init_from, "",
+          "warm start: a draft export (config.json + model.safetensors) whose weights start this run when no "
+          "checkpoint in --checkpoint_dir resumes it; the optimizer state and the data stream start fresh. The "
+          "teacher serves the draft's vocab map (teacher_server --init_from, or the run config's draft.init_from)");
+ABSL_FLAG(std::string, best_dir, "",
+          "export the draft with the best real acceptance length here whenever a measurement beats the best "
+          "(--eval_every), with its step and tau in config.json (\"e3_best\")");
+ABSL_FLAG(int64_t, early_stop_patience, 0,
+          "stop once this many real-acceptance measurements in a row brought no better tau (0: never)");
+ABSL_FLAG(std::string, tensorboard_dir, "",
+          "rank 0 writes the step log's scalars (loss, acc_j, simulated and real tau, lr, throughput, data wait) "
+          "here as TensorBoard event files");
 ABSL_FLAG(int, log_every, 10, "steps between log lines");
 ABSL_FLAG(int, metrics_port, 0, "port of /metrics (0 picks one, -1 disables)");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address /metrics binds");
@@ -153,6 +166,7 @@ absl::StatusOr<TrainerOptions> OptionsFromFlags() {
   o.master_port = launch.master_port;
   o.client.subscriber_id = absl::GetFlag(FLAGS_subscriber_id).empty() ? absl::StrCat("rank-", o.client.rank)
                                                                         : absl::GetFlag(FLAGS_subscriber_id);
+  E3_RETURN_IF_ERROR(CheckPortFlag(absl::GetFlag(FLAGS_metrics_port), -1, "--metrics_port"));
   o.device = absl::GetFlag(FLAGS_device);
   if (o.device.empty()) {
     o.device = launch.local_rank >= 0 && torch::cuda::is_available() ? absl::StrCat("cuda:", launch.local_rank)
@@ -223,6 +237,14 @@ absl::StatusOr<TrainerOptions> OptionsFromFlags() {
   E3_RETURN_IF_ERROR(ParseOnCheckpointLoadError(o.on_checkpoint_load_error).status());
   o.output_dir = absl::GetFlag(FLAGS_output_dir);
   o.export_dtype = absl::GetFlag(FLAGS_export_dtype);
+  o.init_from = absl::GetFlag(FLAGS_init_from);
+  o.best_dir = absl::GetFlag(FLAGS_best_dir);
+  o.early_stop_patience = absl::GetFlag(FLAGS_early_stop_patience);
+  if (o.early_stop_patience < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--early_stop_patience is ", o.early_stop_patience, "; expected 0 (never) or more"));
+  }
+  o.tensorboard_dir = absl::GetFlag(FLAGS_tensorboard_dir);
   o.log_every = absl::GetFlag(FLAGS_log_every);
   o.summary_json = absl::GetFlag(FLAGS_summary_json);
   o.step_log = absl::GetFlag(FLAGS_step_log);
@@ -242,10 +264,16 @@ void PrintSummary(const TrainSummary& s, int rank) {
     for (double x : a) out += absl::StrFormat(" %.3f", x);
     return out;
   };
-  std::printf("\n=== student[%d] summary: %ld steps, %ld tokens in %.1fs of training (%.0f tok/s), data wait %.1f%%; "
-              "%.1fs in all ===\n",
-              rank, static_cast<long>(s.steps), static_cast<long>(s.tokens), s.train_seconds,
-              s.train_seconds > 0 ? s.tokens / s.train_seconds : 0.0,
+  // A resumed run says what this process did and where the run stands.
+  const std::string resumed =
+      s.resumed ? absl::StrFormat(" (steps %ld-%ld; %ld steps, %ld tokens since step 0)",
+                                  static_cast<long>(s.resumed_from_step + 1), static_cast<long>(s.steps),
+                                  static_cast<long>(s.steps), static_cast<long>(s.tokens))
+                : "";
+  std::printf("\n=== student[%d] summary: %ld steps, %ld tokens%s in %.1fs of training (%.0f tok/s), data wait "
+              "%.1f%%; %.1fs in all ===\n",
+              rank, static_cast<long>(s.run_steps), static_cast<long>(s.run_tokens), resumed.c_str(),
+              s.train_seconds, s.train_seconds > 0 ? s.run_tokens / s.train_seconds : 0.0,
               s.train_seconds > 0 ? 100 * s.data_wait_seconds / s.train_seconds : 0.0, s.seconds);
   std::printf("  first %3ld steps: loss %.3f  simulated tau %.3f  acc_0..%zu%s\n", static_cast<long>(s.first.steps),
               s.first.loss, s.first.tau, s.first.acc.empty() ? 0 : s.first.acc.size() - 1, acc(s.first.acc).c_str());
@@ -256,9 +284,14 @@ void PrintSummary(const TrainSummary& s, int rank) {
                 static_cast<long>(s.eval->samples), s.eval->Summary().c_str());
   }
   if (s.eval_untrained.has_value()) {
-    std::printf("                                                    untrained draft: %s\n",
+    std::printf("%52s%s draft: %s\n", "", s.warm_started_from.empty() ? "untrained" : "warm-start",
                 s.eval_untrained->Summary().c_str());
   }
+  if (!s.best_dir.empty()) {
+    std::printf("  best draft: %s (tau %.3f at step %ld)\n", s.best_dir.c_str(), s.best_tau,
+                static_cast<long>(s.best_step));
+  }
+  if (s.stopped_early) std::printf("  stopped early: tau stopped improving (--early_stop_patience)\n");
   if (!s.export_dir.empty()) std::printf("  exported draft: %s\n", s.export_dir.c_str());
   if (!s.last_checkpoint.empty()) std::printf("  last checkpoint: %s\n", s.last_checkpoint.c_str());
   if (s.checkpoint_failures > 0) {

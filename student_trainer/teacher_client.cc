@@ -126,6 +126,7 @@ absl::StatusOr<TeacherInfo> TeacherClient::FetchInfo(absl::Duration timeout, grp
   info.batches_per_epoch = resp.batches_per_epoch();
   info.epochs = resp.epochs();
   info.fingerprint = FingerprintFromWire(resp.data_fingerprint());
+  info.target = IdentifyTarget(info.config, resp.model().model_dir());
   return info;
 }
 
@@ -720,7 +721,8 @@ absl::Status TeacherClient::Commit(const StreamCursor& cursor, bool wait, bool f
     if (absl::Now() >= deadline) {
       return absl::UnavailableError(absl::StrCat("teacher at ", options_.address, " did not take the commit of ",
                                                  cursor.epoch, ":", cursor.next_batch, " within --teacher_wait_s=",
-                                                 absl::ToDoubleSeconds(options_.teacher_wait)));
+                                                 absl::ToDoubleSeconds(options_.teacher_wait), " (",
+                                                 unsent_because, ")"));
     }
     WaitForNewSubscription(generation, options_.max_backoff);
   }

@@ -30,6 +30,7 @@
 #include "common/gpu/cuda_ipc.h"
 #include "common/gpu/nccl_channel.h"
 #include "common/model_config.h"
+#include "common/target_identity.h"
 #include "common/torch/torch_core.h"
 #include "common/transport.h"
 #include "common/vocab_map.h"
@@ -85,6 +86,7 @@ struct TeacherInfo {
   int64_t batches_per_epoch = 0;
   int64_t epochs = 0;
   DataFingerprint fingerprint;  // of the data stream it serves
+  TargetIdentity target;        // its model, as a draft's export records it
 };
 
 // What differs between two teachers' models as the draft sees them

@@ -8,9 +8,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/file_util.h"
 #include "common/status_macros.h"
 #include "common/torch/tensor_convert.h"
 #include "nlohmann/json.hpp"
+#include "student_trainer/best_draft.h"
 #include "student_trainer/checkpoint_manager.h"
 #include "student_trainer/data_parallel.h"
 #include "student_trainer/draft_builder.h"
@@ -40,11 +42,15 @@ class Trainer {
  private:
   absl::Status BuildTeachersAndDraft();
   absl::Status Resume();
+  // No checkpoint resumed the run: start from init_from's weights.
+  absl::Status WarmStart();
   absl::Status BuildScheduleAndMetrics();
   // One batch from the pool: trained, or (an empty share on one rank)
   // acked; false once every teacher's data has ended or any rank was
   // stopped by a signal.
   absl::StatusOr<bool> TrainOneBatch();
+  // A real-tau measurement after `step`: logged, and kept when the best.
+  absl::Status Measured(int64_t step, const AcceptanceReport& report, const char* what);
   absl::Status MeasureAtEnd();
   absl::Status Export();
   TrainSummary Summary();
@@ -61,6 +67,7 @@ class Trainer {
   BuiltDraft draft_;
   std::unique_ptr<CheckpointManager> checkpoints_;
   std::unique_ptr<AcceptanceEval> acceptance_;
+  std::optional<BestDraft> best_;
   std::unique_ptr<MetricsProcessor> metrics_;
   LrSchedule schedule_;
   TttOptions ttt_;
@@ -92,6 +99,11 @@ absl::Status Trainer::BuildTeachersAndDraft() {
   d.dtype = o_.dtype;
   d.init_seed = o_.init_seed;
   d.intermediate_size = o_.intermediate_size;
+  if (!o_.init_from.empty() && d.intermediate_size == 0) {
+    // A warm start takes the draft's own width unless one is asked for.
+    E3_ASSIGN_OR_RETURN(const Eagle3DraftConfig from, ReadDraftConfig(JoinPath(o_.init_from, kDraftConfigFile)));
+    d.intermediate_size = from.intermediate_size;
+  }
   d.keep_full_target_head = NeedsFullTargetHead(ttt_.loss);
   E3_ASSIGN_OR_RETURN(d.kernels, ParseTttKernels(o_.student_kernels));
   d.optimizer.beta1 = o_.beta1;
@@ -127,15 +139,28 @@ absl::Status Trainer::Resume() {
   c.device = device_;
   checkpoints_ = std::make_unique<CheckpointManager>(c);
   state_.subscriber_id = o_.client.subscriber_id;
-  state_.cursors.resize(teachers_->size());
+  state_.cursors.assign(teachers_->size(), StreamCursor(0, 0, {}, /*consumed=*/0));
   E3_ASSIGN_OR_RETURN(std::optional<TrainerState> resumed,
                       checkpoints_->Resume(draft_.trained(), *draft_.optimizer, teachers_->size()));
   if (resumed.has_value()) {
     state_ = *resumed;
     summary_.resumed = true;
     summary_.resumed_from_step = state_.step;
+  } else if (!o_.init_from.empty()) {
+    E3_RETURN_IF_ERROR(WarmStart());
   }
   return BroadcastTrainedWeights(group_.get(), draft_.trained(), *draft_.optimizer);
+}
+
+absl::Status Trainer::WarmStart() {
+  // Every rank reads the export (it is small), so no broadcast of a
+  // half-loaded draft can happen; the broadcast after it keeps them equal.
+  E3_RETURN_IF_ERROR(LoadDraftExport(draft_.trained(), o_.init_from, OtherTarget::kWarn));
+  draft_.init_from = o_.init_from;
+  summary_.warm_started_from = o_.init_from;
+  std::printf("student[%d]: warm start from the draft in %s (fresh optimizer state and data stream)\n", rank(),
+              o_.init_from.c_str());
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::BuildScheduleAndMetrics() {
@@ -155,12 +180,21 @@ absl::Status Trainer::BuildScheduleAndMetrics() {
                 teachers_->address(0).c_str(), when.c_str(),
                 absl::StrJoin(acceptance_->chain_lengths(), ", ").c_str());
   }
+  BestDraftOptions b;
+  b.dir = o_.best_dir;
+  b.chain = o_.eval.chain;
+  b.patience = o_.early_stop_patience;
+  E3_ASSIGN_OR_RETURN(b.dtype, ParseComputeScalarType(o_.export_dtype));
+  b.writer = rank() == 0;
+  E3_ASSIGN_OR_RETURN(BestDraft best, BestDraft::Open(b));
+  best_ = std::move(best);
   MetricsOptions m;
   m.rank = rank();
   m.world_size = o_.client.world_size;
   m.step_log = o_.step_log;
   m.log_every = o_.log_every;
   m.planned_steps = planned;
+  m.tensorboard_dir = rank() == 0 ? o_.tensorboard_dir : "";
   E3_ASSIGN_OR_RETURN(metrics_, MetricsProcessor::Create(m, prometheus_));
   return absl::OkStatus();
 }
@@ -195,10 +229,12 @@ absl::StatusOr<bool> Trainer::TrainOneBatch() {
   const StudentBatch& batch = pooled.batch;
   // Only the position moves: the cursor keeps its data stream's fingerprint.
   StreamCursor& cursor = state_.cursors[pooled.teacher];
+  if (cursor.consumed >= 0) ++cursor.consumed;
   if (batch.num_tokens == 0 &&
       group_ == nullptr) {  // this rank's share of a small global batch was empty
     cursor.epoch = batch.epoch;
     cursor.next_batch = batch.index + 1;
+    ++state_.skipped_batches;
     E3_RETURN_IF_ERROR(teachers_->Ack(pooled.teacher, batch));
     return true;
   }
@@ -232,22 +268,36 @@ absl::StatusOr<bool> Trainer::TrainOneBatch() {
   }
   E3_ASSIGN_OR_RETURN(std::optional<AcceptanceReport> measured,
                       acceptance_->AtStep(state_.step, draft_.trained()));
-  if (measured.has_value()) metrics_->RecordAcceptance(state_.step, *measured, "");
+  if (measured.has_value()) E3_RETURN_IF_ERROR(Measured(state_.step, *measured, ""));
   return true;
+}
+
+absl::Status Trainer::Measured(int64_t step, const AcceptanceReport& report, const char* what) {
+  metrics_->RecordAcceptance(step, report, what);
+  E3_RETURN_IF_ERROR(best_->Consider(step, report, draft_.trained()));
+  if (best_->ShouldStop() && !summary_.stopped_early) {
+    summary_.stopped_early = true;
+    if (rank() == 0) {
+      std::printf("student[0]: stopping early: tau has not improved for %ld measurements (best %.3f at step %ld)\n",
+                  static_cast<long>(best_->measurements_since_best()), best_->tau(),
+                  static_cast<long>(best_->step()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::MeasureAtEnd() {
   E3_ASSIGN_OR_RETURN(summary_.eval, acceptance_->Final(state_.step, draft_.trained()));
   if (!summary_.eval.has_value()) return absl::OkStatus();
   if (acceptance_->measured_at() != state_.step)
-    metrics_->RecordAcceptance(state_.step, *summary_.eval, " (final)");
+    E3_RETURN_IF_ERROR(Measured(state_.step, *summary_.eval, " (final)"));
   E3_RETURN_IF_ERROR(acceptance_->Dump(draft_.trained(), *summary_.eval));
   if (!o_.eval.untrained) return absl::OkStatus();
   E3_ASSIGN_OR_RETURN(Eagle3Draft untrained, draft_.Initial());
   E3_ASSIGN_OR_RETURN(summary_.eval_untrained, acceptance_->Measure(*untrained));
   if (summary_.eval_untrained.has_value() && rank() == 0) {
-    std::printf("student[0]: acceptance of the untrained draft: %s\n",
-                summary_.eval_untrained->Summary().c_str());
+    std::printf("student[0]: acceptance of the %s draft: %s\n",
+                draft_.init_from.empty() ? "untrained" : "warm-start", summary_.eval_untrained->Summary().c_str());
   }
   return absl::OkStatus();
 }
@@ -263,7 +313,12 @@ absl::Status Trainer::Export() {
 
 TrainSummary Trainer::Summary() {
   summary_.steps = state_.step;
-  summary_.tokens = metrics_->tokens();
+  summary_.tokens = state_.tokens;
+  summary_.run_steps = state_.step - summary_.resumed_from_step;
+  summary_.run_tokens = metrics_->tokens();
+  summary_.best_tau = best_->tau();
+  summary_.best_step = best_->step();
+  if (best_->step() >= 0) summary_.best_dir = o_.best_dir;
   summary_.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
   summary_.train_seconds = metrics_->train_seconds();
   summary_.data_wait_seconds = metrics_->wait_seconds();
@@ -275,7 +330,7 @@ TrainSummary Trainer::Summary() {
 }
 
 absl::StatusOr<TrainSummary> Trainer::Train() {
-  while (o_.max_steps == 0 || state_.step < o_.max_steps) {
+  while ((o_.max_steps == 0 || state_.step < o_.max_steps) && !summary_.stopped_early) {
     E3_ASSIGN_OR_RETURN(const bool trained, TrainOneBatch());
     if (!trained) break;
   }
@@ -301,9 +356,11 @@ std::string TrainSummary::ToJson() const {
   nlohmann::json j = {
       {"steps", steps},
       {"tokens", tokens},
+      {"run_steps", run_steps},
+      {"run_tokens", run_tokens},
       {"seconds", seconds},
       {"train_seconds", train_seconds},
-      {"tokens_per_second", train_seconds > 0 ? tokens / train_seconds : 0.0},
+      {"tokens_per_second", train_seconds > 0 ? run_tokens / train_seconds : 0.0},
       {"data_wait_seconds", data_wait_seconds},
       {"data_wait_share", train_seconds > 0 ? data_wait_seconds / train_seconds : 0.0},
       {"first", WindowJson(first)},
@@ -313,7 +370,12 @@ std::string TrainSummary::ToJson() const {
       {"checkpoint_failures", checkpoint_failures},
       {"resumed", resumed},
       {"resumed_from_step", resumed_from_step},
+      {"warm_started_from", warm_started_from},
       {"stopped_by_signal", stopped_by_signal},
+      {"stopped_early", stopped_early},
+      {"best_tau", best_tau},
+      {"best_step", best_step},
+      {"best_dir", best_dir},
       {"device", device},
       {"dtype", dtype},
       {"transport", transport}};

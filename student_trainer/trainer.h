@@ -8,6 +8,7 @@
 //   checkpoint_manager.h  resume, periodic saves, commits at the teachers
 //   metrics_processor.h   windows, step log, Prometheus, the console line
 //   acceptance_eval.h     the real acceptance length
+//   best_draft.h          the best-tau export, early stopping
 //   draft_export.h        the SGLang/vLLM export at the end
 #ifndef E3_STUDENT_TRAINER_TRAINER_H_
 #define E3_STUDENT_TRAINER_TRAINER_H_
@@ -67,6 +68,18 @@ struct TrainerOptions {
   std::string on_checkpoint_load_error = "stop";
   std::string output_dir;       // final export; empty: none
   std::string export_dtype = "bfloat16";
+  // Warm start: a draft export whose weights (and, at the teacher, vocab
+  // map) start this run when no checkpoint resumes it; the optimizer state
+  // and the data stream start fresh.
+  std::string init_from;
+  // Export the draft with the best real tau here at each measurement that
+  // beats the last best (best_draft.h); empty: none.
+  std::string best_dir;
+  // Stop once this many real-tau measurements in a row brought no better
+  // tau; 0: never.
+  int64_t early_stop_patience = 0;
+  // TensorBoard event files of rank 0's step scalars; empty: none.
+  std::string tensorboard_dir;
   int log_every = 10;
   uint64_t init_seed = 0;  // the draft's initialisation
   int64_t intermediate_size = 0;  // 0: the target's
@@ -82,8 +95,10 @@ struct TrainerOptions {
 };
 
 struct TrainSummary {
-  int64_t steps = 0;
-  int64_t tokens = 0;
+  int64_t steps = 0;       // since step 0, across resumes
+  int64_t tokens = 0;      // since step 0, across resumes
+  int64_t run_steps = 0;   // by this process
+  int64_t run_tokens = 0;  // by this process
   double seconds = 0;        // wall time of the run, connecting and fetching weights included
   double train_seconds = 0;  // first step's start to the last step's end (the rates use this)
   double data_wait_seconds = 0;
@@ -93,7 +108,14 @@ struct TrainSummary {
   int64_t checkpoint_failures = 0;  // not written (--on_checkpoint_save_error=continue)
   bool resumed = false;
   int64_t resumed_from_step = 0;
+  std::string warm_started_from;  // the init_from export, when no checkpoint resumed the run
   bool stopped_by_signal = false;
+  // Stopped because tau stopped improving (early_stop_patience).
+  bool stopped_early = false;
+  // The best real tau measured and where its draft went (best_dir).
+  double best_tau = 0;
+  int64_t best_step = -1;
+  std::string best_dir;
   std::string device;     // where the draft trained
   std::string dtype;      // its compute dtype
   std::string transport;  // how the last batch arrived

@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/draft_aux_layers.h"
 #include "common/file_util.h"
 #include "common/launch_env.h"
 #include "common/model_dir.h"
@@ -100,6 +101,9 @@ ABSL_FLAG(std::string, device, "cpu", "cpu or cuda:N");
 ABSL_FLAG(int64_t, draft_vocab_size, e3::RunConfig().draft.vocab_size,
           "draft vocabulary size (capped at the model's vocab)");
 ABSL_FLAG(std::string, vocab_map, "", "load d2t/t2d from this file instead of calibrating on the data");
+ABSL_FLAG(std::string, init_from, "",
+          "a student's warm start (student_trainer --init_from): serve the draft vocab of this draft export (its "
+          "model.safetensors) and, unless --aux_layer_ids is given, capture the layers it was trained on");
 ABSL_FLAG(std::string, vocab_map_out, "", "save the calibrated d2t/t2d here");
 ABSL_FLAG(std::string, transports, "",
           "transports offered (default: nccl,cuda_ipc,shm,inline on a GPU, shm,inline on the CPU)");
@@ -266,6 +270,15 @@ absl::StatusOr<TeacherDataOptions> DataOptionsFromFlags() {
   d.regen.cache_path = absl::GetFlag(FLAGS_regen_cache);
   d.draft_vocab_size = absl::GetFlag(FLAGS_draft_vocab_size);
   d.vocab_map = absl::GetFlag(FLAGS_vocab_map);
+  const std::string init_from = absl::GetFlag(FLAGS_init_from);
+  if (!init_from.empty()) {
+    if (!d.vocab_map.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--init_from=", init_from, " and --vocab_map=", d.vocab_map,
+          " both name the draft vocab; a warm start serves its draft's own, so give one"));
+    }
+    d.vocab_map = JoinPath(init_from, "model.safetensors");
+  }
   d.vocab_map_out = absl::GetFlag(FLAGS_vocab_map_out);
   d.num_data_shards = absl::GetFlag(FLAGS_num_data_shards);
   d.data_shard = absl::GetFlag(FLAGS_data_shard);
@@ -296,6 +309,10 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags(bool cuda) {
       return absl::InvalidArgumentError(absl::StrCat("--aux_layer_ids: \"", piece, "\" is not an integer"));
     }
     e.aux_layer_ids.push_back(id);
+  }
+  const std::string init_from = absl::GetFlag(FLAGS_init_from);
+  if (e.aux_layer_ids.empty() && !init_from.empty()) {
+    E3_ASSIGN_OR_RETURN(e.aux_layer_ids, ReadDraftAuxLayerIds(JoinPath(init_from, "config.json")));
   }
   return e;
 }
@@ -351,6 +368,7 @@ absl::Status ServeModel(const TeacherServerOptions& o, CausalLM* model) {
   ServiceOptions sopts;
   sopts.backend = ResolveBackend(o.runtime.backend, model->options().device.is_cuda());
   sopts.hostname = HostName();
+  sopts.model_dir = o.data.model_dir;
   sopts.auth = o.serve.auth;
   sopts.messages = o.serve.messages;
   sopts.max_generate_tokens = o.max_generate_new_tokens;

@@ -367,6 +367,7 @@ grpc::ServerUnaryReactor* TeacherServiceImpl::GetInfo(grpc::CallbackServerContex
   auto dtype = FromScalarType(model_->options().dtype);
   m->set_compute_dtype(dtype.ok() ? ToWire(*dtype) : v1::DTYPE_UNSPECIFIED);
   m->set_config_json(c.raw_json);
+  m->set_model_dir(options_.model_dir);
   const std::shared_ptr<TpGroup>& tp = model_->options().tp;
   resp->mutable_layout()->set_tp_size(tp ? tp->size() : 1);
   resp->mutable_layout()->set_ep_size(tp ? tp->ep_size() : 1);

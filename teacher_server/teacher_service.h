@@ -36,6 +36,7 @@ struct WeightBlob {
 struct ServiceOptions {
   std::string backend = "hf";
   std::string hostname;      // compared with the student's to allow shm and CUDA IPC
+  std::string model_dir;     // announced in GetInfo: drafts record their target
   int64_t max_generate_tokens = 512;  // a Generate call's max_new_tokens
   int64_t max_generate_prompt_tokens = 4096;
   int max_concurrent_generate = 4;

@@ -39,12 +39,14 @@ std::string TrainerStateToJson(const TrainerState& state) {
   Json cursors = Json::array();
   for (const StreamCursor& c : state.cursors) {
     Json cursor = {{"epoch", c.epoch}, {"next_batch", c.next_batch}};
+    if (c.consumed >= 0) cursor["consumed"] = c.consumed;
     if (!c.data.empty()) cursor["fingerprint"] = FingerprintToJson(c.data);
     cursors.push_back(std::move(cursor));
   }
   Json j = {{"step", state.step},
             {"cursors", cursors},
             {"tokens", state.tokens},
+            {"skipped_batches", state.skipped_batches},
             {"subscriber_id", state.subscriber_id}};
   return j.dump(2);
 }
@@ -74,7 +76,9 @@ absl::StatusOr<TrainerState> ParseTrainerState(const std::string& text, const st
     if (!epoch.ok()) return epoch.status();
     auto next = NonNegative(c, "next_batch", at, false);
     if (!next.ok()) return next.status();
-    StreamCursor cursor{*epoch, *next, {}};
+    auto consumed = NonNegative(c, "consumed", at, false, -1);
+    if (!consumed.ok()) return consumed.status();
+    StreamCursor cursor{*epoch, *next, {}, *consumed};
     if (c.contains("fingerprint")) {
       auto data = FingerprintFromJson(c["fingerprint"], absl::StrCat(at, "fingerprint"));
       if (!data.ok()) return data.status();
@@ -85,6 +89,9 @@ absl::StatusOr<TrainerState> ParseTrainerState(const std::string& text, const st
   auto tokens = NonNegative(j, "tokens", where, false);
   if (!tokens.ok()) return tokens.status();
   st.tokens = *tokens;
+  auto skipped = NonNegative(j, "skipped_batches", where, false);
+  if (!skipped.ok()) return skipped.status();
+  st.skipped_batches = *skipped;
   auto id = j.find("subscriber_id");
   if (id != j.end()) {
     if (!id->is_string()) {
@@ -94,6 +101,28 @@ absl::StatusOr<TrainerState> ParseTrainerState(const std::string& text, const st
     st.subscriber_id = id->get<std::string>();
   }
   return st;
+}
+
+absl::Status CheckCursorsAgainstSteps(const TrainerState& state, const std::string& source) {
+  int64_t taken = 0;
+  for (size_t i = 0; i < state.cursors.size(); ++i) {
+    const StreamCursor& c = state.cursors[i];
+    if (c.consumed < 0) return absl::OkStatus();  // counted nowhere: nothing to hold it to
+    const bool in_first_epoch = c.epoch == 0;
+    if ((in_first_epoch && c.next_batch != c.consumed) || (!in_first_epoch && c.next_batch > c.consumed)) {
+      return absl::DataLossError(absl::StrCat(
+          source, ": cursors[", i, "] is at ", c.epoch, ":", c.next_batch, ", but ", c.consumed,
+          " batches were taken from that stream; the cursor was edited, or the file belongs to another run"));
+    }
+    taken += c.consumed;
+  }
+  if (!state.cursors.empty() && taken != state.step + state.skipped_batches) {
+    return absl::DataLossError(absl::StrCat(source, ": ", taken, " batches were taken, but step ", state.step,
+                                            " and ", state.skipped_batches,
+                                            " skipped batches account for ", state.step + state.skipped_batches,
+                                            "; the file was edited, or belongs to another run"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace e3

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <fstream>
 #include <optional>
@@ -54,7 +55,9 @@ struct SubprocessLimits {
   // RLIMIT_FSIZE: no file the process writes may grow past this (0: no
   // limit). It stands in for a full disk, portably (no mount, no root);
   // SIGXFSZ keeps its default, so the process must ignore it itself to see
-  // EFBIG instead of dying.
+  // EFBIG instead of dying. The process's output then reaches its log
+  // through a pipe, which the limit does not cover: only the files the
+  // process writes itself fill up.
   rlim_t file_size_bytes = 0;
 };
 
@@ -62,9 +65,11 @@ class Subprocess {
  public:
   Subprocess(std::vector<std::string> argv, const std::string& log_path, const SubprocessLimits& limits = {})
       : log_(log_path) {
+    int pipe_fds[2] = {-1, -1};
+    const bool piped = limits.file_size_bytes > 0 && ::pipe2(pipe_fds, O_CLOEXEC) == 0;
     pid_ = ::fork();
     if (pid_ == 0) {
-      int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int fd = piped ? pipe_fds[1] : ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(fd, 1);
       ::dup2(fd, 2);
       if (limits.file_size_bytes > 0) {
@@ -77,12 +82,17 @@ class Subprocess {
       ::execv(args[0], args.data());
       ::_exit(127);
     }
+    if (piped) {
+      ::close(pipe_fds[1]);
+      copier_ = std::thread([read_fd = pipe_fds[0], log_path] { CopyToLog(read_fd, log_path); });
+    }
   }
   ~Subprocess() {
     if (running()) {
       ::kill(pid_, SIGKILL);
       Wait(std::chrono::seconds(5));
     }
+    if (copier_.joinable()) copier_.join();  // EOF once the process is gone
   }
   bool running() const { return pid_ > 0 && !status_.has_value(); }
   pid_t pid() const { return pid_; }
@@ -110,9 +120,24 @@ class Subprocess {
   }
 
  private:
+  // Appends what the process writes to its log, until it closes its end.
+  static void CopyToLog(int read_fd, const std::string& log_path) {
+    const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    char buf[4096];
+    while (true) {
+      const ssize_t n = ::read(read_fd, buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      if (log >= 0 && ::write(log, buf, static_cast<size_t>(n)) < 0) break;
+    }
+    if (log >= 0) ::close(log);
+    ::close(read_fd);
+  }
+
   pid_t pid_ = -1;
   std::string log_;
   std::optional<int> status_;
+  std::thread copier_;
 };
 
 inline bool WaitForFile(const std::string& path, std::chrono::milliseconds timeout) {

@@ -11,6 +11,8 @@
 #include <sstream>
 
 #include "common/file_util.h"
+#include "common/model_config.h"
+#include "common/target_identity.h"
 #include "common/torch/tensor_convert.h"
 #include "common/vocab_map.h"
 #include "nlohmann/json.hpp"
@@ -238,6 +240,123 @@ TEST_F(DraftExportTest, LoadErrorsNameTheFileAndTheField) {
   s = LoadDraftExport(*draft, dir_);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(std::string(s.message()).find("architectures"), std::string::npos) << s;
+}
+
+// The layers each engine captures for a draft, as its loader reads the
+// draft's config.json, given as "output of decoder layer i" of a target of
+// `layers` layers:
+//   vLLM (vllm/v1/worker/gpu_model_runner.py, _get_eagle3_aux_layers_from_config;
+//   vllm/model_executor/models/llama.py, the layer loop) reads only the
+//   top-level key and captures id j as the state entering layer j, the
+//   output of layer j - 1; without the key it takes (2, L // 2, L - 3);
+//   SGLang (python/sglang/srt/models/llama.py, set_eagle3_layers_to_capture
+//   and the layer loop) reads only eagle_config's list, adds 1, and
+//   captures at the input of that layer: the output of layer i.
+std::vector<int32_t> VllmCaptures(const nlohmann::json& config, int32_t layers) {
+  std::vector<int32_t> ids = {2, layers / 2, layers - 3};
+  if (config.contains("eagle_aux_hidden_state_layer_ids")) {
+    ids = config["eagle_aux_hidden_state_layer_ids"].get<std::vector<int32_t>>();
+  }
+  std::vector<int32_t> outputs;
+  for (int32_t j = 0; j < layers; ++j) {  // the loop over decoder layers
+    for (int32_t id : ids) {
+      if (id == j) outputs.push_back(j - 1);  // the residual stream entering layer j
+    }
+  }
+  return outputs;
+}
+
+std::vector<int32_t> SglangCaptures(const nlohmann::json& config, int32_t layers) {
+  std::vector<int32_t> to_capture = {2, layers / 2, layers - 3};  // its default, without +1
+  if (config.contains("eagle_config") && config["eagle_config"].contains("eagle_aux_hidden_state_layer_ids")) {
+    to_capture.clear();
+    for (int32_t id : config["eagle_config"]["eagle_aux_hidden_state_layer_ids"].get<std::vector<int32_t>>()) {
+      to_capture.push_back(id + 1);
+    }
+  }
+  std::vector<int32_t> outputs;
+  for (int32_t i = 0; i < layers; ++i) {
+    for (int32_t id : to_capture) {
+      if (id == i) outputs.push_back(i - 1);  // hidden_states + residual before layer i
+    }
+  }
+  return outputs;
+}
+
+// A draft trained on custom layers is served on those layers by both
+// engines. With the nested key alone (the earlier export) vLLM fell back
+// to its default and served other states, with only a warning.
+TEST_F(DraftExportTest, EachEngineCapturesTheLayersTheDraftWasTrainedOn) {
+  constexpr int32_t kLayers = 12;
+  Eagle3DraftConfig c = TinyConfig();
+  c.aux_layer_ids = {0, 3, 7};
+  Eagle3Draft draft = MakeTinyDraft(at::kFloat, 7, c);
+  ASSERT_TRUE(ExportDraft(*draft, dir_).ok());
+  const nlohmann::json j = ReadJson(JoinPath(dir_, "config.json"));
+  EXPECT_EQ(j["eagle_aux_hidden_state_layer_ids"], nlohmann::json::array({1, 4, 8}));
+  EXPECT_EQ(j["eagle_config"]["eagle_aux_hidden_state_layer_ids"], nlohmann::json::array({0, 3, 7}));
+  EXPECT_EQ(j["eagle_config"]["use_aux_hidden_state"], true);
+  EXPECT_EQ(VllmCaptures(j, kLayers), c.aux_layer_ids);
+  EXPECT_EQ(SglangCaptures(j, kLayers), c.aux_layer_ids);
+
+  nlohmann::json nested_only = j;
+  nested_only.erase("eagle_aux_hidden_state_layer_ids");
+  EXPECT_NE(VllmCaptures(nested_only, kLayers), c.aux_layer_ids) << "vLLM ignores eagle_config";
+  // The last layer's output is what SGLang can never capture: refused upstream.
+  EXPECT_EQ(SglangCaptures(nlohmann::json{{"eagle_config", {{"eagle_aux_hidden_state_layer_ids", {kLayers - 1}}}}},
+                           kLayers),
+            std::vector<int32_t>{});
+  EXPECT_FALSE(CheckAuxLayerIds({kLayers - 1}, kLayers).ok());
+  EXPECT_TRUE(CheckAuxLayerIds({0, kLayers - 2}, kLayers).ok());
+
+  // The two lists disagreeing (a hand edit) is an error, not a guess.
+  nlohmann::json edited = j;
+  edited["eagle_aux_hidden_state_layer_ids"] = {0, 3, 7};
+  std::ofstream(JoinPath(dir_, "config.json")) << edited.dump();
+  auto read = ReadDraftConfig(JoinPath(dir_, "config.json"));
+  ASSERT_FALSE(read.ok());
+  EXPECT_NE(std::string(read.status().message()).find("SGLang and vLLM would serve different layers"),
+            std::string::npos)
+      << read.status();
+}
+
+// The export names its target; a resume against another target is
+// refused, a warm start only warned about; other aux layers are refused.
+TEST_F(DraftExportTest, TheExportRecordsItsTargetAndAuxLayers) {
+  Eagle3DraftConfig c = TinyConfig();
+  c.target.name_or_path = "org/target-a";
+  c.target.architecture = "LlamaForCausalLM";
+  c.target.num_hidden_layers = 12;
+  c.target.config_sha256 = Sha256Hex("{\"a\": 1}");
+  Eagle3Draft draft = MakeTinyDraft(at::kFloat, 7, c);
+  ASSERT_TRUE(ExportDraft(*draft, dir_, {at::kFloat}).ok());
+  const nlohmann::json j = ReadJson(JoinPath(dir_, "config.json"));
+  EXPECT_EQ(j["e3_target"]["name_or_path"], "org/target-a");
+  EXPECT_EQ(j["e3_target"]["architectures"], nlohmann::json::array({"LlamaForCausalLM"}));
+  EXPECT_EQ(j["e3_target"]["num_hidden_layers"], 12);
+  EXPECT_EQ(j["e3_target"]["config_sha256"].get<std::string>().size(), 64u);
+  auto read = ReadDraftConfig(JoinPath(dir_, "config.json"));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->target.config_sha256, c.target.config_sha256);
+
+  Eagle3DraftConfig other_target = c;
+  other_target.target.name_or_path = "org/target-b";
+  other_target.target.config_sha256 = Sha256Hex("{\"b\": 2}");
+  Eagle3Draft b = MakeTinyDraft(at::kFloat, 8, other_target);
+  const absl::Status refused = LoadDraftExport(*b, dir_);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(std::string(refused.message()).find("was trained for org/target-a"), std::string::npos) << refused;
+  EXPECT_NE(std::string(refused.message()).find("draft.init_from"), std::string::npos) << refused;
+  EXPECT_TRUE(LoadDraftExport(*b, dir_, OtherTarget::kWarn).ok());
+
+  Eagle3DraftConfig other_layers = c;
+  other_layers.aux_layer_ids = {2, 4, 5};
+  Eagle3Draft l = MakeTinyDraft(at::kFloat, 8, other_layers);
+  const absl::Status layers = LoadDraftExport(*l, dir_);
+  EXPECT_EQ(layers.code(), absl::StatusCode::kFailedPrecondition) << layers;
+  EXPECT_NE(std::string(layers.message()).find("trained on aux layers [1, 5, 8], but the teacher captures [2, 4, 5]"),
+            std::string::npos)
+      << layers;
 }
 
 }  // namespace

@@ -102,5 +102,41 @@ TEST(TrainerStateTest, ALongValueIsShownCut) {
   EXPECT_LT(st.status().message().size(), 200u);
 }
 
+// The cursors must be where the steps put them: an edited next_batch (16
+// made 90) is refused before the student asks a teacher for batch 90.
+TEST(TrainerStateTest, CursorsMustMatchTheBatchesTaken) {
+  TrainerState st;
+  st.step = 16;
+  st.cursors = {{0, 16, {}, 16}};
+  EXPECT_TRUE(CheckCursorsAgainstSteps(st, "s.json").ok());
+  auto back = ParseTrainerState(TrainerStateToJson(st), "s.json");
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->cursors[0].consumed, 16);
+  EXPECT_TRUE(CheckCursorsAgainstSteps(*back, "s.json").ok());
+
+  st.cursors[0].next_batch = 90;
+  const absl::Status edited = CheckCursorsAgainstSteps(st, "s.json");
+  EXPECT_EQ(edited.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(edited.message()),
+              HasSubstr("s.json: cursors[0] is at 0:90, but 16 batches were taken from that stream"));
+  st.cursors[0] = {0, 90, {}, 90};  // cursor and count edited together: the steps still disagree
+  EXPECT_THAT(std::string(CheckCursorsAgainstSteps(st, "s.json").message()),
+              HasSubstr("90 batches were taken, but step 16 and 0 skipped batches account for 16"));
+
+  // Two streams, round-robin, one in its second epoch; one skipped batch.
+  st.step = 11;
+  st.skipped_batches = 1;
+  st.cursors = {{1, 2, {}, 7}, {0, 5, {}, 5}};
+  EXPECT_TRUE(CheckCursorsAgainstSteps(st, "s.json").ok());
+  st.cursors[0].next_batch = 8;  // past all it took, even in a later epoch
+  EXPECT_FALSE(CheckCursorsAgainstSteps(st, "s.json").ok());
+
+  // A checkpoint that did not count: nothing to check against.
+  auto old = ParseTrainerState(R"({"step": 3, "cursors": [{"epoch": 0, "next_batch": 50}]})", "s.json");
+  ASSERT_TRUE(old.ok());
+  EXPECT_EQ(old->cursors[0].consumed, -1);
+  EXPECT_TRUE(CheckCursorsAgainstSteps(*old, "s.json").ok());
+}
+
 }  // namespace
 }  // namespace e3
