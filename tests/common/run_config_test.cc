@@ -112,6 +112,12 @@ TEST(RunConfigTest, ErrorsNameTheFileTheKeyAndWhatWasExpected) {
       {"teachers:\n  devices: [0, 1, 2]\n  tp: 2\n",
        "run.yaml: teachers.devices: 3 devices do not divide"},
       {"model:\n  dir: [unclosed\n", "run.yaml:"},
+      {"teachers:\n  devices: [0, 1]\n  metrics_port: 65535\n",
+       "run.yaml: teachers.metrics_port: 65535 + 2 teacher group(s) - 1 = 65536 is past the last "
+       "port (65535)"},
+      {"students:\n  devices: [cpu]\n  metrics_port: -2\n",
+       "run.yaml: students.metrics_port: expected a port (student rank r serves /metrics on it + "
+       "r;"},
   };
   for (const Case& c : cases) {
     auto parsed = ParseRunConfig(c.yaml, "run.yaml");
@@ -193,6 +199,23 @@ TEST(RunConfigTest, CheckpointFailurePoliciesMapToTheStudentsFlags) {
   ASSERT_FALSE(one.ok());
   EXPECT_NE(Message(one.status()).find("schedule.keep_checkpoints: expected an integer >= 2"), std::string::npos)
       << one.status();
+}
+
+TEST(RunConfigTest, MetricsPortsAreTheLaunchersAlone) {
+  auto c = ParseRunConfig(
+      "teachers:\n  devices: [0, 1]\n  metrics_port: 9400\n"
+      "students:\n  devices: [2, 3]\n  metrics_port: -1\n",
+      "run.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->teachers.metrics_port, 9400);
+  EXPECT_EQ(c->students.metrics_port, -1);
+  // A service reading the file alone does not take a base port for its
+  // own: which offset is its own only the launcher knows.
+  for (ServiceRole role : {ServiceRole::kTeacher, ServiceRole::kStudent}) {
+    auto flags = ServiceFlags(*c, role);
+    ASSERT_TRUE(flags.ok()) << flags.status();
+    for (const ServiceFlag& f : *flags) EXPECT_NE(f.flag, "metrics_port") << f.key;
+  }
 }
 
 TEST(RunConfigTest, EveryKeyMapsToAFlagOrTheLauncher) {
