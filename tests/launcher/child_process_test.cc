@@ -116,5 +116,22 @@ TEST(StatusBoardTest, IntoAFileOnlyChangedLinesArePrinted) {
   EXPECT_EQ(FormatStatusLine(student, 30), "student-0        cpu     ru...");
 }
 
+TEST(StatusBoardTest, IntoAFileLinesAreNeverCut) {
+  const std::string path = Temp("board_long.txt");
+  FILE* f = std::fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  StatusBoard board(f, /*terminal=*/false, 0ms);
+  const std::string last =
+      "student[0]: step 120/800 | loss 3.2114 | acc_0 0.612 acc_1 0.488 acc_2 0.391 acc_3 0.322 "
+      "acc_4 0.270 acc_5 0.231 acc_6 0.200 | grad 0.412 | lr 9.87e-05 | 41233 tok/s";
+  board.Show({{"student-0", "cuda:4", "running", 600, last}}, /*force=*/true);
+  std::fclose(f);
+  std::ifstream in(path);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  EXPECT_GT(line.size(), 160u);
+  EXPECT_EQ(line.substr(line.size() - last.size()), last);
+}
+
 }  // namespace
 }  // namespace e3
