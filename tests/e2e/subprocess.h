@@ -56,6 +56,10 @@ struct SubprocessLimits {
   // SIGXFSZ keeps its default, so the process must ignore it itself to see
   // EFBIG instead of dying.
   rlim_t file_size_bytes = 0;
+  // A process group of its own (its pid): a test can then kill it with
+  // every process it started, kill(-pid, sig), as a crash of its machine
+  // or container would.
+  bool own_process_group = false;
 };
 
 class Subprocess {
@@ -64,6 +68,7 @@ class Subprocess {
       : log_(log_path) {
     pid_ = ::fork();
     if (pid_ == 0) {
+      if (limits.own_process_group) ::setpgid(0, 0);
       int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(fd, 1);
       ::dup2(fd, 2);
@@ -77,6 +82,8 @@ class Subprocess {
       ::execv(args[0], args.data());
       ::_exit(127);
     }
+    // Both sides set it, so it holds whichever runs first.
+    if (pid_ > 0 && limits.own_process_group) ::setpgid(pid_, pid_);
   }
   ~Subprocess() {
     if (running()) {
