@@ -351,7 +351,7 @@ int Refuse(const absl::Status& status) {
   return Refuse(absl::StrSplit(std::string(status.message()), '\n'));
 }
 
-// The plan of `overrides` on the config file, with every input checked.
+// The plan of `overrides` on the config file.
 absl::StatusOr<NodePlan> Plan(const std::vector<std::string>& overrides) {
   const std::string config_path = absl::GetFlag(FLAGS_config);
   E3_ASSIGN_OR_RETURN(const RunConfig config,
@@ -361,19 +361,22 @@ absl::StatusOr<NodePlan> Plan(const std::vector<std::string>& overrides) {
   if (build_dir.empty()) build_dir = Dirname(SelfExeDir());
   // Names this launch's rendezvous files, which no earlier launch used.
   E3_ASSIGN_OR_RETURN(const std::string launch_id, RandomHex(4));
-  E3_ASSIGN_OR_RETURN(NodePlan plan, PlanNode(config, build_dir, launch_id));
-  const std::vector<std::string> missing = MissingInputs(plan);
-  if (!missing.empty()) return absl::InvalidArgumentError(absl::StrJoin(missing, "\n"));
-  return plan;
+  return PlanNode(config, build_dir, launch_id);
 }
 
 int Main(const std::vector<std::string>& overrides) {
   absl::StatusOr<NodePlan> plan = Plan(overrides);
   if (!plan.ok()) return Refuse(plan.status());
+  const std::vector<std::string> missing = MissingInputs(*plan);
   if (absl::GetFlag(FLAGS_plan)) {
+    // The layout is worth seeing even before the inputs are in place (a
+    // plan made for another machine); the exit code still says they are
+    // not.
     std::printf("%s", DescribePlan(*plan).c_str());
-    return 0;
+    std::fflush(stdout);
+    return missing.empty() ? 0 : Refuse(missing);
   }
+  if (!missing.empty()) return Refuse(missing);
   // Nothing in run.out is touched before the lock is held.
   const std::string& out = plan->config.run.out;
   absl::Status made = MakeDirs(out);
