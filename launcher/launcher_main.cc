@@ -54,9 +54,10 @@ ABSL_FLAG(
 ABSL_FLAG(int, log_tail_lines, 20, "lines of a failed process's log to show");
 ABSL_FLAG(bool, plot, true,
           "draw the run's curves into <run.out>/run.png at the end (tools/plot_run.py)");
-ABSL_FLAG(double, earlier_exit_wait_s, 60,
-          "on a run.out whose earlier launcher died, how long its processes (draining on SIGTERM) may "
-          "take to exit before this launch gives up");
+ABSL_FLAG(
+    double, earlier_exit_wait_s, 60,
+    "on a run.out whose earlier launcher died, how long its processes (draining on SIGTERM) may "
+    "take to exit before this launch gives up");
 
 namespace e3 {
 namespace {
@@ -122,9 +123,9 @@ absl::Status NodeRun::WaitForEarlierLaunch() {
   }
   while (!earlier.empty()) {
     if (Clock::now() >= deadline) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "processes of an earlier launch on ", plan_.config.run.out, " still run (pid ",
-          absl::StrJoin(earlier, ", "), "); stop them first"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("processes of an earlier launch on ", plan_.config.run.out,
+                       " still run (pid ", absl::StrJoin(earlier, ", "), "); stop them first"));
     }
     if (g_signal != 0) return Interrupted();
     std::this_thread::sleep_for(200ms);
@@ -354,9 +355,9 @@ int Refuse(const absl::Status& status) {
 // The plan of `overrides` on the config file.
 absl::StatusOr<NodePlan> Plan(const std::vector<std::string>& overrides) {
   const std::string config_path = absl::GetFlag(FLAGS_config);
-  E3_ASSIGN_OR_RETURN(const RunConfig config,
-                      config_path.empty() ? ParseRunConfig("", "<command line>", overrides)
-                                          : LoadRunConfig(config_path, overrides));
+  E3_ASSIGN_OR_RETURN(const RunConfig config, config_path.empty()
+                                                  ? ParseRunConfig("", "<command line>", overrides)
+                                                  : LoadRunConfig(config_path, overrides));
   std::string build_dir = absl::GetFlag(FLAGS_build_dir);
   if (build_dir.empty()) build_dir = Dirname(SelfExeDir());
   // Names this launch's rendezvous files, which no earlier launch used.

@@ -94,7 +94,8 @@ std::vector<PlannedProcess> PlanStudents(const NodePlan& plan, const std::string
     p.metrics_port = MetricsPort(c.students.metrics_port, r);
     p.args = CommonArgs(plan, p.device);
     for (const std::string& a :
-         {"--checkpoint_dir=" + JoinPath(out, "checkpoints"), "--output_dir=" + JoinPath(out, "draft"),
+         {"--checkpoint_dir=" + JoinPath(out, "checkpoints"),
+          "--output_dir=" + JoinPath(out, "draft"),
           "--summary_json=" + JoinPath(out, absl::StrCat("summary-", r, ".json")),
           "--step_log=" + plan.step_log, absl::StrCat("--metrics_port=", p.metrics_port)}) {
       p.args.push_back(a);
@@ -208,8 +209,9 @@ absl::StatusOr<NodePlan> PlanNode(const RunConfig& c, const std::string& build_d
   for (int i = 0; i < plan.teachers; ++i) {
     plan.port_files.push_back(JoinPath(out, absl::StrCat("teacher-", i, ".port")));
     plan.teacher_rendezvous.push_back(
-        c.teachers.tp > 1 ? JoinPath(plan.rendezvous_dir, absl::StrCat("teacher-", i, ".", launch_id))
-                          : "");
+        c.teachers.tp > 1
+            ? JoinPath(plan.rendezvous_dir, absl::StrCat("teacher-", i, ".", launch_id))
+            : "");
   }
   if (student_devices.size() > 1)
     plan.student_rendezvous = JoinPath(plan.rendezvous_dir, absl::StrCat("students.", launch_id));

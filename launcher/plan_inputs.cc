@@ -44,7 +44,8 @@ std::vector<std::string> MissingInputs(const NodePlan& plan) {
   for (const auto& [key, path] : files) {
     if (path->empty()) continue;
     const std::string problem = FileProblem(*path);
-    if (!problem.empty()) problems.push_back(absl::StrCat(c.source, ": ", key, ": ", *path, ": ", problem));
+    if (!problem.empty())
+      problems.push_back(absl::StrCat(c.source, ": ", key, ": ", *path, ": ", problem));
   }
   std::set<std::string> binaries;
   for (const PlannedProcess& p : plan.processes) binaries.insert(p.binary);

@@ -65,8 +65,8 @@ absl::StatusOr<std::unique_ptr<RunDirectoryLock>> RunDirectoryLock::Acquire(
   }
   // The file is never removed: a launcher that unlinked it could leave the
   // next two locking different files.
-  absl::Status written = ::ftruncate(fd, 0) == 0 ? WriteAll(fd, absl::StrCat(::getpid(), "\n"), path)
-                                                : Errno(path);
+  absl::Status written =
+      ::ftruncate(fd, 0) == 0 ? WriteAll(fd, absl::StrCat(::getpid(), "\n"), path) : Errno(path);
   if (!written.ok()) {
     ::close(fd);
     return written;

@@ -3,7 +3,6 @@
 // file), its --plan, and processes that die early, reported within
 // seconds with the end of their log while the others are stopped.
 #include <gtest/gtest.h>
-
 #include <sys/stat.h>
 
 #include <chrono>
@@ -44,8 +43,7 @@ TEST(LauncherE2eTest, TrainsTheBundledModelFromAYamlConfig) {
   ASSERT_EQ(::stat((dir + "/run/auth_token").c_str(), &token), 0);
   EXPECT_EQ(token.st_mode & 0777, 0600u);
   const std::string teacher_log = ReadFile(dir + "/run/teacher-0.log");
-  EXPECT_NE(teacher_log.find(absl::StrCat("(metrics on :", teacher_metrics,
-                                          "), ")),
+  EXPECT_NE(teacher_log.find(absl::StrCat("(metrics on :", teacher_metrics, "), ")),
             std::string::npos)
       << teacher_log;
   EXPECT_NE(teacher_log.find("peers checked by a shared token"), std::string::npos) << teacher_log;
@@ -103,8 +101,8 @@ TEST(LauncherE2eTest, PlanPrintsTheLayoutAndStartsNothing) {
   ASSERT_TRUE(mst.has_value() && WIFEXITED(*mst) && WEXITSTATUS(*mst) == 2) << missing.Log();
   EXPECT_NE(missing.Log().find("e3_launch: error: " + config +
                                ": model.dir: /nonexistent/model: not a directory\n"
-                               "e3_launch: error: " + config +
-                               ": data.train: /nonexistent/train.jsonl: no such file\n"),
+                               "e3_launch: error: " +
+                               config + ": data.train: /nonexistent/train.jsonl: no such file\n"),
             std::string::npos)
       << missing.Log();
 

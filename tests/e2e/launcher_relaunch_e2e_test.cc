@@ -76,7 +76,8 @@ TEST(LauncherRelaunchE2eTest, ARunKilledWithItsProcessesResumesExactlyOnce) {
     ASSERT_TRUE(first.Wait(10s).has_value());
   }
   const testing::LedgerScan at_kill = testing::ScanLedger(out + "/ledger-0.jsonl");
-  ASSERT_FALSE(at_kill.ExactlyOnce()) << "the run had ended before the kill: " << at_kill.Describe();
+  ASSERT_FALSE(at_kill.ExactlyOnce())
+      << "the run had ended before the kill: " << at_kill.Describe();
 
   const auto start = Clock::now();
   Subprocess second(argv, dir + "/launch2.log");
@@ -110,7 +111,8 @@ TEST(LauncherRelaunchE2eTest, ALauncherKilledAloneTakesItsProcessesAlong) {
   const std::string config = testing::WriteTinyRunConfig(dir, LongRun());
   Subprocess launch({Launcher(), "--config=" + config, "--noplot"}, dir + "/launch.log");
   // Training, with its signal handlers in place.
-  ASSERT_TRUE(WaitForFileWhileRunning(launch, dir + "/run/checkpoints/latest", 120s)) << launch.Log();
+  ASSERT_TRUE(WaitForFileWhileRunning(launch, dir + "/run/checkpoints/latest", 120s))
+      << launch.Log();
   std::vector<pid_t> children;
   for (auto until = Clock::now() + 10s; children.size() < 2 && Clock::now() < until;) {
     std::this_thread::sleep_for(20ms);

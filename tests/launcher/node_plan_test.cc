@@ -54,9 +54,10 @@ TEST(NodePlanTest, TeachersAreCutIntoTpGroupsAndStudentsAreRanks) {
   EXPECT_FALSE(HasArg(plan->processes[2], "--metrics_port=0"));
   const PlannedProcess& s2 = plan->processes[6];
   EXPECT_EQ(s2.binary, "/b/student_trainer/student_trainer");
-  for (const char* arg : {"--step_log=/tmp/run/steps.jsonl", "--summary_json=/tmp/run/summary-2.json",
-                          "--rendezvous_file=/tmp/run/rendezvous/students.ab12",
-                          "--auth_token_file=/tmp/run/auth_token"}) {
+  for (const char* arg :
+       {"--step_log=/tmp/run/steps.jsonl", "--summary_json=/tmp/run/summary-2.json",
+        "--rendezvous_file=/tmp/run/rendezvous/students.ab12",
+        "--auth_token_file=/tmp/run/auth_token"}) {
     EXPECT_TRUE(HasArg(s2, arg)) << arg << " not in " << absl::StrJoin(s2.args, " ");
   }
   // No c10d store port: the group meets through its file.
@@ -64,7 +65,8 @@ TEST(NodePlanTest, TeachersAreCutIntoTpGroupsAndStudentsAreRanks) {
   for (const auto& [k, v] : s2.env) env.push_back(k + "=" + v);
   EXPECT_EQ(absl::StrJoin(env, " "), "RANK=2 WORLD_SIZE=3 LOCAL_RANK=2 MASTER_ADDR=127.0.0.1");
   for (const PlannedProcess& p : plan->processes) {
-    for (const std::string& a : p.args) EXPECT_EQ(a.rfind("--master_port", 0), std::string::npos) << p.name;
+    for (const std::string& a : p.args)
+      EXPECT_EQ(a.rfind("--master_port", 0), std::string::npos) << p.name;
   }
   EXPECT_EQ(plan->port_files,
             (std::vector<std::string>{"/tmp/run/teacher-0.port", "/tmp/run/teacher-1.port"}));
@@ -74,7 +76,8 @@ TEST(NodePlanTest, WhatTheLauncherNeedsIsNamed) {
   auto no_devices = PlanNode(Config({"teachers.devices=cpu"}), "/b", "ab12");
   ASSERT_FALSE(no_devices.ok());
   EXPECT_EQ(no_devices.status().message(), "run.yaml: students.devices: required to launch a run");
-  auto bad_device = PlanNode(Config({"teachers.devices=gpu0", "students.devices=cpu"}), "/b", "ab12");
+  auto bad_device =
+      PlanNode(Config({"teachers.devices=gpu0", "students.devices=cpu"}), "/b", "ab12");
   ASSERT_FALSE(bad_device.ok());
   EXPECT_EQ(bad_device.status().message(),
             "run.yaml: teachers.devices: expected a GPU index, cuda:N or cpu, got \"gpu0\"");
@@ -99,8 +102,8 @@ TEST(NodePlanTest, ThePlanShowsLayoutPortsAndMemory) {
         "student-1        cpu      RANK=1 WORLD_SIZE=2; metrics port picked at start; c10d "
         "rendezvous through /tmp/run/rendezvous/students.ab12 (nothing listens); log "
         "/tmp/run/student-1.log",
-        "a fresh shared token per launch in /tmp/run/auth_token (mode 0600)",
-        "memory per device", "cpu      student-1        ~"}) {
+        "a fresh shared token per launch in /tmp/run/auth_token (mode 0600)", "memory per device",
+        "cpu      student-1        ~"}) {
     EXPECT_NE(text.find(needle), std::string::npos) << needle << "\nin:\n" << text;
   }
 }
@@ -162,9 +165,9 @@ TEST(NodePlanTest, FixedMetricsPortsFollowTheGroupAndTheRank) {
 }
 
 TEST(NodePlanTest, AMasterPortIsNotedAsUnused) {
-  auto plan = PlanNode(Config({"teachers.devices=cpu", "students.devices=cpu",
-                               "run.master_port=29500"}),
-                       "/b", "ab12");
+  auto plan =
+      PlanNode(Config({"teachers.devices=cpu", "students.devices=cpu", "run.master_port=29500"}),
+               "/b", "ab12");
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_NE(DescribePlan(*plan).find("  notes\n    run.yaml: run.master_port is unused: the c10d "
                                      "groups meet through files under /tmp/run/rendezvous"),

@@ -39,11 +39,11 @@ std::string FakeBuildDir() {
 }
 
 TEST(PlanInputsTest, EveryMissingInputIsNamedWithItsKey) {
-  const NodePlan plan = Plan({"model.dir=/nonexistent/model", "data.train=/nonexistent/train.jsonl",
-                              "data.eval_prompts=/nonexistent/eval.jsonl",
-                              "template.file=/nonexistent/chat.jinja",
-                              "draft.vocab_map=/nonexistent/vocab.safetensors"},
-                             "/nonexistent/build");
+  const NodePlan plan =
+      Plan({"model.dir=/nonexistent/model", "data.train=/nonexistent/train.jsonl",
+            "data.eval_prompts=/nonexistent/eval.jsonl", "template.file=/nonexistent/chat.jinja",
+            "draft.vocab_map=/nonexistent/vocab.safetensors"},
+           "/nonexistent/build");
   EXPECT_EQ(absl::StrJoin(MissingInputs(plan), "\n"),
             "run.yaml: model.dir: /nonexistent/model: not a directory\n"
             "run.yaml: data.train: /nonexistent/train.jsonl: no such file\n"
@@ -60,24 +60,30 @@ TEST(PlanInputsTest, AModelDirectoryNeedsAConfigThatParses) {
   const std::string model = testing::ScratchDir("plan_inputs_model");
   const std::string data = kSourceDir + "/examples/data/train_conversations.jsonl";
   const std::string build = FakeBuildDir();
-  EXPECT_EQ(absl::StrJoin(MissingInputs(Plan({"model.dir=" + model, "data.train=" + data}, build)), "\n"),
-            "run.yaml: model.dir: " + model + ": no config.json");
+  EXPECT_EQ(
+      absl::StrJoin(MissingInputs(Plan({"model.dir=" + model, "data.train=" + data}, build)), "\n"),
+      "run.yaml: model.dir: " + model + ": no config.json");
   std::ofstream(JoinPath(model, "config.json")) << "{\"hidden_size\": ";
   const std::vector<std::string> problems =
       MissingInputs(Plan({"model.dir=" + model, "data.train=" + data}, build));
   ASSERT_EQ(problems.size(), 1u);
-  EXPECT_EQ(problems[0].rfind("run.yaml: model.dir: " + model + "/config.json", 0), 0u) << problems[0];
+  EXPECT_EQ(problems[0].rfind("run.yaml: model.dir: " + model + "/config.json", 0), 0u)
+      << problems[0];
   // A data path that is a directory is no file either.
-  EXPECT_EQ(absl::StrJoin(MissingInputs(Plan({"model.dir=" + kSourceDir + "/examples/tiny-code-llama",
-                                              "data.train=" + model}, build)), "\n"),
-            "run.yaml: data.train: " + model + ": not a regular file");
+  EXPECT_EQ(
+      absl::StrJoin(MissingInputs(Plan({"model.dir=" + kSourceDir + "/examples/tiny-code-llama",
+                                        "data.train=" + model},
+                                       build)),
+                    "\n"),
+      "run.yaml: data.train: " + model + ": not a regular file");
 }
 
 TEST(PlanInputsTest, ARunOfTheBundledModelHasEverything) {
-  const NodePlan plan = Plan({"model.dir=" + kSourceDir + "/examples/tiny-code-llama",
-                              "data.train=" + kSourceDir + "/examples/data/train_conversations.jsonl",
-                              "data.eval_prompts=" + kSourceDir + "/examples/data/eval_prompts.jsonl"},
-                             FakeBuildDir());
+  const NodePlan plan =
+      Plan({"model.dir=" + kSourceDir + "/examples/tiny-code-llama",
+            "data.train=" + kSourceDir + "/examples/data/train_conversations.jsonl",
+            "data.eval_prompts=" + kSourceDir + "/examples/data/eval_prompts.jsonl"},
+           FakeBuildDir());
   EXPECT_TRUE(MissingInputs(plan).empty()) << absl::StrJoin(MissingInputs(plan), "\n");
 }
 
