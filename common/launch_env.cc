@@ -59,6 +59,7 @@ absl::StatusOr<LaunchEnv> ResolveLaunchEnv(const LaunchFlags& flags, const EnvLo
     const char* addr = env("MASTER_ADDR");
     out.master_addr = addr != nullptr && *addr != '\0' ? addr : "127.0.0.1";
   }
+  out.rendezvous_file = flags.rendezvous_file;
   return out;
 }
 

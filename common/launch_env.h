@@ -19,6 +19,10 @@ struct LaunchEnv {
   int local_rank = -1;  // -1: LOCAL_RANK is not set
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  // Non-empty: the ranks meet through a c10d FileStore at this path
+  // instead of a TCPStore at master_addr:master_port
+  // (common/torch/process_group.h).
+  std::string rendezvous_file;
 };
 
 // Explicit flags; a value left unset falls back to the variable, then to
@@ -29,6 +33,7 @@ struct LaunchFlags {
   std::string master_addr;  // empty: $MASTER_ADDR, else 127.0.0.1
   int master_port = -1;     // -1: $MASTER_PORT, else default_master_port
   int default_master_port = 29500;
+  std::string rendezvous_file;  // no variable: torchrun has none for it
   std::string rank_flag = "rank";  // its name, for messages (the teacher's is tp_rank)
 };
 

@@ -307,16 +307,26 @@ const std::vector<KeyDef>& KeyDefs() {
              "a non-negative integer (0: LibTorch's default)", "threads", ""),
       StringListKey("teachers.args", Field(&C::teachers, &C::Teachers::args), ' ',
                     "a list of teacher_server flags"),
+      // deploy/prometheus/prometheus.yml scrapes a teacher at 9400.
+      IntKey("teachers.metrics_port", Field(&C::teachers, &C::Teachers::metrics_port), -1, 65535,
+             "a port (teacher group i's rank 0 serves /metrics on it + i; "
+             "deploy/prometheus/prometheus.yml scrapes 9400), 0 (a free port) or -1 (none)",
+             "", ""),
       StringListKey("students.devices", Field(&C::students, &C::Students::devices), ',',
                     "a list of GPU indices or cpu"),
       IntKey("students.threads", Field(&C::students, &C::Students::threads), 0, 4096,
              "a non-negative integer (0: LibTorch's default)", "", "threads"),
       StringListKey("students.args", Field(&C::students, &C::Students::args), ' ',
                     "a list of student_trainer flags"),
+      // deploy/prometheus/prometheus.yml scrapes students at 9500 + rank.
+      IntKey("students.metrics_port", Field(&C::students, &C::Students::metrics_port), -1, 65535,
+             "a port (student rank r serves /metrics on it + r; deploy/prometheus/prometheus.yml "
+             "scrapes 9500 + rank), 0 (a free port) or -1 (none)",
+             "", ""),
       StringKey("run.out", Field(&C::run, &C::Run::out), "a directory", "", "",
                 [](const std::string& v) { return !v.empty(); }),
       IntKey("run.master_port", Field(&C::run, &C::Run::master_port), 1, 65000,
-             "a port in [1, 65000]", "", ""),
+             "a port in [1, 65000] (unused: the launcher's groups meet through files)", "", ""),
   };
   return *defs;
 }
@@ -459,6 +469,17 @@ absl::Status ApplyOverride(const std::string& override_text, RunConfig& config) 
   return SetKey(where, path, raw, config);
 }
 
+// A base port whose `count` processes take base, base + 1, ...: the last
+// must still be a port.
+absl::Status CheckPortRange(const RunConfig& c, const std::string& key, int64_t base,
+                            int64_t count, const std::string& what) {
+  constexpr int64_t kLastPort = 65535;
+  if (base <= 0 || base + count - 1 <= kLastPort) return absl::OkStatus();
+  return KeyError(c.source, key,
+                  absl::StrCat(base, " + ", count, " ", what, " - 1 = ", base + count - 1,
+                               " is past the last port (", kLastPort, ")"));
+}
+
 // Checks between keys, once every value is in.
 absl::Status CheckConsistent(const RunConfig& c) {
   if (c.teachers.tp % c.teachers.ep != 0) {
@@ -473,7 +494,11 @@ absl::Status CheckConsistent(const RunConfig& c) {
         absl::StrCat(c.teachers.devices.size(), " devices do not divide into groups of ",
                      "teachers.tp (", c.teachers.tp, ")"));
   }
-  return absl::OkStatus();
+  const int64_t teacher_groups = static_cast<int64_t>(c.teachers.devices.size()) / c.teachers.tp;
+  E3_RETURN_IF_ERROR(CheckPortRange(c, "teachers.metrics_port", c.teachers.metrics_port,
+                                    teacher_groups, "teacher group(s)"));
+  return CheckPortRange(c, "students.metrics_port", c.students.metrics_port,
+                        static_cast<int64_t>(c.students.devices.size()), "student rank(s)");
 }
 
 }  // namespace

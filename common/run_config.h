@@ -92,15 +92,21 @@ struct RunConfig {
     std::string dtype;  // empty: bfloat16 on a GPU, float32 on the CPU
     int64_t threads = 0;
     std::vector<std::string> args;  // further teacher_server flags
+    // The launcher's: teacher group i's rank 0 serves /metrics on this + i
+    // (0: a free port, -1: none).
+    int64_t metrics_port = 0;
   } teachers;
   struct Students {
     std::vector<std::string> devices;
     int64_t threads = 0;
     std::vector<std::string> args;  // further student_trainer flags
+    int64_t metrics_port = 0;       // the launcher's: rank r on this + r (0: free, -1: none)
   } students;
   struct Run {
-    std::string out = "run";      // logs, checkpoints, the draft, the plot
-    int64_t master_port = 29500;  // the students' c10d store; teacher i's TP group: + 1 + i
+    std::string out = "run";  // logs, checkpoints, the draft, the plot
+    // Unused: the launcher's c10d groups meet through files under `out`
+    // (nothing listens). Still read, so that older configs load.
+    int64_t master_port = 29500;
   } run;
 
   // The keys the file and the overrides set, by dotted path, with their

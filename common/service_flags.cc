@@ -53,6 +53,18 @@ absl::CommandLineFlag* Resolve(ServiceFlag* f) {
 
 }  // namespace
 
+const std::vector<DeprecatedFlag>& DeprecatedFlags(ServiceRole role) {
+  static const std::vector<DeprecatedFlag>* const teacher = new std::vector<DeprecatedFlag>{
+      {"seed", "data_seed"},
+      {"max_credit_window", "credit_window"},
+      {"tp_master_addr", "master_addr"},
+      {"tp_master_port", "master_port"},
+  };
+  static const std::vector<DeprecatedFlag>* const student =
+      new std::vector<DeprecatedFlag>{{"seed", "init_seed"}};
+  return role == ServiceRole::kTeacher ? *teacher : *student;
+}
+
 bool FlagGiven(const std::string& name, const std::vector<DeprecatedFlag>& deprecated) {
   if (OnCommandLine(name)) return true;
   for (const DeprecatedFlag& d : deprecated) {

@@ -24,6 +24,10 @@ struct DeprecatedFlag {
   std::string new_name;
 };
 
+// The deprecated spellings of `role`'s flags: the services settle their
+// flags with them, and the launcher refuses them in a config's args.
+const std::vector<DeprecatedFlag>& DeprecatedFlags(ServiceRole role);
+
 struct SettledFlags {
   int from_config = 0;                // flags set from the run config
   int overridden = 0;                 // config keys the command line overrode

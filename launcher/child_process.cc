@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,12 +31,20 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
   std::vector<char*> cargs;
   for (std::string& a : args) cargs.push_back(a.data());
   cargs.push_back(nullptr);
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
     ::close(fd);
     return absl::InternalError(absl::StrCat("fork: ", ::strerror(errno)));
   }
   if (pid == 0) {
+    // A launcher that dies, even of SIGKILL, takes its processes with it:
+    // they get SIGTERM, on which the services drain and checkpoint. (The
+    // signal follows the thread that forked; the launcher forks from its
+    // main thread, which lives as long as it does.) A parent already gone
+    // before the call would send nothing: then end here.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(128 + SIGTERM);
     for (const auto& [name, value] : env) ::setenv(name.c_str(), value.c_str(), 1);
     ::dup2(fd, STDOUT_FILENO);
     ::dup2(fd, STDERR_FILENO);

@@ -1,7 +1,9 @@
 // A process the launcher starts: its stdout and stderr go to a log file,
 // extra environment variables are added to the launcher's, and its end is
 // observed without blocking, so that one loop can watch every process and
-// report a failure the moment it happens.
+// report a failure the moment it happens. It gets SIGTERM when the
+// launcher dies, however it dies (PR_SET_PDEATHSIG), so no process
+// outlives the launcher by more than its own drain.
 #ifndef E3_LAUNCHER_CHILD_PROCESS_H_
 #define E3_LAUNCHER_CHILD_PROCESS_H_
 

@@ -4,6 +4,9 @@
 // status line per process; reports a process that dies the moment it
 // does, with the end of its log, and stops the others; at the end prints
 // the students' summaries and draws the run's curves (<out>/run.png).
+// Launched again on the same run.out it resumes the run (the students
+// from their checkpoints); launcher/run_directory.h says what one launch
+// owns there and what a relaunch renews.
 //
 //   e3_launch --config=run.yaml [section.key=value ...] [--plan]
 #include <signal.h>
@@ -20,16 +23,19 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/file_util.h"
 #include "common/run_config.h"
 #include "common/status_macros.h"
 #include "launcher/child_process.h"
 #include "launcher/node_plan.h"
+#include "launcher/plan_inputs.h"
+#include "launcher/run_directory.h"
 #include "launcher/status_board.h"
 
 ABSL_FLAG(std::string, config, "",
@@ -48,6 +54,10 @@ ABSL_FLAG(
 ABSL_FLAG(int, log_tail_lines, 20, "lines of a failed process's log to show");
 ABSL_FLAG(bool, plot, true,
           "draw the run's curves into <run.out>/run.png at the end (tools/plot_run.py)");
+ABSL_FLAG(
+    double, earlier_exit_wait_s, 60,
+    "on a run.out whose earlier launcher died, how long its processes (draining on SIGTERM) may "
+    "take to exit before this launch gives up");
 
 namespace e3 {
 namespace {
@@ -65,17 +75,20 @@ struct Running {
 
 class NodeRun {
  public:
-  explicit NodeRun(NodePlan plan)
+  // `lock` makes this launch the run directory's owner while it runs.
+  NodeRun(NodePlan plan, std::unique_ptr<RunDirectoryLock> lock)
       : plan_(std::move(plan)),
+        lock_(std::move(lock)),
         board_(stdout, ::isatty(STDOUT_FILENO) != 0,
                std::chrono::milliseconds(
                    static_cast<int64_t>(1000 * absl::GetFlag(FLAGS_status_every_s)))) {}
   // The exit code: 0 when every student finished, 1 when a process failed,
-  // 130 when interrupted.
+  // 2 when the run directory could not be prepared, 130 when interrupted.
   int Run();
 
  private:
   absl::Status Prepare();
+  absl::Status WaitForEarlierLaunch();
   absl::Status Start(const PlannedProcess& p, std::vector<std::string> extra_args);
   absl::StatusOr<std::string> WaitForTeachers();
   absl::Status WatchStudents();
@@ -89,21 +102,56 @@ class NodeRun {
   void Plot();
 
   NodePlan plan_;
+  std::unique_ptr<RunDirectoryLock> lock_;
   StatusBoard board_;
   std::vector<Running> procs_;
   Clock::time_point last_show_{};
 };
 
+// A launcher killed with -9 leaves its processes draining on SIGTERM
+// (they get it when it dies): they still append to the ledger and write
+// checkpoints, so this launch waits for them before it starts its own.
+absl::Status NodeRun::WaitForEarlierLaunch() {
+  const std::string arg = "--config=" + plan_.resolved_config;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(
+                                           1000 * absl::GetFlag(FLAGS_earlier_exit_wait_s)));
+  std::vector<pid_t> earlier = ProcessesWithArgument(arg);
+  if (!earlier.empty()) {
+    board_.Print(absl::StrCat("e3_launch: waiting for ", earlier.size(),
+                              " process(es) of an earlier launch on ", plan_.config.run.out,
+                              " to exit (pid ", absl::StrJoin(earlier, ", "), ")"));
+  }
+  while (!earlier.empty()) {
+    if (Clock::now() >= deadline) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("processes of an earlier launch on ", plan_.config.run.out,
+                       " still run (pid ", absl::StrJoin(earlier, ", "), "); stop them first"));
+    }
+    if (g_signal != 0) return Interrupted();
+    std::this_thread::sleep_for(200ms);
+    earlier = ProcessesWithArgument(arg);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status NodeRun::Prepare() {
-  E3_RETURN_IF_ERROR(MakeDirs(plan_.config.run.out));
+  for (const std::string& note : plan_.notes) board_.Print("e3_launch: note: " + note);
+  E3_RETURN_IF_ERROR(WaitForEarlierLaunch());
   // Every process reads this one file: the config with the overrides in.
-  return WriteFileAtomically(plan_.resolved_config, RunConfigToYaml(plan_.config));
+  E3_RETURN_IF_ERROR(WriteFileAtomically(plan_.resolved_config, RunConfigToYaml(plan_.config)));
+  E3_RETURN_IF_ERROR(WriteAuthToken(plan_.auth_token));
+  // A port file is its teacher's start's: an old one names a dead port.
+  for (const std::string& port_file : plan_.port_files) E3_RETURN_IF_ERROR(RemoveStale(port_file));
+  // FileStores of earlier launches: no process uses them any more.
+  E3_RETURN_IF_ERROR(RemoveAll(plan_.rendezvous_dir));
+  return MakeDirs(plan_.rendezvous_dir);
 }
 
 absl::Status NodeRun::Start(const PlannedProcess& p, std::vector<std::string> extra_args) {
   std::vector<std::string> argv = {p.binary};
   argv.insert(argv.end(), p.args.begin(), p.args.end());
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+  E3_RETURN_IF_ERROR(RotateLog(p.log).status());
   E3_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> child, ChildProcess::Start(argv, p.env, p.log));
   procs_.push_back({&p, std::move(child)});
   return absl::OkStatus();
@@ -164,11 +212,13 @@ absl::StatusOr<std::string> NodeRun::WaitForTeachers() {
     size_t ready = 0;
     for (Running& r : procs_) {
       if (!r.plan->teacher || r.plan->rank != 0) continue;
+      // Prepare removed every port file: one that is here now is this
+      // start's.
       const std::string& port_file = plan_.port_files[r.plan->index];
-      if (!r.serving && IsRegularFile(port_file)) {
-        E3_ASSIGN_OR_RETURN(std::string port, ReadFileToString(port_file));
-        addresses[r.plan->index] =
-            absl::StrCat("127.0.0.1:", std::string(absl::StripTrailingAsciiWhitespace(port)));
+      int port = 0;
+      if (!r.serving && IsRegularFile(port_file) &&
+          absl::SimpleAtoi(ReadFileToString(port_file).value_or(""), &port) && port > 0) {
+        addresses[r.plan->index] = absl::StrCat("127.0.0.1:", port);
         r.serving = true;
       }
       ready += r.serving;
@@ -237,6 +287,7 @@ void NodeRun::Plot() {
   if (!absl::GetFlag(FLAGS_plot) || !IsRegularFile(plan_.step_log)) return;
   const std::string python = IsRegularFile("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
   const std::string log = JoinPath(plan_.config.run.out, "plot.log");
+  (void)RotateLog(log);  // an earlier launch's plot log is worth keeping, not worth failing on
   auto child = ChildProcess::Start(
       {python, std::string(E3_SOURCE_DIR) + "/tools/plot_run.py", "--step_log=" + plan_.step_log,
        "--out=" + plan_.plot, absl::StrCat("--title=", plan_.config.source, ": student rank 0")},
@@ -250,6 +301,10 @@ void NodeRun::Plot() {
 
 int NodeRun::Run() {
   absl::Status status = Prepare();
+  if (!status.ok()) {  // nothing started
+    board_.Print(absl::StrCat("e3_launch: error: ", status.message()));
+    return g_signal != 0 ? 130 : 2;
+  }
   for (const PlannedProcess& p : plan_.processes) {
     if (status.ok() && p.teacher) status = Start(p, {});
   }
@@ -286,27 +341,50 @@ int NodeRun::Run() {
   return 0;
 }
 
-int Main(const std::vector<std::string>& overrides) {
+// Prints each line of `problems` as an error; returns 2, the exit code of
+// a run that cannot start.
+int Refuse(const std::vector<std::string>& problems) {
+  for (const std::string& p : problems) std::fprintf(stderr, "e3_launch: error: %s\n", p.c_str());
+  return 2;
+}
+
+int Refuse(const absl::Status& status) {
+  return Refuse(absl::StrSplit(std::string(status.message()), '\n'));
+}
+
+// The plan of `overrides` on the config file.
+absl::StatusOr<NodePlan> Plan(const std::vector<std::string>& overrides) {
   const std::string config_path = absl::GetFlag(FLAGS_config);
-  absl::StatusOr<RunConfig> config = config_path.empty()
-                                         ? ParseRunConfig("", "<command line>", overrides)
-                                         : LoadRunConfig(config_path, overrides);
-  if (!config.ok()) {
-    std::fprintf(stderr, "e3_launch: error: %s\n", std::string(config.status().message()).c_str());
-    return 2;
-  }
+  E3_ASSIGN_OR_RETURN(const RunConfig config, config_path.empty()
+                                                  ? ParseRunConfig("", "<command line>", overrides)
+                                                  : LoadRunConfig(config_path, overrides));
   std::string build_dir = absl::GetFlag(FLAGS_build_dir);
   if (build_dir.empty()) build_dir = Dirname(SelfExeDir());
-  absl::StatusOr<NodePlan> plan = PlanNode(*config, build_dir);
-  if (!plan.ok()) {
-    std::fprintf(stderr, "e3_launch: error: %s\n", std::string(plan.status().message()).c_str());
-    return 2;
-  }
+  // Names this launch's rendezvous files, which no earlier launch used.
+  E3_ASSIGN_OR_RETURN(const std::string launch_id, RandomHex(4));
+  return PlanNode(config, build_dir, launch_id);
+}
+
+int Main(const std::vector<std::string>& overrides) {
+  absl::StatusOr<NodePlan> plan = Plan(overrides);
+  if (!plan.ok()) return Refuse(plan.status());
+  const std::vector<std::string> missing = MissingInputs(*plan);
   if (absl::GetFlag(FLAGS_plan)) {
+    // The layout is worth seeing even before the inputs are in place (a
+    // plan made for another machine); the exit code still says they are
+    // not.
     std::printf("%s", DescribePlan(*plan).c_str());
-    return 0;
+    std::fflush(stdout);
+    return missing.empty() ? 0 : Refuse(missing);
   }
-  return NodeRun(*std::move(plan)).Run();
+  if (!missing.empty()) return Refuse(missing);
+  // Nothing in run.out is touched before the lock is held.
+  const std::string& out = plan->config.run.out;
+  absl::Status made = MakeDirs(out);
+  if (!made.ok()) return Refuse(made);
+  absl::StatusOr<std::unique_ptr<RunDirectoryLock>> lock = RunDirectoryLock::Acquire(out);
+  if (!lock.ok()) return Refuse(lock.status());
+  return NodeRun(*std::move(plan), *std::move(lock)).Run();
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
+#include "launcher/owned_flags.h"
 
 namespace e3 {
 namespace {
@@ -18,9 +19,23 @@ absl::Status Required(const RunConfig& c, const std::string& key, bool present) 
       absl::StrCat(c.source, ": ", key, ": required to launch a run"));
 }
 
-std::vector<PlannedProcess> PlanTeachers(const RunConfig& c, const std::string& build_dir,
-                                         const std::string& out, const std::string& config,
+// The /metrics port of the process at `offset` from a base port: base +
+// offset, or the base itself when it means "picked at start" (0) or
+// "none" (-1).
+int MetricsPort(int64_t base, int offset) {
+  return static_cast<int>(base > 0 ? base + offset : base);
+}
+
+// The flags every teacher and student gets from the plan alone.
+std::vector<std::string> CommonArgs(const NodePlan& plan, const std::string& device) {
+  return {"--config=" + plan.resolved_config, "--device=" + device,
+          "--auth_token_file=" + plan.auth_token};
+}
+
+std::vector<PlannedProcess> PlanTeachers(const NodePlan& plan, const std::string& build_dir,
                                          const std::vector<std::string>& devices) {
+  const RunConfig& c = plan.config;
+  const std::string& out = c.run.out;
   const int tp = static_cast<int>(c.teachers.tp);
   const int groups = static_cast<int>(devices.size()) / tp;
   std::vector<PlannedProcess> out_processes;
@@ -34,19 +49,25 @@ std::vector<PlannedProcess> PlanTeachers(const RunConfig& c, const std::string& 
       p.device = devices[i * tp + r];
       p.binary = JoinPath(build_dir, "teacher_server/teacher_server");
       p.log = JoinPath(out, p.name + ".log");
-      p.args = {"--config=" + config,
-                "--device=" + p.device,
-                absl::StrCat("--num_data_shards=", groups),
-                absl::StrCat("--data_shard=", i),
-                "--listen=127.0.0.1:0",
-                "--port_file=" + JoinPath(out, absl::StrCat("teacher-", i, ".port")),
-                "--ledger=" + JoinPath(out, absl::StrCat("ledger-", i, ".jsonl")),
-                "--exit_when_done"};
+      p.args = CommonArgs(plan, p.device);
+      for (const std::string& a :
+           {absl::StrCat("--num_data_shards=", groups), absl::StrCat("--data_shard=", i),
+            std::string("--listen=127.0.0.1:0"), "--port_file=" + plan.port_files[i],
+            "--ledger=" + JoinPath(out, absl::StrCat("ledger-", i, ".jsonl")),
+            std::string("--exit_when_done")}) {
+        p.args.push_back(a);
+      }
+      // Only rank 0 serves /metrics.
+      if (r == 0) {
+        p.metrics_port = MetricsPort(c.teachers.metrics_port, i);
+        p.args.push_back(absl::StrCat("--metrics_port=", p.metrics_port));
+      }
       if (tp > 1) {
+        // A loopback master_addr keeps Gloo's connections on loopback too.
         for (const std::string& a :
              {absl::StrCat("--tp_size=", tp), absl::StrCat("--ep_size=", c.teachers.ep),
               absl::StrCat("--tp_rank=", r), std::string("--master_addr=127.0.0.1"),
-              absl::StrCat("--master_port=", c.run.master_port + 1 + i)}) {
+              "--rendezvous_file=" + plan.teacher_rendezvous[i]}) {
           p.args.push_back(a);
         }
       }
@@ -56,10 +77,10 @@ std::vector<PlannedProcess> PlanTeachers(const RunConfig& c, const std::string& 
   return out_processes;
 }
 
-std::vector<PlannedProcess> PlanStudents(const RunConfig& c, const std::string& build_dir,
-                                         const std::string& out, const std::string& config,
-                                         const std::vector<std::string>& devices,
-                                         const std::string& step_log) {
+std::vector<PlannedProcess> PlanStudents(const NodePlan& plan, const std::string& build_dir,
+                                         const std::vector<std::string>& devices) {
+  const RunConfig& c = plan.config;
+  const std::string& out = c.run.out;
   const int world = static_cast<int>(devices.size());
   std::vector<PlannedProcess> out_processes;
   for (int r = 0; r < world; ++r) {
@@ -70,19 +91,22 @@ std::vector<PlannedProcess> PlanStudents(const RunConfig& c, const std::string& 
     p.device = devices[r];
     p.binary = JoinPath(build_dir, "student_trainer/student_trainer");
     p.log = JoinPath(out, p.name + ".log");
-    p.args = {"--config=" + config,
-              "--device=" + p.device,
-              "--checkpoint_dir=" + JoinPath(out, "checkpoints"),
-              "--output_dir=" + JoinPath(out, "draft"),
-              "--summary_json=" + JoinPath(out, absl::StrCat("summary-", r, ".json")),
-              "--step_log=" + step_log,
-              "--metrics_port=0"};
-    // torchrun's environment: the process rank, never a node rank.
+    p.metrics_port = MetricsPort(c.students.metrics_port, r);
+    p.args = CommonArgs(plan, p.device);
+    for (const std::string& a :
+         {"--checkpoint_dir=" + JoinPath(out, "checkpoints"),
+          "--output_dir=" + JoinPath(out, "draft"),
+          "--summary_json=" + JoinPath(out, absl::StrCat("summary-", r, ".json")),
+          "--step_log=" + plan.step_log, absl::StrCat("--metrics_port=", p.metrics_port)}) {
+      p.args.push_back(a);
+    }
+    if (world > 1) p.args.push_back("--rendezvous_file=" + plan.student_rendezvous);
+    // torchrun's environment: the process rank, never a node rank. A
+    // loopback MASTER_ADDR keeps Gloo's connections on loopback.
     p.env = {{"RANK", absl::StrCat(r)},
              {"WORLD_SIZE", absl::StrCat(world)},
              {"LOCAL_RANK", absl::StrCat(r)},
-             {"MASTER_ADDR", "127.0.0.1"},
-             {"MASTER_PORT", absl::StrCat(c.run.master_port)}};
+             {"MASTER_ADDR", "127.0.0.1"}};
     out_processes.push_back(std::move(p));
   }
   return out_processes;
@@ -114,6 +138,36 @@ std::string MemoryLine(const PlannedProcess& p) {
                          parts);
 }
 
+std::string MetricsWhere(int port) {
+  if (port < 0) return "no metrics";
+  return port == 0 ? "metrics port picked at start" : absl::StrCat("metrics :", port);
+}
+
+std::string RendezvousWhere(const std::string& file) {
+  return absl::StrCat("c10d rendezvous through ", file, " (nothing listens)");
+}
+
+// A process's ranks, ports and rendezvous, as --plan shows them.
+std::string Where(const NodePlan& plan, const PlannedProcess& p) {
+  if (p.teacher && p.rank != 0) {
+    return absl::StrCat("TP rank ", p.rank, " of teacher-", p.index, "; ",
+                        RendezvousWhere(plan.teacher_rendezvous[p.index]));
+  }
+  std::string where;
+  if (p.teacher) {
+    where = absl::StrCat("gRPC port picked at start -> ", plan.port_files[p.index], "; ",
+                         MetricsWhere(p.metrics_port));
+    if (!plan.teacher_rendezvous[p.index].empty())
+      absl::StrAppend(&where, "; ", RendezvousWhere(plan.teacher_rendezvous[p.index]));
+    return where;
+  }
+  where = absl::StrCat("RANK=", p.rank, " WORLD_SIZE=", plan.config.students.devices.size(), "; ",
+                       MetricsWhere(p.metrics_port));
+  if (!plan.student_rendezvous.empty())
+    absl::StrAppend(&where, "; ", RendezvousWhere(plan.student_rendezvous));
+  return where;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> DeviceName(const std::string& entry, const std::string& key) {
@@ -126,7 +180,8 @@ absl::StatusOr<std::string> DeviceName(const std::string& entry, const std::stri
       absl::StrCat(key, ": expected a GPU index, cuda:N or cpu, got \"", entry, "\""));
 }
 
-absl::StatusOr<NodePlan> PlanNode(const RunConfig& c, const std::string& build_dir) {
+absl::StatusOr<NodePlan> PlanNode(const RunConfig& c, const std::string& build_dir,
+                                  const std::string& launch_id) {
   E3_RETURN_IF_ERROR(Required(c, "model.dir", !c.model.dir.empty()));
   E3_RETURN_IF_ERROR(Required(c, "data.train", !c.data.train.empty()));
   E3_RETURN_IF_ERROR(Required(c, "teachers.devices", !c.teachers.devices.empty()));
@@ -140,18 +195,33 @@ absl::StatusOr<NodePlan> PlanNode(const RunConfig& c, const std::string& build_d
     E3_ASSIGN_OR_RETURN(std::string name, DeviceName(d, c.source + ": students.devices"));
     student_devices.push_back(name);
   }
+  const std::vector<std::string> owned = OwnedFlagErrors(c);
+  if (!owned.empty()) return absl::InvalidArgumentError(absl::StrJoin(owned, "\n"));
   NodePlan plan;
   plan.config = c;
   const std::string out = c.run.out;
   plan.resolved_config = JoinPath(out, "run.yaml");
+  plan.auth_token = JoinPath(out, "auth_token");
   plan.step_log = JoinPath(out, "steps.jsonl");
   plan.plot = JoinPath(out, "run.png");
   plan.teachers = static_cast<int>(teacher_devices.size() / c.teachers.tp);
-  for (int i = 0; i < plan.teachers; ++i)
+  plan.rendezvous_dir = JoinPath(out, "rendezvous");
+  for (int i = 0; i < plan.teachers; ++i) {
     plan.port_files.push_back(JoinPath(out, absl::StrCat("teacher-", i, ".port")));
-  plan.processes = PlanTeachers(c, build_dir, out, plan.resolved_config, teacher_devices);
-  for (PlannedProcess& p :
-       PlanStudents(c, build_dir, out, plan.resolved_config, student_devices, plan.step_log)) {
+    plan.teacher_rendezvous.push_back(
+        c.teachers.tp > 1
+            ? JoinPath(plan.rendezvous_dir, absl::StrCat("teacher-", i, ".", launch_id))
+            : "");
+  }
+  if (student_devices.size() > 1)
+    plan.student_rendezvous = JoinPath(plan.rendezvous_dir, absl::StrCat("students.", launch_id));
+  if (c.given.count("run.master_port") > 0) {
+    plan.notes.push_back(absl::StrCat(
+        c.source, ": run.master_port is unused: the c10d groups meet through files under ",
+        plan.rendezvous_dir, " (nothing listens)"));
+  }
+  plan.processes = PlanTeachers(plan, build_dir, teacher_devices);
+  for (PlannedProcess& p : PlanStudents(plan, build_dir, student_devices)) {
     plan.processes.push_back(std::move(p));
   }
   absl::StatusOr<ModelConfig> model = LoadModelConfig(JoinPath(c.model.dir, "config.json"));
@@ -191,25 +261,19 @@ std::string DescribePlan(const NodePlan& plan) {
                   ", checkpoint every ", c.schedule.checkpoint_every, "\n");
   absl::StrAppend(&s, "  output    ", c.run.out, "/ (", plan.resolved_config,
                   ", logs, checkpoints/, draft/, ", plan.step_log, ", ", plan.plot, ")\n");
+  absl::StrAppend(&s, "  peers     a fresh shared token per launch in ", plan.auth_token,
+                  " (mode 0600), read by every process\n");
   absl::StrAppend(&s, "  processes\n");
   for (const PlannedProcess& p : plan.processes) {
-    std::string where;
-    if (p.teacher && p.rank == 0) {
-      where = absl::StrCat("gRPC port picked at start -> ", plan.port_files[p.index]);
-      if (c.teachers.tp > 1)
-        absl::StrAppend(&where, "; TP group at 127.0.0.1:", c.run.master_port + 1 + p.index);
-    } else if (p.teacher) {
-      where = absl::StrCat("TP rank ", p.rank, " of teacher-", p.index);
-    } else {
-      where = absl::StrCat("RANK=", p.rank, " WORLD_SIZE=", world,
-                           ", c10d at 127.0.0.1:", c.run.master_port);
-    }
-    absl::StrAppendFormat(&s, "    %-16s %-8s %s; log %s\n", p.name, p.device, where, p.log);
+    absl::StrAppendFormat(&s, "    %-16s %-8s %s; log %s\n", p.name, p.device, Where(plan, p),
+                          p.log);
   }
   absl::StrAppend(
       &s, "  memory per device (estimate; add 1-3 GB per GPU for CUDA context and workspaces)\n");
   if (!plan.model.has_value()) absl::StrAppend(&s, "    (no estimate: ", plan.model_error, ")\n");
   for (const PlannedProcess& p : plan.processes) absl::StrAppend(&s, MemoryLine(p));
+  if (!plan.notes.empty()) absl::StrAppend(&s, "  notes\n");
+  for (const std::string& note : plan.notes) absl::StrAppend(&s, "    ", note, "\n");
   return s;
 }
 

@@ -22,15 +22,20 @@ std::string Head(const ProcessStatus& s) {
 
 std::string FormatStatusLine(const ProcessStatus& s, size_t width) {
   std::string line = absl::StrFormat("%s %7s  %s", Head(s), Elapsed(s.seconds), s.last_line);
-  if (line.size() > width) line = line.substr(0, width > 3 ? width - 3 : width) + "...";
+  if (width > 0 && line.size() > width)
+    line = line.substr(0, width > 3 ? width - 3 : width) + "...";
   return line;
 }
 
 StatusBoard::StatusBoard(FILE* out, bool terminal, std::chrono::milliseconds interval)
-    : out_(out), terminal_(terminal), interval_(interval) {
+    : out_(out), terminal_(terminal), interval_(interval) {}
+
+size_t StatusBoard::TerminalWidth() const {
+  // Asked at every redraw: the window may have been resized. A terminal
+  // that does not say gets the common 80 columns.
   winsize ws{};
-  if (terminal_ && ::ioctl(::fileno(out_), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 20)
-    width_ = ws.ws_col - 1;
+  if (::ioctl(::fileno(out_), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 20) return ws.ws_col - 1;
+  return 79;
 }
 
 void StatusBoard::Clear() {
@@ -42,8 +47,9 @@ void StatusBoard::Clear() {
 void StatusBoard::Show(const std::vector<ProcessStatus>& rows, bool force) {
   if (terminal_) {
     Clear();
+    const size_t width = TerminalWidth();
     for (const ProcessStatus& s : rows)
-      std::fprintf(out_, "%s\n", FormatStatusLine(s, width_).c_str());
+      std::fprintf(out_, "%s\n", FormatStatusLine(s, width).c_str());
     lines_shown_ = static_cast<int>(rows.size());
     std::fflush(out_);
     return;
@@ -55,7 +61,7 @@ void StatusBoard::Show(const std::vector<ProcessStatus>& rows, bool force) {
     const std::string key = Head(s) + s.last_line;
     if (printed_[s.name] == key) continue;
     printed_[s.name] = key;
-    std::fprintf(out_, "e3_launch: %s\n", FormatStatusLine(s, width_).c_str());
+    std::fprintf(out_, "e3_launch: %s\n", FormatStatusLine(s, /*width=*/0).c_str());
   }
   std::fflush(out_);
 }

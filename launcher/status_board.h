@@ -1,7 +1,9 @@
 // One live status line per process: its name, device, state, time and the
 // last line of its log. On a terminal the block of lines is rewritten in
-// place; into a file (CI, nohup) the lines that changed are printed, at
-// most once per interval, so a log shows progress without flooding.
+// place, each cut to the terminal's width (a wrapped line would break the
+// rewrite); into a file or a pipe (CI, nohup) the lines that changed are
+// printed whole, at most once per interval, so a log shows progress
+// without flooding and without losing the end of a line.
 #ifndef E3_LAUNCHER_STATUS_BOARD_H_
 #define E3_LAUNCHER_STATUS_BOARD_H_
 
@@ -21,7 +23,7 @@ struct ProcessStatus {
   std::string last_line;  // of its log
 };
 
-// The line for `s`, cut to `width` characters.
+// The line for `s`, cut to `width` characters (0: whole).
 std::string FormatStatusLine(const ProcessStatus& s, size_t width);
 
 class StatusBoard {
@@ -40,11 +42,12 @@ class StatusBoard {
 
  private:
   void Clear();
+  // The terminal's width now, less one column (a full line would wrap).
+  size_t TerminalWidth() const;
 
   FILE* out_;
   bool terminal_;
   std::chrono::milliseconds interval_;
-  size_t width_ = 160;
   int lines_shown_ = 0;
   Clock::time_point last_print_{};
   std::map<std::string, std::string>

@@ -12,13 +12,13 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> JoinDataParallelGroup(const Launch
   ProcessGroupOptions po;
   po.master_addr = launch.master_addr;
   po.master_port = launch.master_port;
+  po.rendezvous_file = launch.rendezvous_file;
   po.rank = launch.rank;
   po.world_size = launch.world_size;
   po.cuda = device.is_cuda();
   E3_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group, ProcessGroup::Create(po));
-  std::printf("student[%d]: data parallel over %d ranks (c10d %s at %s:%d)\n", launch.rank,
-              launch.world_size, device.is_cuda() ? "NCCL" : "Gloo", launch.master_addr.c_str(),
-              launch.master_port);
+  std::printf("student[%d]: data parallel over %d ranks (c10d %s %s)\n", launch.rank,
+              launch.world_size, device.is_cuda() ? "NCCL" : "Gloo", DescribeRendezvous(po).c_str());
   return group;
 }
 

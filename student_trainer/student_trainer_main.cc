@@ -62,6 +62,10 @@ ABSL_FLAG(std::string, student_kernels, "fast",
           "reference: the plain LibTorch op sequence and torch::optim::AdamW");
 ABSL_FLAG(std::string, master_addr, "", "data parallelism: rank 0's address (default: $MASTER_ADDR or 127.0.0.1)");
 ABSL_FLAG(int, master_port, -1, "data parallelism: rank 0's c10d store port (default: $MASTER_PORT or 29500)");
+ABSL_FLAG(std::string, rendezvous_file, "",
+          "data parallelism: meet through a c10d FileStore at this path (a new file per launch; every rank on this "
+          "machine or a filesystem they share) instead of a TCPStore at --master_addr:--master_port; nothing "
+          "listens for it");
 ABSL_FLAG(std::string, device, "", "cpu or cuda:N (default: cuda:$LOCAL_RANK when LOCAL_RANK is set and CUDA is available, else cpu)");
 ABSL_FLAG(std::string, dtype, "", "draft compute dtype; default bfloat16 on GPU (fp32 master weights), float32 on CPU");
 ABSL_FLAG(double, lr, 1e-4, "peak learning rate (AdamW)");
@@ -144,10 +148,6 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 
-// Renamed so that one meaning has one name in both services and the
-// launcher (docs/DECISIONS.md, "One name per flag").
-const std::vector<DeprecatedFlag> kDeprecatedFlags = {{"seed", "init_seed"}};
-
 // Everything the flags say, read once.
 absl::StatusOr<TrainerOptions> OptionsFromFlags() {
   TrainerOptions o;
@@ -159,11 +159,13 @@ absl::StatusOr<TrainerOptions> OptionsFromFlags() {
   launch_flags.world_size = absl::GetFlag(FLAGS_world_size) > 0 ? absl::GetFlag(FLAGS_world_size) : -1;
   launch_flags.master_addr = absl::GetFlag(FLAGS_master_addr);
   launch_flags.master_port = absl::GetFlag(FLAGS_master_port);
+  launch_flags.rendezvous_file = absl::GetFlag(FLAGS_rendezvous_file);
   E3_ASSIGN_OR_RETURN(const LaunchEnv launch, ResolveLaunchEnv(launch_flags, ProcessEnv()));
   o.client.rank = launch.rank;
   o.client.world_size = launch.world_size;
   o.master_addr = launch.master_addr;
   o.master_port = launch.master_port;
+  o.rendezvous_file = launch.rendezvous_file;
   o.client.subscriber_id = absl::GetFlag(FLAGS_subscriber_id).empty() ? absl::StrCat("rank-", o.client.rank)
                                                                         : absl::GetFlag(FLAGS_subscriber_id);
   E3_RETURN_IF_ERROR(CheckPortFlag(absl::GetFlag(FLAGS_metrics_port), -1, "--metrics_port"));
@@ -304,7 +306,8 @@ void PrintSummary(const TrainSummary& s, int rank) {
 
 int Main() {
   absl::StatusOr<SettledFlags> settled =
-      SettleServiceFlags(absl::GetFlag(FLAGS_config), ServiceRole::kStudent, kDeprecatedFlags);
+      SettleServiceFlags(absl::GetFlag(FLAGS_config), ServiceRole::kStudent,
+                         DeprecatedFlags(ServiceRole::kStudent));
   if (!settled.ok()) {
     std::fprintf(stderr, "student_trainer: error: %s\n", std::string(settled.status().message()).c_str());
     return 2;

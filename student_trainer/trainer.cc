@@ -92,6 +92,7 @@ absl::Status Trainer::BuildTeachersAndDraft() {
   launch.world_size = o_.client.world_size;
   launch.master_addr = o_.master_addr;
   launch.master_port = o_.master_port;
+  launch.rendezvous_file = o_.rendezvous_file;
   E3_ASSIGN_OR_RETURN(group_, JoinDataParallelGroup(launch, device_));
 
   DraftBuildOptions d;

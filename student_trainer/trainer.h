@@ -44,10 +44,12 @@ struct TrainerOptions {
   double kl_scale = 1.0, kl_decay = 1.0;  // lk_lambda's weight of the soft CE
   std::string device = "cpu";  // cpu or cuda:N
   // Data parallelism (client.world_size > 1): a c10d process group meets
-  // at master_addr:master_port (rank 0 listens); gradients are averaged
+  // at master_addr:master_port (rank 0 listens), or through
+  // rendezvous_file when set (nothing listens); gradients are averaged
   // over ranks every step, and only rank 0 writes checkpoints and the export.
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  std::string rendezvous_file;
   // Compute dtype of the draft; empty: bfloat16 on GPU, float32 on CPU.
   // Below float32, AdamW updates fp32 master weights (master_weights.h).
   std::string dtype;

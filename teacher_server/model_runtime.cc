@@ -99,12 +99,13 @@ absl::StatusOr<std::shared_ptr<TpGroup>> JoinTensorParallelGroup(const ModelRunt
   p.rank = o.launch.rank;
   p.master_addr = o.launch.master_addr;
   p.master_port = o.launch.master_port;
+  p.rendezvous_file = o.launch.rendezvous_file;
   p.cuda = cuda;
   // Ranks load their shards at different speeds (rank 0 also reads the
   // data): the first collective may wait long for the slowest.
   p.timeout = absl::Minutes(30);
-  std::printf("teacher: joining tensor-parallel group as rank %d of %d (ep %d) at %s:%d\n", p.rank,
-              p.world_size, o.ep_size, p.master_addr.c_str(), p.master_port);
+  std::printf("teacher: joining tensor-parallel group as rank %d of %d (ep %d) %s\n", p.rank,
+              p.world_size, o.ep_size, DescribeRendezvous(p).c_str());
   std::fflush(stdout);
   E3_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group, ProcessGroup::Create(p));
   return std::make_shared<TpGroup>(std::move(group), o.ep_size);

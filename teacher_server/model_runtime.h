@@ -27,7 +27,8 @@ struct ModelRuntimeOptions {
   int64_t graph_token_step = ModelOptions().graph_token_step;
   int64_t tp_overlap_min_tokens = ModelOptions().tp_overlap_min_tokens;
   // Tensor (and expert) parallelism: launch.world_size ranks, launch.rank
-  // this one, meeting at launch.master_addr:master_port.
+  // this one, meeting at launch.master_addr:master_port, or through
+  // launch.rendezvous_file when set.
   int ep_size = 1;
   LaunchEnv launch;
 };

@@ -138,6 +138,10 @@ ABSL_FLAG(int, tp_rank, -1, "this process's tensor-parallel rank (-1: $RANK, els
 ABSL_FLAG(std::string, master_addr, "",
           "tensor parallelism: rank 0's address for the c10d rendezvous (empty: $MASTER_ADDR, else 127.0.0.1)");
 ABSL_FLAG(int, master_port, -1, "tensor parallelism: rank 0's c10d store port (-1: $MASTER_PORT, else 29600)");
+ABSL_FLAG(std::string, rendezvous_file, "",
+          "tensor parallelism: meet through a c10d FileStore at this path (a new file per launch; every rank on this "
+          "machine or a filesystem they share) instead of a TCPStore at --master_addr:--master_port; nothing "
+          "listens for it");
 ABSL_FLAG(std::string, tp_master_addr, "", "deprecated: use --master_addr");
 ABSL_FLAG(int, tp_master_port, -1, "deprecated: use --master_port");
 ABSL_FLAG(std::string, eval_prompts, "",
@@ -175,15 +179,6 @@ namespace e3 {
 namespace {
 
 std::atomic<int> g_signal{0};
-
-// Renamed so that one meaning has one name in both services and the
-// launcher (docs/DECISIONS.md, "One name per flag").
-const std::vector<DeprecatedFlag> kDeprecatedFlags = {
-    {"seed", "data_seed"},
-    {"max_credit_window", "credit_window"},
-    {"tp_master_addr", "master_addr"},
-    {"tp_master_port", "master_port"},
-};
 
 // Everything the flags say, read once.
 struct TeacherServerOptions {
@@ -241,6 +236,7 @@ absl::StatusOr<ModelRuntimeOptions> RuntimeOptionsFromFlags() {
   launch.master_addr = absl::GetFlag(FLAGS_master_addr);
   launch.master_port = absl::GetFlag(FLAGS_master_port);
   launch.default_master_port = 29600;
+  launch.rendezvous_file = absl::GetFlag(FLAGS_rendezvous_file);
   // One process is no group: torchrun's variables, if any, are another's.
   if (launch.world_size == 1) return r;
   E3_ASSIGN_OR_RETURN(r.launch, ResolveLaunchEnv(launch, ProcessEnv()));
@@ -407,7 +403,8 @@ absl::Status RunTeacher(const TeacherServerOptions& o) {
 
 int Main() {
   absl::StatusOr<SettledFlags> settled =
-      SettleServiceFlags(absl::GetFlag(FLAGS_config), ServiceRole::kTeacher, kDeprecatedFlags);
+      SettleServiceFlags(absl::GetFlag(FLAGS_config), ServiceRole::kTeacher,
+                         DeprecatedFlags(ServiceRole::kTeacher));
   if (!settled.ok()) {
     std::fprintf(stderr, "teacher_server: error: %s\n", std::string(settled.status().message()).c_str());
     return 2;

@@ -11,11 +11,13 @@
 # node, one command"): --teacher_devices teachers.devices, --teacher_tp
 # teachers.tp, --teacher_ep teachers.ep, --student_devices
 # students.devices, --model_dir model.dir, --data data.train, --out
-# run.out, --master_port run.master_port, --teacher_args teachers.args,
-# --student_args students.args. Devices are GPU indices, or `cpu`. The
-# teacher devices are cut into groups of teachers.tp consecutive devices;
-# each group is one teacher (a model sharded with tensor parallelism over
-# its devices, rank 0 serving gRPC) serving one shard of the data. Each
+# run.out, --master_port run.master_port (unused: the c10d groups meet
+# through files under run.out; kept so older command lines still run),
+# --teacher_args teachers.args, --student_args students.args. Devices
+# are GPU indices, or `cpu`. The teacher devices are cut into groups of
+# teachers.tp consecutive devices; each group is one teacher (a model
+# sharded with tensor parallelism over its devices, rank 0 serving gRPC)
+# serving one shard of the data. Each
 # student device runs one data-parallel student rank subscribed to every
 # teacher. The launcher shows a status line per process, stops everything
 # the moment a process fails (showing the end of its log), and returns

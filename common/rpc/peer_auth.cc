@@ -1,5 +1,8 @@
 #include "common/rpc/peer_auth.h"
 
+#include <sys/stat.h>
+
+#include <cstdio>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -7,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
+#include "common/loopback_host.h"
 #include "common/rpc/tls_key_pair.h"
 #include "common/status_macros.h"
 
@@ -25,6 +29,18 @@ absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
   return *text;
 }
 
+// Whoever reads the token file is a peer, and whoever writes it picks
+// the token: a file open to group or others is worth a warning (not an
+// error: a shared filesystem may give no other choice).
+void WarnIfTokenFileIsOpen(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || (st.st_mode & 077) == 0) return;
+  std::fprintf(stderr,
+               "warning: --auth_token_file=%s is readable or writable by group or others (mode %04o); "
+               "anyone who can read it can act as a peer: chmod 600 %s\n",
+               path.c_str(), static_cast<unsigned>(st.st_mode & 07777), path.c_str());
+}
+
 // The token: the file's first line, without surrounding whitespace; it
 // travels as an HTTP/2 header value, so printable ASCII only.
 absl::StatusOr<std::string> ReadToken(const std::string& path) {
@@ -38,6 +54,7 @@ absl::StatusOr<std::string> ReadToken(const std::string& path) {
           absl::StrCat("--auth_token_file=", path, ": the token must be printable ASCII without spaces"));
     }
   }
+  WarnIfTokenFileIsOpen(path);
   return token;
 }
 
@@ -154,8 +171,7 @@ bool IsLoopbackAddress(const std::string& address) {
   } else if (host.rfind(':') != std::string::npos && host.find(':') == host.rfind(':')) {
     host = host.substr(0, host.rfind(':'));  // host:port, not a bare IPv6 address
   }
-  host = absl::AsciiStrToLower(host);
-  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+  return IsLoopbackHost(host);
 }
 
 }  // namespace e3

@@ -39,7 +39,8 @@ class PeerAuth {
   // Reads the files: every error names the flag and the file. A server
   // needs --tls_cert with --tls_key (or neither); a client with one needs
   // the other; a token file must hold a non-empty token of printable
-  // characters.
+  // characters, and one that group or others may read or write gets a
+  // warning on stderr.
   static absl::StatusOr<PeerAuth> ForServer(const PeerAuthOptions& options);
   static absl::StatusOr<PeerAuth> ForClient(const PeerAuthOptions& options);
 

@@ -1,5 +1,6 @@
 #include "common/torch/process_group.h"
 
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef E3_HAS_CUDA
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -10,6 +11,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/loopback_host.h"
 
 namespace e3 {
 namespace {
@@ -42,8 +44,9 @@ class C10dPending : public PendingCollective {
 template <typename Backend>
 class C10dProcessGroup : public ProcessGroup {
  public:
-  C10dProcessGroup(c10::intrusive_ptr<c10d::TCPStore> store, c10::intrusive_ptr<Backend> pg, int rank, int world)
-      : store_(std::move(store)), pg_(std::move(pg)), rank_(rank), world_(world) {}
+  C10dProcessGroup(c10::intrusive_ptr<c10d::Store> store, int store_port, c10::intrusive_ptr<Backend> pg, int rank,
+                   int world)
+      : store_(std::move(store)), store_port_(store_port), pg_(std::move(pg)), rank_(rank), world_(world) {}
 
   absl::StatusOr<std::unique_ptr<PendingCollective>> AllReduceSum(at::Tensor tensor) override {
     try {
@@ -74,15 +77,44 @@ class C10dProcessGroup : public ProcessGroup {
   }
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
-  int store_port() const override { return store_->getPort(); }
+  int store_port() const override { return store_port_; }
 
  private:
-  c10::intrusive_ptr<c10d::TCPStore> store_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  int store_port_;
   c10::intrusive_ptr<Backend> pg_;
   int rank_, world_;
 };
 
+// The store the ranks meet through, and the port it listens on (0: a
+// file, nothing listens).
+struct Rendezvous {
+  c10::intrusive_ptr<c10d::Store> store;
+  int port = 0;
+};
+
+Rendezvous OpenStore(const ProcessGroupOptions& o, std::chrono::milliseconds timeout) {
+  if (!o.rendezvous_file.empty()) {
+    auto file = c10::make_intrusive<c10d::FileStore>(o.rendezvous_file, o.world_size);
+    file->setTimeout(timeout);
+    return {file, 0};
+  }
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(o.master_port);
+  so.isServer = o.rank == 0;
+  so.numWorkers = static_cast<size_t>(o.world_size);
+  so.timeout = timeout;
+  auto tcp = c10::make_intrusive<c10d::TCPStore>(o.master_addr, so);
+  const int port = tcp->getPort();
+  return {tcp, port};
+}
+
 }  // namespace
+
+std::string DescribeRendezvous(const ProcessGroupOptions& o) {
+  return o.rendezvous_file.empty() ? absl::StrCat("at ", o.master_addr, ":", o.master_port)
+                                   : absl::StrCat("through ", o.rendezvous_file);
+}
 
 absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Create(const ProcessGroupOptions& o) {
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
@@ -91,13 +123,10 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Create(const Process
   if (o.master_port < 0 || o.master_port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("process group: master port ", o.master_port));
   }
+  const std::chrono::milliseconds timeout(absl::ToInt64Milliseconds(o.timeout));
   try {
-    c10d::TCPStoreOptions so;
-    so.port = static_cast<uint16_t>(o.master_port);
-    so.isServer = o.rank == 0;
-    so.numWorkers = static_cast<size_t>(o.world_size);
-    so.timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(o.timeout));
-    auto store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, so);
+    Rendezvous rendezvous = OpenStore(o, timeout);
+    auto& store = rendezvous.store;
 #ifdef E3_HAS_CUDA
     if (!o.cuda) {
       return absl::UnimplementedError(
@@ -105,23 +134,26 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Create(const Process
     }
     auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, o.rank, o.world_size);
     return std::unique_ptr<ProcessGroup>(
-        new C10dProcessGroup<c10d::ProcessGroupNCCL>(store, pg, o.rank, o.world_size));
+        new C10dProcessGroup<c10d::ProcessGroupNCCL>(store, rendezvous.port, pg, o.rank, o.world_size));
 #else
     if (o.cuda) {
       return absl::UnimplementedError("process group on GPU tensors needs NCCL: this LibTorch has no CUDA");
     }
     auto opts = c10d::ProcessGroupGloo::Options::create();
-    opts->timeout = so.timeout;
-    opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    opts->timeout = timeout;
+    // Ranks that meet on loopback are on this machine: their Gloo pairs
+    // listen there too, not on the address the host name resolves to.
+    opts->devices.push_back(IsLoopbackHost(o.master_addr)
+                                ? c10d::ProcessGroupGloo::createDeviceForHostname(o.master_addr)
+                                : c10d::ProcessGroupGloo::createDefaultDevice());
     auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, o.rank, o.world_size, opts);
     return std::unique_ptr<ProcessGroup>(
-        new C10dProcessGroup<c10d::ProcessGroupGloo>(store, pg, o.rank, o.world_size));
+        new C10dProcessGroup<c10d::ProcessGroupGloo>(store, rendezvous.port, pg, o.rank, o.world_size));
 #endif
   } catch (const c10::Error& e) {
-    return FromC10(e, absl::StrCat("process group rendezvous at ", o.master_addr, ":", o.master_port));
+    return FromC10(e, absl::StrCat("process group rendezvous ", DescribeRendezvous(o)));
   } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("process group rendezvous at ", o.master_addr, ":", o.master_port, ": ", e.what()));
+    return absl::UnavailableError(absl::StrCat("process group rendezvous ", DescribeRendezvous(o), ": ", e.what()));
   }
 }
 

@@ -36,6 +36,7 @@ TEST(LaunchEnvTest, ExplicitFlagsTakePrecedence) {
   f.world_size = 2;
   f.master_addr = "10.0.0.1";
   f.master_port = 29900;
+  f.rendezvous_file = "/run/e3/rendezvous/students.1a2b";
   auto env = ResolveLaunchEnv(f, Env({{"RANK", "3"},
                                       {"WORLD_SIZE", "8"},
                                       {"MASTER_ADDR", "node0"},
@@ -45,6 +46,7 @@ TEST(LaunchEnvTest, ExplicitFlagsTakePrecedence) {
   EXPECT_EQ(env->world_size, 2);
   EXPECT_EQ(env->master_addr, "10.0.0.1");
   EXPECT_EQ(env->master_port, 29900);
+  EXPECT_EQ(env->rendezvous_file, "/run/e3/rendezvous/students.1a2b");
 }
 
 TEST(LaunchEnvTest, DefaultsWithoutEitherDependOnTheGroup) {

@@ -35,6 +35,13 @@ students:
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
 
+// `yaml` read as run.yaml; a failure fails the test.
+RunConfig Parsed(const std::string& yaml) {
+  auto c = ParseRunConfig(yaml, "run.yaml");
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.value_or(RunConfig());
+}
+
 TEST(RunConfigTest, ReadsEverySectionIntoTheStruct) {
   auto c = ParseRunConfig(kRun, "run.yaml");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -116,6 +123,12 @@ TEST(RunConfigTest, ErrorsNameTheFileTheKeyAndWhatWasExpected) {
        "run.yaml:4: schedule.lr: given twice (first on line 2)"},
       {"schedule:\n  lr: 1e-3\ndata:\n  epochs: 2\nschedule:\n  max_steps: 5\n",
        "run.yaml:5: schedule: given twice (first on line 1)"},
+      {"teachers:\n  devices: [0, 1]\n  metrics_port: 65535\n",
+       "run.yaml: teachers.metrics_port: 65535 + 2 teacher group(s) - 1 = 65536 is past the last "
+       "port (65535)"},
+      {"students:\n  devices: [cpu]\n  metrics_port: -2\n",
+       "run.yaml: students.metrics_port: expected a port (student rank r serves /metrics on it + "
+       "r;"},
   };
   for (const Case& c : cases) {
     auto parsed = ParseRunConfig(c.yaml, "run.yaml");
@@ -173,13 +186,11 @@ TEST(RunConfigTest, TheShippedExamplesAreValid) {
 // What a failed checkpoint does is set in the run file like any other
 // schedule key, and reaches only the student.
 TEST(RunConfigTest, CheckpointFailurePoliciesMapToTheStudentsFlags) {
-  auto c = ParseRunConfig(
+  const RunConfig c = Parsed(
       "schedule:\n  keep_checkpoints: 3\n  on_checkpoint_save_error: continue\n"
-      "  on_checkpoint_load_error: start_fresh\n",
-      "run.yaml");
-  ASSERT_TRUE(c.ok()) << c.status();
-  auto student = ServiceFlags(*c, ServiceRole::kStudent);
-  auto teacher = ServiceFlags(*c, ServiceRole::kTeacher);
+      "  on_checkpoint_load_error: start_fresh\n");
+  auto student = ServiceFlags(c, ServiceRole::kStudent);
+  auto teacher = ServiceFlags(c, ServiceRole::kTeacher);
   ASSERT_TRUE(student.ok() && teacher.ok());
   std::map<std::string, std::string> flags;
   for (const ServiceFlag& f : *student) flags[f.flag] = f.value;
@@ -197,6 +208,21 @@ TEST(RunConfigTest, CheckpointFailurePoliciesMapToTheStudentsFlags) {
   ASSERT_FALSE(one.ok());
   EXPECT_NE(Message(one.status()).find("schedule.keep_checkpoints: expected an integer >= 2"), std::string::npos)
       << one.status();
+}
+
+TEST(RunConfigTest, MetricsPortsAreTheLaunchersAlone) {
+  const RunConfig c = Parsed(
+      "teachers:\n  devices: [0, 1]\n  metrics_port: 9400\n"
+      "students:\n  devices: [2, 3]\n  metrics_port: -1\n");
+  EXPECT_EQ(c.teachers.metrics_port, 9400);
+  EXPECT_EQ(c.students.metrics_port, -1);
+  // A service reading the file alone does not take a base port for its
+  // own: which offset is its own only the launcher knows.
+  for (ServiceRole role : {ServiceRole::kTeacher, ServiceRole::kStudent}) {
+    auto flags = ServiceFlags(c, role);
+    ASSERT_TRUE(flags.ok()) << flags.status();
+    for (const ServiceFlag& f : *flags) EXPECT_NE(f.flag, "metrics_port") << f.key;
+  }
 }
 
 TEST(RunConfigTest, EveryKeyMapsToAFlagOrTheLauncher) {

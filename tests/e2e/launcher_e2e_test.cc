@@ -3,6 +3,7 @@
 // file), its --plan, and processes that die early, reported within
 // seconds with the end of their log while the others are stopped.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "nlohmann/json.hpp"
+#include "tests/e2e/launcher_run.h"
 #include "tests/e2e/subprocess.h"
 #include "tests/free_port.h"
 
@@ -20,35 +22,34 @@ using namespace std::chrono_literals;
 using testing::ReadFile;
 using testing::Subprocess;
 
-const std::string kSrc = E3_SOURCE_DIR;
+using testing::Launcher;
 
-std::string Launcher() { return testing::BuildDir() + "/launcher/e3_launch"; }
-
-// A small run of the bundled model: one teacher, one student, on the CPU.
-std::string WriteConfig(const std::string& dir) {
-  const std::string path = dir + "/run.yaml";
-  std::ofstream(path) << "model:\n  dir: " << kSrc << "/examples/tiny-code-llama\n"
-                      << "data:\n  train: " << kSrc << "/examples/data/train_conversations.jsonl\n"
-                      << "  max_samples: 80\n  max_seq_len: 256\n"
-                      << "draft:\n  vocab_size: 256\n"
-                      << "schedule:\n  tokens_per_batch: 256\n  lr: 2e-3\n  warmup_steps: 2\n"
-                      << "  max_steps: 6\n  log_every: 2\n  checkpoint_every: 3\n"
-                      << "teachers:\n  devices: [cpu]\n  threads: 1\n"
-                      << "students:\n  devices: [cpu]\n  threads: 1\n"
-                      << "run:\n  out: " << dir << "/run\n  master_port: " << testing::FreePort()
-                      << "\n";
-  return path;
-}
+std::string WriteConfig(const std::string& dir) { return testing::WriteTinyRunConfig(dir); }
 
 TEST(LauncherE2eTest, TrainsTheBundledModelFromAYamlConfig) {
   const std::string dir = testing::ScratchDir("launcher_run");
   const std::string config = WriteConfig(dir);
-  Subprocess launch({Launcher(), "--config=" + config, "--status_every_s=1", "schedule.lr=3e-3"},
+  const int teacher_metrics = testing::FreePort(), student_metrics = testing::FreePort();
+  Subprocess launch({Launcher(), "--config=" + config, "--status_every_s=1", "schedule.lr=3e-3",
+                     absl::StrCat("teachers.metrics_port=", teacher_metrics),
+                     absl::StrCat("students.metrics_port=", student_metrics)},
                     dir + "/launch.log");
   auto st = launch.Wait(300s);
   ASSERT_TRUE(st.has_value()) << "launcher did not finish\n" << launch.Log();
   ASSERT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << launch.Log();
   const std::string log = launch.Log();
+  // Authenticated by default: a fresh token only this user reads.
+  struct stat token {};
+  ASSERT_EQ(::stat((dir + "/run/auth_token").c_str(), &token), 0);
+  EXPECT_EQ(token.st_mode & 0777, 0600u);
+  const std::string teacher_log = ReadFile(dir + "/run/teacher-0.log");
+  EXPECT_NE(teacher_log.find(absl::StrCat("(metrics on :", teacher_metrics, "), ")),
+            std::string::npos)
+      << teacher_log;
+  EXPECT_NE(teacher_log.find("peers checked by a shared token"), std::string::npos) << teacher_log;
+  EXPECT_NE(ReadFile(dir + "/run/student-0.log")
+                .find(absl::StrCat("student[0]: metrics on :", student_metrics)),
+            std::string::npos);
   EXPECT_NE(log.find("e3_launch: 1 teacher(s) of TP=1 at 127.0.0.1:"), std::string::npos) << log;
   // Live status lines: the student's progress appears as it trains.
   EXPECT_NE(log.find("e3_launch: student-0        cpu     running"), std::string::npos) << log;
@@ -88,6 +89,22 @@ TEST(LauncherE2eTest, PlanPrintsTheLayoutAndStartsNothing) {
     EXPECT_NE(out.find(needle), std::string::npos) << needle << "\n" << out;
   }
   EXPECT_FALSE(PathExists(dir + "/run")) << "--plan started something";
+  EXPECT_NE(out.find("c10d rendezvous through " + dir + "/run/rendezvous/students."),
+            std::string::npos)
+      << out;
+
+  // Every missing input at once, each with its key.
+  Subprocess missing({Launcher(), "--config=" + config, "--plan", "model.dir=/nonexistent/model",
+                      "data.train=/nonexistent/train.jsonl"},
+                     dir + "/missing.log");
+  auto mst = missing.Wait(30s);
+  ASSERT_TRUE(mst.has_value() && WIFEXITED(*mst) && WEXITSTATUS(*mst) == 2) << missing.Log();
+  EXPECT_NE(missing.Log().find("e3_launch: error: " + config +
+                               ": model.dir: /nonexistent/model: not a directory\n"
+                               "e3_launch: error: " +
+                               config + ": data.train: /nonexistent/train.jsonl: no such file\n"),
+            std::string::npos)
+      << missing.Log();
 
   Subprocess bad({Launcher(), "--config=" + config, "--plan", "teachers.tp=two"}, dir + "/bad.log");
   auto bst = bad.Wait(30s);

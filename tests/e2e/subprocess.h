@@ -59,6 +59,10 @@ struct SubprocessLimits {
   // through a pipe, which the limit does not cover: only the files the
   // process writes itself fill up.
   rlim_t file_size_bytes = 0;
+  // A process group of its own (its pid): a test can then kill it with
+  // every process it started, kill(-pid, sig), as a crash of its machine
+  // or container would.
+  bool own_process_group = false;
 };
 
 class Subprocess {
@@ -69,6 +73,7 @@ class Subprocess {
     const bool piped = limits.file_size_bytes > 0 && ::pipe2(pipe_fds, O_CLOEXEC) == 0;
     pid_ = ::fork();
     if (pid_ == 0) {
+      if (limits.own_process_group) ::setpgid(0, 0);
       int fd = piped ? pipe_fds[1] : ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(fd, 1);
       ::dup2(fd, 2);
@@ -82,6 +87,8 @@ class Subprocess {
       ::execv(args[0], args.data());
       ::_exit(127);
     }
+    // Both sides set it, so it holds whichever runs first.
+    if (pid_ > 0 && limits.own_process_group) ::setpgid(pid_, pid_);
     if (piped) {
       ::close(pipe_fds[1]);
       copier_ = std::thread([read_fd = pipe_fds[0], log_path] { CopyToLog(read_fd, log_path); });

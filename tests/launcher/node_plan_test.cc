@@ -31,7 +31,7 @@ bool HasArg(const PlannedProcess& p, const std::string& arg) {
 TEST(NodePlanTest, TeachersAreCutIntoTpGroupsAndStudentsAreRanks) {
   auto plan = PlanNode(Config({"teachers.devices=0,1,2,3", "teachers.tp=2", "teachers.ep=2",
                                "students.devices=4,5,6", "run.master_port=29500"}),
-                       "/b");
+                       "/b", "ab12");
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->teachers, 2);
   std::vector<std::string> names;
@@ -43,49 +43,67 @@ TEST(NodePlanTest, TeachersAreCutIntoTpGroupsAndStudentsAreRanks) {
   const PlannedProcess& t1 = plan->processes[3];
   EXPECT_EQ(t1.binary, "/b/teacher_server/teacher_server");
   for (const char* arg : {"--config=/tmp/run/run.yaml", "--num_data_shards=2", "--data_shard=1",
-                          "--tp_size=2", "--ep_size=2", "--tp_rank=0", "--master_port=29502",
+                          "--tp_size=2", "--ep_size=2", "--tp_rank=0", "--master_addr=127.0.0.1",
+                          "--rendezvous_file=/tmp/run/rendezvous/teacher-1.ab12",
+                          "--auth_token_file=/tmp/run/auth_token", "--metrics_port=0",
                           "--port_file=/tmp/run/teacher-1.port", "--exit_when_done"}) {
     EXPECT_TRUE(HasArg(t1, arg)) << arg << " not in " << absl::StrJoin(t1.args, " ");
   }
+  // Followers serve no /metrics.
+  EXPECT_EQ(plan->processes[2].metrics_port, -1);
+  EXPECT_FALSE(HasArg(plan->processes[2], "--metrics_port=0"));
   const PlannedProcess& s2 = plan->processes[6];
   EXPECT_EQ(s2.binary, "/b/student_trainer/student_trainer");
-  EXPECT_TRUE(HasArg(s2, "--step_log=/tmp/run/steps.jsonl"));
-  EXPECT_TRUE(HasArg(s2, "--summary_json=/tmp/run/summary-2.json"));
+  for (const char* arg :
+       {"--step_log=/tmp/run/steps.jsonl", "--summary_json=/tmp/run/summary-2.json",
+        "--rendezvous_file=/tmp/run/rendezvous/students.ab12",
+        "--auth_token_file=/tmp/run/auth_token"}) {
+    EXPECT_TRUE(HasArg(s2, arg)) << arg << " not in " << absl::StrJoin(s2.args, " ");
+  }
+  // No c10d store port: the group meets through its file.
   std::vector<std::string> env;
   for (const auto& [k, v] : s2.env) env.push_back(k + "=" + v);
-  EXPECT_EQ(absl::StrJoin(env, " "),
-            "RANK=2 WORLD_SIZE=3 LOCAL_RANK=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500");
+  EXPECT_EQ(absl::StrJoin(env, " "), "RANK=2 WORLD_SIZE=3 LOCAL_RANK=2 MASTER_ADDR=127.0.0.1");
+  for (const PlannedProcess& p : plan->processes) {
+    for (const std::string& a : p.args)
+      EXPECT_EQ(a.rfind("--master_port", 0), std::string::npos) << p.name;
+  }
   EXPECT_EQ(plan->port_files,
             (std::vector<std::string>{"/tmp/run/teacher-0.port", "/tmp/run/teacher-1.port"}));
 }
 
 TEST(NodePlanTest, WhatTheLauncherNeedsIsNamed) {
-  auto no_devices = PlanNode(Config({"teachers.devices=cpu"}), "/b");
+  auto no_devices = PlanNode(Config({"teachers.devices=cpu"}), "/b", "ab12");
   ASSERT_FALSE(no_devices.ok());
   EXPECT_EQ(no_devices.status().message(), "run.yaml: students.devices: required to launch a run");
-  auto bad_device = PlanNode(Config({"teachers.devices=gpu0", "students.devices=cpu"}), "/b");
+  auto bad_device =
+      PlanNode(Config({"teachers.devices=gpu0", "students.devices=cpu"}), "/b", "ab12");
   ASSERT_FALSE(bad_device.ok());
   EXPECT_EQ(bad_device.status().message(),
             "run.yaml: teachers.devices: expected a GPU index, cuda:N or cpu, got \"gpu0\"");
   auto no_model = ParseRunConfig("", "run.yaml", {"teachers.devices=cpu", "students.devices=cpu"});
   ASSERT_TRUE(no_model.ok());
-  EXPECT_EQ(PlanNode(*no_model, "/b").status().message(),
+  EXPECT_EQ(PlanNode(*no_model, "/b", "ab12").status().message(),
             "run.yaml: model.dir: required to launch a run");
 }
 
 TEST(NodePlanTest, ThePlanShowsLayoutPortsAndMemory) {
   auto plan = PlanNode(Config({"teachers.devices=cpu", "students.devices=cpu,cpu",
                                "schedule.tokens_per_batch=1024"}),
-                       "/b");
+                       "/b", "ab12");
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_TRUE(plan->model.has_value()) << plan->model_error;
   const std::string text = DescribePlan(*plan);
   for (const char* needle :
        {"LlamaForCausalLM, L=8, H=256, vocab 8192", "1 x TP=1 EP=1",
         "2 data-parallel rank(s); batch 1024 tokens per rank, 2048 per step",
-        "teacher-0        cpu      gRPC port picked at start -> /tmp/run/teacher-0.port",
-        "student-1        cpu      RANK=1 WORLD_SIZE=2, c10d at 127.0.0.1:29500",
-        "memory per device", "cpu      student-1        ~"}) {
+        "teacher-0        cpu      gRPC port picked at start -> /tmp/run/teacher-0.port; metrics "
+        "port picked at start;",
+        "student-1        cpu      RANK=1 WORLD_SIZE=2; metrics port picked at start; c10d "
+        "rendezvous through /tmp/run/rendezvous/students.ab12 (nothing listens); log "
+        "/tmp/run/student-1.log",
+        "a fresh shared token per launch in /tmp/run/auth_token (mode 0600)", "memory per device",
+        "cpu      student-1        ~"}) {
     EXPECT_NE(text.find(needle), std::string::npos) << needle << "\nin:\n" << text;
   }
 }
@@ -93,10 +111,68 @@ TEST(NodePlanTest, ThePlanShowsLayoutPortsAndMemory) {
 TEST(NodePlanTest, WithoutAReadableModelThePlanSaysWhy) {
   RunConfig c =
       Config({"model.dir=/nonexistent/model", "teachers.devices=0", "students.devices=1"});
-  auto plan = PlanNode(c, "/b");
+  auto plan = PlanNode(c, "/b", "ab12");
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_FALSE(plan->model.has_value());
   EXPECT_NE(DescribePlan(*plan).find("(no estimate: "), std::string::npos);
+}
+
+TEST(NodePlanTest, FlagsTheLauncherSetsAreRefusedInArgsAllAtOnce) {
+  auto plan = PlanNode(
+      Config({"teachers.devices=cpu", "students.devices=cpu",
+              "teachers.args=--tp_master_port=29600 --max_credit_window=8 --noexit_when_done "
+              "--backend=hf",
+              "students.args=--lr=1e-3 --metrics_port=9500 --subscriber_id=me"}),
+      "/b", "ab12");
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().message(),
+            "run.yaml: teachers.args: --tp_master_port (a deprecated spelling of --master_port) is "
+            "set by e3_launch; its c10d groups meet through a fresh file under run.out/rendezvous "
+            "(nothing listens)\n"
+            "run.yaml: teachers.args: --max_credit_window is a deprecated spelling of "
+            "--credit_window, which a service takes only on its command line; use "
+            "schedule.credit_window\n"
+            "run.yaml: teachers.args: --noexit_when_done is set by e3_launch; its teachers exit "
+            "once every student rank has committed its data\n"
+            "run.yaml: students.args: --metrics_port is set by e3_launch; use "
+            "students.metrics_port\n"
+            "run.yaml: students.args: --subscriber_id is set by e3_launch; rank r subscribes as "
+            "rank-<r>, the id its checkpoints resume under");
+}
+
+TEST(NodePlanTest, FixedMetricsPortsFollowTheGroupAndTheRank) {
+  auto plan = PlanNode(Config({"teachers.devices=cpu,cpu", "teachers.metrics_port=9400",
+                               "students.devices=cpu,cpu,cpu", "students.metrics_port=9500"}),
+                       "/b", "ab12");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<std::string> ports;
+  for (const PlannedProcess& p : plan->processes)
+    ports.push_back(p.name + ":" + std::to_string(p.metrics_port));
+  EXPECT_EQ(absl::StrJoin(ports, " "),
+            "teacher-0:9400 teacher-1:9401 student-0:9500 student-1:9501 student-2:9502");
+  EXPECT_TRUE(HasArg(plan->processes[1], "--metrics_port=9401"));
+  EXPECT_TRUE(HasArg(plan->processes[4], "--metrics_port=9502"));
+  const std::string text = DescribePlan(*plan);
+  EXPECT_NE(text.find("-> /tmp/run/teacher-1.port; metrics :9401; log"), std::string::npos) << text;
+  EXPECT_NE(text.find("RANK=2 WORLD_SIZE=3; metrics :9502;"), std::string::npos) << text;
+
+  auto none = PlanNode(Config({"teachers.devices=cpu", "teachers.metrics_port=-1",
+                               "students.devices=cpu", "students.metrics_port=-1"}),
+                       "/b", "ab12");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(HasArg(none->processes[1], "--metrics_port=-1"));
+  EXPECT_NE(DescribePlan(*none).find("RANK=0 WORLD_SIZE=1; no metrics; log"), std::string::npos);
+}
+
+TEST(NodePlanTest, AMasterPortIsNotedAsUnused) {
+  auto plan =
+      PlanNode(Config({"teachers.devices=cpu", "students.devices=cpu", "run.master_port=29500"}),
+               "/b", "ab12");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_NE(DescribePlan(*plan).find("  notes\n    run.yaml: run.master_port is unused: the c10d "
+                                     "groups meet through files under /tmp/run/rendezvous"),
+            std::string::npos)
+      << DescribePlan(*plan);
 }
 
 // Llama-3.1-8B's dimensions.

@@ -6,10 +6,19 @@
 #include "student_trainer/gradient_reducer.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <array>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "common/file_util.h"
 #include "common/torch/process_group.h"
 #include "student_trainer/ttt.h"
 #include "tests/student_trainer/tiny_draft.h"
+#include "tests/scratch_dir.h"
 #include "tests/student_trainer/two_ranks.h"
 
 namespace e3 {
@@ -134,6 +143,93 @@ TEST(ProcessGroupTest, RejectsBadRanksAndReportsAnUnreachableMaster) {
   auto g = ProcessGroup::Create(o);
   ASSERT_FALSE(g.ok());
   EXPECT_NE(std::string(g.status().message()).find("rendezvous at 127.0.0.1"), std::string::npos)
+      << g.status();
+}
+
+// The local addresses (hex, as /proc/net/tcp and tcp6 write them) of the
+// TCP sockets this process holds, listening or connected.
+std::vector<std::string> TcpSocketAddresses() {
+  std::set<std::string> inodes;
+  for (const std::string& fd : ListDir("/proc/self/fd").value_or(std::vector<std::string>())) {
+    char target[128] = {0};
+    const std::string link = "/proc/self/fd/" + fd;
+    if (::readlink(link.c_str(), target, sizeof(target) - 1) <= 0) continue;
+    const std::string t = target;
+    if (t.rfind("socket:[", 0) == 0) inodes.insert(t.substr(8, t.size() - 9));
+  }
+  std::vector<std::string> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, skip, inode;
+      fields >> slot >> local >> skip >> skip;  // the remote address, the state
+      for (int i = 0; i < 5; ++i) fields >> skip;  // queues, timer, retransmits, uid, timeout
+      fields >> inode;
+      if (inodes.count(inode) > 0) out.push_back(local);
+    }
+  }
+  return out;
+}
+
+// 127.0.0.0/8 (its first octet is the last byte of the little-endian
+// hex), ::1, or ::ffff:127.x.x.x.
+bool IsLoopbackHex(const std::string& address) {
+  const std::string ip = address.substr(0, address.find(':'));
+  if (ip.size() == 8) return ip.substr(6, 2) == "7F";
+  if (ip == "00000000000000000000000001000000") return true;
+  return ip.size() == 32 && ip.substr(16, 8) == "FFFF0000" && ip.substr(30, 2) == "7F";
+}
+
+// Gloo keeps one connected pair per peer (its listener closes once the
+// mesh is up): with the ranks on loopback both ends must be there.
+TEST(ProcessGroupTest, RanksMeetThroughAFileAndConnectOnlyOverLoopback) {
+  const std::string file = testing::ScratchPath("rendezvous");
+  std::array<absl::Status, 2> status;
+  std::array<std::vector<std::string>, 2> sockets;
+  std::thread ranks[2];
+  for (int r = 0; r < 2; ++r) {
+    ranks[r] = std::thread([&, r] {
+      ProcessGroupOptions o;
+      o.rendezvous_file = file;
+      o.master_port = 1;  // unused: nothing may dial or listen on it
+      o.rank = r;
+      o.world_size = 2;
+      o.timeout = absl::Seconds(60);
+      auto group = ProcessGroup::Create(o);
+      if (!group.ok()) {
+        status[r] = group.status();
+        return;
+      }
+      EXPECT_EQ((*group)->store_port(), 0);
+      at::Tensor t = torch::full({4}, static_cast<float>(r + 1));
+      auto sum = (*group)->AllReduceSum(t);
+      status[r] = sum.ok() ? (*sum)->Wait() : sum.status();
+      if (status[r].ok()) EXPECT_TRUE(t.equal(torch::full({4}, 3.0f))) << t;
+      sockets[r] = TcpSocketAddresses();
+      // Both ranks' groups stay up until both have looked.
+      if (status[r].ok()) status[r] = (*group)->Broadcast(torch::zeros({1}), 0);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  ASSERT_TRUE(status[0].ok()) << status[0];
+  ASSERT_TRUE(status[1].ok()) << status[1];
+  EXPECT_FALSE(sockets[0].empty()) << "no Gloo pair found in /proc/net/tcp";
+  for (const std::string& address : sockets[0]) {
+    EXPECT_TRUE(IsLoopbackHex(address)) << "a socket is bound to " << address;
+  }
+}
+
+TEST(ProcessGroupTest, AnUnreadableRendezvousFileIsNamed) {
+  ProcessGroupOptions o;
+  o.rendezvous_file = "/nonexistent/dir/rendezvous";
+  o.timeout = absl::Seconds(2);
+  auto g = ProcessGroup::Create(o);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(std::string(g.status().message()).find("rendezvous through /nonexistent/dir/rendezvous"),
+            std::string::npos)
       << g.status();
 }
 

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <sys/stat.h>
 
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
@@ -204,6 +205,22 @@ TEST_F(PeerAuthTest, BadFlagsNameTheFlagAndTheFile) {
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_TRUE(ok->token());
   EXPECT_EQ(ok->Describe(), "a shared token");
+}
+
+TEST_F(PeerAuthTest, ATokenFileOthersCanReadIsWarnedAbout) {
+  const std::string token = certs_.dir + "/open_token";
+  std::ofstream(token) << "s3cret\n";
+  ASSERT_EQ(::chmod(token.c_str(), 0644), 0);
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(PeerAuth::ForServer(Opts("", "", "", token)).ok());
+  const std::string warned = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(warned, "warning: --auth_token_file=" + token +
+                        " is readable or writable by group or others (mode 0644); anyone who can "
+                        "read it can act as a peer: chmod 600 " + token + "\n");
+  ASSERT_EQ(::chmod(token.c_str(), 0600), 0);
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(PeerAuth::ForClient(Opts("", "", "", token)).ok());
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
 }
 
 TEST(PeerAuthAddressTest, LoopbackAddresses) {
