@@ -54,7 +54,9 @@ std::vector<PlannedProcess> PlanTeachers(const NodePlan& plan, const std::string
            {absl::StrCat("--num_data_shards=", groups), absl::StrCat("--data_shard=", i),
             std::string("--listen=127.0.0.1:0"), "--port_file=" + plan.port_files[i],
             "--ledger=" + JoinPath(out, absl::StrCat("ledger-", i, ".jsonl")),
-            std::string("--exit_when_done")}) {
+            std::string("--exit_when_done"),
+            // The world is the launcher's to say, never a subscriber's.
+            absl::StrCat("--student_world_size=", c.students.devices.size())}) {
         p.args.push_back(a);
       }
       // Only rank 0 serves /metrics.
@@ -97,7 +99,8 @@ std::vector<PlannedProcess> PlanStudents(const NodePlan& plan, const std::string
          {"--checkpoint_dir=" + JoinPath(out, "checkpoints"),
           "--output_dir=" + JoinPath(out, "draft"),
           "--summary_json=" + JoinPath(out, absl::StrCat("summary-", r, ".json")),
-          "--step_log=" + plan.step_log, absl::StrCat("--metrics_port=", p.metrics_port)}) {
+          "--step_log=" + plan.step_log, absl::StrCat("--metrics_port=", p.metrics_port),
+          "--best_dir=" + JoinPath(out, "best"), "--tensorboard_dir=" + JoinPath(out, "tb")}) {
       p.args.push_back(a);
     }
     if (world > 1) p.args.push_back("--rendezvous_file=" + plan.student_rendezvous);
@@ -260,7 +263,7 @@ std::string DescribePlan(const NodePlan& plan) {
                                            : std::string("until the data ends"),
                   ", checkpoint every ", c.schedule.checkpoint_every, "\n");
   absl::StrAppend(&s, "  output    ", c.run.out, "/ (", plan.resolved_config,
-                  ", logs, checkpoints/, draft/, ", plan.step_log, ", ", plan.plot, ")\n");
+                  ", logs, checkpoints/, draft/, best/, tb/, ", plan.step_log, ", ", plan.plot, ")\n");
   absl::StrAppend(&s, "  peers     a fresh shared token per launch in ", plan.auth_token,
                   " (mode 0600), read by every process\n");
   absl::StrAppend(&s, "  processes\n");

@@ -38,6 +38,7 @@ const OwnedTable& TeacherOwned() {
       {"rendezvous_file", kRendezvous},
       {"auth_token_file", kToken},
       {"metrics_port", "use teachers.metrics_port"},
+      {"student_world_size", "use students.devices (one rank per device)"},
   };
   return *table;
 }
@@ -59,6 +60,8 @@ const OwnedTable& StudentOwned() {
       {"teacher", "it connects the students to the teachers it started"},
       {"auth_token_file", kToken},
       {"subscriber_id", "rank r subscribes as rank-<r>, the id its checkpoints resume under"},
+      {"best_dir", kUnderOut},
+      {"tensorboard_dir", kUnderOut},
   };
   return *table;
 }

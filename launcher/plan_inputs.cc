@@ -47,6 +47,15 @@ std::vector<std::string> MissingInputs(const NodePlan& plan) {
     if (!problem.empty())
       problems.push_back(absl::StrCat(c.source, ": ", key, ": ", *path, ": ", problem));
   }
+  if (!c.draft.init_from.empty()) {
+    for (const char* file : {"config.json", "model.safetensors"}) {
+      const std::string problem = FileProblem(JoinPath(c.draft.init_from, file));
+      if (!problem.empty()) {
+        problems.push_back(absl::StrCat(c.source, ": draft.init_from: ", c.draft.init_from, ": ", file, ": ",
+                                        problem, " (expected a draft export)"));
+      }
+    }
+  }
   std::set<std::string> binaries;
   for (const PlannedProcess& p : plan.processes) binaries.insert(p.binary);
   for (const std::string& binary : binaries) {

@@ -57,6 +57,24 @@ absl::StatusOr<std::string> Regenerate(const TeacherDataOptions& o, CausalLM* mo
   return r.cache_path;
 }
 
+// Why a data file gave no sample, with what to change: the counts alone
+// leave a user to work out that a long system prompt and tool schema left
+// no answer inside --max_seq_len.
+absl::Status NoSamples(const Dataset& dataset, const TeacherDataOptions& o) {
+  const DatasetStats& s = dataset.stats();
+  std::string hint;
+  if (s.dropped_empty_mask > 0 && s.truncated > 0) {
+    hint = absl::StrCat("; ", s.truncated, " were cut to --max_seq_len=", o.max_seq_len,
+                        " (data.max_seq_len) before any trained token: raise it");
+  } else if (s.dropped_empty_mask > 0) {
+    hint = "; no line had an assistant turn to train on (--train_on_all_tokens trains every token)";
+  } else if (s.malformed > 0) {
+    hint = "; every line was malformed (the first reasons are above)";
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(dataset.source(), ": no sample to train on: ", dataset.Summary(), hint));
+}
+
 absl::StatusOr<std::unique_ptr<Dataset>> LoadTrainingData(const TeacherDataOptions& o,
                                                           const std::string& path,
                                                           const TeacherData& data,
@@ -75,6 +93,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadTrainingData(const TeacherDataOptio
               data.chat_template->origin().c_str());
   for (const auto& e : dataset->stats().first_errors)
     std::printf("teacher:   skipped: %s\n", e.c_str());
+  if (dataset->size() == 0) return NoSamples(*dataset, o);
   return dataset;
 }
 

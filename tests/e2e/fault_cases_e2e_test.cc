@@ -226,5 +226,21 @@ TEST(FaultCasesE2eTest, AFlippedCheckpointByteFallsBackToTheCheckpointBefore) {
   EXPECT_EQ(ExitCode(teacher, 60s), 0) << teacher.Log();
 }
 
+// Settings that used to crash or quietly do something else end with an
+// error naming the flag: a port past 65535 (bound modulo 2^16), and a GPU
+// device in a build or on a machine without it (an uncaught exception,
+// SIGABRT). Both are refused before the model loads.
+TEST(FaultCasesE2eTest, ImpossibleListenPortsAndDevicesAreClearErrors) {
+  const std::string dir = testing::ScratchDir("fault_bad_flags");
+  Subprocess port(testing::TinyTeacherArgv(dir, {"--listen=127.0.0.1:99999"}), dir + "/port.log");
+  EXPECT_EQ(ExitCode(port, 60s), 1) << port.Log();
+  EXPECT_NE(port.Log().find("--listen=127.0.0.1:99999: the port \"99999\" is not in [0, 65535]"),
+            std::string::npos)
+      << port.Log();
+  Subprocess device(testing::TinyTeacherArgv(dir, {"--device=cuda:99"}), dir + "/device.log");
+  EXPECT_EQ(ExitCode(device, 60s), 1) << device.Log();
+  EXPECT_NE(device.Log().find("teacher_server: error: --device=cuda:99: "), std::string::npos) << device.Log();
+}
+
 }  // namespace
 }  // namespace e3

@@ -186,7 +186,7 @@ TEST_P(RandomTeacherTrainE2eTest, StudentLearnsAndExportsTheTargetsShape) {
   // are flat and a short run's 5-step windows are noisy.
   const int samples = testing::TrainingSamples(3 * kMaxSamples);
   std::vector<std::string> teacher_argv = testing::TrainingTeacherArgv(dir, model_dir, samples);
-  teacher_argv.push_back("--aux_layer_ids=3,0,2");
+  teacher_argv.push_back("--aux_layer_ids=2,0,1");
   Subprocess teacher(teacher_argv, dir + "/teacher.log");
   ASSERT_TRUE(testing::WaitForFile(dir + "/port", 60s)) << teacher.Log();
   Subprocess student(testing::TrainingStudentArgv(dir, testing::ReadPortFile(dir + "/port")), dir + "/student.log");
@@ -206,7 +206,7 @@ TEST_P(RandomTeacherTrainE2eTest, StudentLearnsAndExportsTheTargetsShape) {
   auto cfg = ReadDraftConfig(dir + "/export/config.json");
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   EXPECT_EQ(cfg->target_hidden_size, p.hidden_size);
-  EXPECT_EQ(cfg->aux_layer_ids, (std::vector<int32_t>{3, 0, 2}));
+  EXPECT_EQ(cfg->aux_layer_ids, (std::vector<int32_t>{2, 0, 1}));
   auto weights = SafetensorsFile::Open(dir + "/export/model.safetensors");
   ASSERT_TRUE(weights.ok()) << weights.status();
   EXPECT_EQ((*weights)->Get("fc.weight")->shape, (std::vector<int64_t>{p.hidden_size, 3 * p.hidden_size}));

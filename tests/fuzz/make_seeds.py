@@ -143,6 +143,12 @@ def main():
                                                      "tokens": 3456, "subscriber_id": "rank-0"}, indent=2))
     write("trainer_state_fuzz", "minimal", '{"step": 0, "cursors": []}')
 
+    # checksums.json as SaveCheckpoint writes it, and one naming a path.
+    write("checkpoint_manifest_fuzz", "saved",
+          json.dumps({"files": {"model.safetensors": {"bytes": 1234, "crc32c": "0a1b2c3d"},
+                                "trainer_state.json": {"bytes": 88, "crc32c": "ffffffff"}}}, indent=2))
+    write("checkpoint_manifest_fuzz", "path", '{"files": {"../x": {"bytes": 1, "crc32c": "00000000"}}}')
+
     # Requests to the teacher: selector byte, then the message.
     requests = [
         (0, "GetInfoRequest", "version: PROTOCOL_VERSION_CURRENT world_size: 4"),

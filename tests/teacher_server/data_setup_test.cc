@@ -106,5 +106,21 @@ TEST(DataSetupTest, AVocabMapOfAnotherModelIsRefusedNamingTheFile) {
   EXPECT_EQ(data.status().message(), path + ": target vocab 100 but the model has 8192");
 }
 
+// A system prompt and tool schema that fill --max_seq_len leave no answer
+// to train on: the error says so and what to raise, not only "no samples".
+TEST(DataSetupTest, DataCutBeforeAnyAnswerNamesMaxSeqLen) {
+  std::unique_ptr<CausalLM> model = TinyModel();
+  TeacherDataOptions o = Options();
+  o.data = kSrc + "/tests/fixtures/newcomer/messages_a.jsonl";
+  o.chat_template.file = kSrc + "/tests/fixtures/chat_templates/qwen3.jinja";
+  o.max_seq_len = 96;
+  auto data = SetUpTeacherData(o, model.get());
+  ASSERT_FALSE(data.ok());
+  EXPECT_NE(std::string(data.status().message()).find(
+                "were cut to --max_seq_len=96 (data.max_seq_len) before any trained token: raise it"),
+            std::string::npos)
+      << data.status();
+}
+
 }  // namespace
 }  // namespace e3

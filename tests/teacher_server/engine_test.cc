@@ -333,14 +333,25 @@ TEST(EngineTest, InconsistentSubscriptionsAreRefused) {
   EXPECT_FALSE(Engine::Create(w.model.get(), w.dataset.get(), o).ok());
 }
 
+// A scratch directory for a ledger, removed with the test.
+struct LedgerDir {
+  std::string path = MakeTempDir("engine_ledger_").value();
+  ~LedgerDir() { (void)RemoveAll(path); }
+  // SmallBatches() writing its ledger here.
+  EngineOptions Options() const {
+    EngineOptions o = SmallBatches();
+    o.ledger_path = JoinPath(path, "ledger.jsonl");
+    return o;
+  }
+};
+
 // A checkpoint whose cursor was edited, or that belongs to another run,
 // names batches the rank was never sent: refused, in this process and
 // after a restart on the same ledger.
 TEST(EngineTest, AResumeCursorPastEveryDeliveryIsRefused) {
   World w = MakeWorld(30);
-  const std::string dir = MakeTempDir("engine_resume_past_").value();
-  EngineOptions o = SmallBatches();
-  o.ledger_path = JoinPath(dir, "ledger.jsonl");
+  const LedgerDir ledger;
+  EngineOptions o = ledger.Options();
   {
     auto engine = Engine::Create(w.model.get(), w.dataset.get(), o);
     ASSERT_TRUE(engine.ok()) << engine.status();
@@ -365,17 +376,15 @@ TEST(EngineTest, AResumeCursorPastEveryDeliveryIsRefused) {
   EXPECT_FALSE((*restarted)->Subscribe(p).ok());
   p.resume = {0, 2};
   EXPECT_TRUE((*restarted)->Subscribe(p).ok());
-  (void)RemoveAll(dir);
 }
 
 // The launcher passes its student count: a subscriber claiming another
 // world is refused, and a ledger of another world is not reused.
 TEST(EngineTest, AConfiguredWorldRefusesAnyOther) {
   World w = MakeWorld(12);
-  const std::string dir = MakeTempDir("engine_world_").value();
-  EngineOptions o = SmallBatches();
+  const LedgerDir ledger;
+  EngineOptions o = ledger.Options();
   o.student_world_size = 1;
-  o.ledger_path = JoinPath(dir, "ledger.jsonl");
   {
     auto engine = Engine::Create(w.model.get(), w.dataset.get(), o);
     ASSERT_TRUE(engine.ok()) << engine.status();
@@ -394,16 +403,14 @@ TEST(EngineTest, AConfiguredWorldRefusesAnyOther) {
   auto other = Engine::Create(w.model.get(), w.dataset.get(), o);
   ASSERT_FALSE(other.ok());
   EXPECT_NE(other.status().message().find("records a world of 1 student ranks"), std::string::npos) << other.status();
-  (void)RemoveAll(dir);
 }
 
 // Subscribers that never committed do not fix the world of a restarted
 // teacher: twenty fake ranks cannot lock the real one out for good.
 TEST(EngineTest, AWorldNoCommitConfirmedIsNotRestored) {
   World w = MakeWorld(12);
-  const std::string dir = MakeTempDir("engine_unconfirmed_world_").value();
-  EngineOptions o = SmallBatches();
-  o.ledger_path = JoinPath(dir, "ledger.jsonl");
+  const LedgerDir ledger;
+  EngineOptions o = ledger.Options();
   {
     auto engine = Engine::Create(w.model.get(), w.dataset.get(), o);
     ASSERT_TRUE(engine.ok()) << engine.status();
@@ -415,7 +422,6 @@ TEST(EngineTest, AWorldNoCommitConfirmedIsNotRestored) {
   SubscribeParams p;
   p.subscriber_id = "real";
   EXPECT_TRUE((*restarted)->Subscribe(p).ok());
-  (void)RemoveAll(dir);
 }
 
 // A ledger that cannot be written stops the commit path with an error
@@ -423,9 +429,8 @@ TEST(EngineTest, AWorldNoCommitConfirmedIsNotRestored) {
 // once it can be written.
 TEST(EngineTest, ALedgerThatCannotBeWrittenStopsCommitsUntilItCan) {
   World w = MakeWorld(20);
-  const std::string dir = MakeTempDir("engine_ledger_full_").value();
-  EngineOptions o = SmallBatches();
-  o.ledger_path = JoinPath(dir, "ledger.jsonl");
+  const LedgerDir ledger;
+  EngineOptions o = ledger.Options();
   auto engine = Engine::Create(w.model.get(), w.dataset.get(), o);
   ASSERT_TRUE(engine.ok()) << engine.status();
   const uint64_t g = SubscribeRank(**engine, 0, 1, "s");
@@ -446,8 +451,7 @@ TEST(EngineTest, ALedgerThatCannotBeWrittenStopsCommitsUntilItCan) {
   const LedgerReport r = (*engine)->ledger_report();
   EXPECT_EQ(r.committed_batches, 2);
   EXPECT_EQ(r.samples_committed_twice, 0);
-  engine->reset();
-  (void)RemoveAll(dir);
+  engine->reset();  // closes the ledger before its directory goes
 }
 
 }  // namespace
