@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -20,9 +21,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -30,34 +28,15 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/file_util.h"
-#include "common/run_config.h"
+#include "common/config/command_line.h"
+#include "common/config/config_file.h"
+#include "common/config/reference.h"
 #include "common/status_macros.h"
 #include "launcher/child_process.h"
 #include "launcher/node_plan.h"
 #include "launcher/plan_inputs.h"
 #include "launcher/run_directory.h"
 #include "launcher/status_board.h"
-
-ABSL_FLAG(std::string, config, "",
-          "the run config (YAML; examples/configs/); section.key=value arguments override it");
-ABSL_FLAG(bool, plan, false,
-          "print the resolved layout (processes, devices, ports, batch and memory estimate per "
-          "device) and exit");
-ABSL_FLAG(std::string, build_dir, "",
-          "the build tree holding teacher_server/ and student_trainer/ (default: the one e3_launch "
-          "is in)");
-ABSL_FLAG(double, status_every_s, 10,
-          "when the output is not a terminal: status lines that changed, this often");
-ABSL_FLAG(
-    double, teacher_exit_wait_s, 10,
-    "once the students are done, how long teachers may take to see every rank committed and exit");
-ABSL_FLAG(int, log_tail_lines, 20, "lines of a failed process's log to show");
-ABSL_FLAG(bool, plot, true,
-          "draw the run's curves into <run.out>/run.png at the end (tools/plot_run.py)");
-ABSL_FLAG(
-    double, earlier_exit_wait_s, 60,
-    "on a run.out whose earlier launcher died, how long its processes (draining on SIGTERM) may "
-    "take to exit before this launch gives up");
 
 namespace e3 {
 namespace {
@@ -81,7 +60,7 @@ class NodeRun {
         lock_(std::move(lock)),
         board_(stdout, ::isatty(STDOUT_FILENO) != 0,
                std::chrono::milliseconds(
-                   static_cast<int64_t>(1000 * absl::GetFlag(FLAGS_status_every_s)))) {}
+                   static_cast<int64_t>(1000 * plan_.config.launcher.status_every_s))) {}
   // The exit code: 0 when every student finished, 1 when a process failed,
   // 2 when the run directory could not be prepared, 130 when interrupted.
   int Run();
@@ -114,7 +93,7 @@ class NodeRun {
 absl::Status NodeRun::WaitForEarlierLaunch() {
   const std::string arg = "--config=" + plan_.resolved_config;
   const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(
-                                           1000 * absl::GetFlag(FLAGS_earlier_exit_wait_s)));
+                                           1000 * plan_.config.launcher.earlier_exit_wait_s));
   std::vector<pid_t> earlier = ProcessesWithArgument(arg);
   if (!earlier.empty()) {
     board_.Print(absl::StrCat("e3_launch: waiting for ", earlier.size(),
@@ -192,7 +171,7 @@ absl::Status NodeRun::CheckProcesses() {
                               r.child->pid(), r.child->SecondsRunning())
             : absl::StrFormat("%s (pid %d) failed (%s) after %.1f s", r.plan->name, r.child->pid(),
                               r.child->DescribeEnd(), r.child->SecondsRunning());
-    const int lines = absl::GetFlag(FLAGS_log_tail_lines);
+    const int64_t lines = plan_.config.launcher.log_tail_lines;
     std::string text = absl::StrCat(what, "; the last ", lines, " lines of ", r.plan->log, ":");
     for (const std::string& line : TailLines(r.plan->log, static_cast<size_t>(lines))) {
       absl::StrAppend(&text, "\n  | ", line);
@@ -249,7 +228,7 @@ absl::Status NodeRun::WatchStudents() {
 // early (schedule.max_steps) leave them serving. Then SIGTERM: they drain.
 void NodeRun::StopTeachers() {
   const double wait_s =
-      plan_.config.schedule.max_steps > 0 ? 0 : absl::GetFlag(FLAGS_teacher_exit_wait_s);
+      plan_.config.schedule.max_steps > 0 ? 0 : plan_.config.launcher.teacher_exit_wait_s;
   const auto deadline =
       Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(1000 * wait_s));
   for (Running& r : procs_) {
@@ -284,7 +263,7 @@ void NodeRun::PrintSummaries() {
 // The run's curves from rank 0's step log; a missing matplotlib is a
 // warning, not a failed run.
 void NodeRun::Plot() {
-  if (!absl::GetFlag(FLAGS_plot) || !IsRegularFile(plan_.step_log)) return;
+  if (!plan_.config.launcher.plot || !IsRegularFile(plan_.step_log)) return;
   const std::string python = IsRegularFile("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
   const std::string log = JoinPath(plan_.config.run.out, "plot.log");
   (void)RotateLog(log);  // an earlier launch's plot log is worth keeping, not worth failing on
@@ -352,24 +331,36 @@ int Refuse(const absl::Status& status) {
   return Refuse(absl::StrSplit(std::string(status.message()), '\n'));
 }
 
-// The plan of `overrides` on the config file.
-absl::StatusOr<NodePlan> Plan(const std::vector<std::string>& overrides) {
-  const std::string config_path = absl::GetFlag(FLAGS_config);
-  E3_ASSIGN_OR_RETURN(const RunConfig config, config_path.empty()
-                                                  ? ParseRunConfig("", "<command line>", overrides)
-                                                  : LoadRunConfig(config_path, overrides));
-  std::string build_dir = absl::GetFlag(FLAGS_build_dir);
+// The plan of the config the command line gives.
+absl::StatusOr<NodePlan> Plan(const RunConfig& config) {
+  std::string build_dir = config.launcher.build_dir;
   if (build_dir.empty()) build_dir = Dirname(SelfExeDir());
   // Names this launch's rendezvous files, which no earlier launch used.
   E3_ASSIGN_OR_RETURN(const std::string launch_id, RandomHex(4));
   return PlanNode(config, build_dir, launch_id);
 }
 
-int Main(const std::vector<std::string>& overrides) {
-  absl::StatusOr<NodePlan> plan = Plan(overrides);
+constexpr char kSummary[] =
+    "Starts a one-node training run (teachers and students) from its run config.\n"
+    "  e3_launch --config=run.yaml [section.key=value ...] [--plan]\n"
+    "  e3_launch --config_reference   prints docs/config.md, the reference of every setting";
+
+int Main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (std::find(args.begin(), args.end(), "--config_reference") != args.end()) {
+    std::printf("%s", ConfigReferenceMarkdown().c_str());
+    return 0;
+  }
+  absl::StatusOr<CommandLine> command_line = ReadCommandLine(args, kLauncher);
+  if (!command_line.ok()) return Refuse(command_line.status());
+  if (command_line->help) {
+    std::printf("%s", Usage(kLauncher, kSummary).c_str());
+    return 0;
+  }
+  absl::StatusOr<NodePlan> plan = Plan(command_line->config);
   if (!plan.ok()) return Refuse(plan.status());
   const std::vector<std::string> missing = MissingInputs(*plan);
-  if (absl::GetFlag(FLAGS_plan)) {
+  if (plan->config.launcher.plan) {
     // The layout is worth seeing even before the inputs are in place (a
     // plan made for another machine); the exit code still says they are
     // not.
@@ -391,14 +382,9 @@ int Main(const std::vector<std::string>& overrides) {
 }  // namespace e3
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Starts a one-node EAGLE-3 training run (teachers and students) from its run config.\n"
-      "  e3_launch --config=run.yaml [section.key=value ...] [--plan]");
-  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
-  std::vector<std::string> overrides(positional.begin() + 1, positional.end());
   struct sigaction sa {};
   sa.sa_handler = [](int sig) { e3::g_signal = sig; };
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
-  return e3::Main(overrides);
+  return e3::Main(argc, argv);
 }

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "common/model_config.h"
-#include "common/run_config.h"
+#include "common/config/run_config.h"
 
 namespace e3 {
 

@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
-#include "common/run_config.h"
+#include "common/config/run_config.h"
 #include "launcher/memory_estimate.h"
 
 namespace e3 {

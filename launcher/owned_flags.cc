@@ -4,7 +4,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/service_flags.h"
+#include "absl/strings/strip.h"
+#include "common/config/setting.h"
 
 namespace e3 {
 namespace {
@@ -66,52 +67,33 @@ const OwnedTable& StudentOwned() {
   return *table;
 }
 
-// The config key that sets `flag` of `role`, or "--flag" when none does.
-std::string SetterOf(const std::string& flag, ServiceRole role) {
-  for (const RunConfigKey& k : RunConfigKeys()) {
-    if ((role == ServiceRole::kTeacher ? k.teacher_flag : k.student_flag) == flag) return k.path;
+// The problem with one argument of an args list, or "".
+std::string ArgProblem(const std::string& arg, unsigned role) {
+  if (!absl::StartsWith(arg, "-")) return absl::StrCat("expected flags (--name=value), got \"", arg, "\"");
+  std::string name(absl::StripPrefix(absl::StripPrefix(arg, "-"), "-"));
+  name = name.substr(0, name.find('='));
+  bool old_spelling = false;
+  const Setting* s = SettingOfFlag(name, role, &old_spelling);
+  // "--noexit_when_done" turns a boolean off: the same setting.
+  if (s == nullptr && absl::StartsWith(name, "no")) s = SettingOfFlag(name.substr(2), role, &old_spelling);
+  if (s == nullptr) {
+    return absl::StrCat("--", name, " is not a flag of ", role == kTeacher ? "teacher_server" : "student_trainer");
   }
-  return "--" + flag;
-}
-
-// The problem with one flag of an args list, or "".
-std::string Check(const ServiceFlag& f, ServiceRole role) {
-  const OwnedTable& owned = role == ServiceRole::kTeacher ? TeacherOwned() : StudentOwned();
-  std::string name = f.flag;
-  // "--noexit_when_done" turns an owned boolean off: owned too.
-  if (f.value == "true" && absl::StartsWith(name, "no") && owned.count(name.substr(2)) > 0) {
-    name = name.substr(2);
-  }
-  for (const DeprecatedFlag& d : DeprecatedFlags(role)) {
-    if (d.old_name != name) continue;
-    auto it = owned.find(d.new_name);
-    if (it != owned.end()) {
-      return absl::StrCat("--", name, " (a deprecated spelling of --", d.new_name,
-                          ") is set by e3_launch; ", it->second);
-    }
-    return absl::StrCat("--", name, " is a deprecated spelling of --", d.new_name,
-                        ", which a service takes only on its command line; use ",
-                        SetterOf(d.new_name, role));
-  }
-  auto it = owned.find(name);
+  const OwnedTable& owned = role == kTeacher ? TeacherOwned() : StudentOwned();
+  auto it = owned.find(s->flag);
   if (it == owned.end()) return "";
-  return absl::StrCat("--", f.flag, " is set by e3_launch; ", it->second);
+  const std::string spelling = old_spelling ? absl::StrCat(" (an old spelling of --", s->flag, ")") : "";
+  return absl::StrCat("--", name, spelling, " is set by e3_launch; ", it->second);
 }
 
 }  // namespace
 
 std::vector<std::string> OwnedFlagErrors(const RunConfig& config) {
   std::vector<std::string> errors;
-  for (ServiceRole role : {ServiceRole::kTeacher, ServiceRole::kStudent}) {
-    const std::string key = role == ServiceRole::kTeacher ? "teachers.args" : "students.args";
-    absl::StatusOr<std::vector<ServiceFlag>> flags = ServiceFlags(config, role);
-    if (!flags.ok()) {
-      errors.emplace_back(flags.status().message());
-      continue;
-    }
-    for (const ServiceFlag& f : *flags) {
-      if (f.key != key) continue;
-      const std::string problem = Check(f, role);
+  for (unsigned role : {kTeacher, kStudent}) {
+    const std::string key = role == kTeacher ? "teachers.args" : "students.args";
+    for (const std::string& arg : role == kTeacher ? config.teachers.args : config.students.args) {
+      const std::string problem = ArgProblem(arg, role);
       if (!problem.empty()) errors.push_back(absl::StrCat(config.source, ": ", key, ": ", problem));
     }
   }

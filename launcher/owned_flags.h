@@ -10,14 +10,13 @@
 #include <string>
 #include <vector>
 
-#include "common/run_config.h"
+#include "common/config/run_config.h"
 
 namespace e3 {
 
-// One line per flag of `teachers.args` or `students.args` that the
-// launcher sets itself, or that is a deprecated spelling (a service
-// applies those only from its command line, so in a config's args they
-// would be ignored as well); empty when there is none.
+// One line per argument of `teachers.args` or `students.args` that is a
+// flag the launcher sets itself (in any spelling), or no flag of that
+// service at all; empty when there is none.
 std::vector<std::string> OwnedFlagErrors(const RunConfig& config);
 
 }  // namespace e3

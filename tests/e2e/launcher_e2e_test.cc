@@ -57,7 +57,7 @@ TEST(LauncherE2eTest, TrainsTheBundledModelFromAYamlConfig) {
 
   // Both services read the resolved config, the override included.
   const std::string resolved = ReadFile(dir + "/run/run.yaml");
-  EXPECT_NE(resolved.find("lr: \"3e-3\""), std::string::npos) << resolved;
+  EXPECT_NE(resolved.find("lr: \"0.003\""), std::string::npos) << resolved;
   const std::string teacher = ReadFile(dir + "/run/teacher-0.log");
   EXPECT_NE(teacher.find("teacher: config " + dir + "/run/run.yaml"), std::string::npos) << teacher;
   EXPECT_NE(teacher.find("draft vocab 256 of 8192"), std::string::npos) << teacher;
@@ -110,8 +110,8 @@ TEST(LauncherE2eTest, PlanPrintsTheLayoutAndStartsNothing) {
   auto bst = bad.Wait(30s);
   ASSERT_TRUE(bst.has_value() && WIFEXITED(*bst) && WEXITSTATUS(*bst) == 2) << bad.Log();
   EXPECT_NE(bad.Log().find(
-                "e3_launch: error: override 'teachers.tp=two': teachers.tp: expected a positive "
-                "integer, got \"two\""),
+                "e3_launch: error: override 'teachers.tp=two': teachers.tp: expected an integer in "
+                "[1, 1024], got \"two\""),
             std::string::npos)
       << bad.Log();
 }

@@ -1,3 +1,4 @@
+#include "common/config/config_file.h"
 #include "launcher/node_plan.h"
 
 #include <gtest/gtest.h>
@@ -126,12 +127,9 @@ TEST(NodePlanTest, FlagsTheLauncherSetsAreRefusedInArgsAllAtOnce) {
       "/b", "ab12");
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().message(),
-            "run.yaml: teachers.args: --tp_master_port (a deprecated spelling of --master_port) is "
+            "run.yaml: teachers.args: --tp_master_port (an old spelling of --master_port) is "
             "set by e3_launch; its c10d groups meet through a fresh file under run.out/rendezvous "
             "(nothing listens)\n"
-            "run.yaml: teachers.args: --max_credit_window is a deprecated spelling of "
-            "--credit_window, which a service takes only on its command line; use "
-            "schedule.credit_window\n"
             "run.yaml: teachers.args: --noexit_when_done is set by e3_launch; its teachers exit "
             "once every student rank has committed its data\n"
             "run.yaml: students.args: --metrics_port is set by e3_launch; use "

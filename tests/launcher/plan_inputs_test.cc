@@ -1,3 +1,4 @@
+#include "common/config/config_file.h"
 #include "launcher/plan_inputs.h"
 
 #include <gtest/gtest.h>

@@ -340,7 +340,7 @@ TEST_F(TeacherBinaryTest, PortInUseIsAClearError) {
 
 TEST_F(TeacherBinaryTest, UnknownBackendIsRefused) {
   auto child = Start({"--backend=warp9"});
-  ExpectCleanFailure(*child, {"--backend=warp9"});
+  ExpectCleanFailure(*child, {"--backend: teachers.backend: expected auto, hf or sgl, got \"warp9\""});
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // Checks of the addresses and ports the services are told to bind, made
 // before anything binds: gRPC reads a port past 65535 modulo 2^16 and
 // binds another port than the one asked for.
-#ifndef E3_COMMON_RPC_LISTEN_ADDRESS_H_
-#define E3_COMMON_RPC_LISTEN_ADDRESS_H_
+#ifndef E3_COMMON_CONFIG_LISTEN_ADDRESS_H_
+#define E3_COMMON_CONFIG_LISTEN_ADDRESS_H_
 
 #include <string>
 
@@ -20,4 +20,4 @@ absl::Status CheckPortFlag(int port, int min, const std::string& flag);
 
 }  // namespace e3
 
-#endif  // E3_COMMON_RPC_LISTEN_ADDRESS_H_
+#endif  // E3_COMMON_CONFIG_LISTEN_ADDRESS_H_

@@ -1,4 +1,4 @@
-#include "common/rpc/listen_address.h"
+#include "common/config/listen_address.h"
 
 #include <algorithm>
 

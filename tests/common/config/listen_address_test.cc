@@ -1,6 +1,6 @@
 // Addresses and ports are checked before anything binds: gRPC reads a
 // port past 65535 modulo 2^16 (--listen=...:99999 bound 34463).
-#include "common/rpc/listen_address.h"
+#include "common/config/listen_address.h"
 
 #include <gtest/gtest.h>
 
