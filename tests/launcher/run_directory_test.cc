@@ -13,6 +13,7 @@
 #include "common/base/file_util.h"
 #include "launcher/child_process.h"
 #include "tests/scratch_dir.h"
+#include "tests/wait_for.h"
 
 namespace e3 {
 namespace {
@@ -118,7 +119,11 @@ TEST(RunDirectoryTest, StaleFilesGoAndTheProcessesOfARunAreFound) {
   auto child = ChildProcess::Start({"/bin/sh", "-c", "sleep 30", "sh", arg}, {}, dir + "/sh.log");
   ASSERT_TRUE(child.ok()) << child.status();
   ASSERT_TRUE(WaitForExec((*child)->pid(), "/bin/sh"));
-  EXPECT_EQ(ProcessesWithArgument(arg), (std::vector<pid_t>{(*child)->pid()}));
+  // The shell forks `sleep`, and until that child execs it is a copy of
+  // the shell, arguments included: wait for it to become `sleep`.
+  const std::vector<pid_t> just_the_shell = {(*child)->pid()};
+  EXPECT_TRUE(testing::WaitFor([&] { return ProcessesWithArgument(arg) == just_the_shell; }))
+      << ProcessesWithArgument(arg).size() << " processes carry the argument";
   EXPECT_TRUE(ProcessesWithArgument(arg + "x").empty());
   (*child)->Signal(SIGKILL);
   ASSERT_TRUE((*child)->WaitFor(10s));
