@@ -37,7 +37,7 @@
 #include "absl/strings/str_cat.h"
 #include "bench/backend_spec.h"
 #include "bench/random_samples.h"
-#include "common/model_dir.h"
+#include "common/model/model_dir.h"
 #include "common/torch/tensor_convert.h"
 #include "common/torch/torch_core.h"
 #include "teacher_server/causal_lm.h"

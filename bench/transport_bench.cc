@@ -40,7 +40,7 @@
 #include "common/gpu/cuda_runtime.h"
 #include "common/gpu/device_pool.h"
 #include "common/gpu/nccl_channel.h"
-#include "common/shm_segment.h"
+#include "common/transport/shm_segment.h"
 #include "common/torch/torch_core.h"
 #include "proto/teacher.grpc.pb.h"
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 #include "common/config/run_config.h"
 
 namespace e3 {

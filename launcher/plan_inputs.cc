@@ -5,7 +5,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 
 namespace e3 {
 namespace {
@@ -21,7 +21,7 @@ std::string ModelProblem(const NodePlan& plan) {
   if (!IsDirectory(dir)) return absl::StrCat(dir, ": not a directory");
   if (!IsRegularFile(JoinPath(dir, "config.json"))) return absl::StrCat(dir, ": no config.json");
   // A config.json that does not parse is an error too: the teacher reads
-  // it with the same parser (common/model_config.h) and would stop on it
+  // it with the same parser (common/model/model_config.h) and would stop on it
   // after starting, so planning says it first.
   if (!plan.model.has_value()) return plan.model_error;
   return "";

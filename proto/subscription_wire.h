@@ -1,5 +1,5 @@
 // What a subscription carries besides batches: the data fingerprint its
-// cursor belongs to (common/data_fingerprint.h) and the generation that
+// cursor belongs to (common/stream/data_fingerprint.h) and the generation that
 // fences a superseded subscriber's Acks. Shared by the teacher service and
 // the student client, so both spell them the same.
 #ifndef E3_PROTO_SUBSCRIPTION_WIRE_H_
@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "common/data_fingerprint.h"
+#include "common/stream/data_fingerprint.h"
 #include "proto/teacher.pb.h"
 
 namespace e3 {

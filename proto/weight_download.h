@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/dtype.h"
+#include "common/model/dtype.h"
 #include "proto/teacher.pb.h"
 #include "proto/wire_codec.h"
 

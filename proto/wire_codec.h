@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/batch_payload.h"
-#include "common/dtype.h"
-#include "common/shm_segment.h"
-#include "common/transport.h"
+#include "common/transport/batch_payload.h"
+#include "common/model/dtype.h"
+#include "common/transport/shm_segment.h"
+#include "common/transport/transport.h"
 #include "proto/teacher.pb.h"
 
 namespace e3 {

@@ -5,8 +5,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/safetensors.h"
-#include "common/status_macros.h"
+#include "common/model/safetensors.h"
+#include "common/base/status_macros.h"
 #include "common/torch/process_group.h"
 #include "common/torch/tensor_convert.h"
 #include "nlohmann/json.hpp"

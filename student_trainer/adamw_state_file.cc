@@ -5,8 +5,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/safetensors.h"
-#include "common/status_macros.h"
+#include "common/model/safetensors.h"
+#include "common/base/status_macros.h"
 #include "common/torch/tensor_convert.h"
 
 namespace e3 {

@@ -3,8 +3,8 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
-#include "common/status_macros.h"
+#include "common/base/file_util.h"
+#include "common/base/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "student_trainer/draft_export.h"
 

@@ -7,9 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
-#include "common/file_util.h"
-#include "common/safetensors.h"
-#include "common/status_macros.h"
+#include "common/base/file_util.h"
+#include "common/model/safetensors.h"
+#include "common/base/status_macros.h"
 #include "student_trainer/adamw_state_file.h"
 #include "student_trainer/draft_export.h"
 #include "student_trainer/state/checkpoint_checksums.h"
@@ -17,7 +17,7 @@
 namespace e3 {
 namespace {
 
-// std::filesystem is avoided here: see common/file_util.h.
+// std::filesystem is avoided here: see common/base/file_util.h.
 constexpr char kLatest[] = "latest";
 constexpr char kState[] = "trainer_state.json";
 constexpr char kStepPrefix[] = "step-";

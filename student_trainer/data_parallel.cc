@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 
 namespace e3 {
 

@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "common/launch_env.h"
+#include "common/base/launch_env.h"
 #include "common/torch/process_group.h"
 #include "student_trainer/draft_optimizer.h"
 #include "student_trainer/eagle3_draft.h"

@@ -1,7 +1,7 @@
 #include "student_trainer/draft_builder.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 #include "common/torch/tensor_convert.h"
 #include "student_trainer/draft_export.h"
 

@@ -1,7 +1,7 @@
 #include "student_trainer/draft_export.h"
 
-#include "common/draft_aux_layers.h"
-#include "common/file_util.h"
+#include "common/model/draft_aux_layers.h"
+#include "common/base/file_util.h"
 
 #include <cstdio>
 #include <fstream>
@@ -11,8 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/model_config.h"
-#include "common/status_macros.h"
+#include "common/model/model_config.h"
+#include "common/base/status_macros.h"
 #include "common/torch/tensor_convert.h"
 #include "nlohmann/json.hpp"
 

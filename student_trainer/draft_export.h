@@ -28,7 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/safetensors.h"
+#include "common/model/safetensors.h"
 #include "common/torch/torch_core.h"
 #include "nlohmann/json.hpp"
 #include "student_trainer/eagle3_draft.h"

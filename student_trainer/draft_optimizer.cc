@@ -3,8 +3,8 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
-#include "common/status_macros.h"
+#include "common/base/file_util.h"
+#include "common/base/status_macros.h"
 #include "student_trainer/adamw_state_file.h"
 #include "student_trainer/fused_adamw.h"
 #include "student_trainer/gradient_reducer.h"

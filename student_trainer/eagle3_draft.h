@@ -27,11 +27,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/model_config.h"
-#include "common/target_identity.h"
+#include "common/model/model_config.h"
+#include "common/model/target_identity.h"
 #include "common/torch/rope.h"
 #include "common/torch/torch_core.h"
-#include "common/vocab_map.h"
+#include "common/data/vocab_map.h"
 #include "student_trainer/flat_parameters.h"
 
 namespace e3 {

@@ -3,8 +3,8 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
-#include "common/status_macros.h"
+#include "common/base/file_util.h"
+#include "common/base/status_macros.h"
 #include "student_trainer/ops/kernel_switch.h"
 
 namespace e3 {

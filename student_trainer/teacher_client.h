@@ -22,18 +22,18 @@
 #include <thread>
 #include <vector>
 
-#include "common/data_fingerprint.h"
+#include "common/stream/data_fingerprint.h"
 #include "common/rpc/keepalive.h"
 #include "common/rpc/peer_auth.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/gpu/cuda_ipc.h"
 #include "common/gpu/nccl_channel.h"
-#include "common/model_config.h"
-#include "common/target_identity.h"
+#include "common/model/model_config.h"
+#include "common/model/target_identity.h"
 #include "common/torch/torch_core.h"
-#include "common/transport.h"
-#include "common/vocab_map.h"
+#include "common/transport/transport.h"
+#include "common/data/vocab_map.h"
 #include "proto/teacher.grpc.pb.h"
 #include "student_trainer/acceptance.h"
 #include "student_trainer/state/trainer_state.h"

@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/file_util.h"
-#include "common/status_macros.h"
+#include "common/base/file_util.h"
+#include "common/base/status_macros.h"
 #include "common/torch/tensor_convert.h"
 #include "nlohmann/json.hpp"
 #include "student_trainer/best_draft.h"

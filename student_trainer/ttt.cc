@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 #include "student_trainer/ttt_batch.h"
 #include "student_trainer/ttt_fast.h"
 

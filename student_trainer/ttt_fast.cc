@@ -8,7 +8,7 @@
 
 
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 #include "student_trainer/ops/draft_head_loss.h"
 #include "student_trainer/ops/linear.h"
 #include "student_trainer/ops/rms_norm.h"

@@ -5,7 +5,7 @@
 
 #include <ATen/record_function.h>
 
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 #include "student_trainer/pinned_staging.h"
 #include "student_trainer/ttt_batch.h"
 

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/model_config.h"
-#include "common/model_dir.h"
+#include "common/model/model_config.h"
+#include "common/model/model_dir.h"
 #include "common/torch/torch_core.h"
 #include "teacher_server/forward_types.h"
 #include "teacher_server/layers/attention.h"

@@ -4,8 +4,8 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
-#include "common/status_macros.h"
+#include "common/base/file_util.h"
+#include "common/base/status_macros.h"
 
 namespace e3 {
 namespace {

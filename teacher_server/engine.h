@@ -20,12 +20,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/batch_payload.h"
-#include "common/data_fingerprint.h"
-#include "common/dataset.h"
+#include "common/transport/batch_payload.h"
+#include "common/stream/data_fingerprint.h"
+#include "common/data/dataset.h"
 #include "common/gpu/device_pool.h"
-#include "common/sample_order.h"
-#include "common/transport.h"
+#include "common/stream/sample_order.h"
+#include "common/transport/transport.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/ledger.h"
 

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "common/batch_payload.h"
+#include "common/transport/batch_payload.h"
 #include "teacher_server/causal_lm.h"
 
 namespace e3 {

@@ -15,8 +15,8 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
-#include "common/model_config.h"
-#include "common/safetensors.h"
+#include "common/model/model_config.h"
+#include "common/model/safetensors.h"
 #include "common/torch/torch_core.h"
 
 namespace e3 {

@@ -8,7 +8,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 #include "teacher_server/layers/kv_cache.h"
 
 namespace e3 {

@@ -6,8 +6,8 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
-#include "common/status_macros.h"
+#include "common/base/file_util.h"
+#include "common/base/status_macros.h"
 #include "common/torch/process_group.h"
 #include "common/torch/tensor_convert.h"
 #include "teacher_server/parallel/tp_control.h"

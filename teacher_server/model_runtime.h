@@ -9,8 +9,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/launch_env.h"
-#include "common/model_dir.h"
+#include "common/base/launch_env.h"
+#include "common/model/model_dir.h"
 #include "teacher_server/causal_lm.h"
 
 namespace e3 {

@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "common/batch_payload.h"
+#include "common/transport/batch_payload.h"
 #include "common/gpu/nccl_channel.h"
 
 namespace e3 {

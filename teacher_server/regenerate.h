@@ -19,8 +19,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/chat_template.h"
-#include "common/tokenizer.h"
+#include "common/text/chat_template.h"
+#include "common/text/tokenizer.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/generation.h"
 

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/metrics_server.h"
+#include "common/metrics/metrics_server.h"
 
 namespace e3 {
 namespace {

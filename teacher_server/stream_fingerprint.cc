@@ -4,9 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/file_util.h"
-#include "common/fnv1a.h"
-#include "common/status_macros.h"
+#include "common/base/file_util.h"
+#include "common/base/fnv1a.h"
+#include "common/base/status_macros.h"
 
 namespace e3 {
 namespace {

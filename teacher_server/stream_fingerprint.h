@@ -1,12 +1,12 @@
 // The fingerprint of the data stream this teacher serves
-// (common/data_fingerprint.h): hashes of the data file, the chat template
+// (common/stream/data_fingerprint.h): hashes of the data file, the chat template
 // and the tokenized samples of its shard, the draft vocab, and the order,
 // sharding and batching settings. Computed once at startup.
 #ifndef E3_TEACHER_SERVER_STREAM_FINGERPRINT_H_
 #define E3_TEACHER_SERVER_STREAM_FINGERPRINT_H_
 
 #include "absl/status/statusor.h"
-#include "common/data_fingerprint.h"
+#include "common/stream/data_fingerprint.h"
 #include "teacher_server/data_setup.h"
 #include "teacher_server/engine.h"
 

@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "common/transport.h"
+#include "common/transport/transport.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "common/vocab_map.h"
+#include "common/data/vocab_map.h"
 #include "proto/request_limits.h"
 #include "proto/teacher.grpc.pb.h"
 #include "common/rpc/peer_auth.h"

@@ -2,7 +2,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 #include "common/torch/tensor_convert.h"
 #include "teacher_server/fp8_weights.h"
 

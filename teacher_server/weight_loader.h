@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/model_dir.h"
+#include "common/model/model_dir.h"
 #include "common/torch/torch_core.h"
 
 namespace e3 {

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 
 namespace e3::testing {
 

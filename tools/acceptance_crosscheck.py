@@ -225,7 +225,7 @@ def _field(obj, key, source, kind=float, default=None):
 
 
 def parse_rope(config, source):
-    """The rope settings of a Llama config, as common/model_config.cc reads
+    """The rope settings of a Llama config, as common/model/model_config.cc reads
     them: transformers 5 keeps everything in rope_parameters, transformers
     4 (what draft_export.cc writes) rope_theta at the top and rope_scaling
     (or null) beside it."""

@@ -9,8 +9,8 @@
 #include "absl/strings/strip.h"
 #include "common/config/config_file.h"
 #include "common/config/setting.h"
-#include "common/file_util.h"
-#include "common/status_macros.h"
+#include "common/base/file_util.h"
+#include "common/base/status_macros.h"
 
 namespace e3 {
 namespace {

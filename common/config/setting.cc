@@ -10,7 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/config/listen_address.h"
-#include "common/dtype.h"
+#include "common/model/dtype.h"
 
 namespace e3 {
 namespace {

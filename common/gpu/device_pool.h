@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/batch_payload.h"
+#include "common/transport/batch_payload.h"
 
 namespace e3 {
 

@@ -9,10 +9,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/file_util.h"
-#include "common/loopback_host.h"
+#include "common/base/file_util.h"
+#include "common/base/loopback_host.h"
 #include "common/rpc/tls_key_pair.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 
 namespace e3 {
 namespace {

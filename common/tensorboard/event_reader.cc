@@ -6,8 +6,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
-#include "common/status_macros.h"
+#include "common/base/file_util.h"
+#include "common/base/status_macros.h"
 #include "common/tensorboard/summary.pb.h"
 #include "common/tensorboard/tfrecord.h"
 

@@ -2,7 +2,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/crc32c.h"
+#include "common/base/crc32c.h"
 
 namespace e3 {
 namespace {

@@ -11,7 +11,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "common/loopback_host.h"
+#include "common/base/loopback_host.h"
 
 namespace e3 {
 namespace {

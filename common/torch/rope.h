@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <utility>
 
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 #include "common/torch/torch_core.h"
 
 namespace e3::rope {

@@ -4,8 +4,8 @@
 #define E3_COMMON_TORCH_TENSOR_CONVERT_H_
 
 #include "absl/status/statusor.h"
-#include "common/dtype.h"
-#include "common/safetensors.h"
+#include "common/model/dtype.h"
+#include "common/model/safetensors.h"
 #include "common/torch/torch_core.h"
 
 namespace e3 {

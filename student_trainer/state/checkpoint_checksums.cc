@@ -5,9 +5,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/crc32c.h"
-#include "common/file_util.h"
-#include "common/status_macros.h"
+#include "common/base/crc32c.h"
+#include "common/base/file_util.h"
+#include "common/base/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace e3 {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/data_fingerprint.h"
+#include "common/stream/data_fingerprint.h"
 
 namespace e3 {
 
@@ -54,7 +54,7 @@ std::string TrainerStateToJson(const TrainerState& state);
 // `source` names the file in errors. DataLoss unless "step" is an integer
 // >= 0 and "cursors" an array of {"epoch", "next_batch"} integers >= 0;
 // "tokens" (integer >= 0), "subscriber_id" (string) and each cursor's
-// "fingerprint" (common/data_fingerprint.h; absent in older checkpoints)
+// "fingerprint" (common/stream/data_fingerprint.h; absent in older checkpoints)
 // may be absent.
 absl::StatusOr<TrainerState> ParseTrainerState(const std::string& text, const std::string& source);
 

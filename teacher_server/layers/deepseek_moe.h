@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <utility>
 
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 #include "common/torch/torch_core.h"
 #include "teacher_server/layers/mlp.h"
 #include "teacher_server/layers/moe.h"

@@ -6,7 +6,7 @@
 
 #include <utility>
 
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 #include "common/torch/torch_core.h"
 
 namespace e3 {

@@ -1,7 +1,7 @@
 #include "teacher_server/models/causal_lm_base.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 #include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/kv_cache.h"
 

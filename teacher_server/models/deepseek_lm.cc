@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 #include "teacher_server/layers/fused_ops.h"
 #include "common/torch/gemm.h"
 #include "teacher_server/layers/rms_norm.h"

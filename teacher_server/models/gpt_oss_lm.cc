@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 #include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/kv_cache.h"
 #include "teacher_server/layers/mxfp4.h"

@@ -1,6 +1,6 @@
 #include "teacher_server/models/vocab_tables.h"
 
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 #include "teacher_server/weight_loader.h"
 
 namespace e3 {

@@ -7,8 +7,8 @@
 #define E3_TEACHER_SERVER_MODELS_VOCAB_TABLES_H_
 
 #include "absl/status/status.h"
-#include "common/model_config.h"
-#include "common/model_dir.h"
+#include "common/model/model_config.h"
+#include "common/model/model_dir.h"
 #include "common/torch/torch_core.h"
 #include "teacher_server/parallel/shard_plan.h"
 

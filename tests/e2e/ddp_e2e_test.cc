@@ -8,7 +8,7 @@
 
 #include <chrono>
 
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "nlohmann/json.hpp"
 #include "tests/e2e/subprocess.h"
 #include "tests/free_port.h"

@@ -11,7 +11,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "nlohmann/json.hpp"
 #include "tests/e2e/ledger_scan.h"
 #include "tests/e2e/subprocess.h"

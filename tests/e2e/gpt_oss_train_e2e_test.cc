@@ -9,7 +9,7 @@
 
 #include <chrono>
 
-#include "common/safetensors.h"
+#include "common/model/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "tests/e2e/grafted_gpt_oss_model.h"
 #include "tests/e2e/subprocess.h"

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "nlohmann/json.hpp"
 #include "tests/e2e/launcher_run.h"
 #include "tests/e2e/ledger_scan.h"

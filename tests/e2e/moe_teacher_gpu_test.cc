@@ -12,7 +12,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "common/gpu/cuda_runtime.h"
 #include "nlohmann/json.hpp"
 #include "tests/e2e/subprocess.h"

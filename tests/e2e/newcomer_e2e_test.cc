@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "common/rpc/peer_auth.h"
 #include "common/tensorboard/event_reader.h"
 #include "nlohmann/json.hpp"

@@ -10,7 +10,7 @@
 #include <set>
 #include <sstream>
 
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "nlohmann/json.hpp"
 #include "tests/e2e/subprocess.h"
 #include "tests/free_port.h"

@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "tests/e2e/ledger_scan.h"
 #include "tests/e2e/subprocess.h"
 #include "tests/free_port.h"

@@ -1,4 +1,4 @@
-// (No std::filesystem: these binaries link LibTorch; see common/file_util.h.)
+// (No std::filesystem: these binaries link LibTorch; see common/base/file_util.h.)
 // Launches the real teacher_server and student_trainer binaries for
 // end-to-end tests, with bounded waits and cleanup on failure.
 #ifndef E3_TESTS_E2E_SUBPROCESS_H_
@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "tests/scratch_dir.h"
 
 namespace e3::testing {

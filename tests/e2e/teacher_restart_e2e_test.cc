@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "common/safetensors.h"
+#include "common/model/safetensors.h"
 #include "student_trainer/draft_export.h"
 #include "tests/e2e/ledger_scan.h"
 #include "tests/e2e/subprocess.h"

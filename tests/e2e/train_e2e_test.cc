@@ -13,9 +13,9 @@
 
 #include <random>
 
-#include "common/dtype.h"
-#include "common/file_util.h"
-#include "common/safetensors.h"
+#include "common/model/dtype.h"
+#include "common/base/file_util.h"
+#include "common/model/safetensors.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "student_trainer/draft_export.h"

@@ -23,9 +23,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
-#include "common/model_dir.h"
-#include "common/safetensors.h"
+#include "common/base/file_util.h"
+#include "common/model/model_dir.h"
+#include "common/model/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "tests/e2e/subprocess.h"
 

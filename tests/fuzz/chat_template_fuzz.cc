@@ -9,9 +9,9 @@
 #include <sstream>
 #include <vector>
 
-#include "common/chat_message.h"
-#include "common/chat_template.h"
-#include "common/tokenizer.h"
+#include "common/text/chat_message.h"
+#include "common/text/chat_template.h"
+#include "common/text/tokenizer.h"
 #include "tests/fuzz/fuzz_input.h"
 
 namespace {

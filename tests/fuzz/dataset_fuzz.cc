@@ -7,9 +7,9 @@
 #include <cstdint>
 #include <memory>
 
-#include "common/chat_template.h"
-#include "common/dataset.h"
-#include "common/tokenizer.h"
+#include "common/text/chat_template.h"
+#include "common/data/dataset.h"
+#include "common/text/tokenizer.h"
 #include "tests/fuzz/fuzz_input.h"
 
 namespace {

@@ -12,7 +12,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 
 namespace e3::fuzz {
 

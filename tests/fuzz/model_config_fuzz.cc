@@ -3,7 +3,7 @@
 // be built from.
 #include <cstdint>
 
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 #include "tests/fuzz/fuzz_input.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "common/sample_order.h"
-#include "common/transport.h"
+#include "common/stream/sample_order.h"
+#include "common/transport/transport.h"
 #include "proto/request_limits.h"
 #include "proto/wire_codec.h"
 #include "tests/fuzz/fuzz_input.h"

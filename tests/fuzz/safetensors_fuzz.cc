@@ -3,7 +3,7 @@
 // file and agree with their shape and dtype.
 #include <cstdint>
 
-#include "common/safetensors.h"
+#include "common/model/safetensors.h"
 #include "tests/fuzz/fuzz_input.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 #include "tests/fuzz/fuzz_input.h"
 
 namespace {

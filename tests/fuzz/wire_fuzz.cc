@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 #include "proto/weight_download.h"
 #include "proto/wire_codec.h"
 #include "tests/fuzz/fuzz_input.h"

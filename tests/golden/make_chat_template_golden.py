@@ -11,7 +11,7 @@ spans as UTF-8 byte offsets:
 - templates with {% generation %} blocks: transformers' generation indices
   (what return_assistant_tokens_mask marks);
 - others: each assistant turn located as the trainer's documented rule says
-  (common/chat_template.cc), implemented here over transformers' renders:
+  (common/text/chat_template.cc), implemented here over transformers' renders:
   the turn's own rendering (the conversation with it, past its common
   prefix with the conversation before it plus the generation prompt;
   trailing whitespace dropped) found in the conversation's text; or that

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_join.h"
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "tests/scratch_dir.h"
 
 namespace e3 {

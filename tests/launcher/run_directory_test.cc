@@ -10,7 +10,7 @@
 #include <string>
 #include <thread>
 
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "launcher/child_process.h"
 #include "tests/scratch_dir.h"
 #include "tests/wait_for.h"

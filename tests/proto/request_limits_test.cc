@@ -9,7 +9,7 @@
 
 #include <string>
 
-#include "common/sample_order.h"
+#include "common/stream/sample_order.h"
 
 namespace e3 {
 namespace {

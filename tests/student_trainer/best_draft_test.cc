@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "nlohmann/json.hpp"
 #include "student_trainer/draft_export.h"
 #include "tests/scratch_dir.h"

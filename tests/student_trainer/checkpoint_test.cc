@@ -18,8 +18,8 @@
 #include <ostream>
 
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
-#include "common/safetensors.h"
+#include "common/base/file_util.h"
+#include "common/model/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "student_trainer/checkpoint_manager.h"
 #include "tests/file_size_limit.h"

@@ -10,11 +10,11 @@
 #include <set>
 #include <sstream>
 
-#include "common/file_util.h"
-#include "common/model_config.h"
-#include "common/target_identity.h"
+#include "common/base/file_util.h"
+#include "common/model/model_config.h"
+#include "common/model/target_identity.h"
 #include "common/torch/tensor_convert.h"
-#include "common/vocab_map.h"
+#include "common/data/vocab_map.h"
 #include "nlohmann/json.hpp"
 #include "tests/student_trainer/tiny_draft.h"
 

@@ -16,7 +16,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "common/safetensors.h"
+#include "common/model/safetensors.h"
 #include "common/torch/tensor_convert.h"
 #include "common/torch/torch_core.h"
 #include "nlohmann/json.hpp"

@@ -14,7 +14,7 @@
 #include <sstream>
 #include <thread>
 
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "common/torch/process_group.h"
 #include "student_trainer/ttt.h"
 #include "tests/student_trainer/tiny_draft.h"

@@ -9,7 +9,7 @@
 #include <string>
 #include <thread>
 
-#include "common/metrics_server.h"
+#include "common/metrics/metrics_server.h"
 
 namespace e3 {
 namespace {

@@ -24,7 +24,7 @@
 #include <memory>
 #include <string>
 
-#include "common/model_dir.h"
+#include "common/model/model_dir.h"
 #include "teacher_server/causal_lm.h"
 #include "tests/teacher_server/golden_fixture.h"
 

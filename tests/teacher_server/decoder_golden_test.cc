@@ -17,7 +17,7 @@
 
 #include <string>
 
-#include "common/model_dir.h"
+#include "common/model/model_dir.h"
 #include "teacher_server/causal_lm.h"
 #include "tests/teacher_server/golden_fixture.h"
 #include "tests/teacher_server/golden_forward.h"

@@ -26,7 +26,7 @@
 
 #include <string>
 
-#include "common/model_dir.h"
+#include "common/model/model_dir.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/deepseek_moe.h"
 #include "teacher_server/layers/mla_attention.h"

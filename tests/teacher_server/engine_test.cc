@@ -11,8 +11,8 @@
 #include <set>
 #include <thread>
 
-#include "common/file_util.h"
-#include "common/model_dir.h"
+#include "common/base/file_util.h"
+#include "common/model/model_dir.h"
 #include "tests/file_size_limit.h"
 #include "tests/teacher_server/golden_fixture.h"
 #include "tests/teacher_server/synthetic_dataset.h"

@@ -11,8 +11,8 @@
 #include <cstring>
 #include <random>
 
-#include "common/dtype.h"
-#include "common/safetensors.h"
+#include "common/model/dtype.h"
+#include "common/model/safetensors.h"
 #include "tests/e2e/subprocess.h"
 
 namespace e3 {

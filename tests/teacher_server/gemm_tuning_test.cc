@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "common/file_util.h"
-#include "common/model_dir.h"
+#include "common/base/file_util.h"
+#include "common/model/model_dir.h"
 #include "teacher_server/causal_lm.h"
 #include "common/torch/gemm.h"
 #include "teacher_server/layers/gemm_tuning.h"

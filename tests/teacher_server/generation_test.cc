@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "common/model_dir.h"
+#include "common/model/model_dir.h"
 #include "common/torch/torch_core.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/generation.h"

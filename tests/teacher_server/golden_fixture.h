@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "common/safetensors.h"
+#include "common/model/safetensors.h"
 #include "common/torch/tensor_convert.h"
 #include "common/torch/torch_core.h"
 #include "nlohmann/json.hpp"

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "common/model_dir.h"
+#include "common/model/model_dir.h"
 #include "teacher_server/causal_lm.h"
 #include "tests/teacher_server/golden_fixture.h"
 

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "common/model_dir.h"
+#include "common/model/model_dir.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/kv_cache.h"
 #include "teacher_server/layers/mxfp4.h"

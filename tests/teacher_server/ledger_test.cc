@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "tests/file_size_limit.h"
 
 namespace e3 {

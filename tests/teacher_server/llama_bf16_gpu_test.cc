@@ -5,7 +5,7 @@
 // The bound and its reason: tests/teacher_server/bf16_golden.h.
 #include <gtest/gtest.h>
 
-#include "common/model_dir.h"
+#include "common/model/model_dir.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/fused_ops.h"
 #include "tests/teacher_server/bf16_golden.h"

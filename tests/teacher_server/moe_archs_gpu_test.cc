@@ -34,7 +34,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/gpu/cuda_runtime.h"
-#include "common/model_dir.h"
+#include "common/model/model_dir.h"
 #include "common/torch/torch_compat.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/attention.h"

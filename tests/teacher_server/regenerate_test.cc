@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "common/chat_template.h"
-#include "common/dataset.h"
-#include "common/file_util.h"
-#include "common/model_dir.h"
-#include "common/tokenizer.h"
+#include "common/text/chat_template.h"
+#include "common/data/dataset.h"
+#include "common/base/file_util.h"
+#include "common/model/model_dir.h"
+#include "common/text/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/generation.h"

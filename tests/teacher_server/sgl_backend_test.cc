@@ -20,7 +20,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "common/model_dir.h"
+#include "common/model/model_dir.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/attention.h"
 #include "teacher_server/layers/clamped_swiglu.h"

@@ -48,7 +48,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/torch/torch_compat.h"
 #include "common/gpu/cuda_runtime.h"
-#include "common/model_dir.h"
+#include "common/model/model_dir.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/attention.h"
 #include "teacher_server/layers/fp8_head_argmax.h"

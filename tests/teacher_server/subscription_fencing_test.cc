@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
-#include "common/model_dir.h"
-#include "common/vocab_map.h"
+#include "common/base/file_util.h"
+#include "common/model/model_dir.h"
+#include "common/data/vocab_map.h"
 #include "proto/subscription_wire.h"
 #include "teacher_server/teacher_service.h"
 #include "tests/teacher_server/loopback_teacher.h"

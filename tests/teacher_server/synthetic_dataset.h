@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/dataset.h"
+#include "common/data/dataset.h"
 
 namespace e3::testing {
 

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "httplib.h"
 #include "proto/teacher.grpc.pb.h"
 #include "tests/metric_value.h"

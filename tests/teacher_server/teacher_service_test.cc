@@ -23,11 +23,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
-#include "common/metrics_server.h"
-#include "common/model_dir.h"
-#include "common/shm_segment.h"
-#include "common/vocab_map.h"
+#include "common/base/file_util.h"
+#include "common/metrics/metrics_server.h"
+#include "common/model/model_dir.h"
+#include "common/transport/shm_segment.h"
+#include "common/data/vocab_map.h"
 #include "proto/subscription_wire.h"
 #include "proto/wire_codec.h"
 #include "teacher_server/eval_set.h"

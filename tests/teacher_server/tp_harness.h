@@ -21,7 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/model_dir.h"
+#include "common/model/model_dir.h"
 #include "nlohmann/json.hpp"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/fp8_head_argmax.h"

@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "common/file_util.h"
-#include "common/safetensors.h"
+#include "common/base/file_util.h"
+#include "common/model/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "tests/e2e/subprocess.h"
 

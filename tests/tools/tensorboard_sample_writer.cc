@@ -18,7 +18,7 @@
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 #include "common/tensorboard/event_writer.h"
 #include "nlohmann/json.hpp"
 

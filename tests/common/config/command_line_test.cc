@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/config/config_file.h"
 #include "common/config/reference.h"
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "tests/scratch_dir.h"
 #include "tests/source_path.h"
 

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "tests/source_path.h"
 
 namespace e3 {

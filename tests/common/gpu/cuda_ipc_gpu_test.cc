@@ -14,7 +14,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "common/gpu/cuda_ipc.h"
 #include "common/gpu/cuda_runtime.h"
 #include "common/gpu/device_pool.h"

@@ -19,7 +19,7 @@
 #include <memory>
 #include <string>
 
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "tests/common/rpc/test_certs.h"
 
 namespace e3 {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "common/tensorboard/event_writer.h"
 #include "common/tensorboard/summary.pb.h"
 #include "common/tensorboard/tfrecord.h"

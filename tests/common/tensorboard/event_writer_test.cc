@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "common/tensorboard/event_reader.h"
 #include "tests/scratch_dir.h"
 

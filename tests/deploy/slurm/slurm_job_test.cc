@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "common/safetensors.h"
+#include "common/model/safetensors.h"
 #include "common/torch/tensor_convert.h"
 #include "nlohmann/json.hpp"
 #include "student_trainer/draft_export.h"

@@ -1,0 +1,64 @@
+#include "common/model/draft_aux_layers.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/file_util.h"
+#include "common/base/status_macros.h"
+
+namespace e3 {
+namespace {
+
+constexpr char kKey[] = "eagle_aux_hidden_state_layer_ids";
+
+absl::StatusOr<std::vector<int32_t>> IdList(const nlohmann::json& ids, const std::string& path,
+                                            const std::string& key) {
+  if (!ids.is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": field \"", key, "\": expected a list"));
+  }
+  std::vector<int32_t> out;
+  for (const nlohmann::json& id : ids) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": field \"", key, "\": expected integers >= 0"));
+    }
+    out.push_back(id.get<int32_t>());
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<int32_t> VllmAuxLayerIds(const std::vector<int32_t>& ids) {
+  std::vector<int32_t> out;
+  for (int32_t id : ids) out.push_back(id + 1);
+  return out;
+}
+
+absl::StatusOr<std::vector<int32_t>> ReadDraftAuxLayerIds(const nlohmann::json& root, const std::string& path) {
+  if (!root.is_object() || !root.contains("eagle_config") || !root["eagle_config"].is_object() ||
+      !root["eagle_config"].contains(kKey)) {
+    return std::vector<int32_t>{};
+  }
+  E3_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                      IdList(root["eagle_config"][kKey], path, absl::StrCat("eagle_config.", kKey)));
+  if (root.contains(kKey)) {
+    E3_ASSIGN_OR_RETURN(std::vector<int32_t> vllm, IdList(root[kKey], path, kKey));
+    if (vllm != VllmAuxLayerIds(ids)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": field \"", kKey, "\" is [", absl::StrJoin(vllm, ", "), "], but eagle_config's [",
+          absl::StrJoin(ids, ", "), "] in vLLM's numbering (the state entering layer i + 1) is [",
+          absl::StrJoin(VllmAuxLayerIds(ids), ", "), "]: SGLang and vLLM would serve different layers"));
+    }
+  }
+  return ids;
+}
+
+absl::StatusOr<std::vector<int32_t>> ReadDraftAuxLayerIds(const std::string& config_json_path) {
+  E3_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(config_json_path));
+  const nlohmann::json root = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!root.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(config_json_path, ": not a JSON object"));
+  }
+  return ReadDraftAuxLayerIds(root, config_json_path);
+}
+
+}  // namespace e3
