@@ -3,7 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/torch/tensor_convert.h"
-#include "student_trainer/draft_export.h"
+#include "student_trainer/draft/draft_export.h"
 
 namespace e3 {
 

@@ -10,10 +10,10 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "student_trainer/draft_optimizer.h"
-#include "student_trainer/eagle3_draft.h"
-#include "student_trainer/teacher_client.h"
-#include "student_trainer/ttt.h"
+#include "student_trainer/draft/eagle3_draft.h"
+#include "student_trainer/feed/teacher_client.h"
+#include "student_trainer/optim/draft_optimizer.h"
+#include "student_trainer/step/ttt_step.h"
 
 namespace e3 {
 

@@ -17,11 +17,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/base/launch_env.h"
-#include "common/metrics/metrics_server.h"
-#include "common/config/command_line.h"
 #include "common/base/status_macros.h"
-#include "student_trainer/checkpoint_manager.h"
-#include "student_trainer/student_metrics.h"
+#include "common/config/command_line.h"
+#include "common/metrics/metrics_server.h"
+#include "student_trainer/checkpoint/checkpoint_manager.h"
+#include "student_trainer/metrics/student_metrics.h"
 #include "student_trainer/trainer.h"
 
 namespace e3 {

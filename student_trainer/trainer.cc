@@ -12,14 +12,14 @@
 #include "common/base/status_macros.h"
 #include "common/torch/tensor_convert.h"
 #include "nlohmann/json.hpp"
-#include "student_trainer/best_draft.h"
-#include "student_trainer/checkpoint_manager.h"
-#include "student_trainer/data_parallel.h"
+#include "student_trainer/checkpoint/best_draft.h"
+#include "student_trainer/checkpoint/checkpoint_manager.h"
+#include "student_trainer/draft/draft_export.h"
 #include "student_trainer/draft_builder.h"
-#include "student_trainer/draft_export.h"
-#include "student_trainer/lr_schedule.h"
-#include "student_trainer/teacher_pool.h"
-#include "student_trainer/train_step.h"
+#include "student_trainer/feed/teacher_pool.h"
+#include "student_trainer/optim/data_parallel.h"
+#include "student_trainer/optim/lr_schedule.h"
+#include "student_trainer/step/train_step.h"
 
 namespace e3 {
 namespace {

@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "student_trainer/acceptance_eval.h"
-#include "student_trainer/metrics_processor.h"
-#include "student_trainer/teacher_client.h"
+#include "student_trainer/eval/acceptance_eval.h"
+#include "student_trainer/feed/teacher_client.h"
+#include "student_trainer/metrics/metrics_processor.h"
 
 namespace e3 {
 
@@ -32,14 +32,14 @@ struct TrainerOptions {
   // --num_data_shards/--data_shard): batches are taken round-robin.
   std::vector<std::string> teachers;
   int ttt_length = 7;
-  // "fast" (the fused step and optimizer, ttt_fast.h and fused_adamw.h) or
+  // "fast" (the fused step and optimizer, fast_step.h and fused_adamw.h) or
   // "reference" (the plain LibTorch op sequence and torch::optim::AdamW).
   std::string student_kernels = "fast";
   // "advancing" (TTT step j at positions t + j, as at inference) or
   // "fixed" (position t at every step, SpecForge v0.2).
   std::string ttt_positions = "advancing";
   // Each TTT step's loss: "soft_ce", or the LK losses "lk_alpha" /
-  // "lk_lambda" (ttt.h), which also fetch the target head's other rows.
+  // "lk_lambda" (ttt_step.h), which also fetch the target head's other rows.
   std::string ttt_loss = "soft_ce";
   double kl_scale = 1.0, kl_decay = 1.0;  // lk_lambda's weight of the soft CE
   std::string device = "cpu";  // cpu or cuda:N

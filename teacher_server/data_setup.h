@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/text/chat_template.h"
 #include "common/data/dataset.h"
-#include "common/text/tokenizer.h"
 #include "common/data/vocab_map.h"
+#include "common/text/chat_template.h"
+#include "common/text/tokenizer.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/eval_set.h"
 #include "teacher_server/regenerate.h"

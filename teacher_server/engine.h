@@ -20,11 +20,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/transport/batch_payload.h"
-#include "common/stream/data_fingerprint.h"
 #include "common/data/dataset.h"
 #include "common/gpu/device_pool.h"
+#include "common/stream/data_fingerprint.h"
 #include "common/stream/sample_order.h"
+#include "common/transport/batch_payload.h"
 #include "common/transport/transport.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/ledger.h"

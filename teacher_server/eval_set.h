@@ -1,7 +1,7 @@
 // The acceptance eval set: the teacher's own greedy continuation of each
 // eval prompt (generation.h, with a KV cache), then the aux hidden states
 // of prompt + continuation, as for training. Students draft against it as
-// a serving engine would (student_trainer/acceptance.h), so the truth they
+// a serving engine would (student_trainer/eval/acceptance.h), so the truth they
 // verify against is what this target generates.
 //
 // Everything runs once, on a background thread that shares the model with

@@ -3,9 +3,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 #include "common/model/dtype.h"
 #include "common/model/model_dir.h"
-#include "common/base/status_macros.h"
 #include "common/torch/tensor_convert.h"
 
 namespace e3 {

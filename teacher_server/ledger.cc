@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "common/stream/sample_order.h"
 #include "common/base/status_macros.h"
+#include "common/stream/sample_order.h"
 
 namespace e3 {
 namespace {

@@ -13,8 +13,8 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "common/transport/batch_payload.h"
 #include "common/gpu/nccl_channel.h"
+#include "common/transport/batch_payload.h"
 
 namespace e3 {
 

@@ -8,10 +8,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/data/dataset.h"
 #include "common/base/file_util.h"
 #include "common/base/fnv1a.h"
 #include "common/base/status_macros.h"
+#include "common/data/dataset.h"
 #include "nlohmann/json.hpp"
 
 namespace e3 {

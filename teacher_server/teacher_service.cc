@@ -6,9 +6,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 #include "common/gpu/cuda_runtime.h"
 #include "common/rpc/peer_address.h"
-#include "common/base/status_macros.h"
 #include "common/torch/tensor_convert.h"
 #include "proto/subscription_wire.h"
 #include "proto/wire_codec.h"

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "common/data/vocab_map.h"
+#include "common/rpc/peer_auth.h"
 #include "proto/request_limits.h"
 #include "proto/teacher.grpc.pb.h"
-#include "common/rpc/peer_auth.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/engine.h"
 #include "teacher_server/eval_set.h"

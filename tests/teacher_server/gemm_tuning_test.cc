@@ -11,8 +11,8 @@
 
 #include "common/base/file_util.h"
 #include "common/model/model_dir.h"
-#include "teacher_server/causal_lm.h"
 #include "common/torch/gemm.h"
+#include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/gemm_tuning.h"
 #include "tests/teacher_server/golden_fixture.h"
 

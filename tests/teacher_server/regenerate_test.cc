@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "common/text/chat_template.h"
-#include "common/data/dataset.h"
 #include "common/base/file_util.h"
+#include "common/data/dataset.h"
 #include "common/model/model_dir.h"
+#include "common/text/chat_template.h"
 #include "common/text/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "teacher_server/causal_lm.h"

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/model/model_dir.h"
 #include "common/data/vocab_map.h"
+#include "common/model/model_dir.h"
 #include "proto/subscription_wire.h"
 #include "proto/wire_codec.h"
 #include "teacher_server/engine.h"

@@ -46,14 +46,14 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/torch/torch_compat.h"
 #include "common/gpu/cuda_runtime.h"
 #include "common/model/model_dir.h"
+#include "common/torch/gemm.h"
+#include "common/torch/torch_compat.h"
 #include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/attention.h"
 #include "teacher_server/layers/fp8_head_argmax.h"
 #include "teacher_server/layers/fused_ops.h"
-#include "common/torch/gemm.h"
 #include "teacher_server/layers/moe.h"
 #include "teacher_server/layers/rms_norm.h"
 #include "teacher_server/layers/rotary.h"

@@ -16,8 +16,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/file_util.h"
-#include "common/model/model_dir.h"
 #include "common/data/vocab_map.h"
+#include "common/model/model_dir.h"
 #include "proto/subscription_wire.h"
 #include "teacher_server/teacher_service.h"
 #include "tests/teacher_server/loopback_teacher.h"

@@ -24,18 +24,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/file_util.h"
+#include "common/data/vocab_map.h"
 #include "common/metrics/metrics_server.h"
 #include "common/model/model_dir.h"
 #include "common/transport/shm_segment.h"
-#include "common/data/vocab_map.h"
 #include "proto/subscription_wire.h"
 #include "proto/wire_codec.h"
 #include "teacher_server/eval_set.h"
 #include "teacher_server/generation.h"
 #include "teacher_server/serialized_model.h"
+#include "tests/metric_value.h"
 #include "tests/teacher_server/loopback_teacher.h"
 #include "tests/wait_for.h"
-#include "tests/metric_value.h"
 
 namespace e3 {
 namespace {

@@ -10,9 +10,9 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/file_util.h"
 #include "common/config/config_file.h"
 #include "common/config/reference.h"
-#include "common/base/file_util.h"
 #include "tests/scratch_dir.h"
 #include "tests/source_path.h"
 
