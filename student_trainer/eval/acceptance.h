@@ -1,6 +1,6 @@
 // The real acceptance length tau of the draft, measured as a serving
 // engine's EAGLE-3 chain speculation would see it against the teacher's
-// greedy continuations (teacher_server/eval_set.h), with the draft's
+// greedy continuations (teacher_server/data/eval_set.h), with the draft's
 // current weights.
 //
 // SGLang's chain mode (speculative_eagle_topk = 1, speculative_num_steps =

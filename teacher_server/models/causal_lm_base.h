@@ -12,8 +12,8 @@
 #include <string>
 #include <utility>
 
-#include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/fp8_head_argmax.h"
+#include "teacher_server/models/causal_lm.h"
 #include "teacher_server/models/forward_graphs.h"
 #include "teacher_server/models/lm_head.h"
 #include "teacher_server/models/vocab_tables.h"

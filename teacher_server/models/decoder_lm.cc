@@ -10,8 +10,8 @@
 #include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/kv_cache.h"
 #include "teacher_server/models/aux_capture.h"
+#include "teacher_server/models/weight_loader.h"
 #include "teacher_server/parallel/micro_batches.h"
-#include "teacher_server/weight_loader.h"
 
 namespace e3 {
 namespace {

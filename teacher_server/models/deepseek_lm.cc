@@ -10,7 +10,7 @@
 #include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/rms_norm.h"
 #include "teacher_server/models/aux_capture.h"
-#include "teacher_server/weight_loader.h"
+#include "teacher_server/models/weight_loader.h"
 
 namespace e3 {
 namespace {

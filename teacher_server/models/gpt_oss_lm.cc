@@ -12,7 +12,7 @@
 #include "teacher_server/layers/mxfp4.h"
 #include "teacher_server/layers/rms_norm.h"
 #include "teacher_server/models/aux_capture.h"
-#include "teacher_server/weight_loader.h"
+#include "teacher_server/models/weight_loader.h"
 
 namespace e3 {
 namespace {

@@ -17,7 +17,7 @@
 
 #include "common/torch/gemm.h"
 #include "common/torch/torch_core.h"
-#include "teacher_server/forward_types.h"
+#include "teacher_server/models/forward_types.h"
 #include "teacher_server/parallel/tp_group.h"
 
 namespace e3 {

@@ -1,7 +1,7 @@
 #include "teacher_server/models/vocab_tables.h"
 
 #include "common/base/status_macros.h"
-#include "teacher_server/weight_loader.h"
+#include "teacher_server/models/weight_loader.h"
 
 namespace e3 {
 namespace {
