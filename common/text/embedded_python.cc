@@ -13,6 +13,21 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
+// Under AddressSanitizer, what the interpreter allocates is not checked for
+// leaks: it is never finalized, and the libraries its modules load (OpenSSL
+// for hashlib) have no frame pointers, so LeakSanitizer's fast unwinder
+// stops in them and cannot tell their allocations from ours by stack.
+#if defined(__SANITIZE_ADDRESS__)
+#define E3_LSAN_IGNORES_PYTHON 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define E3_LSAN_IGNORES_PYTHON 1
+#endif
+#endif
+#ifdef E3_LSAN_IGNORES_PYTHON
+#include <sanitizer/lsan_interface.h>
+#endif
+
 namespace e3 {
 namespace {
 
@@ -149,6 +164,9 @@ absl::StatusOr<std::string> CallLocked(Interpreter& in, const std::string& modul
 
 absl::StatusOr<std::string> CallPython(const std::string& module, std::string_view source,
                                        const std::string& function, const std::vector<std::string>& args) {
+#ifdef E3_LSAN_IGNORES_PYTHON
+  __lsan::ScopedDisabler python_allocations_are_not_leaks;
+#endif
   Interpreter& in = Get();
   if (!in.error.empty()) return absl::FailedPreconditionError(in.error);
   // One call at a time, whole: the GIL alone is not enough, since the
