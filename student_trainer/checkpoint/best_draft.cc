@@ -6,7 +6,6 @@
 #include "common/base/file_util.h"
 #include "common/base/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "student_trainer/draft/draft_export.h"
 
 namespace e3 {
 namespace {
@@ -35,7 +34,7 @@ absl::StatusOr<BestDraft> BestDraft::Open(const BestDraftOptions& options) {
   return best;
 }
 
-absl::Status BestDraft::Consider(int64_t step, const AcceptanceReport& report, const Eagle3DraftImpl& draft) {
+absl::Status BestDraft::Consider(int64_t step, const AcceptanceReport& report, const DraftModel& draft) {
   const double tau = report.TauAt(options_.chain);
   if (tau <= tau_) {
     ++since_best_;
@@ -48,7 +47,7 @@ absl::Status BestDraft::Consider(int64_t step, const AcceptanceReport& report, c
   DraftExportOptions o;
   o.dtype = options_.dtype;
   o.extra[kBestKey] = {{"step", step}, {"tau", tau}, {"eval_chain", options_.chain}};
-  E3_RETURN_IF_ERROR(ExportDraft(draft, options_.dir, o));
+  E3_RETURN_IF_ERROR(draft.Export(options_.dir, o));
   std::printf("student[0]: best draft so far (tau %.3f at chain %ld, step %ld) in %s\n", tau,
               static_cast<long>(options_.chain), static_cast<long>(step), options_.dir.c_str());
   std::fflush(stdout);

@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/torch/torch_core.h"
-#include "student_trainer/draft/eagle3_draft.h"
+#include "student_trainer/draft/draft_model.h"
 #include "student_trainer/eval/acceptance.h"
 
 namespace e3 {
@@ -33,7 +33,7 @@ class BestDraft {
 
   // After a measurement at `step`: exports `draft` when its tau beats the
   // best. Every rank gets the same report, so every rank decides alike.
-  absl::Status Consider(int64_t step, const AcceptanceReport& report, const Eagle3DraftImpl& draft);
+  absl::Status Consider(int64_t step, const AcceptanceReport& report, const DraftModel& draft);
   // Whether `patience` measurements in a row brought nothing better.
   bool ShouldStop() const { return options_.patience > 0 && since_best_ >= options_.patience; }
 

@@ -55,11 +55,11 @@ absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> CheckpointsNewestFi
 
 // The files of a checkpoint, each written and fsynced under `tmp`.
 absl::Status WriteCheckpointFiles(const std::string& tmp, const TrainerState& state,
-                                  const Eagle3DraftImpl& draft, DraftOptimizer& optimizer) {
+                                  const DraftModel& draft, DraftOptimizer& optimizer) {
   E3_RETURN_IF_ERROR(MakeDirs(tmp));
   DraftExportOptions exp;
   exp.dtype = at::kFloat;  // exact resume; the final export picks its own dtype
-  E3_RETURN_IF_ERROR(ExportDraft(draft, tmp, exp));
+  E3_RETURN_IF_ERROR(draft.Export(tmp, exp));
   E3_RETURN_IF_ERROR(optimizer.Save(tmp));
   E3_RETURN_IF_ERROR(WriteFileAtomically(JoinPath(tmp, kState), TrainerStateToJson(state)));
   return WriteChecksums(tmp);  // last: it covers every file above
@@ -98,9 +98,9 @@ absl::Status Prune(const std::string& dir, int keep) {
 
 // One checkpoint into `draft` and `optimizer`. Everything that can be
 // checked is checked before the first copy (the trainer state, the
-// optimizer file, then LoadDraftExport's own checks), so a failure leaves
+// optimizer file, then the draft's own LoadExport checks), so a failure leaves
 // both as they were.
-absl::StatusOr<TrainerState> LoadCheckpointAt(const std::string& path, int64_t step, Eagle3DraftImpl& draft,
+absl::StatusOr<TrainerState> LoadCheckpointAt(const std::string& path, int64_t step, DraftModel& draft,
                                               DraftOptimizer& optimizer) {
   E3_RETURN_IF_ERROR(VerifyChecksums(path));
   const std::string state_path = JoinPath(path, kState);
@@ -117,7 +117,7 @@ absl::StatusOr<TrainerState> LoadCheckpointAt(const std::string& path, int64_t s
   } else if (!IsRegularFile(JoinPath(path, kLegacyOptimizerFile))) {
     return absl::NotFoundError(absl::StrCat(moments, ": missing (the optimizer state)"));
   }
-  E3_RETURN_IF_ERROR(LoadDraftExport(draft, path));
+  E3_RETURN_IF_ERROR(draft.LoadExport(path, OtherTarget::kRefuse));
   E3_RETURN_IF_ERROR(optimizer.Load(path));
   return state;
 }
@@ -140,7 +140,7 @@ std::optional<std::string> LatestProblem(const std::string& dir) {
 }  // namespace
 
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const TrainerState& state,
-                                           const Eagle3DraftImpl& draft, DraftOptimizer& optimizer,
+                                           const DraftModel& draft, DraftOptimizer& optimizer,
                                            int keep) {
   if (keep < kMinKeepCheckpoints) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoints to keep: expected at least ", kMinKeepCheckpoints,
@@ -164,7 +164,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const Trainer
   return final_path;
 }
 
-absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& dir, Eagle3DraftImpl& draft,
+absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& dir, DraftModel& draft,
                                                       DraftOptimizer& optimizer) {
   LoadedCheckpoint out;
   if (std::optional<std::string> latest = LatestProblem(dir)) out.problems.push_back(*latest);

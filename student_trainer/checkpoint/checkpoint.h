@@ -29,7 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/torch/torch_core.h"
-#include "student_trainer/draft/eagle3_draft.h"
+#include "student_trainer/draft/draft_model.h"
 #include "student_trainer/optim/draft_optimizer.h"
 #include "student_trainer/state/trainer_state.h"
 
@@ -47,7 +47,7 @@ inline constexpr int kMinKeepCheckpoints = 2;
 // could not write, and leaves `latest` and every checkpoint as they were.
 // Returns the checkpoint's path.
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const TrainerState& state,
-                                           const Eagle3DraftImpl& draft, DraftOptimizer& optimizer,
+                                           const DraftModel& draft, DraftOptimizer& optimizer,
                                            int keep = kMinKeepCheckpoints);
 
 struct LoadedCheckpoint {
@@ -61,7 +61,7 @@ struct LoadedCheckpoint {
 
 // Loads the newest loadable checkpoint in `dir` into `draft` and
 // `optimizer`. Errors only when `dir` cannot be read.
-absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& dir, Eagle3DraftImpl& draft,
+absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& dir, DraftModel& draft,
                                                       DraftOptimizer& optimizer);
 
 }  // namespace e3

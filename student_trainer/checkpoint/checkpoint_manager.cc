@@ -23,12 +23,12 @@ absl::StatusOr<OnCheckpointLoadError> ParseOnCheckpointLoadError(const std::stri
       absl::StrCat("--on_checkpoint_load_error: expected stop or start_fresh, got \"", text, "\""));
 }
 
-absl::StatusOr<std::optional<TrainerState>> CheckpointManager::Resume(Eagle3DraftImpl& trained,
+absl::StatusOr<std::optional<TrainerState>> CheckpointManager::Resume(DraftModel& trained,
                                                                       DraftOptimizer& optimizer,
                                                                       size_t teachers) {
   if (options_.dir.empty()) return std::nullopt;
   E3_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadNewestCheckpoint(options_.dir, trained, optimizer));
-  const int rank = options_.rank;
+  const int rank = options_.layout.rank();
   for (const std::string& problem : loaded.problems) {
     std::fprintf(stderr, "student[%d]: warning: %s\n", rank, problem.c_str());
   }
@@ -65,7 +65,7 @@ absl::StatusOr<std::optional<TrainerState>> CheckpointManager::Resume(Eagle3Draf
   return loaded.state;
 }
 
-absl::Status CheckpointManager::Save(const TrainerState& state, const Eagle3DraftImpl& trained,
+absl::Status CheckpointManager::Save(const TrainerState& state, const DraftModel& trained,
                                      DraftOptimizer& optimizer, TeacherPool& teachers, bool last,
                                      bool final_report) {
   if (options_.dir.empty()) return absl::OkStatus();
@@ -76,7 +76,7 @@ absl::Status CheckpointManager::Save(const TrainerState& state, const Eagle3Draf
     saved_step_ = state.step;
     saved_ok_ = false;
     absl::Status written = absl::OkStatus();
-    if (options_.rank == 0) {
+    if (options_.layout.is_first()) {
       absl::StatusOr<std::string> path =
           SaveCheckpoint(options_.dir, state, trained, optimizer, options_.keep);
       if (path.ok()) {
@@ -97,7 +97,7 @@ absl::Status CheckpointManager::Save(const TrainerState& state, const Eagle3Draf
 
 absl::Status CheckpointManager::Failed(int64_t step, const absl::Status& written) {
   const std::string what =
-      options_.rank == 0 ? std::string(written.message())
+      options_.layout.is_first() ? std::string(written.message())
                          : absl::StrCat("rank 0 could not write the checkpoint of step ", step);
   const std::string kept = last_path_.empty() ? std::string("no earlier checkpoint of this run")
                                               : absl::StrCat("the newest checkpoint is still ", last_path_);
@@ -109,7 +109,7 @@ absl::Status CheckpointManager::Failed(int64_t step, const absl::Status& written
   std::fprintf(stderr,
                "student[%d]: warning: %s; %s; training goes on (--on_checkpoint_save_error=continue), "
                "the batches since it stay uncommitted\n",
-               options_.rank, what.c_str(), kept.c_str());
+               options_.layout.rank(), what.c_str(), kept.c_str());
   return absl::OkStatus();
 }
 

@@ -21,6 +21,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/base/parallel_layout.h"
 #include "common/torch/process_group.h"
 #include "student_trainer/checkpoint/checkpoint.h"
 #include "student_trainer/feed/teacher_pool.h"
@@ -40,7 +41,7 @@ struct CheckpointManagerOptions {
   int keep = kMinKeepCheckpoints;
   OnCheckpointSaveError on_save_error = OnCheckpointSaveError::kStop;
   OnCheckpointLoadError on_load_error = OnCheckpointLoadError::kStop;
-  int rank = 0;
+  ParallelLayout layout;  // the data-parallel ranks; the first writes
   ProcessGroup* group = nullptr;  // data parallelism; null for one rank
   at::Device device = at::kCPU;   // where the agreement's tensor lives
 };
@@ -51,7 +52,7 @@ class CheckpointManager {
 
   // Loads the newest loadable checkpoint into `trained` and `optimizer`, if
   // there is one; it must hold a cursor for each of `teachers`.
-  absl::StatusOr<std::optional<TrainerState>> Resume(Eagle3DraftImpl& trained,
+  absl::StatusOr<std::optional<TrainerState>> Resume(DraftModel& trained,
                                                      DraftOptimizer& optimizer, size_t teachers);
   // Whether step `step` (just finished) is a periodic checkpoint.
   bool Due(int64_t step) const { return options_.every > 0 && step % options_.every == 0; }
@@ -62,7 +63,7 @@ class CheckpointManager {
   // cursors even when a teacher has them already: a draining teacher waits
   // for it. A failed write is an error, or with kContinue a warning and OK
   // (nothing committed).
-  absl::Status Save(const TrainerState& state, const Eagle3DraftImpl& trained,
+  absl::Status Save(const TrainerState& state, const DraftModel& trained,
                     DraftOptimizer& optimizer, TeacherPool& teachers, bool last = false,
                     bool final_report = false);
   // The newest checkpoint on disk that this run wrote or resumed from

@@ -324,4 +324,12 @@ absl::Status LoadDraftExport(Eagle3DraftImpl& draft, const std::string& dir, Oth
   return LoadDraftWeights(draft, *file);
 }
 
+absl::Status Eagle3DraftImpl::Export(const std::string& dir, const DraftExportOptions& options) const {
+  return ExportDraft(*this, dir, options);
+}
+
+absl::Status Eagle3DraftImpl::LoadExport(const std::string& dir, OtherTarget other_target) {
+  return LoadDraftExport(*this, dir, other_target);
+}
+
 }  // namespace e3

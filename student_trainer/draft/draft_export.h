@@ -35,20 +35,8 @@
 
 namespace e3 {
 
-inline constexpr char kDraftConfigFile[] = "config.json";
 inline constexpr char kDraftWeightsFile[] = "model.safetensors";
 
-struct DraftExportOptions {
-  at::ScalarType dtype = at::kBFloat16;  // of the trained weights (float types only)
-  // Extra top-level config.json fields (e.g. the best export's "e3_best").
-  nlohmann::json extra = nlohmann::json::object();
-};
-
-// What LoadDraftExport does when the export names another target than the
-// draft's: a resume refuses it (its stream would be another model's), a
-// warm start says so and goes on (a draft may seed training for a model
-// of the same shape).
-enum class OtherTarget { kRefuse, kWarn };
 
 // The config.json text for `config` with weights in `dtype`, plus `extra`.
 absl::StatusOr<std::string> DraftConfigJson(const Eagle3DraftConfig& config, at::ScalarType dtype,

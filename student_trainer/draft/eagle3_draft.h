@@ -32,6 +32,7 @@
 #include "common/model/target_identity.h"
 #include "common/torch/rope.h"
 #include "common/torch/torch_core.h"
+#include "student_trainer/draft/draft_model.h"
 #include "student_trainer/draft/flat_parameters.h"
 
 namespace e3 {
@@ -176,7 +177,7 @@ class Eagle3DecoderLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Eagle3DecoderLayer);
 
-class Eagle3DraftImpl : public torch::nn::Module {
+class Eagle3DraftImpl : public DraftModel {
  public:
   // Throws c10::Error on inconsistent input; use CreateEagle3Draft, which
   // validates first and returns a status.
@@ -207,13 +208,19 @@ class Eagle3DraftImpl : public torch::nn::Module {
   // positions [T] on the draft's device.
   std::pair<at::Tensor, at::Tensor> RopeTables(const at::Tensor& positions);
 
-  // The trainable parameters under their export names, in a fixed order.
-  std::vector<std::pair<std::string, at::Tensor>> ExportedParameters() const;
-  // The same parameters as views of one flat buffer, with a flat gradient
-  // buffer (flat_parameters.h); the fast TTT step and the fused optimizer
-  // work on these.
-  FlatParameters& flat() { return *flat_; }
-  const FlatParameters& flat() const { return *flat_; }
+  // DraftModel. The flat buffer is what the fast TTT step works on too.
+  std::vector<std::pair<std::string, at::Tensor>> ExportedParameters() const override;
+  FlatParameters& flat() override { return *flat_; }
+  const FlatParameters& flat() const override { return *flat_; }
+  at::Device device() const override { return options_.device; }
+  const at::Tensor& target_embed_tokens() const override { return embed_tokens; }
+  // The export of draft_export.h; loading checks the config's shapes, aux
+  // layers and target first.
+  absl::Status Export(const std::string& dir, const DraftExportOptions& options) const override;
+  absl::Status LoadExport(const std::string& dir, OtherTarget other_target) override;
+  // SGLang's chain mode (eval/acceptance.h): step j of a round feeds back
+  // step j-1's token and pre-norm output, one position further on.
+  absl::StatusOr<at::Tensor> ProposeChains(const EvalBatch& batch, int64_t chain_length) override;
   // t2d on the host, for the fast step's masks.
   const std::vector<uint8_t>& t2d_host() const { return t2d_host_; }
 

@@ -10,48 +10,6 @@
 #include "common/torch/process_group.h"
 
 namespace e3 {
-namespace {
-
-// Row r's extend token: the sample's next token s[r + 1] (0 on a sample's
-// last row, whose chain nobody reads).
-at::Tensor NextTokens(const at::Tensor& ids, const std::vector<int64_t>& cu) {
-  at::Tensor next = torch::zeros_like(ids);
-  for (size_t s = 0; s + 1 < cu.size(); ++s) {
-    const int64_t n = cu[s + 1] - cu[s];
-    if (n > 1) next.narrow(0, cu[s], n - 1).copy_(ids.narrow(0, cu[s] + 1, n - 1));
-  }
-  return next;
-}
-
-}  // namespace
-
-absl::StatusOr<at::Tensor> DraftChains(Eagle3DraftImpl& draft, const EvalBatch& batch, int64_t chain_length) {
-  if (chain_length < 1) return absl::InvalidArgumentError("chain length must be at least 1");
-  const at::Device device = draft.options().device;
-  const at::ScalarType dtype = draft.options().dtype;
-  try {
-    torch::NoGradGuard no_grad;
-    at::Tensor hidden = draft.ProjectAux(batch.aux_hidden.to(device, dtype));
-    at::Tensor embeds = draft.Embed(NextTokens(batch.input_ids, batch.cu_seqlens).to(device));
-    at::Tensor chains = torch::empty({batch.tokens(), chain_length}, torch::TensorOptions().dtype(at::kLong).device(device));
-    TttKvCache cache;
-    for (int64_t j = 0; j < chain_length; ++j) {
-      // Step j of a round sits j positions after its row, as the engine's
-      // draft steps advance the position by one each.
-      const PackedRope rope = draft.MakePackedRope(batch.cu_seqlens, /*offset=*/j);
-      const at::Tensor out = draft.Step(embeds, hidden, rope, &cache);
-      const at::Tensor drafted = draft.Logits(out).argmax(-1);
-      const at::Tensor target_ids = drafted + draft.d2t.index_select(0, drafted);
-      chains.select(1, j).copy_(target_ids);
-      embeds = draft.Embed(target_ids);
-      hidden = out;
-    }
-    return chains.to(at::kCPU);
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("drafting the eval chains: ", e.what_without_backtrace()));
-  }
-}
-
 AcceptanceCounts CountAcceptance(const at::Tensor& chains, const EvalBatch& batch, int64_t chain_length) {
   AcceptanceCounts c;
   const at::Tensor ch = chains.to(at::kLong).contiguous();
@@ -104,9 +62,9 @@ double AcceptanceReport::TauAt(int64_t chain_length) const {
   return 0.0;
 }
 
-absl::StatusOr<AcceptanceReport> MeasureAcceptance(Eagle3DraftImpl& draft, const std::vector<EvalBatch>& batches,
+absl::StatusOr<AcceptanceReport> MeasureAcceptance(DraftModel& draft, const std::vector<EvalBatch>& batches,
                                                    const std::vector<int64_t>& chain_lengths, ProcessGroup* group,
-                                                   int rank, int world) {
+                                                   const ParallelLayout& layout) {
   const auto t0 = std::chrono::steady_clock::now();
   AcceptanceReport r;
   r.chain_lengths = chain_lengths;
@@ -116,8 +74,8 @@ absl::StatusOr<AcceptanceReport> MeasureAcceptance(Eagle3DraftImpl& draft, const
   // [rounds, tokens] per chain length, then the samples.
   std::vector<int64_t> sums(2 * r.chain_lengths.size() + 1, 0);
   for (size_t i = 0; i < batches.size(); ++i) {
-    if (static_cast<int>(i % static_cast<size_t>(std::max(world, 1))) != rank) continue;
-    E3_ASSIGN_OR_RETURN(at::Tensor chains, DraftChains(draft, batches[i], r.chain_lengths.back()));
+    if (!layout.OwnsRoundRobin(static_cast<int64_t>(i))) continue;
+    E3_ASSIGN_OR_RETURN(at::Tensor chains, draft.ProposeChains(batches[i], r.chain_lengths.back()));
     for (size_t c = 0; c < r.chain_lengths.size(); ++c) {
       const AcceptanceCounts counts = CountAcceptance(chains, batches[i], r.chain_lengths[c]);
       sums[2 * c] += counts.rounds;
@@ -126,7 +84,7 @@ absl::StatusOr<AcceptanceReport> MeasureAcceptance(Eagle3DraftImpl& draft, const
     sums.back() += static_cast<int64_t>(batches[i].prompt_lengths.size());
   }
   if (group != nullptr) {
-    at::Tensor t = torch::tensor(sums, torch::kLong).to(draft.options().device);
+    at::Tensor t = torch::tensor(sums, torch::kLong).to(draft.device());
     E3_ASSIGN_OR_RETURN(auto pending, group->AllReduceSum(t));
     E3_RETURN_IF_ERROR(pending->Wait());
     t = t.to(at::kCPU);

@@ -37,18 +37,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/base/parallel_layout.h"
 #include "common/torch/torch_core.h"
-#include "student_trainer/draft/eagle3_draft.h"
+#include "student_trainer/draft/draft_model.h"
 #include "student_trainer/feed/eval_batch.h"
 
 namespace e3 {
 
 class ProcessGroup;
-
-// The K draft tokens (target ids) a round from each row would propose:
-// [T, K] int64 on the host. A sample's last row has no next token; its
-// chain is meaningless and never read.
-absl::StatusOr<at::Tensor> DraftChains(Eagle3DraftImpl& draft, const EvalBatch& batch, int64_t chain_length);
 
 struct AcceptanceCounts {
   int64_t rounds = 0;
@@ -76,9 +72,9 @@ std::vector<int64_t> ReportedChainLengths(int64_t chain);
 // tau of `draft` over `batches` for each chain length. Under data
 // parallelism each rank drafts its share (batch i on rank i % world) and
 // the counts are summed over the group, so every rank returns the same.
-absl::StatusOr<AcceptanceReport> MeasureAcceptance(Eagle3DraftImpl& draft, const std::vector<EvalBatch>& batches,
+absl::StatusOr<AcceptanceReport> MeasureAcceptance(DraftModel& draft, const std::vector<EvalBatch>& batches,
                                                    const std::vector<int64_t>& chain_lengths, ProcessGroup* group,
-                                                   int rank, int world);
+                                                   const ParallelLayout& layout);
 
 }  // namespace e3
 

@@ -15,26 +15,25 @@ namespace e3 {
 
 absl::StatusOr<std::unique_ptr<AcceptanceEval>> AcceptanceEval::Create(TeacherClient* client,
                                                                         AcceptanceEvalOptions options,
-                                                                        ProcessGroup* group, int rank, int world,
+                                                                        ProcessGroup* group, const ParallelLayout& layout,
                                                                         const at::Device& device) {
   if (options.chain < 1) return absl::InvalidArgumentError(absl::StrCat("--eval_chain=", options.chain, ": expected >= 1"));
-  std::unique_ptr<AcceptanceEval> e(new AcceptanceEval(client, std::move(options), group, rank, world, device));
+  std::unique_ptr<AcceptanceEval> e(new AcceptanceEval(client, std::move(options), group, layout, device));
   E3_ASSIGN_OR_RETURN(EvalSetFetch probe, client->FetchEvalSet());
   e->available_ = probe.available;
   if (probe.ready) {
     e->batches_ = std::move(probe.batches);
-    e->have_set_ = world <= 1;  // under data parallelism rank 0 still says when
+    e->have_set_ = !layout.data_parallel();  // under data parallelism rank 0 still says when
   }
   return e;
 }
 
-AcceptanceEval::AcceptanceEval(TeacherClient* client, AcceptanceEvalOptions options, ProcessGroup* group, int rank,
-                               int world, const at::Device& device)
+AcceptanceEval::AcceptanceEval(TeacherClient* client, AcceptanceEvalOptions options, ProcessGroup* group,
+                               const ParallelLayout& layout, const at::Device& device)
     : client_(client),
       options_(std::move(options)),
       group_(group),
-      rank_(rank),
-      world_(world),
+      layout_(layout),
       device_(device),
       chains_(ReportedChainLengths(options_.chain)) {}
 
@@ -42,7 +41,7 @@ absl::StatusOr<bool> AcceptanceEval::EnsureSet(bool log_waiting) {
   if (have_set_) return true;
   bool ready = !batches_.empty();
   int prompts = 0, generated = 0;
-  if (!ready && (rank_ == 0 || group_ == nullptr)) {
+  if (!ready && (layout_.is_first() || group_ == nullptr)) {
     E3_ASSIGN_OR_RETURN(EvalSetFetch f, client_->FetchEvalSet());
     ready = f.ready;
     prompts = f.prompts;
@@ -51,7 +50,7 @@ absl::StatusOr<bool> AcceptanceEval::EnsureSet(bool log_waiting) {
   }
   if (group_ != nullptr) {
     // Rank 0's answer is everyone's: all measure at the same steps.
-    at::Tensor flag = torch::tensor({rank_ == 0 && ready ? 1 : 0}, torch::kLong).to(device_);
+    at::Tensor flag = torch::tensor({layout_.is_first() && ready ? 1 : 0}, torch::kLong).to(device_);
     E3_RETURN_IF_ERROR(group_->Broadcast(flag, 0));
     ready = flag.to(at::kCPU).item<int64_t>() == 1;
     if (ready && batches_.empty()) {
@@ -60,7 +59,7 @@ absl::StatusOr<bool> AcceptanceEval::EnsureSet(bool log_waiting) {
       batches_ = std::move(f.batches);
     }
   }
-  if (!ready && log_waiting && rank_ == 0) {
+  if (!ready && log_waiting && layout_.is_first()) {
     std::printf("student[0]: eval set not ready at the teacher (%d of %d prompts generated); acceptance skipped\n",
                 generated, prompts);
     std::fflush(stdout);
@@ -69,13 +68,13 @@ absl::StatusOr<bool> AcceptanceEval::EnsureSet(bool log_waiting) {
   return ready;
 }
 
-absl::StatusOr<std::optional<AcceptanceReport>> AcceptanceEval::Measure(Eagle3DraftImpl& draft) {
+absl::StatusOr<std::optional<AcceptanceReport>> AcceptanceEval::Measure(DraftModel& draft) {
   if (!available_ || !have_set_) return std::optional<AcceptanceReport>();
-  E3_ASSIGN_OR_RETURN(AcceptanceReport r, MeasureAcceptance(draft, batches_, chains_, group_, rank_, world_));
+  E3_ASSIGN_OR_RETURN(AcceptanceReport r, MeasureAcceptance(draft, batches_, chains_, group_, layout_));
   return std::optional<AcceptanceReport>(std::move(r));
 }
 
-absl::StatusOr<std::optional<AcceptanceReport>> AcceptanceEval::AtStep(int64_t step, Eagle3DraftImpl& draft) {
+absl::StatusOr<std::optional<AcceptanceReport>> AcceptanceEval::AtStep(int64_t step, DraftModel& draft) {
   if (!available_ || options_.every <= 0 || step % options_.every != 0) return std::optional<AcceptanceReport>();
   E3_ASSIGN_OR_RETURN(bool ready, EnsureSet(/*log_waiting=*/true));
   if (!ready) return std::optional<AcceptanceReport>();
@@ -84,7 +83,7 @@ absl::StatusOr<std::optional<AcceptanceReport>> AcceptanceEval::AtStep(int64_t s
   return last_;
 }
 
-absl::StatusOr<std::optional<AcceptanceReport>> AcceptanceEval::Final(int64_t step, Eagle3DraftImpl& draft) {
+absl::StatusOr<std::optional<AcceptanceReport>> AcceptanceEval::Final(int64_t step, DraftModel& draft) {
   if (!available_) return std::optional<AcceptanceReport>();
   if (step == measured_at_ && last_.has_value()) return last_;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.wait_s);
@@ -101,7 +100,7 @@ absl::StatusOr<std::optional<AcceptanceReport>> AcceptanceEval::Final(int64_t st
       give_up = t.to(at::kCPU).item<int64_t>();
     }
     if (give_up) {
-      if (rank_ == 0) std::printf("student[0]: the teacher's eval set was not ready within %.0f s; no final acceptance\n",
+      if (layout_.is_first()) std::printf("student[0]: the teacher's eval set was not ready within %.0f s; no final acceptance\n",
                                   options_.wait_s);
       return std::optional<AcceptanceReport>();
     }
@@ -110,8 +109,8 @@ absl::StatusOr<std::optional<AcceptanceReport>> AcceptanceEval::Final(int64_t st
   return Measure(draft);
 }
 
-absl::Status AcceptanceEval::Dump(const Eagle3DraftImpl& draft, const AcceptanceReport& report) const {
-  if (options_.dump.empty() || rank_ != 0 || batches_.empty()) return absl::OkStatus();
+absl::Status AcceptanceEval::Dump(const DraftModel& draft, const AcceptanceReport& report) const {
+  if (options_.dump.empty() || !layout_.is_first() || batches_.empty()) return absl::OkStatus();
   std::vector<at::Tensor> ids, aux;
   std::vector<int64_t> cu{0}, prompt_lengths;
   for (const EvalBatch& b : batches_) {
@@ -134,7 +133,7 @@ absl::Status AcceptanceEval::Dump(const Eagle3DraftImpl& draft, const Acceptance
         {"cu_seqlens", torch::tensor(cu, torch::kInt)},
         {"prompt_lengths", torch::tensor(prompt_lengths, torch::kInt)},
         {"aux_hidden", torch::cat(aux)},
-        {"embed_tokens", draft.embed_tokens.to(at::kCPU)},
+        {"embed_tokens", draft.target_embed_tokens().to(at::kCPU)},
     };
     for (const auto& [name, t] : named) {
       E3_ASSIGN_OR_RETURN(TensorToWrite w, TensorToWritable(name, t.contiguous()));

@@ -39,7 +39,7 @@ class AcceptanceEval {
   // Asks teacher `client` whether it has an eval set; without one the
   // evaluator stays disabled and every call is a no-op.
   static absl::StatusOr<std::unique_ptr<AcceptanceEval>> Create(TeacherClient* client, AcceptanceEvalOptions options,
-                                                                ProcessGroup* group, int rank, int world,
+                                                                ProcessGroup* group, const ParallelLayout& layout,
                                                                 const at::Device& device);
 
   bool enabled() const { return available_; }
@@ -48,20 +48,20 @@ class AcceptanceEval {
   // After step `step`: measures `draft` when a measurement is due and the
   // set is ready (nullopt otherwise; a set still generating is said once
   // per due step).
-  absl::StatusOr<std::optional<AcceptanceReport>> AtStep(int64_t step, Eagle3DraftImpl& draft);
+  absl::StatusOr<std::optional<AcceptanceReport>> AtStep(int64_t step, DraftModel& draft);
   // At the end (after step `step`): waits up to wait_s for the set, then
   // measures `draft`, unless AtStep just did at this step.
-  absl::StatusOr<std::optional<AcceptanceReport>> Final(int64_t step, Eagle3DraftImpl& draft);
+  absl::StatusOr<std::optional<AcceptanceReport>> Final(int64_t step, DraftModel& draft);
   // The step of the last AtStep measurement (-1: none).
   int64_t measured_at() const { return measured_at_; }
   // The same measurement of another draft (the untrained one), once the
   // set is here; nullopt before.
-  absl::StatusOr<std::optional<AcceptanceReport>> Measure(Eagle3DraftImpl& draft);
+  absl::StatusOr<std::optional<AcceptanceReport>> Measure(DraftModel& draft);
   // Writes the set, the frozen embeddings and `report` to options.dump.
-  absl::Status Dump(const Eagle3DraftImpl& draft, const AcceptanceReport& report) const;
+  absl::Status Dump(const DraftModel& draft, const AcceptanceReport& report) const;
 
  private:
-  AcceptanceEval(TeacherClient* client, AcceptanceEvalOptions options, ProcessGroup* group, int rank, int world,
+  AcceptanceEval(TeacherClient* client, AcceptanceEvalOptions options, ProcessGroup* group, const ParallelLayout& layout,
                  const at::Device& device);
   // Fetches the set where rank 0 finds it ready; true once every rank has it.
   absl::StatusOr<bool> EnsureSet(bool log_waiting);
@@ -69,7 +69,7 @@ class AcceptanceEval {
   TeacherClient* client_;
   AcceptanceEvalOptions options_;
   ProcessGroup* group_;
-  int rank_, world_;
+  const ParallelLayout layout_;
   at::Device device_;
   bool available_ = false;
   std::vector<int64_t> chains_;

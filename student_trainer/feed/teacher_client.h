@@ -24,6 +24,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/base/parallel_layout.h"
+#include "common/config/run_config.h"
 #include "common/data/vocab_map.h"
 #include "common/gpu/cuda_ipc.h"
 #include "common/gpu/nccl_channel.h"
@@ -46,8 +48,7 @@ class ReceivedBatch;  // proto/wire_codec.h
 struct TeacherClientOptions {
   std::string address = "127.0.0.1:50051";
   std::string subscriber_id;
-  int rank = 0;
-  int world_size = 1;
+  ParallelLayout layout;  // the student's data-parallel ranks
   int credit_window = 4;  // batches prefetched (and in flight at the teacher)
   std::vector<TransportKind> transports = {TransportKind::kShm, TransportKind::kInline};
   std::string host;  // this machine's name, so the teacher can offer shm and CUDA IPC
@@ -76,6 +77,11 @@ struct TeacherClientOptions {
   // Set by SIGTERM (null: never). Next() stops waiting for a batch once it
   // is set: a teacher drained by the same signal sends no more.
   const std::atomic<bool>* stop = nullptr;
+
+  // The fields that are settings, from the students section and the
+  // schedule's credit window; the rest keep their defaults, for the
+  // caller to set.
+  static TeacherClientOptions FromSettings(const StudentsSettings& students, const ScheduleSettings& schedule);
 };
 
 struct TeacherInfo {

@@ -15,7 +15,7 @@ void LogTeacher(const TeacherClientOptions& client, const std::string& address,
       "student[%d/%d]: teacher %s: %s L=%ld H=%ld (TP=%d, EP=%d), aux layers [%s], draft vocab "
       "%ld, "
       "%ld samples, %ld batches/epoch x %ld\n",
-      client.rank, client.world_size, address.c_str(), ti.config.architecture_name.c_str(),
+      client.layout.rank(), client.layout.world_size(), address.c_str(), ti.config.architecture_name.c_str(),
       static_cast<long>(ti.config.num_hidden_layers), static_cast<long>(ti.config.hidden_size),
       ti.raw.layout().tp_size(), ti.raw.layout().ep_size(),
       absl::StrJoin(ti.aux_layer_ids, ",").c_str(), static_cast<long>(ti.draft_vocab_size),

@@ -64,8 +64,8 @@ absl::StatusOr<std::unique_ptr<MetricsProcessor>> MetricsProcessor::Create(
       static_cast<size_t>(std::max<int64_t>(5, std::min<int64_t>(50, options.planned_steps / 10)));
   std::unique_ptr<MetricsProcessor> m(new MetricsProcessor(options, prometheus, window));
   if (!options.step_log.empty()) {
-    const std::string path = options.world_size > 1
-                                 ? absl::StrCat(options.step_log, ".rank", options.rank)
+    const std::string path = options.layout.data_parallel()
+                                 ? absl::StrCat(options.step_log, ".rank", options.layout.rank())
                                  : options.step_log;
     m->step_log_.open(path, std::ios::app);
     if (!m->step_log_) {
@@ -84,7 +84,7 @@ absl::StatusOr<std::unique_ptr<MetricsProcessor>> MetricsProcessor::Create(
 void MetricsProcessor::TensorBoardFailed(const absl::Status& status) {
   if (status.ok() || tensorboard_failed_) return;
   tensorboard_failed_ = true;
-  std::fprintf(stderr, "student[%d]: warning: TensorBoard: %s; training goes on\n", options_.rank,
+  std::fprintf(stderr, "student[%d]: warning: TensorBoard: %s; training goes on\n", options_.layout.rank(),
                std::string(status.message()).c_str());
 }
 
@@ -159,7 +159,7 @@ void MetricsProcessor::MaybeLog(const StepRecord& r) {
   std::printf(
       "student[%d]: step %ld/%ld | loss %.3f | acc %s%s | simulated tau %.2f | lr %.2e | %.0f tok/s "
       "| wait %.0f%%\n",
-      options_.rank, static_cast<long>(r.step), static_cast<long>(options_.planned_steps), r.loss,
+      options_.layout.rank(), static_cast<long>(r.step), static_cast<long>(options_.planned_steps), r.loss,
       AccString(r.acc).c_str(), expected.c_str(), r.tau, r.lr, (tokens_ - tokens_at_log_) / dt,
       100.0 * (wait_ - wait_at_log_) / dt);
   std::fflush(stdout);
@@ -169,7 +169,7 @@ void MetricsProcessor::MaybeLog(const StepRecord& r) {
 }
 
 void MetricsProcessor::RecordAcceptance(int64_t step, const AcceptanceReport& r, const char* what) {
-  if (options_.rank == 0) {
+  if (options_.layout.is_first()) {
     std::printf("student[0]: step %ld acceptance%s: %s\n", static_cast<long>(step), what,
                 r.Summary().c_str());
     std::fflush(stdout);

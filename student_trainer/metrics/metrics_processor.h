@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/base/parallel_layout.h"
 #include "common/tensorboard/event_writer.h"
 #include "nlohmann/json.hpp"
 #include "student_trainer/eval/acceptance.h"
@@ -52,8 +53,7 @@ class StepWindow {
 nlohmann::json AcceptanceJson(const AcceptanceReport& r);
 
 struct MetricsOptions {
-  int rank = 0;
-  int world_size = 1;
+  ParallelLayout layout;  // the data-parallel ranks
   // Append JSON lines here; under data parallelism each rank to
   // <step_log>.rank<r>. Empty: no step log.
   std::string step_log;

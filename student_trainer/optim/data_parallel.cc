@@ -22,7 +22,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> JoinDataParallelGroup(const Launch
   return group;
 }
 
-absl::Status BroadcastTrainedWeights(ProcessGroup* group, Eagle3DraftImpl& trained,
+absl::Status BroadcastTrainedWeights(ProcessGroup* group, DraftModel& trained,
                                      DraftOptimizer& optimizer) {
   if (group != nullptr) {
     torch::NoGradGuard no_grad;

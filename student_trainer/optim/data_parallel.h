@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "common/base/launch_env.h"
 #include "common/torch/process_group.h"
-#include "student_trainer/draft/eagle3_draft.h"
+#include "student_trainer/draft/draft_model.h"
 #include "student_trainer/optim/draft_optimizer.h"
 
 namespace e3 {
@@ -22,7 +22,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> JoinDataParallelGroup(const Launch
 
 // Every rank takes rank 0's trained weights, then the optimizer re-rounds
 // its working copy (also on one rank: after a resume).
-absl::Status BroadcastTrainedWeights(ProcessGroup* group, Eagle3DraftImpl& trained,
+absl::Status BroadcastTrainedWeights(ProcessGroup* group, DraftModel& trained,
                                      DraftOptimizer& optimizer);
 
 // Rank 0's `value` on every rank, once every rank is here (`value` itself

@@ -16,7 +16,7 @@ namespace {
 // LibTorch's AdamW and clip_grad_norm_ over the named parameters.
 class ReferenceOptimizer : public DraftOptimizer {
  public:
-  ReferenceOptimizer(Eagle3DraftImpl& work, Eagle3DraftImpl* master, ProcessGroup* group,
+  ReferenceOptimizer(DraftModel& work, DraftModel* master, ProcessGroup* group,
                      const DraftOptimizerOptions& options,
                      std::optional<MasterWeights> master_weights)
       : work_(work),
@@ -92,8 +92,8 @@ class ReferenceOptimizer : public DraftOptimizer {
   const char* name() const override { return "reference"; }
 
  private:
-  Eagle3DraftImpl& work_;
-  Eagle3DraftImpl& trained_;
+  DraftModel& work_;
+  DraftModel& trained_;
   std::vector<std::pair<std::string, at::Tensor>> params_;
   DraftOptimizerOptions options_;
   std::optional<MasterWeights> master_weights_;
@@ -104,7 +104,7 @@ class ReferenceOptimizer : public DraftOptimizer {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DraftOptimizer>> CreateDraftOptimizer(
-    DraftOptimizerKind kind, Eagle3DraftImpl& work, Eagle3DraftImpl* master, ProcessGroup* group,
+    DraftOptimizerKind kind, DraftModel& work, DraftModel* master, ProcessGroup* group,
     const DraftOptimizerOptions& options) {
   try {
     if (kind == DraftOptimizerKind::kFused)

@@ -17,7 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/torch/process_group.h"
-#include "student_trainer/draft/eagle3_draft.h"
+#include "student_trainer/draft/draft_model.h"
 
 namespace e3 {
 
@@ -50,7 +50,7 @@ class DraftOptimizer {
 // computes below fp32 (else null: work is trained directly); `group` the
 // data-parallel group, or null for one rank.
 absl::StatusOr<std::unique_ptr<DraftOptimizer>> CreateDraftOptimizer(
-    DraftOptimizerKind kind, Eagle3DraftImpl& work, Eagle3DraftImpl* master, ProcessGroup* group,
+    DraftOptimizerKind kind, DraftModel& work, DraftModel* master, ProcessGroup* group,
     const DraftOptimizerOptions& options);
 
 }  // namespace e3

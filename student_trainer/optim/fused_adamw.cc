@@ -9,7 +9,7 @@
 
 namespace e3 {
 
-FusedAdamW::FusedAdamW(Eagle3DraftImpl& work, Eagle3DraftImpl* master, ProcessGroup* group,
+FusedAdamW::FusedAdamW(DraftModel& work, DraftModel* master, ProcessGroup* group,
                        const DraftOptimizerOptions& options)
     : work_(work), trained_(master != nullptr ? *master : work), group_(group), options_(options) {
   const at::Tensor& data = trained_.flat().data();

@@ -19,7 +19,7 @@ namespace e3 {
 
 class FusedAdamW : public DraftOptimizer {
  public:
-  FusedAdamW(Eagle3DraftImpl& work, Eagle3DraftImpl* master, ProcessGroup* group,
+  FusedAdamW(DraftModel& work, DraftModel* master, ProcessGroup* group,
              const DraftOptimizerOptions& options);
 
   void BeginStep() override;
@@ -44,8 +44,8 @@ class FusedAdamW : public DraftOptimizer {
   // Views of the moments per trained parameter, for the checkpoint file.
   std::vector<NamedMoments> Moments() const;
 
-  Eagle3DraftImpl& work_;
-  Eagle3DraftImpl& trained_;  // the master, or work itself
+  DraftModel& work_;
+  DraftModel& trained_;  // the master, or work itself
   ProcessGroup* group_;
   DraftOptimizerOptions options_;
   at::Tensor exp_avg_, exp_avg_sq_;  // fp32, the flat layout

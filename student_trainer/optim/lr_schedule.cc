@@ -16,4 +16,14 @@ double LrSchedule::At(int64_t step) const {
   return floor + 0.5 * (peak - floor) * (1.0 + std::cos(M_PI * progress));
 }
 
+LrSchedule LrSchedule::From(const ScheduleSettings& schedule, int64_t planned) {
+  LrSchedule lr;
+  lr.peak = schedule.lr;
+  lr.min_ratio = schedule.min_lr_ratio;
+  lr.total_steps = planned;
+  lr.warmup_steps = schedule.warmup_steps >= 0 ? schedule.warmup_steps
+                                               : static_cast<int64_t>(schedule.warmup_ratio * planned);
+  return lr;
+}
+
 }  // namespace e3

@@ -111,7 +111,7 @@ class SampleShifter {
 
 }  // namespace
 
-absl::StatusOr<TttOutput> RunTttReference(Eagle3DraftImpl& draft, const TttBatch& batch, const TttOptions& options) {
+absl::StatusOr<TttOutput> RunTttReference(Eagle3DraftImpl& draft, const TeacherBatch& batch, const TttOptions& options) {
   const Eagle3DraftConfig& c = draft.config();
   E3_RETURN_IF_ERROR(ValidateTttOptions(options));
   E3_ASSIGN_OR_RETURN(std::vector<int64_t> cu, ValidateTttBatch(c, batch));

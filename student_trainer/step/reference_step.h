@@ -12,7 +12,7 @@
 namespace e3 {
 
 // RunTtt with TttKernels::kReference lands here; the same contract.
-absl::StatusOr<TttOutput> RunTttReference(Eagle3DraftImpl& draft, const TttBatch& batch,
+absl::StatusOr<TttOutput> RunTttReference(Eagle3DraftImpl& draft, const TeacherBatch& batch,
                                           const TttOptions& options);
 
 }  // namespace e3

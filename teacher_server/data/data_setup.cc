@@ -196,4 +196,45 @@ absl::StatusOr<std::unique_ptr<EvalSet>> StartEvalSet(const TeacherDataOptions& 
   return EvalSet::Start(model, std::move(ids), e);
 }
 
+absl::StatusOr<TeacherDataOptions> TeacherDataOptions::From(const RunConfig& c) {
+  TeacherDataOptions d;
+  d.model_dir = c.model.dir;
+  d.data = c.data.train;
+  d.chat_template.file = c.chat_template.file;
+  d.chat_template.name = c.chat_template.name;
+  d.chat_template.train_reasoning = c.chat_template.train_reasoning;
+  E3_ASSIGN_OR_RETURN(d.chat_template.kwargs, ParseTemplateKwargs(c.chat_template.kwargs));
+  d.skip_malformed = c.data.skip_malformed;
+  d.max_seq_len = c.data.max_seq_len;
+  d.train_on_all_tokens = c.data.train_on_all_tokens;
+  d.max_samples = c.data.max_samples;
+  d.max_line_bytes = c.data.max_line_bytes;
+  d.regenerate = c.data.regenerate;
+  d.regen.generation.max_new_tokens = c.data.regen_max_new_tokens;
+  d.regen.generation.max_sequences = c.data.regen_batch_sequences;
+  d.regen.generation.kv_cache_bytes =
+      static_cast<int64_t>(c.data.regen_kv_cache_gib * static_cast<double>(int64_t{1} << 30));
+  d.regen.generation.temperature = c.data.regen_temperature;
+  d.regen.generation.seed = c.data.seed;
+  d.regen.cache_path = c.data.regen_cache;
+  d.draft_vocab_size = c.draft.vocab_size;
+  d.vocab_map = c.draft.vocab_map;
+  const std::string init_from = c.draft.init_from;
+  if (!init_from.empty()) {
+    if (!d.vocab_map.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--init_from=", init_from, " and --vocab_map=", d.vocab_map,
+          " both name the draft vocab; a warm start serves its draft's own, so give one"));
+    }
+    d.vocab_map = JoinPath(init_from, "model.safetensors");
+  }
+  d.vocab_map_out = c.draft.vocab_map_out;
+  d.num_data_shards = static_cast<int>(c.teachers.num_data_shards);
+  d.data_shard = static_cast<int>(c.teachers.data_shard);
+  d.eval_prompts = c.data.eval_prompts;
+  d.eval_max_new_tokens = c.data.eval_max_new_tokens;
+  d.eval_samples = c.data.eval_samples;
+  return d;
+}
+
 }  // namespace e3

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/config/run_config.h"
 #include "common/data/dataset.h"
 #include "common/data/vocab_map.h"
 #include "common/text/chat_template.h"
@@ -44,6 +45,10 @@ struct TeacherDataOptions {
   std::string eval_prompts;
   int64_t eval_max_new_tokens = 256;
   int64_t eval_samples = 0;
+
+  // From the model, data, template, draft and teachers sections. A warm
+  // start (draft.init_from) serves its draft's own vocab map.
+  static absl::StatusOr<TeacherDataOptions> From(const RunConfig& config);
 };
 
 // Errors name the flag and what it expects. `sharded`: the model is split

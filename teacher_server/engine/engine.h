@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/config/run_config.h"
 #include "common/data/dataset.h"
 #include "common/gpu/device_pool.h"
 #include "common/stream/data_fingerprint.h"
@@ -71,6 +72,11 @@ struct EngineOptions {
   // What defines the stream (announced in GetInfo); a subscriber's cursor
   // made under another is refused. Empty: no check.
   DataFingerprint fingerprint;
+
+  // From the schedule, data, draft and teachers sections; the transports
+  // default to what the device offers (`cuda`). Without draft.aux_layer_ids
+  // a warm start captures its draft's (empty: the model's default).
+  static absl::StatusOr<EngineOptions> From(const RunConfig& config, bool cuda);
 };
 
 struct SubscribeParams {

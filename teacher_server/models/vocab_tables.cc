@@ -35,7 +35,7 @@ absl::Status VocabTables::LoadWhole(const ModelDir& dir, const ModelConfig& c, c
     full_lm_head = lm_head;
     return absl::OkStatus();
   }
-  if (plan.rank != 0) return absl::OkStatus();
+  if (!plan.layout.is_first()) return absl::OkStatus();
   WeightLoader host(dir, dtype, at::kCPU);
   E3_ASSIGN_OR_RETURN(full_embed_tokens, host.Load(kEmbedName, {c.vocab_size, c.hidden_size}));
   full_lm_head = full_embed_tokens;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -148,6 +149,34 @@ absl::Status RunFollower(const ModelDir& dir, const ModelOptions& mopts,
   std::printf("teacher rank %d: shard loaded; following rank 0\n", mopts.tp->rank());
   std::fflush(stdout);
   return RunTpFollower(*model);
+}
+
+absl::StatusOr<ModelRuntimeOptions> ModelRuntimeOptions::From(const RunConfig& c, const EnvLookup& env) {
+  ModelRuntimeOptions r;
+  r.device = c.teachers.device;
+  r.backend = c.teachers.backend;
+  r.dtype = c.teachers.dtype;
+  r.gemm_tuning = c.teachers.gemm_tuning;
+  r.gemm_tuning_cache = c.teachers.gemm_tuning_cache;
+  if (r.gemm_tuning_cache == "default") r.gemm_tuning_cache = DefaultGemmTuningCachePath(env);
+  r.gemm_tuning_rows = c.schedule.tokens_per_batch;
+  r.max_cuda_graphs = static_cast<int>(c.teachers.max_cuda_graphs);
+  r.graph_min_host_share = c.teachers.graph_min_host_share;
+  r.graph_token_step = c.teachers.graph_token_step;
+  r.tp_overlap_min_tokens = c.teachers.tp_overlap_min_tokens;
+  r.ep_size = static_cast<int>(c.teachers.ep);
+  LaunchFlags launch;
+  launch.world_size = std::max(1, static_cast<int>(c.teachers.tp));
+  launch.rank = static_cast<int>(c.teachers.tp_rank);
+  launch.rank_flag = "tp_rank";
+  launch.master_addr = c.teachers.master_addr;
+  launch.master_port = static_cast<int>(c.teachers.master_port);
+  launch.default_master_port = 29600;
+  launch.rendezvous_file = c.teachers.rendezvous_file;
+  // One process is no group: torchrun's variables, if any, are another's.
+  if (launch.world_size == 1) return r;
+  E3_ASSIGN_OR_RETURN(r.launch, ResolveLaunchEnv(launch, env));
+  return r;
 }
 
 }  // namespace e3

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/base/launch_env.h"
+#include "common/config/run_config.h"
 #include "common/model/model_dir.h"
 #include "teacher_server/models/causal_lm.h"
 
@@ -31,6 +32,11 @@ struct ModelRuntimeOptions {
   // launch.rendezvous_file when set.
   int ep_size = 1;
   LaunchEnv launch;
+
+  // From the teachers section (and the schedule's token budget, which the
+  // GEMM tuning times); the TP group's place from the settings, then
+  // torchrun's variables in `env`.
+  static absl::StatusOr<ModelRuntimeOptions> From(const RunConfig& config, const EnvLookup& env);
 };
 
 // auto resolved for the device: sgl on a GPU, where it is 1.2-3x faster

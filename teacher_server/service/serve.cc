@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 #include "common/metrics/metrics_server.h"
 
 namespace e3 {
@@ -175,6 +176,29 @@ absl::Status Serve(const ServeOptions& o, Engine* engine, TeacherServiceImpl* se
     return absl::DataLossError(absl::StrCat("the ledger misses what this teacher could not write: ", ledger.message()));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<ServeOptions> ServeOptions::From(const RunConfig& c) {
+  const TeachersSettings& t = c.teachers;
+  ServeOptions o;
+  o.listen = t.listen;
+  o.port_file = t.port_file;
+  o.metrics_host = t.metrics_host;
+  o.metrics_port = static_cast<int>(t.metrics_port);
+  o.exit_when_done = t.exit_when_done;
+  o.drain_timeout_s = t.drain_timeout_s;
+  o.exit_grace_s = t.exit_grace_s;
+  o.epochs = c.data.epochs;
+  o.messages.max_receive_bytes = t.max_receive_message_bytes;
+  o.messages.max_send_bytes = t.max_send_message_bytes;
+  PeerAuthOptions auth;
+  auth.tls_cert = t.tls_cert;
+  auth.tls_key = t.tls_key;
+  auth.tls_ca = t.tls_ca;
+  auth.auth_token_file = t.auth_token_file;
+  E3_ASSIGN_OR_RETURN(PeerAuth peer_auth, PeerAuth::ForServer(auth));
+  o.auth = std::make_shared<const PeerAuth>(std::move(peer_auth));
+  return o;
 }
 
 }  // namespace e3

@@ -9,6 +9,8 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/config/run_config.h"
 #include "common/rpc/keepalive.h"
 #include "common/rpc/peer_auth.h"
 #include "teacher_server/engine/engine.h"
@@ -36,6 +38,10 @@ struct ServeOptions {
   MessageLimits messages;  // the server's gRPC message caps (ApplyMessageLimits)
   std::shared_ptr<const PeerAuth> auth;  // TLS credentials (and the token); null: plaintext
   KeepaliveOptions keepalive;
+
+  // From the teachers and data sections; errors name the TLS file that
+  // does not load.
+  static absl::StatusOr<ServeOptions> From(const RunConfig& config);
 };
 
 // Serves until `signal` is set (or the work is done), then drains: health

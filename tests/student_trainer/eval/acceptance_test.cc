@@ -78,7 +78,7 @@ TEST(AcceptanceTest, ChainsDependOnNothingAfterTheirRow) {
                                 ttt.aux_hidden);
   ASSERT_TRUE(full.ok()) << full.status();
   EXPECT_EQ(full->prompt_lengths, (std::vector<int64_t>{4, 2}));
-  auto chains = DraftChains(*draft, *full, 5);
+  auto chains = draft->ProposeChains(*full, 5);
   ASSERT_TRUE(chains.ok()) << chains.status();
   ASSERT_EQ(chains->sizes(), (std::vector<int64_t>{32, 5}));
   // The first 14 rows of sample 0 alone: rows 0..12 (the last has no next
@@ -87,7 +87,7 @@ TEST(AcceptanceTest, ChainsDependOnNothingAfterTheirRow) {
   prefix.input_ids = full->input_ids.narrow(0, 0, 14);
   prefix.cu_seqlens = {0, 14};
   prefix.aux_hidden = full->aux_hidden.narrow(0, 0, 14);
-  auto part = DraftChains(*draft, prefix, 5);
+  auto part = draft->ProposeChains(prefix, 5);
   ASSERT_TRUE(part.ok());
   EXPECT_TRUE(torch::equal(part->narrow(0, 0, 13), chains->narrow(0, 0, 13)));
   // Every drafted id is a target id of the draft vocab (even ids here).
@@ -115,10 +115,10 @@ TEST(AcceptanceTest, ChunkedQueriesDraftTheSameChains) {
                                  torch::cat({torch::zeros({4}), torch::ones({19}), torch::zeros({2}), torch::ones({7})}),
                                  ttt.aux_hidden);
   ASSERT_TRUE(batch.ok()) << batch.status();
-  auto whole = DraftChains(*draft, *batch, 7);
+  auto whole = draft->ProposeChains(*batch, 7);
   ASSERT_TRUE(whole.ok()) << whole.status();
   SetNoGradAttentionScoreBytes(4 * 3 * 23 * 8);
-  auto chunked = DraftChains(*draft, *batch, 7);
+  auto chunked = draft->ProposeChains(*batch, 7);
   SetNoGradAttentionScoreBytes(int64_t{1} << 30);
   ASSERT_TRUE(chunked.ok()) << chunked.status();
   EXPECT_TRUE(torch::equal(*chunked, *whole));

@@ -91,8 +91,7 @@ TEST(MetricsProcessorTest, StepsGoToTheWindowsAndTheStepLog) {
 
 TEST(MetricsProcessorTest, UnderDataParallelismEachRankLogsToItsOwnFile) {
   MetricsOptions o;
-  o.rank = 1;
-  o.world_size = 2;
+  o.layout = *ParallelLayout::DataParallel(/*rank=*/1, /*world_size=*/2);
   o.step_log = Temp("dp_steps.jsonl");
   testing::ScratchPath("dp_steps.jsonl", ".rank1");  // the file rank 1 writes: removed with the test
   o.log_every = 0;

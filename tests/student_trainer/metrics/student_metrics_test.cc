@@ -15,7 +15,7 @@ namespace e3 {
 namespace {
 
 // The value of the sample line that starts with `series` (name and labels).
-double Sample(const std::string& text, const std::string& series) {
+double ScrapedSample(const std::string& text, const std::string& series) {
   const size_t at = text.find("\n" + series + " ");
   if (at == std::string::npos) {
     ADD_FAILURE() << "no sample " << series << " in\n" << text;
@@ -40,7 +40,7 @@ StepReport StepNumber(int n) {
 // Returns the first mismatch in one scrape, or "" when every family holds the
 // step that e3_student_steps_total counts.
 std::string MixedStep(const std::string& text) {
-  const double steps = Sample(text, "e3_student_steps_total{rank=\"3\"}");
+  const double steps = ScrapedSample(text, "e3_student_steps_total{rank=\"3\"}");
   if (steps <= 0) return "no step recorded yet";
   for (const char* series :
        {"e3_student_tokens_total{rank=\"3\"}", "e3_student_step_seconds_total{rank=\"3\"}",
@@ -48,7 +48,7 @@ std::string MixedStep(const std::string& text) {
         "e3_student_learning_rate{rank=\"3\"}", "e3_student_tau{rank=\"3\"}",
         "e3_student_acc{rank=\"3\",step=\"0\"}", "e3_student_acc{rank=\"3\",step=\"1\"}",
         "e3_student_ploss{rank=\"3\",step=\"1\"}"}) {
-    const double value = Sample(text, series);
+    const double value = ScrapedSample(text, series);
     if (value != steps)
       return std::string(series) + " is " + std::to_string(value) + " in a scrape of step " +
              std::to_string(steps);
@@ -81,8 +81,8 @@ TEST(StudentMetricsTest, AcceptanceLengthPerChain) {
   StudentMetrics metrics(/*rank=*/0, /*ttt_length=*/1);
   metrics.RecordAcceptance({3, 7}, {1.5, 2.25});
   const std::string text = "\n" + RenderMetrics(*metrics.registry());
-  EXPECT_EQ(Sample(text, "e3_student_eval_acceptance_length{chain=\"3\",rank=\"0\"}"), 1.5);
-  EXPECT_EQ(Sample(text, "e3_student_eval_acceptance_length{chain=\"7\",rank=\"0\"}"), 2.25);
+  EXPECT_EQ(ScrapedSample(text, "e3_student_eval_acceptance_length{chain=\"3\",rank=\"0\"}"), 1.5);
+  EXPECT_EQ(ScrapedSample(text, "e3_student_eval_acceptance_length{chain=\"7\",rank=\"0\"}"), 2.25);
 }
 
 }  // namespace

@@ -22,5 +22,19 @@ TEST(LrScheduleTest, NoTotalKeepsThePeak) {
   EXPECT_DOUBLE_EQ(s.At(1000), 2e-4);
 }
 
+TEST(LrScheduleTest, FromTheScheduleSection) {
+  ScheduleSettings schedule;  // the declared defaults
+  schedule.lr = 3e-4;
+  schedule.min_lr_ratio = 0.25;
+  schedule.warmup_ratio = 0.1;
+  const LrSchedule by_ratio = LrSchedule::From(schedule, 200);
+  EXPECT_EQ(by_ratio.peak, 3e-4);
+  EXPECT_EQ(by_ratio.min_ratio, 0.25);
+  EXPECT_EQ(by_ratio.total_steps, 200);
+  EXPECT_EQ(by_ratio.warmup_steps, 20);
+  schedule.warmup_steps = 7;  // a count overrides the ratio
+  EXPECT_EQ(LrSchedule::From(schedule, 200).warmup_steps, 7);
+}
+
 }  // namespace
 }  // namespace e3

@@ -19,6 +19,13 @@
 namespace e3 {
 namespace {
 
+// The plan of TP rank `rank` of a teacher of `tp` ranks in `ep` expert groups.
+absl::StatusOr<ShardPlan> PlanFor(const ModelConfig& c, int rank, int tp, int ep) {
+  absl::StatusOr<ParallelLayout> layout = ParallelLayout::Make(rank, tp, tp, ep);
+  if (!layout.ok()) return layout.status();
+  return ShardPlan::Make(c, *layout);
+}
+
 using testing::RunTpProcesses;
 using testing::TpRun;
 
@@ -160,7 +167,7 @@ TEST(ShardPlanTest, SplitsHeadsVocabAndExperts) {
   c.num_key_value_heads = 8;
   c.intermediate_size = 14336;
   c.vocab_size = 128257;  // odd: the last rank's shard is shorter
-  auto p = ShardPlan::Make(c, 3, 4, 1);
+  auto p = PlanFor(c, 3, 4, 1);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->q_heads.begin, 24);
   EXPECT_EQ(p->q_heads.size, 8);
@@ -173,7 +180,7 @@ TEST(ShardPlanTest, SplitsHeadsVocabAndExperts) {
   // GQA with fewer KV heads than ranks: ranks 0-3 read kv head 0, 4-7 head 1.
   c.num_key_value_heads = 2;
   for (int r = 0; r < 8; ++r) {
-    auto q = ShardPlan::Make(c, r, 8, 1);
+    auto q = PlanFor(c, r, 8, 1);
     ASSERT_TRUE(q.ok());
     EXPECT_EQ(q->kv_heads.begin, r / 4);
     EXPECT_EQ(q->kv_heads.size, 1);
@@ -183,7 +190,7 @@ TEST(ShardPlanTest, SplitsHeadsVocabAndExperts) {
 
   c.moe.num_experts = 8;
   c.moe.intermediate_size = 768;
-  auto m = ShardPlan::Make(c, 5, 8, 2);  // 2 groups of 4 ranks
+  auto m = PlanFor(c, 5, 8, 2);  // 2 groups of 4 ranks
   ASSERT_TRUE(m.ok());
   EXPECT_EQ(m->experts.begin, 4);
   EXPECT_EQ(m->experts.size, 4);
@@ -193,9 +200,9 @@ TEST(ShardPlanTest, SplitsHeadsVocabAndExperts) {
   // Every layer routed (Mixtral): the dense intermediate size is unused
   // and need not divide.
   c.intermediate_size = 14335;
-  EXPECT_TRUE(ShardPlan::Make(c, 5, 8, 2).ok());
+  EXPECT_TRUE(PlanFor(c, 5, 8, 2).ok());
   c.moe.mlp_only_layers = {0};  // one dense layer: now it must
-  EXPECT_FALSE(ShardPlan::Make(c, 5, 8, 2).ok());
+  EXPECT_FALSE(PlanFor(c, 5, 8, 2).ok());
 }
 
 // The combine of a vocab-parallel argmax against at::argmax over the whole
@@ -251,17 +258,17 @@ TEST(ShardPlanTest, NamesTheFieldThatDoesNotDivide) {
   c.num_key_value_heads = 3;
   c.intermediate_size = 64;
   c.vocab_size = 100;
-  auto p = ShardPlan::Make(c, 0, 8, 1);
+  auto p = PlanFor(c, 0, 8, 1);
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.status().message().find("\"num_attention_heads\" = 12"), std::string::npos) << p.status();
   c.num_attention_heads = 16;
-  p = ShardPlan::Make(c, 0, 4, 1);  // 3 kv heads over 4 ranks
+  p = PlanFor(c, 0, 4, 1);  // 3 kv heads over 4 ranks
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.status().message().find("num_key_value_heads"), std::string::npos) << p.status();
   c.num_key_value_heads = 4;
-  EXPECT_FALSE(ShardPlan::Make(c, 0, 4, 2).ok());  // EP on a dense model
-  EXPECT_FALSE(ShardPlan::Make(c, 0, 4, 3).ok());  // ep does not divide tp
-  EXPECT_FALSE(ShardPlan::Make(c, 4, 4, 1).ok());  // rank outside
+  EXPECT_FALSE(PlanFor(c, 0, 4, 2).ok());  // EP on a dense model
+  EXPECT_FALSE(PlanFor(c, 0, 4, 3).ok());  // ep does not divide tp
+  EXPECT_FALSE(PlanFor(c, 4, 4, 1).ok());  // rank outside
 }
 
 }  // namespace
