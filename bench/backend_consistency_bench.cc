@@ -40,7 +40,7 @@
 #include "common/model/model_dir.h"
 #include "common/torch/tensor_convert.h"
 #include "common/torch/torch_core.h"
-#include "teacher_server/causal_lm.h"
+#include "teacher_server/models/causal_lm.h"
 
 ABSL_FLAG(std::string, model_dir, "examples/tiny-code-llama", "Hugging Face model directory");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda[:N]");

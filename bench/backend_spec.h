@@ -8,7 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
-#include "teacher_server/causal_lm.h"
+#include "teacher_server/models/causal_lm.h"
 
 namespace e3::bench {
 

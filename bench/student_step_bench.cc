@@ -28,13 +28,13 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "bench/kineto_profile.h"
-#include "common/torch/tensor_convert.h"
 #include "common/torch/process_group.h"
+#include "common/torch/tensor_convert.h"
 #include "common/torch/torch_core.h"
-#include "student_trainer/eagle3_draft.h"
-#include "student_trainer/draft_optimizer.h"
+#include "student_trainer/draft/eagle3_draft.h"
 #include "student_trainer/ops/ttt_attention.h"
-#include "student_trainer/ttt.h"
+#include "student_trainer/optim/draft_optimizer.h"
+#include "student_trainer/step/ttt_step.h"
 
 ABSL_FLAG(std::string, shape, "llama-8b", "target shape: llama-1b (Llama-3.2-1B), llama-8b (Llama-3.1-8B), tiny");
 ABSL_FLAG(int64_t, tokens, 2048, "tokens in the packed batch");
@@ -212,7 +212,7 @@ int Main() {
   std::unique_ptr<DraftOptimizer> optimizer = std::move(created).value();
   Eagle3DraftImpl& trained = master ? **master : **draft;
 
-  TttBatch batch;
+  TeacherBatch batch;
   const int64_t samples = std::max<int64_t>(1, absl::GetFlag(FLAGS_samples));
   std::vector<int64_t> cu = {0};
   for (int64_t i = 1; i <= samples; ++i) cu.push_back(T * i / samples);

@@ -41,12 +41,12 @@
 #include "bench/backend_spec.h"
 #include "bench/kineto_profile.h"
 #include "bench/random_samples.h"
-#include "common/model/model_dir.h"
 #include "common/base/status_macros.h"
+#include "common/model/model_dir.h"
 #include "common/torch/tensor_convert.h"
 #include "common/torch/torch_core.h"
-#include "teacher_server/causal_lm.h"
-#include "teacher_server/parallel/tp_control.h"
+#include "teacher_server/models/causal_lm.h"
+#include "teacher_server/runtime/tp_control.h"
 
 ABSL_FLAG(std::string, model_dir, "examples/tiny-code-llama", "Hugging Face model directory");
 ABSL_FLAG(std::string, dtype, "float32", "compute dtype");

@@ -40,8 +40,8 @@
 #include "common/gpu/cuda_runtime.h"
 #include "common/gpu/device_pool.h"
 #include "common/gpu/nccl_channel.h"
-#include "common/transport/shm_segment.h"
 #include "common/torch/torch_core.h"
+#include "common/transport/shm_segment.h"
 #include "proto/teacher.grpc.pb.h"
 
 ABSL_FLAG(std::string, sizes_mib, "64,256,1024", "payload sizes in MiB");

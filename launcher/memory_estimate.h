@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <string>
 
-#include "common/model/model_config.h"
 #include "common/config/run_config.h"
+#include "common/model/model_config.h"
 
 namespace e3 {
 

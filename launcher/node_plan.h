@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/model/model_config.h"
 #include "common/config/run_config.h"
+#include "common/model/model_config.h"
 #include "launcher/memory_estimate.h"
 
 namespace e3 {

@@ -4,8 +4,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/stream/sample_order.h"
 #include "common/base/status_macros.h"
+#include "common/stream/sample_order.h"
 
 namespace e3 {
 namespace {

@@ -1,6 +1,6 @@
 // What a peer can make the teacher do: every request field that sizes
 // work, memory or a log line is bounded here, before the handler hands
-// anything to the engine. The handlers (teacher_server/teacher_service.cc)
+// anything to the engine. The handlers (teacher_server/service/teacher_service.cc)
 // call these first; gRPC's message size caps bound the bytes before that.
 // An error names the message, the field, the value and what was expected,
 // as InvalidArgument (a retry cannot fix it).

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/transport/batch_payload.h"
 #include "common/model/dtype.h"
+#include "common/transport/batch_payload.h"
 #include "common/transport/shm_segment.h"
 #include "common/transport/transport.h"
 #include "proto/teacher.pb.h"

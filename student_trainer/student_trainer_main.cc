@@ -3,7 +3,6 @@
 // torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK) is honoured, with
 // explicit flags taking precedence.
 #include <signal.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -11,115 +10,17 @@
 #include <string>
 #include <thread>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "common/base/launch_env.h"
-#include "common/metrics/metrics_server.h"
 #include "common/config/command_line.h"
-#include "common/base/status_macros.h"
-#include "student_trainer/checkpoint_manager.h"
-#include "student_trainer/student_metrics.h"
+#include "common/metrics/metrics_server.h"
+#include "student_trainer/metrics/student_metrics.h"
 #include "student_trainer/trainer.h"
 
 namespace e3 {
 namespace {
 
 std::atomic<bool> g_stop{false};
-
-// The trainer's options from the run config.
-absl::StatusOr<TrainerOptions> OptionsFromConfig(const RunConfig& c) {
-  TrainerOptions o;
-  o.teachers = absl::StrSplit(c.students.teacher, ',', absl::SkipWhitespace());
-  if (o.teachers.empty()) return absl::InvalidArgumentError("--teacher is empty");
-  o.client.address = o.teachers[0];
-  LaunchFlags launch_flags;
-  launch_flags.rank = static_cast<int>(c.students.rank);
-  launch_flags.world_size = c.students.world_size > 0 ? static_cast<int>(c.students.world_size) : -1;
-  launch_flags.master_addr = c.students.master_addr;
-  launch_flags.master_port = static_cast<int>(c.students.master_port);
-  launch_flags.rendezvous_file = c.students.rendezvous_file;
-  E3_ASSIGN_OR_RETURN(const LaunchEnv launch, ResolveLaunchEnv(launch_flags, ProcessEnv()));
-  o.client.rank = launch.rank;
-  o.client.world_size = launch.world_size;
-  o.master_addr = launch.master_addr;
-  o.master_port = launch.master_port;
-  o.rendezvous_file = launch.rendezvous_file;
-  o.client.subscriber_id = c.students.subscriber_id.empty() ? absl::StrCat("rank-", o.client.rank)
-                                                                        : c.students.subscriber_id;
-  o.device = c.students.device;
-  if (o.device.empty()) {
-    o.device = launch.local_rank >= 0 && torch::cuda::is_available() ? absl::StrCat("cuda:", launch.local_rank)
-                                                                      : "cpu";
-  }
-  if (c.students.transports.empty()) {
-    o.client.transports = DefaultTransports(absl::StartsWith(o.device, "cuda"));
-  } else {
-    auto transports = ParseTransportList(c.students.transports);
-    if (!transports.ok()) return absl::InvalidArgumentError(absl::StrCat("--transports: ", transports.status().message()));
-    o.client.transports = *transports;
-  }
-  o.client.credit_window = static_cast<int>(c.schedule.credit_window);
-  o.client.auth.tls_ca = c.students.tls_ca;
-  o.client.auth.tls_cert = c.students.tls_cert;
-  o.client.auth.tls_key = c.students.tls_key;
-  o.client.auth.tls_server_name = c.students.tls_server_name;
-  o.client.auth.auth_token_file = c.students.auth_token_file;
-  o.client.max_attempts = static_cast<int>(c.students.connect_attempts);
-  o.client.initial_backoff = absl::Seconds(c.students.initial_backoff_s);
-  o.client.teacher_wait = absl::Seconds(c.students.teacher_wait_s);
-  o.client.keepalive.ping_every = std::chrono::milliseconds(
-      static_cast<int64_t>(c.students.keepalive_ping_s * 1000));
-  o.client.keepalive.ping_timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(c.students.keepalive_timeout_s * 1000));
-  o.client.max_receive_message_bytes = c.students.max_receive_message_bytes;
-  o.client.max_weights_bytes = c.students.max_weights_bytes;
-  char host[256] = {0};
-  ::gethostname(host, sizeof(host) - 1);
-  o.client.host = host;
-  o.ttt_length = static_cast<int>(c.draft.ttt_length);
-  o.student_kernels = c.draft.kernels;
-  o.ttt_positions = c.draft.ttt_positions;
-  o.ttt_loss = c.draft.ttt_loss;
-  o.kl_scale = c.draft.kl_scale;
-  o.kl_decay = c.draft.kl_decay;
-  o.dtype = c.draft.dtype;
-  o.learning_rate = c.schedule.lr;
-  o.min_lr_ratio = c.schedule.min_lr_ratio;
-  o.warmup_ratio = c.schedule.warmup_ratio;
-  o.warmup_steps = c.schedule.warmup_steps;
-  o.weight_decay = c.schedule.weight_decay;
-  o.beta1 = c.schedule.adam_beta1;
-  o.beta2 = c.schedule.adam_beta2;
-  o.grad_clip = c.schedule.grad_clip;
-  o.max_steps = c.schedule.max_steps;
-  o.intermediate_size = c.draft.intermediate_size;
-  o.init_seed = c.draft.init_seed;
-  o.checkpoint_dir = c.students.checkpoint_dir;
-  o.checkpoint_every = c.schedule.checkpoint_every;
-  o.keep_checkpoints = static_cast<int>(c.schedule.keep_checkpoints);
-  o.on_checkpoint_save_error = c.schedule.on_checkpoint_save_error;
-  o.on_checkpoint_load_error = c.schedule.on_checkpoint_load_error;
-  o.output_dir = c.students.output_dir;
-  o.export_dtype = c.draft.export_dtype;
-  o.init_from = c.draft.init_from;
-  o.best_dir = c.students.best_dir;
-  o.early_stop_patience = c.schedule.early_stop_patience;
-  o.tensorboard_dir = c.students.tensorboard_dir;
-  o.log_every = static_cast<int>(c.schedule.log_every);
-  o.summary_json = c.students.summary_json;
-  o.step_log = c.students.step_log;
-  o.eval.every = c.schedule.eval_every;
-  o.eval.chain = c.schedule.eval_chain;
-  o.eval.wait_s = c.schedule.eval_wait_s;
-  o.eval.untrained = c.schedule.eval_untrained;
-  o.eval.dump = c.students.eval_dump;
-  o.stop = &g_stop;
-  o.client.stop = &g_stop;
-  return o;
-}
 
 void PrintSummary(const TrainSummary& s, int rank) {
   auto acc = [](const std::vector<double>& a) {
@@ -183,13 +84,14 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "student_trainer: warning: %s\n", w.c_str());
   }
   const RunConfig& c = command_line->config;
-  absl::StatusOr<TrainerOptions> o = OptionsFromConfig(c);
-  if (!o.ok()) {
-    std::fprintf(stderr, "student_trainer: error: %s\n", std::string(o.status().message()).c_str());
+  absl::StatusOr<StudentProcess> process = ResolveStudentProcess(c, ProcessEnv(), &g_stop);
+  if (!process.ok()) {
+    std::fprintf(stderr, "student_trainer: error: %s\n", std::string(process.status().message()).c_str());
     return 2;
   }
+  const int rank = process->layout.rank();
   if (static_cast<int>(c.students.threads) > 0) at::set_num_threads(static_cast<int>(c.students.threads));
-  StudentMetrics metrics(o->client.rank, o->ttt_length);
+  StudentMetrics metrics(rank, static_cast<int>(c.draft.ttt_length));
   std::unique_ptr<MetricsServer> metrics_server;
   if (static_cast<int>(c.students.metrics_port) >= 0) {
     auto ms = MetricsServer::Start(metrics.registry(), c.students.metrics_host, static_cast<int>(c.students.metrics_port));
@@ -198,19 +100,19 @@ int Main(int argc, char** argv) {
       return 1;
     }
     metrics_server = std::move(ms).value();
-    std::printf("student[%d]: metrics on :%d\n", o->client.rank, metrics_server->port());
+    std::printf("student[%d]: metrics on :%d\n", rank, metrics_server->port());
   }
-  auto summary = RunTrainer(*o, &metrics);
+  auto summary = RunTrainer(c, *process, &metrics);
   if (!summary.ok()) {
     std::fprintf(stderr, "student_trainer: error: %s\n", std::string(summary.status().message()).c_str());
     return 1;
   }
-  PrintSummary(*summary, o->client.rank);
+  PrintSummary(*summary, rank);
   // A run's last values change after the last scrape unless the process
   // outlives a scrape interval.
   const int linger_s = static_cast<int>(c.students.metrics_linger_s);
   if (metrics_server != nullptr && linger_s > 0 && !g_stop) {
-    std::printf("student[%d]: serving the final metrics for %d s\n", o->client.rank, linger_s);
+    std::printf("student[%d]: serving the final metrics for %d s\n", rank, linger_s);
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(linger_s);
     while (!g_stop && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -12,14 +12,12 @@
 #include "common/base/status_macros.h"
 #include "common/torch/tensor_convert.h"
 #include "nlohmann/json.hpp"
-#include "student_trainer/best_draft.h"
-#include "student_trainer/checkpoint_manager.h"
-#include "student_trainer/data_parallel.h"
-#include "student_trainer/draft_builder.h"
-#include "student_trainer/draft_export.h"
-#include "student_trainer/lr_schedule.h"
-#include "student_trainer/teacher_pool.h"
-#include "student_trainer/train_step.h"
+#include "student_trainer/algorithm/draft_algorithm.h"
+#include "student_trainer/checkpoint/best_draft.h"
+#include "student_trainer/checkpoint/checkpoint_manager.h"
+#include "student_trainer/feed/teacher_pool.h"
+#include "student_trainer/optim/data_parallel.h"
+#include "student_trainer/optim/lr_schedule.h"
 
 namespace e3 {
 namespace {
@@ -32,7 +30,8 @@ nlohmann::json WindowJson(const WindowStats& w) {
 
 class Trainer {
  public:
-  Trainer(const TrainerOptions& o, StudentMetrics* prometheus) : o_(o), prometheus_(prometheus) {}
+  Trainer(const RunConfig& config, const StudentProcess& process, StudentMetrics* prometheus)
+      : config_(config), process_(process), prometheus_(prometheus) {}
 
   // The components, in the order they depend on each other.
   absl::Status Build();
@@ -55,147 +54,120 @@ class Trainer {
   absl::Status Export();
   TrainSummary Summary();
 
-  int rank() const { return o_.client.rank; }
-  bool Stopping() const { return o_.stop != nullptr && o_.stop->load(); }
+  int rank() const { return process_.layout.rank(); }
+  bool Stopping() const { return process_.stop != nullptr && process_.stop->load(); }
+  const ScheduleSettings& schedule() const { return config_.schedule; }
+  const StudentsSettings& students() const { return config_.students; }
 
-  const TrainerOptions o_;
+  const RunConfig& config_;
+  const StudentProcess& process_;
   StudentMetrics* prometheus_;
   const Clock::time_point start_ = Clock::now();
   at::Device device_{at::kCPU};
   std::unique_ptr<TeacherPool> teachers_;
   std::unique_ptr<ProcessGroup> group_;
-  BuiltDraft draft_;
+  std::unique_ptr<DraftAlgorithm> algorithm_;
   std::unique_ptr<CheckpointManager> checkpoints_;
   std::unique_ptr<AcceptanceEval> acceptance_;
   std::optional<BestDraft> best_;
   std::unique_ptr<MetricsProcessor> metrics_;
-  LrSchedule schedule_;
-  TttOptions ttt_;
+  LrSchedule lr_;
   TrainerState state_;
   TrainSummary summary_;
 };
 
 absl::Status Trainer::BuildTeachersAndDraft() {
-  std::vector<std::string> addresses = o_.teachers;
-  if (addresses.empty()) addresses.push_back(o_.client.address);
-  E3_ASSIGN_OR_RETURN(device_, ParseStudentDevice(o_.device));
-  TeacherClientOptions client = o_.client;
-  client.device = o_.device;
-  E3_ASSIGN_OR_RETURN(teachers_, TeacherPool::Connect(addresses, client));
-  E3_ASSIGN_OR_RETURN(ttt_.loss, ParseTttLoss(o_.ttt_loss));
-  E3_ASSIGN_OR_RETURN(const FrozenWeights frozen, teachers_->FetchWeights(NeedsFullTargetHead(ttt_.loss)));
-
+  E3_ASSIGN_OR_RETURN(device_, ParseUsableDevice(process_.device, "--device"));
+  E3_ASSIGN_OR_RETURN(algorithm_, CreateDraftAlgorithm(config_.draft, schedule(), device_));
+  TeacherClientOptions client = TeacherClientOptions::FromSettings(students(), schedule());
+  client.layout = process_.layout;
+  client.subscriber_id = process_.subscriber_id;
+  client.transports = process_.transports;
+  client.host = process_.host;
+  client.device = process_.device;
+  client.stop = process_.stop;
+  E3_ASSIGN_OR_RETURN(teachers_, TeacherPool::Connect(process_.teachers, client));
+  E3_ASSIGN_OR_RETURN(const FrozenWeights frozen,
+                      teachers_->FetchWeights(algorithm_->needs().target_head_rest));
   // Data parallelism: every rank starts from rank 0's weights, and the
   // optimizer averages gradients over the ranks before each update.
-  LaunchEnv launch;
-  launch.rank = rank();
-  launch.world_size = o_.client.world_size;
-  launch.master_addr = o_.master_addr;
-  launch.master_port = o_.master_port;
-  launch.rendezvous_file = o_.rendezvous_file;
-  E3_ASSIGN_OR_RETURN(group_, JoinDataParallelGroup(launch, device_));
-
-  DraftBuildOptions d;
-  d.device = device_;
-  d.dtype = o_.dtype;
-  d.init_seed = o_.init_seed;
-  d.intermediate_size = o_.intermediate_size;
-  if (!o_.init_from.empty() && d.intermediate_size == 0) {
-    // A warm start takes the draft's own width unless one is asked for.
-    E3_ASSIGN_OR_RETURN(const Eagle3DraftConfig from, ReadDraftConfig(JoinPath(o_.init_from, kDraftConfigFile)));
-    d.intermediate_size = from.intermediate_size;
-  }
-  d.keep_full_target_head = NeedsFullTargetHead(ttt_.loss);
-  E3_ASSIGN_OR_RETURN(d.kernels, ParseTttKernels(o_.student_kernels));
-  d.optimizer.beta1 = o_.beta1;
-  d.optimizer.beta2 = o_.beta2;
-  d.optimizer.weight_decay = o_.weight_decay;
-  d.optimizer.grad_clip = o_.grad_clip;
-  E3_ASSIGN_OR_RETURN(draft_, BuildDraft(teachers_->info(), frozen, d, group_.get()));
+  E3_ASSIGN_OR_RETURN(group_, JoinDataParallelGroup(process_.launch, device_));
+  E3_RETURN_IF_ERROR(algorithm_->Build(teachers_->info(), frozen, group_.get()));
   summary_.device = device_.str();
-  summary_.dtype = draft_.dtype_name;
-  std::printf("student[%d]: draft on %s, compute %s%s, %s kernels\n", rank(), device_.str().c_str(),
-              draft_.dtype_name.c_str(),
-              draft_.master.has_value() ? " with fp32 master weights" : "",
-              d.kernels == TttKernels::kFast ? "fast" : "reference");
-
-  ttt_.length = o_.ttt_length;
-  ttt_.kernels = d.kernels;
-  E3_ASSIGN_OR_RETURN(ttt_.positions, ParseTttPositions(o_.ttt_positions));
-  ttt_.kl_scale = o_.kl_scale;
-  ttt_.kl_decay = o_.kl_decay;
-  ttt_.defer_metrics = true;  // read after the optimizer step: one synchronisation per step
+  summary_.dtype = algorithm_->compute_dtype();
+  std::printf("student[%d]: %s\n", rank(), algorithm_->Describe().c_str());
   return absl::OkStatus();
 }
 
 absl::Status Trainer::Resume() {
   CheckpointManagerOptions c;
-  c.dir = o_.checkpoint_dir;
-  c.every = o_.checkpoint_every;
-  c.keep = o_.keep_checkpoints;
-  E3_ASSIGN_OR_RETURN(c.on_save_error, ParseOnCheckpointSaveError(o_.on_checkpoint_save_error));
-  E3_ASSIGN_OR_RETURN(c.on_load_error, ParseOnCheckpointLoadError(o_.on_checkpoint_load_error));
-  c.rank = rank();
+  c.dir = students().checkpoint_dir;
+  c.every = schedule().checkpoint_every;
+  c.keep = static_cast<int>(schedule().keep_checkpoints);
+  E3_ASSIGN_OR_RETURN(c.on_save_error, ParseOnCheckpointSaveError(schedule().on_checkpoint_save_error));
+  E3_ASSIGN_OR_RETURN(c.on_load_error, ParseOnCheckpointLoadError(schedule().on_checkpoint_load_error));
+  c.layout = process_.layout;
   c.group = group_.get();
   c.device = device_;
   checkpoints_ = std::make_unique<CheckpointManager>(c);
-  state_.subscriber_id = o_.client.subscriber_id;
+  state_.subscriber_id = process_.subscriber_id;
   state_.cursors.assign(teachers_->size(), StreamCursor(0, 0, {}, /*consumed=*/0));
   E3_ASSIGN_OR_RETURN(std::optional<TrainerState> resumed,
-                      checkpoints_->Resume(draft_.trained(), *draft_.optimizer, teachers_->size()));
+                      checkpoints_->Resume(algorithm_->trained(), algorithm_->optimizer(), teachers_->size()));
   if (resumed.has_value()) {
     state_ = *resumed;
     summary_.resumed = true;
     summary_.resumed_from_step = state_.step;
-  } else if (!o_.init_from.empty()) {
+  } else if (!config_.draft.init_from.empty()) {
     E3_RETURN_IF_ERROR(WarmStart());
   }
-  return BroadcastTrainedWeights(group_.get(), draft_.trained(), *draft_.optimizer);
+  return BroadcastTrainedWeights(group_.get(), algorithm_->trained(), algorithm_->optimizer());
 }
 
 absl::Status Trainer::WarmStart() {
   // Every rank reads the export (it is small), so no broadcast of a
   // half-loaded draft can happen; the broadcast after it keeps them equal.
-  E3_RETURN_IF_ERROR(LoadDraftExport(draft_.trained(), o_.init_from, OtherTarget::kWarn));
-  draft_.init_from = o_.init_from;
-  summary_.warm_started_from = o_.init_from;
+  const std::string& from = config_.draft.init_from;
+  E3_RETURN_IF_ERROR(algorithm_->WarmStart(from));
+  summary_.warm_started_from = from;
   std::printf("student[%d]: warm start from the draft in %s (fresh optimizer state and data stream)\n", rank(),
-              o_.init_from.c_str());
+              from.c_str());
   return absl::OkStatus();
 }
 
 absl::Status Trainer::BuildScheduleAndMetrics() {
-  const int64_t planned = o_.max_steps > 0 ? o_.max_steps : teachers_->planned_batches();
-  schedule_.peak = o_.learning_rate;
-  schedule_.min_ratio = o_.min_lr_ratio;
-  schedule_.total_steps = planned;
-  schedule_.warmup_steps =
-      o_.warmup_steps >= 0 ? o_.warmup_steps : static_cast<int64_t>(o_.warmup_ratio * planned);
-  E3_ASSIGN_OR_RETURN(acceptance_, AcceptanceEval::Create(teachers_->first(), o_.eval, group_.get(),
-                                                          rank(), o_.client.world_size, device_));
-  if (acceptance_->enabled() && rank() == 0) {
-    const std::string when = o_.eval.every > 0
-                                 ? absl::StrCat("every ", o_.eval.every, " steps and at the end")
+  const int64_t planned = schedule().max_steps > 0 ? schedule().max_steps : teachers_->planned_batches();
+  lr_ = LrSchedule::From(schedule(), planned);
+  AcceptanceEvalOptions eval;
+  eval.every = schedule().eval_every;
+  eval.chain = schedule().eval_chain;
+  eval.wait_s = schedule().eval_wait_s;
+  eval.untrained = schedule().eval_untrained;
+  eval.dump = students().eval_dump;
+  E3_ASSIGN_OR_RETURN(acceptance_,
+                      AcceptanceEval::Create(teachers_->first(), eval, group_.get(), process_.layout, device_));
+  if (acceptance_->enabled() && process_.layout.is_first()) {
+    const std::string when = eval.every > 0
+                                 ? absl::StrCat("every ", eval.every, " steps and at the end")
                                  : "at the end";
     std::printf("student[0]: real acceptance length on %s's eval set %s (chains %s)\n",
                 teachers_->address(0).c_str(), when.c_str(),
                 absl::StrJoin(acceptance_->chain_lengths(), ", ").c_str());
   }
   BestDraftOptions b;
-  b.dir = o_.best_dir;
-  b.chain = o_.eval.chain;
-  b.patience = o_.early_stop_patience;
-  E3_ASSIGN_OR_RETURN(b.dtype, ParseComputeScalarType(o_.export_dtype));
-  b.writer = rank() == 0;
+  b.dir = students().best_dir;
+  b.chain = schedule().eval_chain;
+  b.patience = schedule().early_stop_patience;
+  E3_ASSIGN_OR_RETURN(b.dtype, ParseComputeScalarType(config_.draft.export_dtype));
+  b.writer = process_.layout.is_first();
   E3_ASSIGN_OR_RETURN(BestDraft best, BestDraft::Open(b));
   best_ = std::move(best);
   MetricsOptions m;
-  m.rank = rank();
-  m.world_size = o_.client.world_size;
-  m.step_log = o_.step_log;
-  m.log_every = o_.log_every;
+  m.layout = process_.layout;
+  m.step_log = students().step_log;
+  m.log_every = static_cast<int>(schedule().log_every);
   m.planned_steps = planned;
-  m.tensorboard_dir = rank() == 0 ? o_.tensorboard_dir : "";
+  m.tensorboard_dir = process_.layout.is_first() ? students().tensorboard_dir : "";
   E3_ASSIGN_OR_RETURN(metrics_, MetricsProcessor::Create(m, prometheus_));
   return absl::OkStatus();
 }
@@ -239,11 +211,9 @@ absl::StatusOr<bool> Trainer::TrainOneBatch() {
     E3_RETURN_IF_ERROR(teachers_->Ack(pooled.teacher, batch));
     return true;
   }
-  const double lr = schedule_.At(state_.step);
-  E3_ASSIGN_OR_RETURN(
-      const TttOutput out,
-      TrainStep(*draft_.draft, *draft_.optimizer, batch.num_tokens > 0 ? &batch.tensors : nullptr,
-                ttt_, lr, state_.step));
+  const double lr = lr_.At(state_.step);
+  E3_ASSIGN_OR_RETURN(const DraftStepOutput out,
+                      algorithm_->Step(batch.num_tokens > 0 ? &batch.tensors : nullptr, lr, state_.step));
   E3_RETURN_IF_ERROR(teachers_->Ack(pooled.teacher, batch));
   state_.step += 1;
   state_.tokens += batch.num_tokens;
@@ -254,7 +224,7 @@ absl::StatusOr<bool> Trainer::TrainOneBatch() {
   StepRecord r;
   r.step = state_.step;
   r.tokens = batch.num_tokens;
-  r.loss = out.loss_value;
+  r.loss = out.loss;
   r.tau = out.tau;
   r.acc = out.acc;
   r.ploss = out.ploss;
@@ -265,20 +235,20 @@ absl::StatusOr<bool> Trainer::TrainOneBatch() {
   metrics_->RecordStep(r);
 
   if (checkpoints_->Due(state_.step)) {
-    E3_RETURN_IF_ERROR(checkpoints_->Save(state_, draft_.trained(), *draft_.optimizer, *teachers_));
+    E3_RETURN_IF_ERROR(checkpoints_->Save(state_, algorithm_->trained(), algorithm_->optimizer(), *teachers_));
   }
   E3_ASSIGN_OR_RETURN(std::optional<AcceptanceReport> measured,
-                      acceptance_->AtStep(state_.step, draft_.trained()));
+                      acceptance_->AtStep(state_.step, algorithm_->trained()));
   if (measured.has_value()) E3_RETURN_IF_ERROR(Measured(state_.step, *measured, ""));
   return true;
 }
 
 absl::Status Trainer::Measured(int64_t step, const AcceptanceReport& report, const char* what) {
   metrics_->RecordAcceptance(step, report, what);
-  E3_RETURN_IF_ERROR(best_->Consider(step, report, draft_.trained()));
+  E3_RETURN_IF_ERROR(best_->Consider(step, report, algorithm_->trained()));
   if (best_->ShouldStop() && !summary_.stopped_early) {
     summary_.stopped_early = true;
-    if (rank() == 0) {
+    if (process_.layout.is_first()) {
       std::printf("student[0]: stopping early: tau has not improved for %ld measurements (best %.3f at step %ld)\n",
                   static_cast<long>(best_->measurements_since_best()), best_->tau(),
                   static_cast<long>(best_->step()));
@@ -288,27 +258,29 @@ absl::Status Trainer::Measured(int64_t step, const AcceptanceReport& report, con
 }
 
 absl::Status Trainer::MeasureAtEnd() {
-  E3_ASSIGN_OR_RETURN(summary_.eval, acceptance_->Final(state_.step, draft_.trained()));
+  E3_ASSIGN_OR_RETURN(summary_.eval, acceptance_->Final(state_.step, algorithm_->trained()));
   if (!summary_.eval.has_value()) return absl::OkStatus();
   if (acceptance_->measured_at() != state_.step)
     E3_RETURN_IF_ERROR(Measured(state_.step, *summary_.eval, " (final)"));
-  E3_RETURN_IF_ERROR(acceptance_->Dump(draft_.trained(), *summary_.eval));
-  if (!o_.eval.untrained) return absl::OkStatus();
-  E3_ASSIGN_OR_RETURN(Eagle3Draft untrained, draft_.Initial());
+  E3_RETURN_IF_ERROR(acceptance_->Dump(algorithm_->trained(), *summary_.eval));
+  if (!schedule().eval_untrained) return absl::OkStatus();
+  E3_ASSIGN_OR_RETURN(const std::shared_ptr<DraftModel> untrained, algorithm_->Initial());
   E3_ASSIGN_OR_RETURN(summary_.eval_untrained, acceptance_->Measure(*untrained));
-  if (summary_.eval_untrained.has_value() && rank() == 0) {
+  if (summary_.eval_untrained.has_value() && process_.layout.is_first()) {
     std::printf("student[0]: acceptance of the %s draft: %s\n",
-                draft_.init_from.empty() ? "untrained" : "warm-start", summary_.eval_untrained->Summary().c_str());
+                summary_.warm_started_from.empty() ? "untrained" : "warm-start",
+                summary_.eval_untrained->Summary().c_str());
   }
   return absl::OkStatus();
 }
 
 absl::Status Trainer::Export() {
-  if (o_.output_dir.empty() || rank() != 0) return absl::OkStatus();
+  const std::string& dir = students().output_dir;
+  if (dir.empty() || !process_.layout.is_first()) return absl::OkStatus();
   DraftExportOptions exp;
-  E3_ASSIGN_OR_RETURN(exp.dtype, ParseComputeScalarType(o_.export_dtype));
-  E3_RETURN_IF_ERROR(ExportDraft(draft_.trained(), o_.output_dir, exp));
-  summary_.export_dir = o_.output_dir;
+  E3_ASSIGN_OR_RETURN(exp.dtype, ParseComputeScalarType(config_.draft.export_dtype));
+  E3_RETURN_IF_ERROR(algorithm_->trained().Export(dir, exp));
+  summary_.export_dir = dir;
   return absl::OkStatus();
 }
 
@@ -319,7 +291,7 @@ TrainSummary Trainer::Summary() {
   summary_.run_tokens = metrics_->tokens();
   summary_.best_tau = best_->tau();
   summary_.best_step = best_->step();
-  if (best_->step() >= 0) summary_.best_dir = o_.best_dir;
+  if (best_->step() >= 0) summary_.best_dir = students().best_dir;
   summary_.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
   summary_.train_seconds = metrics_->train_seconds();
   summary_.data_wait_seconds = metrics_->wait_seconds();
@@ -331,7 +303,8 @@ TrainSummary Trainer::Summary() {
 }
 
 absl::StatusOr<TrainSummary> Trainer::Train() {
-  while ((o_.max_steps == 0 || state_.step < o_.max_steps) && !summary_.stopped_early) {
+  const int64_t max_steps = schedule().max_steps;
+  while ((max_steps == 0 || state_.step < max_steps) && !summary_.stopped_early) {
     E3_ASSIGN_OR_RETURN(const bool trained, TrainOneBatch());
     if (!trained) break;
   }
@@ -342,12 +315,12 @@ absl::StatusOr<TrainSummary> Trainer::Train() {
   // each rank's last word), and nothing is measured against a teacher that
   // is draining too; the export still holds the weights just checkpointed.
   const bool by_signal = summary_.stopped_by_signal;
-  E3_RETURN_IF_ERROR(checkpoints_->Save(state_, draft_.trained(), *draft_.optimizer, *teachers_,
+  E3_RETURN_IF_ERROR(checkpoints_->Save(state_, algorithm_->trained(), algorithm_->optimizer(), *teachers_,
                                         /*last=*/!by_signal, /*final_report=*/by_signal));
   if (!by_signal) E3_RETURN_IF_ERROR(MeasureAtEnd());
   E3_RETURN_IF_ERROR(Export());
   const TrainSummary summary = Summary();
-  if (!o_.summary_json.empty()) std::ofstream(o_.summary_json) << summary.ToJson() << "\n";
+  if (!students().summary_json.empty()) std::ofstream(students().summary_json) << summary.ToJson() << "\n";
   return summary;
 }
 
@@ -385,8 +358,9 @@ std::string TrainSummary::ToJson() const {
   return j.dump(2);
 }
 
-absl::StatusOr<TrainSummary> RunTrainer(const TrainerOptions& options, StudentMetrics* metrics) {
-  Trainer trainer(options, metrics);
+absl::StatusOr<TrainSummary> RunTrainer(const RunConfig& config, const StudentProcess& process,
+                                        StudentMetrics* metrics) {
+  Trainer trainer(config, process, metrics);
   E3_RETURN_IF_ERROR(trainer.Build());
   return trainer.Train();
 }

@@ -55,7 +55,7 @@ maps draft ids to target ids.
 Inputs
 ------
 --draft DIR: config.json and model.safetensors as
-student_trainer/draft_export.cc writes them (any float dtype; d2t I64).
+student_trainer/draft/draft_export.cc writes them (any float dtype; d2t I64).
 --eval_dump FILE (safetensors): input_ids I32 [T], cu_seqlens I32 [B+1],
 prompt_lengths I32 [B], aux_hidden [T, num_aux*H] (F32/BF16), embed_tokens
 [V, H] (F32/BF16), and metadata "meta": JSON with "chains" and the C++
@@ -402,7 +402,7 @@ def apply_rope(x, cos, sin):
 
 
 class Eagle3Draft:
-    """The exported draft's forward pieces (student_trainer/eagle3_draft.h):
+    """The exported draft's forward pieces (student_trainer/draft/eagle3_draft.h):
     fc, one Llama decoder layer whose q/k/v read cat(input_layernorm(embeds),
     hidden_norm(hidden)) with hidden as the residual, the final norm and
     lm_head over the draft vocab; target id = draft id + d2t[draft id]."""

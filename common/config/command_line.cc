@@ -7,10 +7,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "common/config/config_file.h"
-#include "common/config/setting.h"
 #include "common/base/file_util.h"
 #include "common/base/status_macros.h"
+#include "common/config/config_file.h"
+#include "common/config/setting.h"
 
 namespace e3 {
 namespace {

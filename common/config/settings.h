@@ -89,6 +89,9 @@ namespace e3 {
 
 // draft: the draft model, its vocabulary, its training-time test.
 #define E3_DRAFT_SETTINGS(X)                                                                          \
+  X(std::string, algorithm, "eagle3", Choice("eagle3"), kStudent | kLauncher, "draft_algorithm",     \
+    "the draft algorithm the student trains: eagle3 (EAGLE-3, training-time test over ttt_length "    \
+    "steps)")                                                                                          \
   X(int64_t, vocab_size, 32000, Range(1, kMaxInt64), kTeacher | kLauncher, "draft_vocab_size",       \
     "draft vocabulary size (capped at the model's vocab)")                                            \
   X(std::string, vocab_map, "", Path(), kTeacher | kLauncher, "vocab_map",                           \

@@ -15,9 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/base/line_reader.h"
 #include "common/base/status_macros.h"
 #include "common/text/chat_message.h"
-#include "common/base/line_reader.h"
 #include "nlohmann/json.hpp"
 
 namespace e3 {

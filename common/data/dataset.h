@@ -121,7 +121,7 @@ class Dataset {
 };
 
 // One line of a training file, kept as written for regeneration
-// (teacher_server/regenerate.h): a conversation's turns, or a
+// (teacher_server/data/regenerate.h): a conversation's turns, or a
 // pre-tokenized line's text (messages empty), which cannot be regenerated.
 struct ChatLine {
   int64_t line = 0;  // 1-based

@@ -7,8 +7,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/model/safetensors.h"
 #include "common/base/status_macros.h"
+#include "common/model/safetensors.h"
 
 namespace e3 {
 namespace {

@@ -1,5 +1,5 @@
 // The aux layers in a draft's config.json, in the keys and numberings the
-// serving engines read (student_trainer/draft_export.h writes them):
+// serving engines read (student_trainer/draft/draft_export.h writes them):
 // eagle_config.eagle_aux_hidden_state_layer_ids counts "output of decoder
 // layer i" (SGLang's), the top-level eagle_aux_hidden_state_layer_ids
 // counts "the state entering layer j" (vLLM's), j = i + 1. Both services

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/model/dtype.h"
 #include "common/base/mmap_file.h"
+#include "common/model/dtype.h"
 
 namespace e3 {
 

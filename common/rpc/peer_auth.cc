@@ -11,8 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "common/base/file_util.h"
 #include "common/base/loopback_host.h"
-#include "common/rpc/tls_key_pair.h"
 #include "common/base/status_macros.h"
+#include "common/rpc/tls_key_pair.h"
 
 namespace e3 {
 namespace {

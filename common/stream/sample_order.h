@@ -35,7 +35,7 @@ std::vector<int64_t> EpochOrder(int64_t num_samples, uint64_t seed, int64_t epoc
 
 // The most data-parallel ranks one world may have. A peer names its rank
 // and world on the wire, so both are bounded before anything is sized by
-// them; the teacher's batch ids (teacher_server/engine.h) leave room for
+// them; the teacher's batch ids (teacher_server/engine/engine.h) leave room for
 // exactly this many ranks.
 constexpr int kMaxWorldSize = 10000;
 

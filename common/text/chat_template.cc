@@ -11,11 +11,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "common/text/chat_template_env_py.h"
-#include "common/text/embedded_python.h"
 #include "common/base/file_util.h"
 #include "common/base/fnv1a.h"
 #include "common/base/status_macros.h"
+#include "common/text/chat_template_env_py.h"
+#include "common/text/embedded_python.h"
 
 namespace e3 {
 

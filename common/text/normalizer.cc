@@ -3,8 +3,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/text/regex_split.h"
-#include "common/text/unicode.h"
 #include "common/text/tokenizer_json.h"
+#include "common/text/unicode.h"
 
 namespace e3 {
 namespace {

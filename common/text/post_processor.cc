@@ -9,8 +9,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
-#include "common/text/unicode.h"
 #include "common/text/tokenizer_json.h"
+#include "common/text/unicode.h"
 
 namespace e3 {
 

@@ -25,13 +25,13 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "common/base/status_macros.h"
 #include "common/text/normalizer.h"
 #include "common/text/post_processor.h"
 #include "common/text/pretokenizer.h"
 #include "common/text/regex_split.h"
-#include "common/base/status_macros.h"
-#include "common/text/unicode.h"
 #include "common/text/tokenizer_json.h"
+#include "common/text/unicode.h"
 #include "nlohmann/json.hpp"
 
 namespace e3 {

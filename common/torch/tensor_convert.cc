@@ -49,7 +49,7 @@ absl::StatusOr<at::ScalarType> ToScalarType(DType dtype) {
     case DType::kBool: return at::kBool;
     case DType::kF8E4M3:
       // LibTorch 1.13 has no float8 type, and an FP8 weight means nothing
-      // without its block scales: teacher_server/fp8_weights.h decodes it.
+      // without its block scales: teacher_server/models/fp8_weights.h decodes it.
       return absl::InvalidArgumentError("F8_E4M3 tensors are decoded with their block scales (fp8_weights.h)");
   }
   return absl::InvalidArgumentError("unknown DType");

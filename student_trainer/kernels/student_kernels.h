@@ -173,7 +173,7 @@ bool TttDiagBackward(Dtype dtype, const TttAttentionShape& shape, const void* q,
 // Rows of weight 0 read no target (target_row may be anything there) and
 // get a zero gradient. Requires cols % 8 == 0 and 16-byte aligned rows.
 //
-// With `acceptance` (the LK losses, student_trainer/ttt.h) the row also
+// With `acceptance` (the LK losses, student_trainer/step/ttt_step.h) the row also
 // gets the expected acceptance rate of a draft token drawn from
 // q = softmax(z) against the target's full-vocabulary probabilities
 // P = p * exp(target_log_mass[t]):

@@ -7,7 +7,9 @@
 #include <tuple>
 
 #include "student_trainer/kernels/student_kernels.h"
+#include "student_trainer/ops/head_row_chunks.h"
 #include "student_trainer/ops/kernel_switch.h"
+#include "student_trainer/ops/lk_factors.h"
 #include "student_trainer/ops/rms_norm.h"
 
 namespace e3::ops {
@@ -15,119 +17,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// A run of one step's trained rows inside a chunk.
-struct Segment {
-  int64_t step, begin, length;
-};
-
-// One chunk of the head's rows: runs of steps' rows, concatenated.
-struct Chunk {
-  std::vector<Segment> segments;
-  // One segment per step, from the same row index of range steps (so their
-  // i-th rows read target rows t + j + 1, neighbours): the soft CE visits
-  // them interleaved.
-  bool interleaved = false;
-  std::vector<int64_t> RowRuns() const {
-    std::vector<int64_t> runs;
-    if (interleaved) {
-      for (const Segment& s : segments) runs.push_back(s.length);
-    }
-    return runs;
-  }
-};
-
-// The steps to interleave, where every step with rows is a range step and
-// at least two of them fit a chunk together; else none.
-std::vector<int64_t> InterleavedSteps(const std::vector<HeadStepRows>& steps, int64_t chunk_rows) {
-  std::vector<int64_t> runs;
-  for (int64_t j = 0; j < static_cast<int64_t>(steps.size()); ++j) {
-    if (steps[j].rows.numel() == 0) continue;
-    if (steps[j].first_row < 0) return {};
-    runs.push_back(j);
-  }
-  const auto k = static_cast<int64_t>(runs.size());
-  return k >= 2 && k <= chunk_rows && k <= student_kernels::kMaxRowRuns ? runs : std::vector<int64_t>{};
-}
-
-// Splits the steps' rows into chunks of about `chunk_rows` rows.
-// Range steps (long single samples, every position trained) go in
-// interleaved chunks: each chunk the same row indices of every step, so
-// the steps' soft CE rows that read one target row run together and read
-// it from memory once (the target, fp32, has twice the logits' bytes).
-// Their rows are gathered into the chunk and their gradient scattered
-// back. Other batches: a range step's rows get chunks of their own, of
-// near-equal size, so that each chunk is a view of the step's hidden
-// states and its gradient is written in place; other steps share chunks
-// (a step may span chunks, a chunk several steps).
-std::vector<Chunk> Chunks(const std::vector<HeadStepRows>& steps, int64_t chunk_rows) {
-  std::vector<Chunk> chunks;
-  const std::vector<int64_t> runs = InterleavedSteps(steps, chunk_rows);
-  if (!runs.empty()) {
-    // Each chunk takes up to ceil(longest / pieces) rows of every step: at
-    // most chunk_rows + k rows (the steps of a long sample differ by a row).
-    int64_t longest = 0;
-    for (int64_t j : runs) longest = std::max(longest, steps[j].rows.numel());
-    const auto k = static_cast<int64_t>(runs.size());
-    const int64_t pieces = (k * longest + chunk_rows - 1) / chunk_rows;
-    for (int64_t p = 0; p < pieces; ++p) {
-      Chunk c{{}, true};
-      for (int64_t j : runs) {
-        const int64_t n = steps[j].rows.numel();
-        const int64_t begin = std::min(n, longest * p / pieces), end = std::min(n, longest * (p + 1) / pieces);
-        c.segments.push_back({j, begin, end - begin});
-      }
-      chunks.push_back(std::move(c));
-    }
-    return chunks;
-  }
-  int64_t filled = chunk_rows;  // the last chunk is closed
-  for (int64_t j = 0; j < static_cast<int64_t>(steps.size()); ++j) {
-    const int64_t n = steps[j].rows.numel();
-    if (n > 0 && steps[j].first_row >= 0) {
-      const int64_t pieces = (n + chunk_rows - 1) / chunk_rows;
-      for (int64_t p = 0, begin = 0; p < pieces; ++p) {
-        const int64_t end = n * (p + 1) / pieces;
-        chunks.push_back({{{j, begin, end - begin}}});
-        begin = end;
-      }
-      filled = chunk_rows;
-      continue;
-    }
-    for (int64_t begin = 0; begin < n;) {
-      if (filled == chunk_rows) {
-        chunks.emplace_back();
-        filled = 0;
-      }
-      const int64_t take = std::min(n - begin, chunk_rows - filled);
-      chunks.back().segments.push_back({j, begin, take});
-      begin += take;
-      filled += take;
-    }
-  }
-  return chunks;
-}
-
-// The gradient buffer of a step's hidden states: zeros, except that a step
-// whose rows are a range leaves those rows unset (every chunk writes them).
-at::Tensor StepGradient(const at::Tensor& h, const HeadStepRows& st) {
-  if (st.first_row < 0) return at::zeros_like(h);
-  at::Tensor g = at::empty(h.sizes(), h.options());
-  const int64_t end = st.first_row + st.rows.numel();
-  if (st.first_row > 0) g.narrow(0, 0, st.first_row).zero_();
-  if (end < h.size(0)) g.narrow(0, end, h.size(0) - end).zero_();
-  return g;
-}
-
-// A chunk's rows of its step's gradient buffer as a view, where the chunk
-// is one segment of a range step; else undefined.
-at::Tensor ChunkGradientView(const std::vector<Segment>& chunk,
-                             const std::vector<HeadStepRows>& steps,
-                             const std::vector<at::Tensor>& dh) {
-  if (chunk.size() != 1 || steps[chunk[0].step].first_row < 0) return {};
-  const Segment& seg = chunk[0];
-  return dh[seg.step].narrow(0, steps[seg.step].first_row + seg.begin, seg.length);
-}
 
 // x *= g in place, g the loss's 0-dim output gradient: on the GPU a kernel
 // reads g where it lies (ATen's broadcast of a 0-dim CUDA tensor takes its
@@ -177,62 +66,6 @@ struct HeadCall {
   DraftHeadLossOutput* out;
 };
 
-// One chunk's rows gathered from the steps' tensors, with their per-row
-// data: grad_scale = step_weight / T (the soft CE's), acc_scale =
-// step_weight / trained positions (the LK losses' acceptance terms).
-struct ChunkRows {
-  at::Tensor x, target_rows, row_weight, grad_scale, acc_scale, step_of_row;
-};
-
-// The LK losses' normaliser of a step: SpecForge's masked mean clamps the
-// count at 1e-8.
-double AcceptanceNorm(const HeadStepRows& step) {
-  return 1.0 / std::max(static_cast<double>(step.trained_positions), 1e-8);
-}
-
-// A segment's rows of a step's [T, ...] tensor: a view where they are a
-// range, else gathered.
-at::Tensor SegmentRows(const at::Tensor& values, const HeadStepRows& st, const Segment& seg) {
-  if (st.first_row >= 0) return values.narrow(0, st.first_row + seg.begin, seg.length);
-  return values.index_select(0, st.rows.narrow(0, seg.begin, seg.length));
-}
-
-// Concatenates; one tensor stays as it is (a view, when its rows were).
-at::Tensor CatRows(const std::vector<at::Tensor>& parts) { return parts.size() == 1 ? parts[0] : at::cat(parts, 0); }
-
-// Each step's per-row constants over all its rows, made once per call (a
-// chunk takes views of them, or one concatenation where it spans steps).
-struct StepRowConstants {
-  std::vector<at::Tensor> grad_scale, acc_scale, step;
-};
-
-StepRowConstants RowConstants(const std::vector<HeadStepRows>& steps, int64_t tokens) {
-  StepRowConstants k;
-  for (int64_t j = 0; j < static_cast<int64_t>(steps.size()); ++j) {
-    const HeadStepRows& st = steps[j];
-    const int64_t n = st.rows.numel();
-    k.grad_scale.push_back(at::full({n}, st.step_weight / static_cast<double>(tokens), st.row_weight.options()));
-    k.acc_scale.push_back(at::full({n}, st.step_weight * AcceptanceNorm(st), st.row_weight.options()));
-    k.step.push_back(at::full({n}, j, st.target_rows.options()));
-  }
-  return k;
-}
-
-ChunkRows Gather(const std::vector<Segment>& chunk, const std::vector<at::Tensor>& hiddens,
-                 const std::vector<HeadStepRows>& steps, const StepRowConstants& k) {
-  std::vector<at::Tensor> x, tr, w, s, a, j;
-  for (const Segment& seg : chunk) {
-    const HeadStepRows& st = steps[seg.step];
-    x.push_back(SegmentRows(hiddens[seg.step], st, seg));
-    tr.push_back(st.target_rows.narrow(0, seg.begin, seg.length));
-    w.push_back(st.row_weight.narrow(0, seg.begin, seg.length));
-    s.push_back(k.grad_scale[seg.step].narrow(0, seg.begin, seg.length));
-    a.push_back(k.acc_scale[seg.step].narrow(0, seg.begin, seg.length));
-    j.push_back(k.step[seg.step].narrow(0, seg.begin, seg.length));
-  }
-  return {CatRows(x), CatRows(tr), CatRows(w), CatRows(s), CatRows(a), CatRows(j)};
-}
-
 // Host values as a device vector without a copy from pageable memory (a
 // synchronisation that would leave the GPU idle while the host queues the
 // chunks' work): one fill per value.
@@ -246,52 +79,6 @@ at::Tensor DeviceVector(const std::vector<double>& values, const at::TensorOptio
 at::Tensor LogWherePositive(const at::Tensor& a) {
   const at::Tensor positive = a > 0;
   return at::where(positive, at::where(positive, a, at::ones_like(a)).log(), at::zeros_like(a));
-}
-
-// Per step, on the device: the factors of the soft CE's and the
-// acceptance terms' gradients, and kLkLambda's weight w_j.
-struct StepFactors {
-  at::Tensor ce, acc, kl_weight;  // [L]
-};
-
-// sum over each step's trained rows of alpha_t, from the draft's logits
-// as they are before any update: kLkLambda's weights need abar_j before
-// the gradient pass (one more forward of the head, no gradient written).
-at::Tensor AcceptanceSums(const std::vector<Chunk>& chunks,
-                          const std::vector<at::Tensor>& hiddens, const HeadCall& call,
-                          const at::TensorOptions& fopts, const StepRowConstants& constants) {
-  const auto& steps = *call.steps;
-  const auto& wts = *call.weights;
-  at::Tensor sums = at::zeros({static_cast<int64_t>(steps.size())}, fopts);
-  AcceptanceRows only_alpha;
-  only_alpha.write_grad = false;
-  for (const Chunk& chunk : chunks) {
-    const ChunkRows c = Gather(chunk.segments, hiddens, steps, constants);
-    at::Tensor logits = at::mm(RmsNormForward(c.x, wts.norm, wts.eps).y, wts.lm_head.t());
-    const SoftCrossEntropyResult r = SoftCrossEntropyInPlace(
-        logits, *call.target, c.target_rows, c.row_weight, c.grad_scale, &only_alpha, chunk.RowRuns());
-    sums.index_add_(0, c.step_of_row, r.alpha.to(sums.scalar_type()) * c.row_weight.to(sums.scalar_type()));
-  }
-  return sums;
-}
-
-StepFactors LkFactors(const std::vector<Chunk>& chunks,
-                      const std::vector<at::Tensor>& hiddens, const HeadCall& call,
-                      const at::TensorOptions& fopts, const at::Tensor& acc_norm,
-                      const StepRowConstants& constants) {
-  const auto& opt = *call.options;
-  const int64_t num_steps = static_cast<int64_t>(call.steps->size());
-  StepFactors f;
-  if (opt.loss == HeadLossKind::kLkAlpha) {
-    f.ce = at::zeros({num_steps}, fopts);
-    f.acc = at::full({num_steps}, -1.0, fopts);
-    return f;
-  }
-  const at::Tensor abar = AcceptanceSums(chunks, hiddens, call, fopts, constants) * acc_norm;
-  f.kl_weight = opt.kl_scale * at::exp(-opt.kl_decay * abar);
-  f.ce = f.kl_weight;
-  f.acc = f.kl_weight - 1.0;  // d(1 - abar_j) = -d abar_j, weighted 1 - w_j
-  return f;
 }
 
 class DraftHeadLossFunction : public torch::autograd::Function<DraftHeadLossFunction> {
@@ -319,7 +106,7 @@ class DraftHeadLossFunction : public torch::autograd::Function<DraftHeadLossFunc
     const at::Tensor acc_norm = lk ? DeviceVector(norms, fopts) : at::Tensor();
     StepFactors factors;
     const StepRowConstants constants = RowConstants(steps, call.tokens);
-    if (lk) factors = LkFactors(chunks, hiddens, call, fopts, acc_norm, constants);
+    if (lk) factors = LkFactors(chunks, hiddens, {&steps, call.target, call.weights, call.options}, fopts, acc_norm, constants);
     at::Tensor alpha_sum = at::zeros({num_steps}, fopts), log_alpha_sum = at::zeros({num_steps}, fopts);
     at::Tensor step_loss = at::zeros({num_steps}, fopts);
     at::Tensor step_hits = at::zeros({num_steps}, fopts.dtype(at::kLong));
@@ -424,34 +211,6 @@ class DraftHeadLossFunction : public torch::autograd::Function<DraftHeadLossFunc
     return out;
   }
 
- private:
-  // Writes v into a segment's rows of dst (the inverse of SegmentRows).
-  static void PutRows(at::Tensor& dst, const HeadStepRows& st, const Segment& seg, const at::Tensor& v) {
-    if (st.first_row >= 0) {
-      dst.narrow(0, st.first_row + seg.begin, seg.length).copy_(v);
-    } else {
-      dst.index_copy_(0, st.rows.narrow(0, seg.begin, seg.length), v);
-    }
-  }
-  // Copies a chunk's rows of `values` into the steps' [T, ...] tensors.
-  static void KeepRows(const std::vector<Segment>& chunk, const std::vector<HeadStepRows>& steps,
-                       const at::Tensor& values, std::vector<at::Tensor>* into) {
-    int64_t offset = 0;
-    for (const Segment& seg : chunk) {
-      at::Tensor& dst = (*into)[seg.step];
-      const at::Tensor v = values.narrow(0, offset, seg.length);
-      PutRows(dst, steps[seg.step], seg, dst.dim() == 1 ? v.squeeze(1) : v);
-      offset += seg.length;
-    }
-  }
-  static void ScatterRows(const std::vector<Segment>& chunk, const std::vector<HeadStepRows>& steps,
-                          const at::Tensor& dx, std::vector<at::Tensor>* dh) {
-    int64_t offset = 0;
-    for (const Segment& seg : chunk) {
-      PutRows((*dh)[seg.step], steps[seg.step], seg, dx.narrow(0, offset, seg.length));
-      offset += seg.length;
-    }
-  }
 };
 
 }  // namespace

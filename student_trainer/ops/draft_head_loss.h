@@ -46,7 +46,7 @@ struct TargetDistribution {
 // GPU (ATen's logsumexp and argmax read them four times), else by ATen.
 TargetDistribution TargetFromLogits(at::Tensor logits);
 
-// Each step's loss (student_trainer/ttt.h gives the formulas).
+// Each step's loss (student_trainer/step/ttt_step.h gives the formulas).
 enum class HeadLossKind { kSoftCe, kLkAlpha, kLkLambda };
 
 struct DraftHeadWeights {

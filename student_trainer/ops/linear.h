@@ -1,6 +1,6 @@
 // A linear layer of the fast TTT step whose weight gradient bypasses
 // autograd: backward adds dy^T x straight into `weight_grad` (a view of the
-// flat gradient buffer, student_trainer/flat_parameters.h) with one GEMM
+// flat gradient buffer, student_trainer/draft/flat_parameters.h) with one GEMM
 // that accumulates (beta = 1). Autograd would instead make a new gradient
 // tensor at every TTT step and add it in a separate pass; with seven steps
 // that is seven allocations and seven extra reads and writes of every

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "common/torch/torch_core.h"
 #include "common/torch/gemm.h"
+#include "common/torch/torch_core.h"
 
 namespace e3 {
 

@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/base/file_util.h"
-#include "common/gpu/cuda_runtime.h"
 #include "common/base/status_macros.h"
+#include "common/gpu/cuda_runtime.h"
 #include "nlohmann/json.hpp"
 
 namespace e3 {

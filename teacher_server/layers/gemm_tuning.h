@@ -33,8 +33,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/torch/torch_core.h"
 #include "common/torch/gemm.h"
+#include "common/torch/torch_core.h"
 
 namespace e3 {
 

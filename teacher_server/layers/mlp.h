@@ -2,8 +2,8 @@
 #ifndef E3_TEACHER_SERVER_LAYERS_MLP_H_
 #define E3_TEACHER_SERVER_LAYERS_MLP_H_
 
-#include "common/torch/torch_core.h"
 #include "common/torch/gemm.h"
+#include "common/torch/torch_core.h"
 
 namespace e3 {
 

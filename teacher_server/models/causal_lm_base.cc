@@ -1,6 +1,9 @@
 #include "teacher_server/models/causal_lm_base.h"
 
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
 #include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/kv_cache.h"
@@ -9,8 +12,11 @@ namespace e3 {
 
 absl::Status CausalLMBase::MakePlan() {
   const TpGroup* tp = options_.tp.get();
-  E3_ASSIGN_OR_RETURN(plan_, ShardPlan::Make(config_, tp ? tp->rank() : 0, tp ? tp->size() : 1,
-                                             tp ? tp->ep_size() : 1));
+  ParallelLayout layout;
+  if (tp != nullptr) {
+    E3_ASSIGN_OR_RETURN(layout, ParallelLayout::Make(tp->rank(), tp->size(), tp->size(), tp->ep_size()));
+  }
+  E3_ASSIGN_OR_RETURN(plan_, ShardPlan::Make(config_, layout));
   return absl::OkStatus();
 }
 
@@ -71,6 +77,52 @@ std::string CausalLMBase::GraphsTechnique(const std::string& off_reason) const {
   if (graphs_) return "CUDA graphs per token budget";
   if (options_.cuda_graphs) return absl::StrCat("CUDA graphs off (", off_reason, ")");
   return "";
+}
+
+std::string CausalLMBase::Techniques() const {
+  const TechniqueWords words = ArchitectureTechniques();
+  std::vector<std::string> parts;
+  parts.push_back(options_.fuse_projections ? words.fused_projections : "separate projections");
+  if (!options_.fused_kernels) {
+    parts.push_back("reference element-wise ops");
+  } else {
+    parts.push_back(FusedKernelsRunOn(options_.device) ? words.custom_kernels
+                                                       : "custom kernels off (need CUDA, compute capability 8.0+)");
+  }
+  parts.push_back(words.attention);
+  parts.push_back(words.gemms);
+  parts.push_back(HeadTechnique());
+  for (const std::string& optional :
+       {GraphsTechnique(words.graphs_off_reason), words.experts, words.weights}) {
+    if (!optional.empty()) parts.push_back(optional);
+  }
+  if (plan_.sharded()) {
+    parts.push_back(absl::StrCat("tp ", plan_.layout.tp_size(), " (ep ", plan_.layout.ep_size(), ")",
+                                 words.tp_overlap ? absl::StrCat(", micro-batch overlap from ",
+                                                                 options_.tp_overlap_min_tokens, " tokens a half")
+                                                  : ""));
+  }
+  return absl::StrJoin(parts, "; ");
+}
+
+std::string CausalLMBase::AttentionTechnique(int64_t head_dim, const std::string& fused) const {
+  switch (options_.attention) {
+    case AttentionKernel::kEager:
+      return "eager attention per sample";
+    case AttentionKernel::kSdpa:
+      return "SDPA per sample";
+    case AttentionKernel::kFlashVarlen:
+      break;
+  }
+  return FlashVarlenAppliesTo(options_.dtype, head_dim, options_.device)
+             ? fused
+             : "fused attention off (needs CUDA, bf16/fp16): SDPA per sample";
+}
+
+std::string CausalLMBase::ExpertsTechnique(int64_t moe, int64_t grouped, const std::string& detail) {
+  if (moe == 0) return "";
+  return grouped == moe ? absl::StrCat("experts by grouped GEMMs", detail)
+                        : absl::StrCat("experts by a loop", detail, " in ", moe - grouped, " of ", moe, " MoE layers");
 }
 
 ForwardOutput CausalLMBase::RunGraphedOrEager(const PackedBatch& batch, const ForwardOptions& options,

@@ -12,8 +12,8 @@
 #include <string>
 #include <utility>
 
-#include "teacher_server/causal_lm.h"
 #include "teacher_server/layers/fp8_head_argmax.h"
+#include "teacher_server/models/causal_lm.h"
 #include "teacher_server/models/forward_graphs.h"
 #include "teacher_server/models/lm_head.h"
 #include "teacher_server/models/vocab_tables.h"
@@ -30,8 +30,33 @@ class CausalLMBase : public CausalLM {
   at::Tensor embed_tokens() const override { return vocab_.full_embed_tokens; }
   at::Tensor lm_head() const override { return vocab_.full_lm_head; }
   const ShardPlan& shard_plan() const { return plan_; }
+  // How the forward runs, in one order for every architecture: projections,
+  // element-wise ops, attention, GEMMs, the head, graphs, experts, weight
+  // conversion, sharding. Each architecture gives only its own words
+  // (ArchitectureTechniques).
+  std::string Techniques() const final;
 
  protected:
+  // The words of Techniques() that differ by architecture.
+  struct TechniqueWords {
+    std::string fused_projections;  // with options_.fuse_projections
+    std::string custom_kernels;     // where the fused kernels run
+    std::string attention;
+    std::string gemms;
+    std::string graphs_off_reason;  // why the forward cannot be captured
+    std::string experts;            // empty: no MoE layers
+    std::string weights;            // a conversion made at load, if any
+    bool tp_overlap = false;        // whether sharding overlaps micro-batches
+  };
+  virtual TechniqueWords ArchitectureTechniques() const = 0;
+  // The attention words shared by the architectures whose attention takes
+  // options_.attention as it is: `fused` where the fused varlen kernel
+  // applies to `head_dim`.
+  std::string AttentionTechnique(int64_t head_dim, const std::string& fused) const;
+  // "experts by grouped GEMMs" when all `moe` MoE layers group their
+  // experts, else how many loop; empty without MoE layers.
+  static std::string ExpertsTechnique(int64_t moe, int64_t grouped, const std::string& detail = "");
+
   CausalLMBase(ModelConfig config, ModelOptions options)
       : config_(std::move(config)), options_(std::move(options)) {}
 

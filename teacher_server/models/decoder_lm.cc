@@ -6,12 +6,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
-#include "teacher_server/layers/fused_ops.h"
 #include "common/torch/gemm.h"
+#include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/kv_cache.h"
 #include "teacher_server/models/aux_capture.h"
+#include "teacher_server/models/weight_loader.h"
 #include "teacher_server/parallel/micro_batches.h"
-#include "teacher_server/weight_loader.h"
 
 namespace e3 {
 namespace {
@@ -177,56 +177,28 @@ std::string DecoderLM::GraphsOffReason() const {
   return "";
 }
 
-std::string DecoderLM::Techniques() const {
-  const bool sharded = plan_.sharded();
-  std::vector<std::string> parts;
-  parts.push_back(options_.fuse_projections ? "qkv and gate-up fused" : "separate projections");
-  if (!options_.fused_kernels) {
-    parts.push_back("reference element-wise ops");
-  } else {
-    parts.push_back(FusedKernelsRunOn(options_.device) ? "custom kernels"
-                                                       : "custom kernels off (need CUDA, compute capability 8.0+)");
-  }
-  switch (options_.attention) {
-    case AttentionKernel::kEager:
-      parts.push_back("eager attention per sample");
-      break;
-    case AttentionKernel::kSdpa:
-      parts.push_back("SDPA per sample");
-      break;
-    case AttentionKernel::kFlashVarlen:
-      parts.push_back(FlashVarlenAppliesTo(options_.dtype, config_.head_dim, options_.device)
-                          ? "one fused attention call per batch"
-                          : "fused attention off (needs CUDA, bf16/fp16): SDPA per sample");
-      break;
-  }
+CausalLMBase::TechniqueWords DecoderLM::ArchitectureTechniques() const {
+  TechniqueWords words;
+  words.fused_projections = "qkv and gate-up fused";
+  words.custom_kernels = "custom kernels";
+  words.attention = AttentionTechnique(config_.head_dim, "one fused attention call per batch");
   if (UsesCublasLt(options_.gemm) && options_.device.is_cuda()) {
-    parts.push_back(absl::StrCat(options_.residual_in_gemm && !sharded ? "cuBLASLt GEMMs, residual in the epilogue"
-                                                                       : "cuBLASLt GEMMs",
-                                 options_.gemm == GemmPath::kCublasLtTuned ? ", algorithms tuned in sequence"
-                                                                           : ", heuristic's algorithms"));
+    words.gemms = absl::StrCat(options_.residual_in_gemm && !plan_.sharded() ? "cuBLASLt GEMMs, residual in the epilogue"
+                                                                             : "cuBLASLt GEMMs",
+                               options_.gemm == GemmPath::kCublasLtTuned ? ", algorithms tuned in sequence"
+                                                                         : ", heuristic's algorithms");
   } else {
-    parts.push_back("ATen GEMMs");
+    words.gemms = "ATen GEMMs";
   }
-  parts.push_back(HeadTechnique());
-  const std::string graphs = GraphsTechnique(GraphsOffReason());
-  if (!graphs.empty()) parts.push_back(graphs);
+  words.graphs_off_reason = GraphsOffReason();
   int64_t moe = 0, grouped = 0;
   for (const Layer& layer : layers_) {
     moe += layer.is_moe ? 1 : 0;
     grouped += layer.is_moe && GroupedMoeStaysOnDevice(layer.moe, options_.dtype, options_.device) ? 1 : 0;
   }
-  if (moe > 0) {
-    parts.push_back(grouped == moe ? "experts by grouped GEMMs"
-                                   : absl::StrCat("experts by a loop in ", moe - grouped, " of ", moe, " MoE layers"));
-  }
-  if (sharded) {
-    parts.push_back(absl::StrCat("tp ", plan_.tp_size, " (ep ", plan_.ep_size, ")",
-                                 options_.tp_overlap ? absl::StrCat(", micro-batch overlap from ",
-                                                                    options_.tp_overlap_min_tokens, " tokens a half")
-                                                     : ""));
-  }
-  return absl::StrJoin(parts, "; ");
+  words.experts = ExpertsTechnique(moe, grouped);
+  words.tp_overlap = options_.tp_overlap;
+  return words;
 }
 
 absl::StatusOr<ForwardOutput> DecoderLM::Forward(const PackedBatch& batch, const ForwardOptions& options) {

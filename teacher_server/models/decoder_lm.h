@@ -34,10 +34,10 @@ class DecoderLM : public CausalLMBase {
 
   absl::Status CheckForward(const PackedBatch& batch, const ForwardOptions& options) const override;
   absl::StatusOr<ForwardOutput> Forward(const PackedBatch& batch, const ForwardOptions& options) override;
-  std::string Techniques() const override;
   absl::StatusOr<GemmTuningResult> TuneGemms(const GemmTuningOptions& options) override;
 
  private:
+  TechniqueWords ArchitectureTechniques() const override;
   struct Layer {
     at::Tensor input_layernorm;
     at::Tensor post_attention_layernorm;

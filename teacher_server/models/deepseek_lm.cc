@@ -6,11 +6,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
-#include "teacher_server/layers/fused_ops.h"
 #include "common/torch/gemm.h"
+#include "teacher_server/layers/fused_ops.h"
 #include "teacher_server/layers/rms_norm.h"
 #include "teacher_server/models/aux_capture.h"
-#include "teacher_server/weight_loader.h"
+#include "teacher_server/models/weight_loader.h"
 
 namespace e3 {
 namespace {
@@ -174,47 +174,25 @@ std::string DeepseekLM::GraphsOffReason() const {
   return "";
 }
 
-std::string DeepseekLM::Techniques() const {
-  std::vector<std::string> parts;
-  parts.push_back(options_.fuse_projections ? "gate-up fused" : "separate projections");
-  if (!options_.fused_kernels) {
-    parts.push_back("reference element-wise ops");
-  } else {
-    parts.push_back(FusedKernelsRunOn(options_.device) ? "custom kernels (add+RMSNorm, SiLU-mul, MoE gather/combine)"
-                                                       : "custom kernels off (need CUDA, compute capability 8.0+)");
-  }
-  switch (options_.attention) {
-    case AttentionKernel::kEager:
-      parts.push_back("eager attention per sample");
-      break;
-    case AttentionKernel::kSdpa:
-      parts.push_back("SDPA per sample");
-      break;
-    case AttentionKernel::kFlashVarlen:
-      parts.push_back(FlashVarlenAppliesTo(options_.dtype, QkHeadDim(), options_.device)
-                          ? "one fused attention call per batch (v padded to the qk head dim)"
-                          : "fused attention off (needs CUDA, bf16/fp16): SDPA per sample");
-      break;
-  }
-  parts.push_back(UsesCublasLt(options_.gemm) && options_.device.is_cuda() ? "cuBLASLt GEMMs, heuristic's algorithms"
-                                                                           : "ATen GEMMs");
-  parts.push_back(HeadTechnique());
-  const std::string graphs = GraphsTechnique(GraphsOffReason());
-  if (!graphs.empty()) parts.push_back(graphs);
+CausalLMBase::TechniqueWords DeepseekLM::ArchitectureTechniques() const {
+  TechniqueWords words;
+  words.fused_projections = "gate-up fused";
+  words.custom_kernels = "custom kernels (add+RMSNorm, SiLU-mul, MoE gather/combine)";
+  words.attention =
+      AttentionTechnique(QkHeadDim(), "one fused attention call per batch (v padded to the qk head dim)");
+  words.gemms = UsesCublasLt(options_.gemm) && options_.device.is_cuda() ? "cuBLASLt GEMMs, heuristic's algorithms"
+                                                                         : "ATen GEMMs";
+  words.graphs_off_reason = GraphsOffReason();
   int64_t moe = 0, grouped = 0;
   for (const Layer& layer : layers_) {
     moe += layer.is_moe ? 1 : 0;
     grouped += layer.is_moe && GroupedMoeStaysOnDevice(layer.moe.routed, options_.dtype, options_.device) ? 1 : 0;
   }
-  if (moe > 0) {
-    parts.push_back(grouped == moe ? "experts by grouped GEMMs"
-                                   : absl::StrCat("experts by a loop in ", moe - grouped, " of ", moe, " MoE layers"));
-  }
+  words.experts = ExpertsTechnique(moe, grouped);
   if (config_.quantization.fp8_block) {
-    parts.push_back(absl::StrCat("FP8 block-scaled weights dequantized at load to ", c10::toString(options_.dtype)));
+    words.weights = absl::StrCat("FP8 block-scaled weights dequantized at load to ", c10::toString(options_.dtype));
   }
-  if (plan_.sharded()) parts.push_back(absl::StrCat("tp ", plan_.tp_size, " (ep ", plan_.ep_size, ")"));
-  return absl::StrJoin(parts, "; ");
+  return words;
 }
 
 CausalLM::KvCacheShape DeepseekLM::kv_cache_shape() const {

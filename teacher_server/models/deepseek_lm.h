@@ -44,11 +44,11 @@ class DeepseekLM : public CausalLMBase {
 
   absl::Status CheckForward(const PackedBatch& batch, const ForwardOptions& options) const override;
   absl::StatusOr<ForwardOutput> Forward(const PackedBatch& batch, const ForwardOptions& options) override;
-  std::string Techniques() const override;
   absl::StatusOr<GemmTuningResult> TuneGemms(const GemmTuningOptions& options) override;
   KvCacheShape kv_cache_shape() const override;
 
  private:
+  TechniqueWords ArchitectureTechniques() const override;
   struct Layer {
     at::Tensor input_layernorm, post_attention_layernorm;
     MlaWeights attn;

@@ -38,8 +38,8 @@
 #include <vector>
 
 #include "common/torch/torch_core.h"
-#include "teacher_server/forward_types.h"
 #include "teacher_server/layers/attention.h"
+#include "teacher_server/models/forward_types.h"
 
 namespace e3 {
 

@@ -12,7 +12,7 @@
 #include "teacher_server/layers/mxfp4.h"
 #include "teacher_server/layers/rms_norm.h"
 #include "teacher_server/models/aux_capture.h"
-#include "teacher_server/weight_loader.h"
+#include "teacher_server/models/weight_loader.h"
 
 namespace e3 {
 namespace {
@@ -234,7 +234,7 @@ std::string GptOssLM::GraphsOffReason() const {
   return "";
 }
 
-std::string GptOssLM::Techniques() const {
+CausalLMBase::TechniqueWords GptOssLM::ArchitectureTechniques() const {
   int64_t sliding = 0, grouped = 0;
   for (const Layer& layer : layers_) {
     sliding += layer.sliding ? 1 : 0;
@@ -243,35 +243,25 @@ std::string GptOssLM::Techniques() const {
   const int64_t layers = static_cast<int64_t>(layers_.size());
   const std::string window =
       absl::StrCat("sliding window ", config_.sliding_window, " on ", sliding, " of ", layers, " layers");
-  std::vector<std::string> parts;
-  parts.push_back(options_.fuse_projections ? "qkv and expert gate-up fused" : "separate projections");
-  if (!options_.fused_kernels) {
-    parts.push_back("reference element-wise ops");
-  } else {
-    parts.push_back(FusedKernelsRunOn(options_.device)
-                        ? "custom kernels (rope, MoE gather, clamped SwiGLU, combine; norms in ATen)"
-                        : "custom kernels off (need CUDA, compute capability 8.0+)");
-  }
+  TechniqueWords words;
+  words.fused_projections = "qkv and expert gate-up fused";
+  words.custom_kernels = "custom kernels (rope, MoE gather, clamped SwiGLU, combine; norms in ATen)";
+  // Sinks leave SDPA out: without the fused kernel, attention is eager.
   if (options_.attention == AttentionKernel::kFlashVarlen &&
       FlashVarlenAppliesTo(options_.dtype, config_.head_dim, options_.device)) {
-    parts.push_back(absl::StrCat("one fused attention call per batch (sinks through its log-sum-exp, ", window,
-                                 " in the kernel)"));
+    words.attention = absl::StrCat("one fused attention call per batch (sinks through its log-sum-exp, ", window,
+                                   " in the kernel)");
   } else {
-    parts.push_back(absl::StrCat("eager sink attention per sample (", window, ")"));
+    words.attention = absl::StrCat("eager sink attention per sample (", window, ")");
   }
-  parts.push_back(UsesCublasLt(options_.gemm) && options_.device.is_cuda() ? "cuBLASLt GEMMs, heuristic's algorithms"
-                                                                           : "ATen GEMMs");
-  parts.push_back(HeadTechnique());
-  const std::string graphs = GraphsTechnique(GraphsOffReason());
-  if (!graphs.empty()) parts.push_back(graphs);
-  parts.push_back(grouped == layers ? "experts by grouped GEMMs (clamped SwiGLU with biases)"
-                                    : absl::StrCat("experts by a loop (clamped SwiGLU with biases) in ",
-                                                   layers - grouped, " of ", layers, " MoE layers"));
+  words.gemms = UsesCublasLt(options_.gemm) && options_.device.is_cuda() ? "cuBLASLt GEMMs, heuristic's algorithms"
+                                                                         : "ATen GEMMs";
+  words.graphs_off_reason = GraphsOffReason();
+  words.experts = ExpertsTechnique(layers, grouped, " (clamped SwiGLU with biases)");
   if (config_.gpt_oss.mxfp4_experts) {
-    parts.push_back(absl::StrCat("MXFP4 experts dequantized at load to ", c10::toString(options_.dtype)));
+    words.weights = absl::StrCat("MXFP4 experts dequantized at load to ", c10::toString(options_.dtype));
   }
-  if (plan_.sharded()) parts.push_back(absl::StrCat("tp ", plan_.tp_size, " (ep ", plan_.ep_size, ")"));
-  return absl::StrJoin(parts, "; ");
+  return words;
 }
 
 absl::StatusOr<GemmTuningResult> GptOssLM::TuneGemms(const GemmTuningOptions& /*options*/) {

@@ -47,10 +47,10 @@ class GptOssLM : public CausalLMBase {
 
   absl::Status CheckForward(const PackedBatch& batch, const ForwardOptions& options) const override;
   absl::StatusOr<ForwardOutput> Forward(const PackedBatch& batch, const ForwardOptions& options) override;
-  std::string Techniques() const override;
   absl::StatusOr<GemmTuningResult> TuneGemms(const GemmTuningOptions& options) override;
 
  private:
+  TechniqueWords ArchitectureTechniques() const override;
   struct Layer {
     at::Tensor input_layernorm, post_attention_layernorm;  // fp32, as transformers keeps them
     bool sliding = false;

@@ -15,9 +15,9 @@
 #include <functional>
 #include <memory>
 
-#include "common/torch/torch_core.h"
-#include "teacher_server/forward_types.h"
 #include "common/torch/gemm.h"
+#include "common/torch/torch_core.h"
+#include "teacher_server/models/forward_types.h"
 #include "teacher_server/parallel/tp_group.h"
 
 namespace e3 {

@@ -1,7 +1,7 @@
 #include "teacher_server/models/vocab_tables.h"
 
 #include "common/base/status_macros.h"
-#include "teacher_server/weight_loader.h"
+#include "teacher_server/models/weight_loader.h"
 
 namespace e3 {
 namespace {
@@ -35,7 +35,7 @@ absl::Status VocabTables::LoadWhole(const ModelDir& dir, const ModelConfig& c, c
     full_lm_head = lm_head;
     return absl::OkStatus();
   }
-  if (plan.rank != 0) return absl::OkStatus();
+  if (!plan.layout.is_first()) return absl::OkStatus();
   WeightLoader host(dir, dtype, at::kCPU);
   E3_ASSIGN_OR_RETURN(full_embed_tokens, host.Load(kEmbedName, {c.vocab_size, c.hidden_size}));
   full_lm_head = full_embed_tokens;

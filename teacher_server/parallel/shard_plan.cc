@@ -18,7 +18,7 @@ absl::Status NotDivisible(const ModelConfig& c, const char* field, int64_t value
 }  // namespace
 
 std::string ShardPlan::Describe() const {
-  return absl::StrCat("rank ", rank, "/", tp_size, " (ep ", ep_size, "): q heads [", q_heads.begin, ", ",
+  return absl::StrCat(layout.Describe(), ": q heads [", q_heads.begin, ", ",
                       q_heads.end(), "), kv heads [", kv_heads.begin, ", ", kv_heads.end(), "), vocab [",
                       vocab.begin, ", ", vocab.end(), ")",
                       experts.size > 0 ? absl::StrCat(", experts [", experts.begin, ", ", experts.end(),
@@ -27,23 +27,16 @@ std::string ShardPlan::Describe() const {
                                        : "");
 }
 
-absl::StatusOr<ShardPlan> ShardPlan::Make(const ModelConfig& c, int rank, int tp_size, int ep_size) {
-  if (tp_size < 1 || rank < 0 || rank >= tp_size) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor parallel rank ", rank, " outside tp size ", tp_size));
-  }
-  if (ep_size < 1 || tp_size % ep_size != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ep size ", ep_size, " must divide tp size ", tp_size, " (experts split over ep groups, "
-                     "each expert over the tp / ep ranks of its group)"));
-  }
+absl::StatusOr<ShardPlan> ShardPlan::Make(const ModelConfig& c, const ParallelLayout& layout) {
+  const int rank = layout.tp_rank();
+  const int tp_size = layout.tp_size();
+  const int ep_size = layout.ep_size();
   if (ep_size > 1 && c.moe.num_experts == 0) {
     return absl::InvalidArgumentError(absl::StrCat(c.source, ": ep size ", ep_size, " needs a MoE model; \"",
                                                    c.architecture_name, "\" has no experts"));
   }
   ShardPlan p;
-  p.rank = rank;
-  p.tp_size = tp_size;
-  p.ep_size = ep_size;
+  p.layout = layout;
   const std::string ranks = absl::StrCat(tp_size, " tensor-parallel ranks");
   if (c.num_attention_heads % tp_size != 0) {
     return NotDivisible(c, "num_attention_heads", c.num_attention_heads, ranks);
@@ -80,15 +73,15 @@ absl::StatusOr<ShardPlan> ShardPlan::Make(const ModelConfig& c, int rank, int tp
     if (c.moe.num_experts % ep_size != 0) {
       return NotDivisible(c, "num_experts", c.moe.num_experts, absl::StrCat(ep_size, " expert-parallel groups"));
     }
-    const int moe_tp = tp_size / ep_size;
+    const int moe_tp = layout.moe_tp_size();
     if (c.moe.intermediate_size % moe_tp != 0) {
       return NotDivisible(c, c.architecture == Architecture::kMixtral || c.architecture == Architecture::kGptOss
                                  ? "intermediate_size"
                                  : "moe_intermediate_size",
                           c.moe.intermediate_size, absl::StrCat(moe_tp, " ranks per expert group"));
     }
-    p.experts = Even(c.moe.num_experts, ep_size, rank / moe_tp);
-    p.expert_intermediate = Even(c.moe.intermediate_size, moe_tp, rank % moe_tp);
+    p.experts = Even(c.moe.num_experts, ep_size, layout.ep_rank());
+    p.expert_intermediate = Even(c.moe.intermediate_size, moe_tp, layout.moe_tp_rank());
   }
   if (c.IsDeepseek() && c.deepseek.n_shared_experts > 0) {
     // Split, not replicated: each rank computes 1/tp of it and the sum

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/base/parallel_layout.h"
 #include "common/model/model_config.h"
 
 namespace e3 {
@@ -33,9 +34,7 @@ struct ShardRange {
 };
 
 struct ShardPlan {
-  int rank = 0;
-  int tp_size = 1;
-  int ep_size = 1;
+  ParallelLayout layout;  // the teacher's ranks: one replica of tp ranks
   ShardRange q_heads;
   ShardRange kv_heads;
   ShardRange intermediate;         // dense MLP
@@ -44,14 +43,14 @@ struct ShardPlan {
   ShardRange expert_intermediate;  // MoE: its slice of each of them
   ShardRange shared_expert_intermediate;  // DeepSeek: its slice of the shared experts
 
-  bool sharded() const { return tp_size > 1; }
+  bool sharded() const { return layout.tensor_parallel(); }
   // Biases after a row-parallel product are added by one rank only, so the
   // all-reduce sums them once.
-  bool adds_reduced_bias() const { return rank == 0; }
+  bool adds_reduced_bias() const { return layout.is_first(); }
   std::string Describe() const;
 
   // Errors name the config field that does not divide and the sizes.
-  static absl::StatusOr<ShardPlan> Make(const ModelConfig& config, int rank, int tp_size, int ep_size);
+  static absl::StatusOr<ShardPlan> Make(const ModelConfig& config, const ParallelLayout& layout);
 };
 
 }  // namespace e3

@@ -1,4 +1,4 @@
-// Reads a teacher's ledger (JSON lines, teacher_server/ledger.h) the way
+// Reads a teacher's ledger (JSON lines, teacher_server/engine/ledger.h) the way
 // the fault tests judge "exactly once": which samples were committed how
 // many times, over the whole file (a restarted teacher appends to it).
 #ifndef E3_TESTS_E2E_LEDGER_SCAN_H_

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/model/safetensors.h"
-#include "student_trainer/draft_export.h"
+#include "student_trainer/draft/draft_export.h"
 #include "tests/e2e/ledger_scan.h"
 #include "tests/e2e/subprocess.h"
 #include "tests/free_port.h"

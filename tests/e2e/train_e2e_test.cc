@@ -13,12 +13,12 @@
 
 #include <random>
 
-#include "common/model/dtype.h"
 #include "common/base/file_util.h"
+#include "common/model/dtype.h"
 #include "common/model/safetensors.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
-#include "student_trainer/draft_export.h"
+#include "student_trainer/draft/draft_export.h"
 #include "tests/e2e/subprocess.h"
 #include "tests/e2e/training_run.h"
 

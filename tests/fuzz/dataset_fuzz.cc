@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "common/text/chat_template.h"
 #include "common/data/dataset.h"
+#include "common/text/chat_template.h"
 #include "common/text/tokenizer.h"
 #include "tests/fuzz/fuzz_input.h"
 

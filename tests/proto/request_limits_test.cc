@@ -1,6 +1,6 @@
 // Every bound of proto/request_limits.h: the largest accepted value passes,
 // one past it is refused naming the message, the field and what was
-// expected. The loopback test (tests/teacher_server/service_limits_test.cc)
+// expected. The loopback test (tests/teacher_server/service/service_limits_test.cc)
 // shows the handlers apply them.
 #include "proto/request_limits.h"
 

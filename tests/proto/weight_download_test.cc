@@ -1,7 +1,7 @@
 // The student's GetWeights assembly: honest chunks make whole tensors;
 // a teacher whose chunks disagree with its own model dims, overrun a
 // tensor, skip or repeat bytes, or pass the total cap is refused before
-// anything is allocated for it. tests/student_trainer/teacher_client_test.cc
+// anything is allocated for it. tests/student_trainer/feed/teacher_client_test.cc
 // shows the client applies it to a real stream.
 #include "proto/weight_download.h"
 

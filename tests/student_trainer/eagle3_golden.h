@@ -20,9 +20,9 @@
 #include "common/torch/tensor_convert.h"
 #include "common/torch/torch_core.h"
 #include "nlohmann/json.hpp"
-#include "student_trainer/draft_export.h"
-#include "student_trainer/eagle3_draft.h"
-#include "student_trainer/ttt.h"
+#include "student_trainer/draft/draft_export.h"
+#include "student_trainer/draft/eagle3_draft.h"
+#include "student_trainer/step/ttt_step.h"
 #include "tests/rel_inf.h"
 
 namespace e3::testing {
@@ -89,8 +89,8 @@ inline Eagle3Draft MakeGoldenDraft(const Golden& g, at::ScalarType dtype, at::De
   return *draft;
 }
 
-inline TttBatch GoldenBatch(const Golden& g) {
-  TttBatch b;
+inline TeacherBatch GoldenBatch(const Golden& g) {
+  TeacherBatch b;
   b.input_ids = g.t.at("input_ids");
   b.cu_seqlens = g.t.at("cu_seqlens");
   b.loss_mask = g.t.at("loss_mask");

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "common/torch/torch_core.h"
-#include "student_trainer/eagle3_draft.h"
-#include "student_trainer/ttt.h"
+#include "student_trainer/draft/eagle3_draft.h"
+#include "student_trainer/step/ttt_step.h"
 
 namespace e3::testing {
 
@@ -54,7 +54,7 @@ inline Eagle3FrozenTensors TinyFrozen(const Eagle3DraftConfig& c, uint64_t seed)
   return f;
 }
 
-// keep_full_target_head: for the LK losses (ttt.h).
+// keep_full_target_head: for the LK losses (ttt_step.h).
 inline Eagle3Draft MakeTinyDraft(at::ScalarType dtype = at::kFloat, uint64_t seed = 7,
                                  const Eagle3DraftConfig& config = TinyConfig(),
                                  bool keep_full_target_head = false) {
@@ -71,13 +71,13 @@ inline Eagle3Draft MakeTinyDraft(at::ScalarType dtype = at::kFloat, uint64_t see
 
 // Random inputs for samples of `lengths`; every position trained, every
 // target argmax in the draft vocab unless the test edits them.
-inline TttBatch RandomBatch(const Eagle3DraftConfig& c, const std::vector<int64_t>& lengths,
+inline TeacherBatch RandomBatch(const Eagle3DraftConfig& c, const std::vector<int64_t>& lengths,
                             uint64_t seed) {
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   int64_t total = 0;
   std::vector<int64_t> cu = {0};
   for (int64_t n : lengths) cu.push_back(total += n);
-  TttBatch b;
+  TeacherBatch b;
   b.input_ids = at::randint(0, c.vocab_size, {total}, gen, at::kInt);
   b.cu_seqlens = torch::tensor(cu, torch::kInt);
   b.loss_mask = torch::ones({total}, torch::kUInt8);
@@ -89,8 +89,8 @@ inline TttBatch RandomBatch(const Eagle3DraftConfig& c, const std::vector<int64_
 
 // The rows [begin, begin + n) of every per-token tensor of `b`, as a
 // batch of one sample.
-inline TttBatch SliceSample(const TttBatch& b, int64_t begin, int64_t n) {
-  TttBatch s;
+inline TeacherBatch SliceSample(const TeacherBatch& b, int64_t begin, int64_t n) {
+  TeacherBatch s;
   s.input_ids = b.input_ids.narrow(0, begin, n);
   s.cu_seqlens = torch::tensor(std::vector<int64_t>{0, n}, torch::kInt);
   s.loss_mask = b.loss_mask.narrow(0, begin, n);

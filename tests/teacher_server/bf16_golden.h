@@ -25,7 +25,7 @@
 #include <string>
 
 #include "common/model/model_dir.h"
-#include "teacher_server/causal_lm.h"
+#include "teacher_server/models/causal_lm.h"
 #include "tests/teacher_server/golden_fixture.h"
 
 namespace e3::testing {

@@ -15,10 +15,10 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/model/model_dir.h"
 #include "common/data/vocab_map.h"
-#include "teacher_server/engine.h"
-#include "teacher_server/teacher_service.h"
+#include "common/model/model_dir.h"
+#include "teacher_server/engine/engine.h"
+#include "teacher_server/service/teacher_service.h"
 #include "tests/teacher_server/golden_fixture.h"
 #include "tests/teacher_server/synthetic_dataset.h"
 

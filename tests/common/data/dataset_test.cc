@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "common/text/chat_template.h"
-#include "common/stream/sample_order.h"
-#include "common/text/tokenizer.h"
 #include "common/data/vocab_map.h"
+#include "common/stream/sample_order.h"
+#include "common/text/chat_template.h"
+#include "common/text/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

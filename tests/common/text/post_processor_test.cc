@@ -14,11 +14,11 @@
 #include <vector>
 
 #include "common/text/tokenizer.h"
-#include "tests/common/text/temp_file.h"
-#include "tests/common/text/byte_char.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/common/text/byte_char.h"
+#include "tests/common/text/temp_file.h"
 
 namespace e3 {
 namespace {

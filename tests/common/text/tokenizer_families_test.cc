@@ -25,10 +25,10 @@
 #include "common/base/fnv1a.h"
 #include "common/base/line_reader.h"
 #include "common/text/tokenizer.h"
-#include "tests/common/text/char_offsets.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/common/text/char_offsets.h"
 
 namespace e3 {
 namespace {

@@ -18,15 +18,15 @@
 #include <thread>
 #include <vector>
 
-#include "common/text/chat_template.h"
 #include "common/base/fnv1a.h"
-#include "tests/common/text/char_offsets.h"
+#include "common/text/chat_template.h"
 #include "common/text/pretokenizer.h"
-#include "tests/common/text/temp_file.h"
-#include "tests/common/text/byte_char.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/common/text/byte_char.h"
+#include "tests/common/text/char_offsets.h"
+#include "tests/common/text/temp_file.h"
 #include "tests/source_path.h"
 
 namespace e3 {

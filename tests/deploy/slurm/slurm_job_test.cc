@@ -26,8 +26,8 @@
 #include "common/model/safetensors.h"
 #include "common/torch/tensor_convert.h"
 #include "nlohmann/json.hpp"
-#include "student_trainer/draft_export.h"
-#include "student_trainer/eagle3_draft.h"
+#include "student_trainer/draft/draft_export.h"
+#include "student_trainer/draft/eagle3_draft.h"
 #include "tests/e2e/subprocess.h"
 #include "tests/free_port.h"
 
