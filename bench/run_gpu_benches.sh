@@ -19,10 +19,6 @@
 #      default llama-8b), with the median ratio
 #   moe_archs: DeepSeek and GPT-OSS reduced-depth shapes, sgl and hf vs
 #      HF transformers on the same weights ($MOE_ARCH_SHAPES)
-#   kernels: bench/probes/elementwise_kernels_probe.cu (SiLU-mul and rope variants
-#      against the teacher's kernels, bit-checked, alone and after their
-#      GEMM) and bench/probes/fp8_head_probe.cu (the lm_head's top-8 scan variants,
-#      checked, and its two chunks against one pass)
 # Each prints the ratio against its baseline measured in this run; every
 # JSON line also goes to $RESULTS (default bench-results.jsonl, under $OUT
 # where that is set: the device machine's folder that comes back, since its
@@ -309,19 +305,6 @@ print(json.dumps({"bench": "teacher_vs_transformers_alternated", "shape": shape,
                   "baseline": "hf_transformers_logits", "ratios": ratios, "median": statistics.median(ratios)}))
 PY
   done
-}
-
-kernels() {
-  local dir=${PROBES:-/tmp/e3-probes}
-  mkdir -p "$dir"
-  nvcc -O3 -std=c++17 -arch=sm_90 -I"$SRC" "$SRC/bench/probes/elementwise_kernels_probe.cu" \
-    "$SRC/teacher_server/kernels/fused_kernels.cu" -lcublasLt -o "$dir/elementwise_kernels_probe" &
-  local ew=$!
-  # fp8_head_probe.cu includes fp8_argmax.cu itself.
-  nvcc -O3 -std=c++17 -arch=sm_90 -I"$SRC" "$SRC/bench/probes/fp8_head_probe.cu" -lcublasLt -o "$dir/fp8_head_probe"
-  wait $ew
-  "$dir/elementwise_kernels_probe"
-  "$dir/fp8_head_probe"
 }
 
 # Issue 27's end to end: the sgl teacher and the student share one GPU on

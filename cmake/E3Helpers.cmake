@@ -26,10 +26,11 @@ endfunction()
 # with -fPIC, so executables that reuse it do too (they still link as PIE).
 function(_e3_make_torch_pch)
   add_library(e3_torch_pch STATIC ${PROJECT_SOURCE_DIR}/cmake/torch_pch.cc)
-  # Same flags as its users, or GCC rejects the PCH: they all get
-  # -pthread from gRPC/Abseil (it defines _REENTRANT, which the torch
-  # headers test), and glibc's in-libc pthreads keep Threads::Threads from
-  # adding it, so add it here.
+  # Same flags as its users, or the compiler rejects the PCH (GCC quietly,
+  # clang with an error): -pthread defines _REENTRANT, which the torch
+  # headers test. glibc's in-libc pthreads keep Threads::Threads from
+  # adding it, and not every user links gRPC or Abseil, which do, so the
+  # PCH and each of its users (e3_use_torch_pch) add it themselves.
   target_link_libraries(e3_torch_pch PRIVATE e3_torch Threads::Threads)
   target_compile_options(e3_torch_pch PRIVATE -pthread)
   target_precompile_headers(e3_torch_pch PRIVATE "${PROJECT_SOURCE_DIR}/common/torch/torch_core.h")
@@ -77,6 +78,7 @@ function(e3_use_torch_pch target)
     _e3_make_torch_pch()
   endif()
   target_precompile_headers(${target} REUSE_FROM e3_torch_pch)
+  target_compile_options(${target} PRIVATE -pthread)
   get_target_property(_type ${target} TYPE)
   if(_type STREQUAL "EXECUTABLE")
     target_compile_options(${target} PRIVATE -fPIC)

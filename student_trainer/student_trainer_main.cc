@@ -71,19 +71,9 @@ constexpr char kSummary[] =
     "  student_trainer [--config=run.yaml] [--flag=value ...]: flags override the run config's keys";
 
 int Main(int argc, char** argv) {
-  absl::StatusOr<CommandLine> command_line = ReadCommandLine(argc, argv, kStudent);
-  if (!command_line.ok()) {
-    std::fprintf(stderr, "student_trainer: error: %s\n", std::string(command_line.status().message()).c_str());
-    return 2;
-  }
-  if (command_line->help) {
-    std::printf("%s", Usage(kStudent, kSummary).c_str());
-    return 0;
-  }
-  for (const std::string& w : command_line->warnings) {
-    std::fprintf(stderr, "student_trainer: warning: %s\n", w.c_str());
-  }
-  const RunConfig& c = command_line->config;
+  const ServiceCommandLine command_line = ReadServiceCommandLine(argc, argv, kStudent, "student_trainer", kSummary);
+  if (!command_line.command_line.has_value()) return command_line.exit_code;
+  const RunConfig& c = command_line.command_line->config;
   absl::StatusOr<StudentProcess> process = ResolveStudentProcess(c, ProcessEnv(), &g_stop);
   if (!process.ok()) {
     std::fprintf(stderr, "student_trainer: error: %s\n", std::string(process.status().message()).c_str());

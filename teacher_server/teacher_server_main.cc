@@ -121,16 +121,9 @@ constexpr char kSummary[] =
     "  teacher_server [--config=run.yaml] [--flag=value ...]: flags override the run config's keys";
 
 int Main(int argc, char** argv) {
-  absl::StatusOr<CommandLine> command_line = ReadCommandLine(argc, argv, kTeacher);
-  if (!command_line.ok()) {
-    std::fprintf(stderr, "teacher_server: error: %s\n", std::string(command_line.status().message()).c_str());
-    return 2;
-  }
-  if (command_line->help) {
-    std::printf("%s", Usage(kTeacher, kSummary).c_str());
-    return 0;
-  }
-  for (const std::string& w : command_line->warnings) std::fprintf(stderr, "teacher_server: warning: %s\n", w.c_str());
+  const ServiceCommandLine read = ReadServiceCommandLine(argc, argv, kTeacher, "teacher_server", kSummary);
+  if (!read.command_line.has_value()) return read.exit_code;
+  const CommandLine* command_line = &*read.command_line;
   if (!command_line->config_path.empty()) {
     std::printf("teacher: config %s: %d settings (%d overridden on the command line)\n",
                 command_line->config_path.c_str(), command_line->from_file, command_line->overridden);

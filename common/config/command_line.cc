@@ -1,5 +1,7 @@
 #include "common/config/command_line.h"
 
+#include <cstdio>
+
 #include <map>
 
 #include "absl/strings/match.h"
@@ -226,6 +228,24 @@ std::string Usage(unsigned role, const std::string& summary) {
   absl::StrAppend(&text, "\n  --config=FILE  the run config (YAML; examples/configs/)\n",
                   "  --flagfile=FILE  more arguments, one per line\n");
   return text;
+}
+
+ServiceCommandLine ReadServiceCommandLine(int argc, char** argv, unsigned role, const char* program,
+                                          const std::string& summary) {
+  ServiceCommandLine out;
+  absl::StatusOr<CommandLine> command_line = ReadCommandLine(argc, argv, role);
+  if (!command_line.ok()) {
+    std::fprintf(stderr, "%s: error: %s\n", program, std::string(command_line.status().message()).c_str());
+    out.exit_code = 2;
+    return out;
+  }
+  if (command_line->help) {
+    std::printf("%s", Usage(role, summary).c_str());
+    return out;
+  }
+  for (const std::string& w : command_line->warnings) std::fprintf(stderr, "%s: warning: %s\n", program, w.c_str());
+  out.command_line = std::move(command_line).value();
+  return out;
 }
 
 }  // namespace e3

@@ -13,6 +13,7 @@
 #ifndef E3_COMMON_CONFIG_COMMAND_LINE_H_
 #define E3_COMMON_CONFIG_COMMAND_LINE_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,16 @@ absl::StatusOr<CommandLine> ReadCommandLine(int argc, char** argv, unsigned role
 // What --help prints: `summary`, then every setting `role` reads, by
 // section, with its flag, type, default and help.
 std::string Usage(unsigned role, const std::string& summary);
+
+// A service's command line as its main takes it: the command line, or the
+// code to exit with now (0 after --help, printed; 2 after an error, printed
+// to stderr after `program`). Warnings for old spellings go to stderr.
+struct ServiceCommandLine {
+  std::optional<CommandLine> command_line;
+  int exit_code = 0;
+};
+ServiceCommandLine ReadServiceCommandLine(int argc, char** argv, unsigned role, const char* program,
+                                          const std::string& summary);
 
 }  // namespace e3
 

@@ -4,17 +4,16 @@
 // The hf backend uses LibTorch's matmul (kAten). The sgl backend calls
 // cuBLASLt itself (kCublasLt) so that the residual add happens in the
 // GEMM's epilogue: D = X W^T + H with C != D, which saves the next norm a
-// read and a write of the hidden state (1B shape on an H200: +1.7% per
-// dense forward, +2.8% on ragged chat batches, bench/README.md section
-// 8). The sum is then rounded once, from fp32, instead of twice: closer
-// to the exact sum than transformers'.
+// read and a write of the hidden state (bench/README.md section 8). The
+// sum is then rounded once, from fp32, instead of twice: closer to the
+// exact sum than transformers'.
 // The algorithm is cuBLASLt's heuristic first choice for the exact shape,
 // or, on the kCublasLtTuned path, the one the sequence tuner
-// (gemm_tuning.h) installed for the shape. (Timing each shape's
-// candidates alone was tried and dropped: the isolated winners, up to 14%
-// faster alone, gave 0-3% in a forward's sequence of GEMMs. The tuner
-// judges candidates by the whole sequence's time instead, and admits only
-// those that give the first choice's bits, so a pick changes speed only.)
+// (gemm_tuning.h) installed for the shape. (A shape's candidates timed
+// alone are no guide: their gains vanish in a forward's sequence of
+// GEMMs. The tuner judges candidates by the whole sequence's time, and
+// admits only those that give the first choice's bits, so a pick changes
+// speed only.)
 // The student's fast TTT step (student_trainer/ops/linear.h) uses it for
 // its residual GEMMs too: at::addmm would first copy the residual into its
 // output, a read and a write of every output element.

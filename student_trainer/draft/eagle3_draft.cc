@@ -177,7 +177,7 @@ at::Tensor SampleAttention(const at::Tensor& q, const at::Tensor& diag, const Tt
   // One split into the causal block and the diagonal columns, never a
   // slice per column: autograd turns each slice of `probs` into a
   // zero-filled gradient of the whole [heads, m, b + j] tensor and adds
-  // them up, which at j = 6 moved ~7 GB per step for a few KB of
+  // them up, which at j = 6 moves ~7 GB per step for a few KB of
   // gradient. The diagonal terms are then summed in the [rows, heads, D]
   // layout the cached values already have (no transposed copies).
   std::vector<at::Tensor> parts = probs.split_with_sizes({b, steps - 1}, -1);
@@ -369,15 +369,14 @@ at::Tensor Eagle3DraftImpl::TargetLogits(const at::Tensor& last_hidden) {
   const at::ScalarType t = AtLeastFloat(options_.dtype);
   // fp32 output and accumulation of exact products. 16-bit hidden states
   // and head rows multiply as they are, with an fp32 result, on the 16-bit
-  // tensor cores: twice TF32's rate, the same products (about 5 ms of the
-  // 8B-shape step at 16k tokens).
+  // tensor cores: twice TF32's rate, the same products.
   if (UsesFloatOutMm(last_hidden)) {
     return compat::MmFloatOut(last_hidden.to(options_.device), target_head_16bit_.t());
   }
   // Otherwise on TF32 tensor cores: bf16 values fit TF32's 10-bit mantissa
   // exactly, so this is the fp32 product at tensor core speed (an fp32
-  // CUDA-core GEMM here cost 11 ms of a 157 ms 8B-shape step). Inputs with
-  // more bits than that lose them, as any TF32 product.
+  // CUDA-core GEMM here would take a large share of the step). Inputs
+  // with more bits than that lose them, as any TF32 product.
   compat::ScopedTf32Matmul tf32;
   return at::matmul(last_hidden.to(options_.device, t), target_head.to(t).t());
 }

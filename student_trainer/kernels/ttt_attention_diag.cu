@@ -2,9 +2,8 @@
 // block through its log-sum-exp (see student_kernels.h). A group of lanes
 // per (token, query head) row: each lane holds 8 or 16 consecutive
 // features (16-byte accesses for 16-bit rows), every dot product is a sum
-// over the group, and a warp holds several rows. (A whole warp per row
-// issued about 950 instructions per row at six keys, 4 features a lane:
-// the kernels were bound by instruction issue, not by memory.) The
+// over the group, and a warp holds several rows. (A whole warp per row,
+// 4 features a lane, is bound by instruction issue, not by memory.) The
 // backward's key and value gradients sum over the query heads that share
 // a kv head, so a second kernel takes one group per (token, kv head) and
 // reads the first's per-head probabilities and score gradients from a
@@ -17,9 +16,9 @@ namespace e3::student_kernels {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
-// Features per lane: 16 in the forward (two 16-byte accesses; it ran 1.5x
-// faster than 8), 8 in the backward kernels (16 needed 96-198 registers
-// and ran slower).
+// Features per lane: 16 in the forward (two 16-byte accesses; faster
+// than 8), 8 in the backward kernels (16 needs 96-198 registers, which
+// leaves too few resident warps).
 constexpr int kForwardPerLane = 16, kBackwardPerLane = 8;
 
 struct DiagGrads {

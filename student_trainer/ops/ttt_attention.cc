@@ -39,9 +39,9 @@ bool FlashTakes(const at::Tensor& q) {
          d <= 256;
 }
 
-// One long sequence runs cuDNN's fused attention instead: on an H200 it
-// computes the causal block at about twice varlen flash's rate from 8k
-// tokens on (bench/README.md). cuDNN builds a graph per shape (50-110 ms),
+// One long sequence runs cuDNN's fused attention instead: it computes
+// the causal block faster than varlen flash at such lengths
+// (bench/README.md). cuDNN builds a graph per shape, which is slow,
 // so the rows are padded to a multiple of kCudnnRowStep: zero queries and
 // keys after the last token, which no real query attends to (causal) and
 // whose output gradient is zero, so they change nothing.

@@ -174,12 +174,11 @@ __device__ __forceinline__ void OfferPack(const Bf16x8& v, const Scales8& scale,
 }
 
 // One warp per row, 32 packs (512 contiguous bytes) per step; the warp's
-// list is the row's K best. (Eight warps per row, merged at the end, took
-// 0.58 ms per 4096 x 128256 chunk on an H200: each warp's list fills and
-// rises on its own, so a row paid eight lists' insertions.) kUnroll packs
-// per lane are loaded before any is offered; with kScalesFirst their
-// column scales are loaded with them rather than as each pack is offered.
-// (bench/probes/fp8_head_probe.cu times the choices.)
+// list is the row's K best. (Eight warps per row, merged at the end, are
+// slower: each warp's list fills and rises on its own, so a row pays
+// eight lists' insertions.) kUnroll packs per lane are loaded before any
+// is offered; with kScalesFirst their column scales are loaded with them
+// rather than as each pack is offered. (bench/README.md times the choices.)
 template <int kUnroll, bool kScalesFirst>
 __global__ void __launch_bounds__(kThreads)
     TopCandidatesKernel(const __nv_bfloat16* __restrict__ scores, int64_t rows, int64_t stride, int64_t cols,
@@ -216,11 +215,9 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The teacher's choice of TopCandidatesKernel's loads: two packs per lane,
-// with their scales. On an H200 (bench/probes/fp8_head_probe.cu, the 8B head)
-// that scanned 8192 rows in 605 us against 770 for four packs with the
-// scales read as each pack is offered (3.47 against 2.73 TB/s; a plain
-// read of the scores: 4.44); eight packs need 150 registers and ran
-// slower still. The candidates are the same.
+// with their scales: faster than four packs with the scales read as each
+// pack is offered (bench/README.md); eight packs need 150 registers and
+// run slower still. The candidates are the same.
 constexpr int kTopUnroll = 2;
 constexpr bool kTopScalesFirst = true;
 

@@ -63,10 +63,9 @@ __device__ __forceinline__ Index GridStride() {
 // Index arithmetic of the hottest element-wise kernels (SiLU-mul, rope):
 // 32-bit where every offset fits, which is fewer instructions per pack
 // and, for SiLU-mul, few enough registers for a full SM of threads (8
-// blocks of 256; 64-bit indices take 35 registers, which leaves 7). On an
-// H200 (bench/probes/elementwise_kernels_probe.cu, 2026-12-01) SiLU-mul on the 8B
-// MLP ran at 3.24 TB/s against 2.92, rope at 2.86 against 2.69; the
-// outputs are the same bits. (Rope capped at 32 registers spills.)
+// blocks of 256; 64-bit indices take 35 registers, which leaves 7). Both
+// kernels run faster with 32-bit indices (bench/README.md), with the same
+// output bits. (Rope capped at 32 registers spills.)
 constexpr int kFullSmBlocks = 8;
 template <typename Index>
 constexpr int SiluMulMinBlocks() {
@@ -99,9 +98,8 @@ __device__ float BlockSum(float v) {
 constexpr int kMaxPacks = 4;
 // Packs each thread takes where the row is wide enough: a thread issues
 // all of its loads before the block's reduction, so more packs per thread
-// keep more bytes in flight. The norm alone on 8192 x 2048 (H200,
-// bench/probes/norm_kernel_probe.cu): 30.5 us with one pack per thread, 21.3 with
-// two, 19.9 with four (3.4 TB/s); 8192 x 4096: 61.7, 41.9, 36.8 us.
+// keep more bytes in flight: four packs per thread bring the norm close
+// to memory bandwidth, fewer leave it short (bench/README.md, kernels).
 #ifndef E3_NORM_PACKS_PER_THREAD
 #define E3_NORM_PACKS_PER_THREAD 4
 #endif
@@ -181,10 +179,8 @@ __device__ __forceinline__ float SiluExact(float x) {
 // |x| is outside (1e-30, 80) (divisors past 2^126, tiny quotients, NaN and
 // infinities). Those take the IEEE division, so the stored bits are the
 // exact formula's for every bf16 input (SglKernelsGpuTest checks all
-// 65536). On an H200 the probe's copies of this kernel
-// (bench/probes/elementwise_kernels_probe.cu, the 8B MLP, alone) took 164 us
-// without SiLU, 222 with the IEEE division and 211 with this one. fp16
-// rounds at another bit, so it keeps the IEEE division throughout.
+// 65536). fp16 rounds at another bit, so it keeps the IEEE division
+// throughout.
 template <typename T>
 __device__ __forceinline__ float SiluStored(float x) {
   if (Num<T>::kIsBf16) {
@@ -232,11 +228,10 @@ __global__ void __launch_bounds__(kThreads, SiluMulMinBlocks<Index>())
 // shared-memory load per element replaces expf, the division and the
 // midpoint check. The table fills most of an SM's shared memory, so one
 // block of 1024 threads per SM (half the threads the arithmetic kernel
-// runs), each with one pack in flight: more packs per thread ran slower.
-// On an H200 (bench/probes/elementwise_kernels_probe.cu, 2026-12-02, the 8B MLP
-// alone): 174 us against the arithmetic kernel's 217 (4.04 TB/s; a plain
-// pass without SiLU takes 164), same bits. The product stays in fp32 and
-// rounds once, as the arithmetic kernel's does.
+// runs), each with one pack in flight: more packs per thread run slower.
+// It runs close to a plain pass without SiLU and well ahead of the
+// arithmetic kernel (bench/README.md), same bits. The product stays in
+// fp32 and rounds once, as the arithmetic kernel's does.
 constexpr int kSiluTableEntries = 1 << 16;
 constexpr int kSiluTableBytes = kSiluTableEntries * 2;
 constexpr int kSiluTableThreads = 1024;

@@ -9,9 +9,9 @@
 // (transformers' modeling_llama.py in bf16/fp16): it fuses memory passes
 // and rounds to the storage dtype wherever the reference stores a tensor,
 // so that a draft trained on the fast teacher sees the reference
-// teacher's numbers (issue 6's accuracy gap). SiLU-mul, rope and the
-// residual sum are bit-exact; the norm sums its row in another order than
-// ATen's mean, which can move an output by an ulp or two.
+// teacher's numbers. SiLU-mul, rope and the residual sum are bit-exact;
+// the norm sums its row in another order than ATen's mean, which can move
+// an output by an ulp or two.
 #ifndef E3_TEACHER_SERVER_KERNELS_FUSED_KERNELS_H_
 #define E3_TEACHER_SERVER_KERNELS_FUSED_KERNELS_H_
 
@@ -41,8 +41,8 @@ bool AddRmsNorm(Dtype dtype, const void* residual, const void* delta, const void
 // else from the arithmetic (same bits either way).
 bool SiluMul(Dtype dtype, const void* gate_up, void* out, int64_t rows, int64_t cols, const int32_t* row_limit,
              void* stream);
-// Process-wide: whether SiluMul may use the table (default on). Tests and
-// probes switch it off to check and time the arithmetic kernel.
+// Process-wide: whether SiluMul may use the table (default on). Tests
+// switch it off to check the arithmetic kernel against the table's bits.
 void SetSiluMulByTable(bool on);
 // Whether SiluMul on the current device uses the table now (building it
 // on `stream` first if this is the device's first use).
@@ -78,7 +78,7 @@ bool HeadRmsNormRopeInPlace(Dtype dtype, void* x, int64_t tokens, int64_t heads,
 // index of its largest element, as at::argmax picks it: the first NaN if
 // the row has one, else the first occurrence of the maximum. For the
 // lm_head's target argmax: the logits are read once, at the memory's
-// bandwidth (ATen's generic reduction reached about 60% of it on an H200).
+// bandwidth (ATen's generic reduction falls well short of it).
 bool RowArgmax(Dtype dtype, const void* x, int64_t rows, int64_t cols, int64_t row_stride, int32_t* out,
                void* stream);
 

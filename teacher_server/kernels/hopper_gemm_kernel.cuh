@@ -22,20 +22,19 @@
 // consumers on one 128-row tile) and ping-pong (alternate 64-row tiles,
 // one consumer's epilogue under the other's multiplications).
 //
-// What pays (bench/probes/hopper_gemm_probe.cu, H200, bench/README section 8):
-// kArgmax beats cuBLASLt + the row-argmax kernel (the logits never reach
-// memory), so the sgl teacher uses it (cooperative) for the lm_head.
-// Cooperative kStore runs at 0.97-1.0 of cuBLASLt without a residual and
-// slower with one, and cooperative kSwiGlu's epilogue math, which the
-// tensor cores wait for, costs more than the SiLU-mul pass it saves; both
-// stay in the probe. The ping-pong schedule was written for that SwiGLU
-// case: its outputs are bit-identical to cuBLASLt's (clean under
-// compute-sanitizer), but it is slower on every shape (SwiGLU 0.98x in
-// isolation, 0.95x in a 1B forward's sequence of GEMMs), so it stays in
-// the probe too.
+// What pays (bench/README.md section 8): kArgmax beats cuBLASLt + the
+// row-argmax kernel (the logits never reach memory), so the sgl teacher
+// uses it (cooperative) for the lm_head. Cooperative kStore is no faster
+// than cuBLASLt without a residual and slower with one, and cooperative
+// kSwiGlu's epilogue math, which the tensor cores wait for, costs more
+// than the SiLU-mul pass it saves; the teacher uses neither. The ping-pong
+// schedule serves that SwiGLU case: its outputs are bit-identical to
+// cuBLASLt's (clean under compute-sanitizer), but it is slower on every
+// shape, so the teacher does not use it either.
 //
-// Header-only so that the probe and the teacher's kernel library
-// (hopper_gemm.cu) compile the same code. No LibTorch here.
+// Header-only: hopper_gemm.cu instantiates the schedules the teacher
+// launches; a benchmark of the others instantiates them the same way. No
+// LibTorch here.
 #ifndef E3_TEACHER_SERVER_KERNELS_HOPPER_GEMM_KERNEL_CUH_
 #define E3_TEACHER_SERVER_KERNELS_HOPPER_GEMM_KERNEL_CUH_
 
@@ -109,7 +108,7 @@ struct Tiling {
   static constexpr uint32_t kStageReaders = (kS == Schedule::kCooperative ? 2 : 1) * kCluster;
 };
 // kSwiGlu: each 256-column tile holds 128 gate columns and the 128 up
-// columns of the same features (InterleaveGateUp in bench/probes/hopper_gemm_probe.cu).
+// columns of the same features (bench/README.md).
 constexpr int kSwiGluHalf = kBlockN / 2;
 
 #ifdef E3_HOPPER_GEMM_DEVICE_CODE
@@ -341,8 +340,8 @@ __device__ __forceinline__ float RoundBf16(float v) { return __bfloat162float(__
 
 // bf16(silu(g)) as at::silu computes and stores it: fp32 g / (1 + expf(-g)),
 // rounded to bf16. (A fast exponential and division with an exact
-// fallback near bf16 rounding midpoints measured slower in this epilogue:
-// 0.83-0.88 of the unfused pair against 0.95-0.96; bench/README section 8.)
+// fallback near bf16 rounding midpoints is slower in this epilogue;
+// bench/README.md section 8.)
 __device__ __forceinline__ float SiluBf16(float g) { return RoundBf16(g / (1.f + expf(-g))); }
 
 // Writes two adjacent outputs of chunk-local (row, col) into a [64, 64]

@@ -166,7 +166,7 @@ at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const A
     if (qk_heads.defined() && !w.q_norm.defined() && !w.k_norm.defined()) {
       // q's and k's heads are adjacent in the fused product and rotate by
       // the same per-token angles: one launch for both instead of one per
-      // tensor (the 8B forward's k launches were too short to fill the GPU).
+      // tensor (k alone is too small a launch to fill the GPU).
       RopeInPlace(qk_heads, cos, sin, /*fused=*/true);
     } else {
       norm_and_rope(q, w.q_norm);

@@ -17,8 +17,8 @@ enum class AttentionKernel {
   // One fused call over the whole packed batch (CUDA, bf16/fp16, LibTorch
   // 2.x): no per-sample loop, no copies, GQA without repeating k/v. Ragged
   // batches go through the varlen flash kernel; batches whose samples all
-  // have one length through cuDNN's batched kernel, twice as fast on an
-  // H200 (bench/README.md). Elsewhere it falls back to kSdpa.
+  // have one length through cuDNN's batched kernel, the faster of the two
+  // (bench/README.md). Elsewhere it falls back to kSdpa.
   kFlashVarlen,
 };
 

@@ -66,11 +66,9 @@ at::Tensor Fp8HeadArgmax::Argmax(const at::Tensor& x, at::Tensor* best_logit) co
   at::Tensor cand = at::empty({rows, kernels::kFp8ArgmaxCandidates}, x.options().dtype(at::kInt));
   // bf16 scores in chunks of up to 2 GiB, whole 256-row tiles for
   // cuBLASLt: 8192 rows at a 128k vocab, an 8x1024 budget in one pass. The
-  // top-8 scan has one warp per row, so a 4096-row chunk filled half of an
-  // H200's warp slots: one 8192-row pass took 7.16-7.43 ms for GEMM and
-  // scan against 7.48-7.66 in two chunks on four machines
-  // (bench/probes/fp8_head_probe.cu; the GEMM alone within 1.3%, the same
-  // candidates).
+  // top-8 scan has one warp per row, so a 4096-row chunk fills only half
+  // of the GPU's warp slots: one 8192-row pass beats two chunks
+  // (bench/README.md; the same candidates).
   constexpr int64_t kScoreChunkBytes = int64_t{2} << 30;
   const int64_t chunk = LmHeadChunkRows(2 * V, 256, kScoreChunkBytes);
   for (int64_t start = 0; start < rows; start += chunk) {

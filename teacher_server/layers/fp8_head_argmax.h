@@ -2,16 +2,15 @@
 // backend on GPUs with FP8 tensor cores: compute capability 8.9 and up).
 //
 // The exact answer needs every logit x w^T: on the bench's shapes the
-// lm_head GEMM is 18% (Llama-1B) and 7% (8B) of a teacher forward. FP8
-// tensor cores run it about 1.7x faster (bench/probes/fp8_lm_head_probe.py, H200:
-// 3.42 against 5.82 ms on the 1B head, 6.64 against 12.26 on the 8B one),
-// but e4m3 keeps 3 mantissa bits, so its argmax alone would be wrong for
-// ~10% of rows. So FP8 only nominates: each row's 8 best scoring columns
+// lm_head GEMM is a large share of a teacher forward. FP8 tensor cores
+// run it faster (bench/README.md section 8), but e4m3 keeps 3 mantissa
+// bits, so its argmax alone would be wrong for ~10% of rows. So FP8 only
+// nominates: each row's 8 best scoring columns
 // are rescored exactly (bf16 operands, fp32 sum, the logit rounded to
 // bf16, as the exact path and at::argmax see it), and the answer is the
 // exact best of them. It equals the exact argmax whenever that column is
 // among the 8 nominated; on random heads, where logits are flattest, the
-// exact argmax was outside the FP8 top 4 in 3-4 of 8192 rows and never
+// exact argmax is outside the FP8 top 4 in 3-4 of 8192 rows and never
 // outside the top 8. Rows whose hidden state holds a NaN or an infinity
 // scan every column exactly (at::argmax's answer for them).
 //

@@ -77,10 +77,10 @@ void RopeInPlace(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bo
 // Qwen3's per-head q/k RMSNorm (LlamaRMSNorm over head_dim with `weight`)
 // and then rope, on x: [T, heads, head_dim], possibly a strided view of
 // the fused qkv product. With `fused` on CUDA one kernel that reads and
-// writes x once, in place (the norm alone was five ATen passes: a sixth of
-// a Qwen3-MoE forward); elsewhere RmsNorm (a new tensor) and then
-// RopeInPlace. Returns the result. The norm's sum of squares runs in
-// another order than ATen's mean, as in AddRmsNorm.
+// writes x once, in place (the norm alone takes five ATen passes);
+// elsewhere RmsNorm (a new tensor) and then RopeInPlace. Returns the
+// result. The norm's sum of squares runs in another order than ATen's
+// mean, as in AddRmsNorm.
 at::Tensor HeadRmsNormRope(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& cos,
                            const at::Tensor& sin, bool fused);
 

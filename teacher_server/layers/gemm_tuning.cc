@@ -202,10 +202,8 @@ std::vector<int> DescendCoordinates(const std::vector<int>& counts,
       const size_t contenders_max = static_cast<size_t>(std::max(1, options.confirm_candidates));
       if (scanned.size() > contenders_max) scanned.resize(contenders_max);
       // The scan's minimum of many noisy timings is biased low, and its
-      // runner-up may be the real winner (on one H200 the 1B o_proj's scan
-      // winner lost to the incumbent in confirmation and its runner-up won
-      // by 0.8%): confirm the contenders against the incumbent in
-      // alternated rounds.
+      // runner-up may be the real winner: confirm the contenders against
+      // the incumbent in alternated rounds.
       std::vector<double> with(scanned.size(), 0);
       double without = 0;
       for (int r = 0; r < options.confirm_rounds; ++r) {

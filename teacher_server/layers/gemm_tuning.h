@@ -1,12 +1,11 @@
 // Picks the projections' cuBLASLt algorithms by the time of the whole
 // forward's GEMM sequence, once per teacher start (or from a cache file).
 //
-// Why in sequence: on an H200 the dense 8B forward runs at the board's
-// power cap (bench/README.md section 8), so how fast a GEMM runs depends
-// on the clock that the rest of the sequence leaves it. Timed alone,
-// candidates up to 14% faster than the heuristic's choice gave nothing in
-// a forward; judged by the whole sequence, one choice for the 8B gate_up
-// shape saved 1.6% of the GEMMs' time (bench/probes/gemm_sequence_tune_probe.cu).
+// Why in sequence: a dense forward can run at the board's power cap
+// (bench/README.md section 8), so how fast a GEMM runs depends on the
+// clock that the rest of the sequence leaves it. Candidates that win when
+// timed alone gain nothing in a forward; judged by the whole sequence,
+// some choices do save GEMM time (bench/README.md).
 //
 // What runs: every projection of the forward in order (`sites`, with the
 // model's own weights), on random activations of `rows` rows. The
@@ -15,8 +14,8 @@
 // their current choice, each candidate judged by the median time of the
 // whole sequence; a new choice must save `min_gain` of it twice, in the
 // scan and again in alternated rounds against the incumbent, where the
-// scan's two fastest are confirmed side by side (single timings of ~0.2 s
-// sequences vary by ~0.3%).
+// scan's two fastest are confirmed side by side (single timings of a
+// sequence vary by ~0.3%).
 //
 // Exactness: a candidate is admitted only if its outputs equal the
 // untuned path's (the heuristic's first choice) bit for bit, at `rows`

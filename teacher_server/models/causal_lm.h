@@ -66,9 +66,9 @@ struct ModelOptions {
   // - under TP, the batch split at a sample boundary into two micro-batches
   //   whose all-reduces run while the other computes (parallel/
   //   micro_batches.h), where each half holds at least
-  //   tp_overlap_min_tokens tokens (0: never split). 4096: on two H200s
-  //   (8B, TP=2) halves of 4096 tokens gained 1-4%, halves of 1536-3610
-  //   tokens -1.7 to +1.7%, halves of 1378 and 903 tokens lost 5-8%.
+  //   tp_overlap_min_tokens tokens (0: never split). 4096: smaller halves
+  //   gain nothing or lose, as NCCL's kernels take SMs from the GEMMs
+  //   (bench/README.md).
   bool tp_overlap = false;
   int64_t tp_overlap_min_tokens = 4096;
   // - MoE layers through grouped GEMMs (layers/moe.h GroupedMoe; experts

@@ -14,16 +14,16 @@
 //   (empty samples are free in the varlen kernel). Outputs are cut back to
 //   the batch's tokens.
 // Graphs pay only where the host's issuing is a large part of a forward:
-// on an H200 a 4096-token batch of a 1B model gains nothing, and a ragged
-// 8B batch loses 2% to its padding, while the bundled tiny model runs
-// 1.5-4.4x faster (bench/README.md section 8). So each budget decides for
-// itself: the first time it is seen it runs eagerly (warm-up); the second
-// time eagerly and timed, and if the host's share of that forward (until
-// the last kernel was issued, over the whole synchronised call) is below
-// `min_host_share` the budget stays eager for good; the third time it is
-// captured. At most `max_graphs` budgets are kept; all share one memory
-// pool, since forwards of one model never overlap. Every output is copied
-// out of the graph's buffers, which the next replay overwrites.
+// large batches gain nothing and ragged ones lose to their padding, while
+// small models gain most (bench/README.md section 8). So each budget
+// decides for itself: the first time it is seen it runs eagerly
+// (warm-up); the second time eagerly and timed, and if the host's share
+// of that forward (until the last kernel was issued, over the whole
+// synchronised call) is below `min_host_share` the budget stays eager for
+// good; the third time it is captured. At most `max_graphs` budgets are
+// kept; all share one memory pool, since forwards of one model never
+// overlap. Every output is copied out of the graph's buffers, which the
+// next replay overwrites.
 #ifndef E3_TEACHER_SERVER_MODELS_FORWARD_GRAPHS_H_
 #define E3_TEACHER_SERVER_MODELS_FORWARD_GRAPHS_H_
 

@@ -39,8 +39,8 @@ struct ModelRuntimeOptions {
   static absl::StatusOr<ModelRuntimeOptions> From(const RunConfig& config, const EnvLookup& env);
 };
 
-// auto resolved for the device: sgl on a GPU, where it is 1.2-3x faster
-// than hf and trains drafts to the same acc_j (within 0.05 points;
+// auto resolved for the device: sgl on a GPU, where it is faster than hf
+// and trains drafts to the same acc_j (within 0.05 points;
 // bench/README.md section 8); hf on the CPU, where sgl's kernels do not
 // run and its fused projections were not measured to pay.
 std::string ResolveBackend(const std::string& backend, bool cuda);

@@ -56,8 +56,8 @@ int ExitCode(Subprocess& p, std::chrono::seconds bound) {
   return WIFEXITED(*st) ? WEXITSTATUS(*st) : 128 + WTERMSIG(*st);
 }
 
-// gRPC's default SO_REUSEPORT let a second teacher bind a running one's
-// port, and both took students; one ledger also took two writers.
+// gRPC's default SO_REUSEPORT lets a second teacher bind a running one's
+// port, and both would take students; one ledger could take two writers.
 TEST(FaultCasesE2eTest, ASecondTeacherOnARunningOnesPortOrLedgerIsRefused) {
   const std::string dir = testing::ScratchDir("fault_two_teachers");
   const int port = testing::FreePort();
@@ -226,7 +226,7 @@ TEST(FaultCasesE2eTest, AFlippedCheckpointByteFallsBackToTheCheckpointBefore) {
   EXPECT_EQ(ExitCode(teacher, 60s), 0) << teacher.Log();
 }
 
-// Settings that used to crash or quietly do something else end with an
+// Settings that would crash or quietly do something else end with an
 // error naming the flag: a port past 65535 (bound modulo 2^16), and a GPU
 // device in a build or on a machine without it (an uncaught exception,
 // SIGABRT). Both are refused before the model loads.

@@ -46,7 +46,7 @@ inline std::vector<std::string> TrainingStudentArgv(const std::string& dir, cons
 
 // How many times longer a run may take in this build. The bound catches a
 // run that hangs, not a slow one, and under ThreadSanitizer the student
-// runs about 8x slower (about 55 tok/s on the 2-core machine, against 450).
+// runs several times slower.
 #if defined(__has_feature)
 #if __has_feature(thread_sanitizer)
 #define E3_TESTS_UNDER_TSAN 1
@@ -64,8 +64,8 @@ inline constexpr int kRunTimeScale = 1;
 // quarter of `samples`. There the run looks for races between the
 // student's threads (stream reader, prefetch, metrics, checkpoints,
 // export), which every step repeats; whether the draft learns is checked
-// by the same test in the plain build. (The full runs took 199 and 233 s
-// under TSan on the two-core machine, most of CI's TSan stage.)
+// by the same test in the plain build. (Full runs under TSan would take
+// most of CI's TSan stage.)
 inline int TrainingSamples(int samples) { return kUnderThreadSanitizer ? samples / 4 : samples; }
 
 // The run's end: the student exits 0 within `timeout` (times kRunTimeScale),

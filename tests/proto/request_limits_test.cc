@@ -66,7 +66,7 @@ TEST(RequestLimitsTest, SubscribeRankAndWorld) {
   r.set_rank(kMaxWorldSize - 1);
   r.set_world_size(kMaxWorldSize);
   EXPECT_TRUE(CheckSubscribeRequest(r, Limits()).ok());
-  // The rank that used to make batch ids collide.
+  // A rank past the limit would make batch ids collide.
   r.set_rank(kMaxWorldSize);
   r.set_world_size(kMaxWorldSize + 1);
   ExpectRefused(CheckSubscribeRequest(r, Limits()),

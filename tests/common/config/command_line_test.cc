@@ -180,5 +180,24 @@ TEST(CommandLineTest, AnAlgorithmThatIsNotBuiltIsRefusedNamingTheChoices) {
       << by_flag.status();
 }
 
+TEST(CommandLineTest, AServiceMainGetsItsConfigOrItsExitCode) {
+  auto run = [](std::vector<std::string> args) {
+    args.insert(args.begin(), "student_trainer");
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    return ReadServiceCommandLine(static_cast<int>(argv.size()), argv.data(), kStudent, "student_trainer",
+                                  "summary");
+  };
+  const ServiceCommandLine help = run({"--help"});
+  EXPECT_FALSE(help.command_line.has_value());
+  EXPECT_EQ(help.exit_code, 0);
+  const ServiceCommandLine bad = run({"--no_such_flag=1"});
+  EXPECT_FALSE(bad.command_line.has_value());
+  EXPECT_EQ(bad.exit_code, 2);
+  const ServiceCommandLine ok = run({"--lr=3e-4"});
+  ASSERT_TRUE(ok.command_line.has_value());
+  EXPECT_EQ(ok.command_line->config.schedule.lr, 3e-4);
+}
+
 }  // namespace
 }  // namespace e3

@@ -284,8 +284,8 @@ std::vector<int32_t> SglangCaptures(const nlohmann::json& config, int32_t layers
 }
 
 // A draft trained on custom layers is served on those layers by both
-// engines. With the nested key alone (the earlier export) vLLM fell back
-// to its default and served other states, with only a warning.
+// engines. With the nested key alone vLLM falls back to its default and
+// serves other states, with only a warning.
 TEST_F(DraftExportTest, EachEngineCapturesTheLayersTheDraftWasTrainedOn) {
   constexpr int32_t kLayers = 12;
   Eagle3DraftConfig c = TinyConfig();

@@ -8,9 +8,9 @@
 // logits 5e-2, losses 2e-2, gradients 2e-1; acc may differ by 5% of the
 // step's loss tokens where rounding flips near-tie argmaxes. The target
 // distribution is computed from an fp32 head, as in training.
-// Measured on nvidia-h200 (2026-12-02, LibTorch 2.11) on the fixtures at
-// fixed TTT positions; the regenerated fixtures (advancing positions, and
-// golden_fixed_positions) pass the same bounds there, both kernel choices:
+// Measured (LibTorch 2.11) on fixtures at fixed TTT positions; the
+// fixtures with advancing positions, and golden_fixed_positions, pass the
+// same bounds, both kernel choices:
 // golden: logits 9.7e-3 (fast step 7.2e-3), losses 3.4e-3 (4.5e-3), grads
 // 9.3e-3 (9.3e-3), tau 2.379 (2.376) vs 2.416; golden_no_agreement (random
 // weights, gradients near noise): logits 2.4e-2 (2.6e-2), losses 1.3e-3

@@ -10,8 +10,8 @@
 //   (block reduction vs ATen's reduction); that can move rsqrt by an fp32
 //   ulp, which can flip the rounding of the stored normalised value by one
 //   ulp; the weight (|w| < 2 here) scales that step, and the final product
-//   rounds once more: at most 2 ulps of the output. (Measured on an H200:
-//   bf16 never differs; fp16 differs in 0.0007% of elements.)
+//   rounds once more: at most 2 ulps of the output. (Measured: bf16
+//   never differs; fp16 differs in 0.0007% of elements.)
 // - Varlen flash attention against the per-sample SDPA loop: both are
 //   bf16 attention with fp32 accumulation in different orders. Bound: the
 //   flash output is no further from an fp32 reference than 1.5x the SDPA
@@ -29,7 +29,7 @@
 //   residual when it is in the epilogue) rounded once to the dtype. Against
 //   an fp32 reference: one rounding (half an ulp of the result, at most one
 //   ulp of the reference) plus what summing in another fp32 order can move,
-//   at most K 2^-24 sum|x w| (the classic bound; H200 runs sit far below).
+//   at most K 2^-24 sum|x w| (the classic bound; measured ones sit far below).
 // - The whole sgl model against hf on a uniform batch (cuDNN attention on
 //   views of the fused QKV product) and a ragged one (varlen flash), bf16:
 //   the bench's bound (backend_consistency_bench): |sgl - hf| <= 2g, where

@@ -9,7 +9,7 @@
 // Fixtures: tests/golden/make_llama_golden.py, make_arch_golden.py.
 //
 // Tolerance: 1e-4 relative (max abs error over the tensor's max abs).
-// Measured on the CPU machine (LibTorch 1.13 + BLIS, fp32, 2026-11-30), worst
+// Measured on the CPU machine (LibTorch 1.13 + BLIS, fp32), worst
 // over the cases and both attention kernels: aux 7.0e-7, last hidden 9.8e-7,
 // logits 1.1e-6 (tiny_code_llama: 1.1e-7 / 7.2e-7 / 1.1e-6). The bound leaves
 // two orders of magnitude for BLAS blocking differences between machines.

@@ -12,16 +12,15 @@
 // groups keeping 2, routed scaling 16, no renormalisation; bf16).
 //
 // Tolerance: 1e-4 relative (max abs error over the tensor's max abs), the
-// Llama goldens' bound. Measured on the CPU machine (LibTorch 1.13, fp32,
-// 2026-12-03), worst over both attention kernels, aux / last / logits:
+// Llama goldens' bound. Measured on the CPU machine (LibTorch 1.13,
+// fp32), worst over both attention kernels, aux / last / logits:
 // rand_deepseek_v3 5.2e-7 / 7.4e-7 / 8.2e-7, rand_deepseek_v2_lite
 // 5.5e-7 / 6.1e-7 / 7.2e-7, rand_deepseek_v3_fp8 4.6e-7 / 7.4e-7 / 7.5e-7.
 // The cases are sensitive where it matters: routing without
 // e_score_correction_bias moves the V3 outputs by 0.2-0.5 relative, and
 // V3's rope on rotate_half's layout instead of the interleaved one by
-// 0.2-0.7 (both tried once, 2026-12-03); rand_deepseek_v2_glg (1.2e-6 /
-// 1.5e-6 / 1.8e-6) routed by plain greedy top-k instead moves by 0.73-0.82
-// (2026-12-04).
+// 0.2-0.7; rand_deepseek_v2_glg (1.2e-6 / 1.5e-6 / 1.8e-6) routed by
+// plain greedy top-k instead moves by 0.73-0.82.
 #include <gtest/gtest.h>
 
 #include <string>

@@ -10,7 +10,7 @@
 //
 // Tolerance: 1e-4 relative (max abs error over the tensor's max abs), the
 // bound of the other golden tests (decoder_golden_test.cc). Measured on the
-// CPU machine (LibTorch 1.13, fp32, 2026-12-03), hf and sgl alike: bf16
+// CPU machine (LibTorch 1.13, fp32), hf and sgl alike: bf16
 // case aux 1.7e-6, last 2.1e-6, logits 2.0e-6; MXFP4 case aux 1.9e-6, last
 // 2.0e-6, logits 1.8e-6. The experts' clamp bites on ~12% of gate/up values
 // in these configs (the fixtures' meta), so both sides of it are exercised.

@@ -78,10 +78,10 @@ TEST_P(MoeArchsBf16GpuTest, MatchesTransformersBf16WithinStatedBound) {
   }
   // Three positions' slack in the argmax agreement: these fixtures have 70
   // positions, and where the fp32 logits' top two are closer than bf16's
-  // rounding, the head's precision alone decides (on H200 the MXFP4
-  // GPT-OSS case's hidden states matched transformers' own bf16 error
-  // exactly under hf, 0.5506 and 0.4331, while 63 against 65 of 70
-  // argmaxes agreed with fp32).
+  // rounding, the head's precision alone decides (the MXFP4 GPT-OSS
+  // case's hidden states match transformers' own bf16 error exactly under
+  // hf, 0.5506 and 0.4331, while 63 against 65 of 70 argmaxes agree with
+  // fp32).
   testing::ExpectWithinTransformersBf16(c, backend, out, /*argmax_slack_positions=*/3);
 }
 
