@@ -1,0 +1,213 @@
+#include "student_trainer/draft/dflash_draft.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace e3 {
+namespace {
+
+// transformers' Qwen3RMSNorm: statistics in (at least) fp32, the weight
+// applied after the cast back to x's dtype.
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::ScalarType compute = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor xf = x.to(compute);
+  const at::Tensor normed = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+torch::nn::Linear MakeLinear(torch::nn::Module& owner, const std::string& name, int64_t in, int64_t out,
+                             const torch::TensorOptions& options) {
+  auto linear = torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+  linear->to(options.device(), options.dtype().toScalarType());
+  return owner.register_module(name, linear);
+}
+
+// An RMSNorm's weight as `<name>.weight` of `owner`, starting at one.
+at::Tensor NormWeight(torch::nn::Module& owner, const std::string& name, int64_t size,
+                      const torch::TensorOptions& options) {
+  auto norm = owner.register_module(name, std::make_shared<torch::nn::Module>());
+  return norm->register_parameter("weight", torch::ones({size}, options));
+}
+
+}  // namespace
+
+absl::Status DFlashDraftConfig::Validate() const {
+  auto bad = [](const std::string& what) { return absl::InvalidArgumentError(absl::StrCat("DFlash draft: ", what)); };
+  if (hidden_size <= 0 || intermediate_size <= 0 || num_layers <= 0) {
+    return bad("hidden_size, intermediate_size and num_layers must be positive");
+  }
+  if (num_heads <= 0 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0) {
+    return bad(absl::StrCat("num_key_value_heads ", num_kv_heads, " must divide num_attention_heads ", num_heads));
+  }
+  if (head_dim <= 0 || head_dim % 2 != 0) return bad(absl::StrCat("head_dim ", head_dim, ": expected a positive even number"));
+  if (block_size < 2) return bad(absl::StrCat("block_size ", block_size, ": a block needs its anchor and a drafted row"));
+  if (vocab_size <= 0) return bad("vocab_size must be positive");
+  if (mask_token_id < 0 || mask_token_id >= vocab_size) {
+    return bad(absl::StrCat("mask_token_id ", mask_token_id, " lies outside the target's embedding [0, ", vocab_size,
+                            ")"));
+  }
+  if (target_layer_ids.empty()) return bad("target_layer_ids is empty: the context needs at least one layer");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int64_t>> DFlashBlocks::SampleOfAnchors() const {
+  std::vector<int64_t> sample_of;
+  size_t s = 0;
+  for (int64_t row : anchor_rows) {
+    while (s + 1 < cu_seqlens.size() && row >= cu_seqlens[s + 1]) ++s;
+    if (s + 1 >= cu_seqlens.size() || row < cu_seqlens[s]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DFlash anchor row ", row, " lies outside the packed samples [0, ", cu_seqlens.back(), ")"));
+    }
+    sample_of.push_back(static_cast<int64_t>(s));
+  }
+  return sample_of;
+}
+
+DFlashDraftImpl::DFlashDraftImpl(const DFlashDraftConfig& config, const torch::TensorOptions& options)
+    : config_(config) {
+  const DFlashDraftConfig& c = config_;
+  const int64_t H = c.hidden_size, D = c.head_dim;
+  const int64_t k = static_cast<int64_t>(c.target_layer_ids.size());
+  fc = MakeLinear(*this, "fc", k * H, H, options);
+  hidden_norm = NormWeight(*this, "hidden_norm", H, options);
+  auto stack = register_module("layers", std::make_shared<torch::nn::Module>());
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    auto block = stack->register_module(std::to_string(i), std::make_shared<torch::nn::Module>());
+    Layer l;
+    l.input_layernorm = NormWeight(*block, "input_layernorm", H, options);
+    l.post_attention_layernorm = NormWeight(*block, "post_attention_layernorm", H, options);
+    auto attn = block->register_module("self_attn", std::make_shared<torch::nn::Module>());
+    l.q_proj = MakeLinear(*attn, "q_proj", H, c.num_heads * D, options);
+    l.k_proj = MakeLinear(*attn, "k_proj", H, c.num_kv_heads * D, options);
+    l.v_proj = MakeLinear(*attn, "v_proj", H, c.num_kv_heads * D, options);
+    l.o_proj = MakeLinear(*attn, "o_proj", c.num_heads * D, H, options);
+    l.q_norm = NormWeight(*attn, "q_norm", D, options);
+    l.k_norm = NormWeight(*attn, "k_norm", D, options);
+    auto mlp = block->register_module("mlp", std::make_shared<torch::nn::Module>());
+    l.gate_proj = MakeLinear(*mlp, "gate_proj", H, c.intermediate_size, options);
+    l.up_proj = MakeLinear(*mlp, "up_proj", H, c.intermediate_size, options);
+    l.down_proj = MakeLinear(*mlp, "down_proj", c.intermediate_size, H, options);
+    layers.push_back(std::move(l));
+  }
+  norm = NormWeight(*this, "norm", H, options);
+  rope_freqs_ = rope::ComputeInvFrequencies(c.rope, D);
+  rope_freqs_.inv_freq = rope_freqs_.inv_freq.to(options.device());
+}
+
+at::Tensor DFlashDraftImpl::ProjectContext(const at::Tensor& target_hidden) {
+  return RmsNorm(fc(target_hidden), hidden_norm, config_.rms_norm_eps);
+}
+
+at::Tensor DFlashDraftImpl::AttentionMask(const DFlashBlocks& blocks, int64_t context_rows) const {
+  const int64_t B = config_.block_size;
+  const int64_t n = static_cast<int64_t>(blocks.anchor_rows.size());
+  at::Tensor allow = torch::zeros({n * B, context_rows + n * B}, torch::kBool);
+  size_t s = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t anchor = blocks.anchor_rows[i];
+    while (s + 1 < blocks.cu_seqlens.size() && anchor >= blocks.cu_seqlens[s + 1]) ++s;
+    const int64_t start = blocks.cu_seqlens[s];
+    // Context rows of its own sample strictly before the anchor: the target
+    // has not run the anchor token yet when the block is drafted.
+    if (anchor > start) allow.narrow(0, i * B, B).narrow(1, start, anchor - start).fill_(true);
+    allow.narrow(0, i * B, B).narrow(1, context_rows + i * B, B).fill_(true);
+  }
+  return allow;
+}
+
+std::pair<at::Tensor, at::Tensor> DFlashDraftImpl::Positions(const DFlashBlocks& blocks,
+                                                             int64_t context_rows) const {
+  const int64_t B = config_.block_size;
+  std::vector<int64_t> ctx(static_cast<size_t>(context_rows));
+  for (size_t s = 0; s + 1 < blocks.cu_seqlens.size(); ++s) {
+    for (int64_t r = blocks.cu_seqlens[s]; r < blocks.cu_seqlens[s + 1]; ++r) ctx[r] = r - blocks.cu_seqlens[s];
+  }
+  std::vector<int64_t> block;
+  for (int64_t anchor : blocks.anchor_rows) {
+    for (int64_t k = 0; k < B; ++k) block.push_back(ctx[anchor] + k);
+  }
+  return {torch::tensor(ctx, torch::kLong), torch::tensor(block, torch::kLong)};
+}
+
+at::Tensor DFlashDraftImpl::LayerForward(Layer& l, const at::Tensor& x, const at::Tensor& context,
+                                         const at::Tensor& allow, const std::pair<at::Tensor, at::Tensor>& ctx_rope,
+                                         const std::pair<at::Tensor, at::Tensor>& block_rope) {
+  const DFlashDraftConfig& c = config_;
+  const int64_t D = c.head_dim, rows = x.size(0), ctx_rows = context.size(0);
+  const double eps = c.rms_norm_eps;
+  const at::Tensor h = RmsNorm(x, l.input_layernorm, eps);
+  at::Tensor q = RmsNorm(l.q_proj->forward(h).view({rows, c.num_heads, D}), l.q_norm, eps);
+  q = rope::Apply(q, block_rope.first, block_rope.second);
+  // The context rows are keys and values of every layer, through each
+  // layer's own projections; they are not normalised again.
+  at::Tensor k_ctx = RmsNorm(l.k_proj->forward(context).view({ctx_rows, c.num_kv_heads, D}), l.k_norm, eps);
+  at::Tensor k_blk = RmsNorm(l.k_proj->forward(h).view({rows, c.num_kv_heads, D}), l.k_norm, eps);
+  k_ctx = rope::Apply(k_ctx, ctx_rope.first, ctx_rope.second);
+  k_blk = rope::Apply(k_blk, block_rope.first, block_rope.second);
+  const at::Tensor k = torch::cat({k_ctx, k_blk}, 0);
+  const at::Tensor v = torch::cat({l.v_proj->forward(context), l.v_proj->forward(h)}, 0).view({ctx_rows + rows, c.num_kv_heads, D});
+  const int64_t group = c.num_heads / c.num_kv_heads;
+  const at::Tensor kh = k.repeat_interleave(group, 1).transpose(0, 1);  // [heads, keys, D]
+  const at::Tensor vh = v.repeat_interleave(group, 1).transpose(0, 1);
+  const at::ScalarType compute = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor scores = torch::matmul(q.transpose(0, 1).to(compute), kh.to(compute).transpose(1, 2)) /
+                      std::sqrt(static_cast<double>(D));
+  scores = scores.masked_fill(allow.logical_not().unsqueeze(0), -std::numeric_limits<double>::infinity());
+  const at::Tensor probs = torch::softmax(scores, -1).to(x.scalar_type());
+  const at::Tensor attn = torch::matmul(probs, vh).transpose(0, 1).reshape({rows, c.num_heads * D});
+  const at::Tensor mid = x + l.o_proj->forward(attn);
+  const at::Tensor m = RmsNorm(mid, l.post_attention_layernorm, eps);
+  return mid + l.down_proj->forward(torch::silu(l.gate_proj->forward(m)) * l.up_proj->forward(m));
+}
+
+at::Tensor DFlashDraftImpl::Forward(const at::Tensor& block_embeds, const at::Tensor& context,
+                                    const DFlashBlocks& blocks) {
+  const int64_t ctx_rows = context.size(0);
+  const at::Tensor allow = AttentionMask(blocks, ctx_rows).to(block_embeds.device());
+  const auto [ctx_pos, block_pos] = Positions(blocks, ctx_rows);
+  const at::ScalarType dtype = block_embeds.scalar_type();
+  const auto ctx_rope = rope::CosSin(rope_freqs_, ctx_pos.to(block_embeds.device()), dtype);
+  const auto block_rope = rope::CosSin(rope_freqs_, block_pos.to(block_embeds.device()), dtype);
+  at::Tensor x = block_embeds;
+  for (Layer& l : layers) x = LayerForward(l, x, context, allow, ctx_rope, block_rope);
+  return RmsNorm(x, norm, config_.rms_norm_eps);
+}
+
+absl::StatusOr<DFlashDraft> CreateDFlashDraft(const DFlashDraftConfig& config, const torch::TensorOptions& options,
+                                              uint64_t seed) {
+  if (absl::Status valid = config.Validate(); !valid.ok()) return valid;
+  try {
+    torch::manual_seed(seed);
+    DFlashDraft draft(config, options);
+    torch::NoGradGuard no_grad;
+    // Projections drawn as transformers initialises Qwen3 (normal, std
+    // 0.02); norms start at one.
+    for (auto& p : draft->named_parameters()) {
+      if (p.key().find("norm") == std::string::npos) p.value().normal_(0.0, 0.02);
+    }
+    return draft;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("building the DFlash draft: ", e.what_without_backtrace()));
+  }
+}
+
+at::Tensor DFlashBlockLoss(const at::Tensor& logits, const at::Tensor& labels, int64_t block_size, double gamma) {
+  const int64_t rows = logits.size(0);
+  const at::ScalarType compute = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor k = torch::arange(rows, torch::TensorOptions().dtype(torch::kLong).device(logits.device()))
+                           .remainder(block_size);
+  // Row k = 0 is the anchor itself: it predicts nothing.
+  const at::Tensor supervised = labels.ge(0).logical_and(k.gt(0));
+  const at::Tensor weight = torch::where(supervised, torch::exp(-(k - 1).clamp_min(0).to(compute) / gamma),
+                                         torch::zeros({}, logits.options().dtype(compute)));
+  const at::Tensor log_q = torch::log_softmax(logits.to(compute), -1);
+  const at::Tensor nll = -log_q.gather(1, labels.clamp_min(0).unsqueeze(1)).squeeze(1);
+  return (nll * weight).sum() / weight.sum().clamp_min(1e-12);
+}
+
+}  // namespace e3

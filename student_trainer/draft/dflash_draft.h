@@ -1,0 +1,124 @@
+// The DFlash block draft (https://arxiv.org/abs/2602.06036) as LibTorch
+// modules, in the layout SGLang's and vLLM's DFlash loaders read
+// (DFlashDraftModel, Qwen3 layers):
+//
+//   fc, hidden_norm: the captured target layers' states, concatenated
+//            [T, k * H], projected to H and normalised once: the context;
+//   layers:  Qwen3 decoder layers (q/k norms on each head) whose queries
+//            are the block's rows and whose keys and values are the
+//            context rows before the anchor, then the block's own rows,
+//            each layer projecting the same context with its k/v_proj;
+//   norm:    the final RMSNorm; the logits are the target's lm_head of it.
+//
+// The draft has no embedding or head of its own: a block is the target's
+// embedding of [anchor, MASK x (B - 1)], and the target's head reads it.
+//
+// A packed batch holds several samples; a block sees only its own
+// sample's context rows strictly before its anchor, and every row of its
+// own block (bidirectional). Position ids restart per sample: context row
+// t sits at t, block row k of an anchor at position a at a + k.
+//
+// This is the plain formulation: one attention over every context and
+// block row with a materialised mask. It is the reference the fast path is
+// checked against, and what runs on the CPU.
+#ifndef E3_STUDENT_TRAINER_DRAFT_DFLASH_DRAFT_H_
+#define E3_STUDENT_TRAINER_DRAFT_DFLASH_DRAFT_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/model/model_config.h"
+#include "common/torch/rope.h"
+#include "common/torch/torch_core.h"
+
+namespace e3 {
+
+struct DFlashDraftConfig {
+  int64_t hidden_size = 0;  // the target's H: context and block rows
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 5;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  double rms_norm_eps = 1e-6;
+  RopeConfig rope;
+  int64_t vocab_size = 0;   // the target's, whose embedding and head the draft uses
+  int64_t block_size = 16;  // B: the anchor and B - 1 drafted tokens
+  int64_t mask_token_id = -1;
+  // The target layers whose outputs form the context ("output of decoder
+  // layer i"), k of them.
+  std::vector<int32_t> target_layer_ids;
+
+  // InvalidArgument naming the first field that is missing or
+  // inconsistent: a mask token outside the embedding, heads that do not
+  // divide, a block of fewer than two rows.
+  absl::Status Validate() const;
+};
+
+// The blocks of one packed batch, one per anchor.
+struct DFlashBlocks {
+  std::vector<int64_t> anchor_rows;  // each anchor's packed row, ascending
+  std::vector<int64_t> cu_seqlens;   // the packed samples' boundaries, [0, ..., T]
+
+  // The sample each anchor belongs to, and its position in it. Errors name
+  // an anchor outside every sample.
+  absl::StatusOr<std::vector<int64_t>> SampleOfAnchors() const;
+};
+
+class DFlashDraftImpl : public torch::nn::Module {
+ public:
+  // Throws c10::Error on an invalid config; CreateDFlashDraft checks first.
+  DFlashDraftImpl(const DFlashDraftConfig& config, const torch::TensorOptions& options);
+
+  const DFlashDraftConfig& config() const { return config_; }
+
+  // [T, k * H] captured states -> [T, H] context.
+  at::Tensor ProjectContext(const at::Tensor& target_hidden);
+  // The blocks' rows through every layer and the final norm: block_embeds
+  // [nB * B, H] (the target's embedding of each block's tokens, block by
+  // block), context [T, H] (ProjectContext) -> [nB * B, H].
+  at::Tensor Forward(const at::Tensor& block_embeds, const at::Tensor& context, const DFlashBlocks& blocks);
+  // The allow-mask of Forward's attention, [nB * B, T + nB * B] bool: block
+  // rows against context rows, then against block rows.
+  at::Tensor AttentionMask(const DFlashBlocks& blocks, int64_t context_rows) const;
+  // Rope positions of the context rows [T] and the block rows [nB * B].
+  std::pair<at::Tensor, at::Tensor> Positions(const DFlashBlocks& blocks, int64_t context_rows) const;
+
+  torch::nn::Linear fc{nullptr};
+  at::Tensor hidden_norm;  // [H]
+  struct Layer {
+    at::Tensor input_layernorm, post_attention_layernorm;  // [H]
+    torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+    at::Tensor q_norm, k_norm;  // [head_dim]
+    torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  };
+  std::vector<Layer> layers;
+  at::Tensor norm;  // [H]
+
+ private:
+  at::Tensor LayerForward(Layer& layer, const at::Tensor& x, const at::Tensor& context,
+                          const at::Tensor& allow, const std::pair<at::Tensor, at::Tensor>& ctx_rope,
+                          const std::pair<at::Tensor, at::Tensor>& block_rope);
+
+  DFlashDraftConfig config_;
+  rope::InvFrequencies rope_freqs_;
+};
+TORCH_MODULE(DFlashDraft);
+
+// Validates the config, then builds the draft with weights drawn from
+// `seed` (equal seeds give bit-equal weights).
+absl::StatusOr<DFlashDraft> CreateDFlashDraft(const DFlashDraftConfig& config, const torch::TensorOptions& options,
+                                              uint64_t seed);
+
+// The block loss: cross-entropy of each drafted row k = 1..B-1 of a block
+// against its label, weighted exp(-(k - 1) / gamma); rows whose label is
+// negative (past the sample's end, or not supervised) count for nothing.
+// The sum over rows divided by the rows' weights. logits [nB * B, V] (any
+// float dtype, computed in at least fp32), labels [nB * B] int64.
+at::Tensor DFlashBlockLoss(const at::Tensor& logits, const at::Tensor& labels, int64_t block_size, double gamma);
+
+}  // namespace e3
+
+#endif  // E3_STUDENT_TRAINER_DRAFT_DFLASH_DRAFT_H_

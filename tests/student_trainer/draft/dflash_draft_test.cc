@@ -1,0 +1,216 @@
+// The DFlash draft's batched forward (every block of a packed batch in one
+// masked attention) against a plain formulation written here: one block at
+// a time, its keys exactly the context rows of its sample before its
+// anchor and its own rows, no mask. fp64 on the CPU, forward and backward.
+#include "student_trainer/draft/dflash_draft.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace e3 {
+namespace {
+
+const auto kDFlashF64 = torch::TensorOptions().dtype(torch::kDouble);
+
+DFlashDraftConfig TinyDFlashConfig() {
+  DFlashDraftConfig c;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 4;
+  c.vocab_size = 40;
+  c.block_size = 4;
+  c.mask_token_id = 39;
+  c.target_layer_ids = {1, 3};
+  return c;
+}
+
+at::Tensor PlainNorm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  return w * (x * torch::rsqrt(x.pow(2).mean(-1, true) + eps));
+}
+
+at::Tensor PlainRope(const at::Tensor& x, const std::vector<int64_t>& positions, double theta) {
+  // x [rows, heads, D]: rotate-half rope at each row's position, its
+  // tables in fp32 as transformers makes them (Qwen3RotaryEmbedding).
+  const int64_t D = x.size(2);
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat);
+  at::Tensor inv = 1.0 / torch::pow(theta, torch::arange(0, D, 2, f32) / static_cast<float>(D));
+  at::Tensor pos = torch::tensor(positions, torch::kLong).to(torch::kFloat).unsqueeze(1);
+  at::Tensor freqs = torch::cat({pos * inv, pos * inv}, 1);  // [rows, D]
+  at::Tensor cos = freqs.cos().to(torch::kDouble).unsqueeze(1), sin = freqs.sin().to(torch::kDouble).unsqueeze(1);
+  at::Tensor rotated = torch::cat({-x.narrow(2, D / 2, D / 2), x.narrow(2, 0, D / 2)}, 2);
+  return x * cos + rotated * sin;
+}
+
+// One block alone: `context` [n, H] are the projected context rows it may
+// see (positions 0..n-1), `embeds` [B, H] its rows at positions n..n+B-1.
+at::Tensor PlainDFlashBlock(DFlashDraftImpl& d, const at::Tensor& context, const at::Tensor& embeds) {
+  const DFlashDraftConfig& c = d.config();
+  const int64_t n = context.size(0), B = embeds.size(0), D = c.head_dim;
+  std::vector<int64_t> ctx_pos, blk_pos;
+  for (int64_t i = 0; i < n; ++i) ctx_pos.push_back(i);
+  for (int64_t i = 0; i < B; ++i) blk_pos.push_back(n + i);
+  const int64_t group = c.num_heads / c.num_kv_heads;
+  at::Tensor x = embeds;
+  for (auto& l : d.layers) {
+    at::Tensor h = PlainNorm(x, l.input_layernorm, c.rms_norm_eps);
+    at::Tensor q = PlainRope(PlainNorm(l.q_proj->forward(h).view({B, c.num_heads, D}), l.q_norm, c.rms_norm_eps), blk_pos, c.rope.theta);
+    at::Tensor keys = torch::cat({l.k_proj->forward(context), l.k_proj->forward(h)}, 0).view({n + B, c.num_kv_heads, D});
+    std::vector<int64_t> key_pos = ctx_pos;
+    key_pos.insert(key_pos.end(), blk_pos.begin(), blk_pos.end());
+    keys = PlainRope(PlainNorm(keys, l.k_norm, c.rms_norm_eps), key_pos, c.rope.theta);
+    at::Tensor values = torch::cat({l.v_proj->forward(context), l.v_proj->forward(h)}, 0).view({n + B, c.num_kv_heads, D});
+    std::vector<at::Tensor> heads;
+    for (int64_t head = 0; head < c.num_heads; ++head) {
+      at::Tensor kh = keys.select(1, head / group), vh = values.select(1, head / group);
+      at::Tensor p = torch::softmax(torch::matmul(q.select(1, head), kh.t()) / std::sqrt(double(D)), -1);
+      heads.push_back(torch::matmul(p, vh));
+    }
+    x = x + l.o_proj->forward(torch::cat(heads, 1));
+    at::Tensor m = PlainNorm(x, l.post_attention_layernorm, c.rms_norm_eps);
+    x = x + l.down_proj->forward(torch::silu(l.gate_proj->forward(m)) * l.up_proj->forward(m));
+  }
+  return PlainNorm(x, d.norm, c.rms_norm_eps);
+}
+
+struct DFlashBatch {
+  DFlashBlocks blocks;
+  at::Tensor target_hidden;  // [T, k * H]
+  at::Tensor block_embeds;   // [nB * B, H]
+};
+
+// Two samples, 7 and 9 rows; anchors at their first row, inside, and next
+// to the boundary.
+DFlashBatch MakeDFlashBatch(const DFlashDraftConfig& c) {
+  DFlashBatch b;
+  b.blocks.cu_seqlens = {0, 7, 16};
+  b.blocks.anchor_rows = {0, 3, 6, 7, 10, 15};
+  const int64_t k = static_cast<int64_t>(c.target_layer_ids.size());
+  b.target_hidden = torch::randn({16, k * c.hidden_size}, kDFlashF64);
+  b.block_embeds = torch::randn({6 * c.block_size, c.hidden_size}, kDFlashF64);
+  return b;
+}
+
+// Every block through PlainBlock, concatenated in block order.
+at::Tensor PlainDFlashForward(DFlashDraftImpl& d, const DFlashBatch& b) {
+  const at::Tensor context = d.ProjectContext(b.target_hidden);
+  const int64_t B = d.config().block_size;
+  std::vector<at::Tensor> out;
+  size_t s = 0;
+  for (size_t i = 0; i < b.blocks.anchor_rows.size(); ++i) {
+    const int64_t anchor = b.blocks.anchor_rows[i];
+    while (anchor >= b.blocks.cu_seqlens[s + 1]) ++s;
+    const int64_t start = b.blocks.cu_seqlens[s];
+    out.push_back(PlainDFlashBlock(d, context.narrow(0, start, anchor - start),
+                             b.block_embeds.narrow(0, static_cast<int64_t>(i) * B, B)));
+  }
+  return torch::cat(out, 0);
+}
+
+TEST(DFlashDraftTest, AMaskTokenOutsideTheEmbeddingIsRefused) {
+  DFlashDraftConfig c = TinyDFlashConfig();
+  c.mask_token_id = c.vocab_size;
+  const absl::Status s = c.Validate();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("mask_token_id 40 lies outside the target's embedding [0, 40)"), std::string::npos) << s;
+  c.mask_token_id = 3;
+  c.block_size = 1;
+  EXPECT_NE(c.Validate().message().find("block_size 1"), std::string::npos);
+}
+
+TEST(DFlashDraftTest, ExportNamesAreTheServingEnginesOnes) {
+  auto d = CreateDFlashDraft(TinyDFlashConfig(), kDFlashF64, 1);
+  ASSERT_TRUE(d.ok()) << d.status();
+  std::vector<std::string> names;
+  for (const auto& p : (*d)->named_parameters()) names.push_back(p.key());
+  for (const char* want : {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.input_layernorm.weight",
+                           "layers.1.self_attn.q_proj.weight", "layers.1.self_attn.k_norm.weight",
+                           "layers.0.self_attn.q_norm.weight", "layers.1.mlp.down_proj.weight",
+                           "layers.0.post_attention_layernorm.weight"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
+  }
+  EXPECT_EQ(names.size(), 3u + 2u * 11u);  // fc, two norms; per layer 7 projections and 4 norms
+}
+
+TEST(DFlashDraftTest, TheBatchedForwardIsEachBlockAlone) {
+  torch::manual_seed(3);
+  auto d = CreateDFlashDraft(TinyDFlashConfig(), kDFlashF64, 7);
+  ASSERT_TRUE(d.ok()) << d.status();
+  const DFlashBatch b = MakeDFlashBatch((*d)->config());
+  const at::Tensor batched = (*d)->Forward(b.block_embeds, (*d)->ProjectContext(b.target_hidden), b.blocks);
+  const at::Tensor plain = PlainDFlashForward(**d, b);
+  ASSERT_EQ(batched.sizes(), plain.sizes());
+  EXPECT_LT((batched - plain).abs().max().item<double>(), 1e-12);
+}
+
+TEST(DFlashDraftTest, ABlockSeesOnlyItsSamplesRowsBeforeItsAnchor) {
+  torch::manual_seed(4);
+  auto d = CreateDFlashDraft(TinyDFlashConfig(), kDFlashF64, 8);
+  ASSERT_TRUE(d.ok());
+  DFlashBatch b = MakeDFlashBatch((*d)->config());
+  const at::Tensor before = (*d)->Forward(b.block_embeds, (*d)->ProjectContext(b.target_hidden), b.blocks);
+  // Row 5 is in sample 0: the block anchored at 6 sees it; the one at 3
+  // does not (it is after the anchor), nor do sample 1's blocks.
+  b.target_hidden[5] += 1.0;
+  const at::Tensor after = (*d)->Forward(b.block_embeds, (*d)->ProjectContext(b.target_hidden), b.blocks);
+  const int64_t B = (*d)->config().block_size;
+  auto changed = [&](int64_t block) {
+    return (before.narrow(0, block * B, B) - after.narrow(0, block * B, B)).abs().max().item<double>() > 0;
+  };
+  EXPECT_FALSE(changed(0));
+  EXPECT_FALSE(changed(1));
+  EXPECT_TRUE(changed(2));
+  for (int64_t block = 3; block < 6; ++block) EXPECT_FALSE(changed(block)) << block;
+  // Its own anchor row is not context either: the target has not run it.
+  b.target_hidden[10] += 1.0;
+  const at::Tensor again = (*d)->Forward(b.block_embeds, (*d)->ProjectContext(b.target_hidden), b.blocks);
+  EXPECT_EQ((again.narrow(0, 4 * B, B) - after.narrow(0, 4 * B, B)).abs().max().item<double>(), 0.0);
+  EXPECT_GT((again.narrow(0, 5 * B, B) - after.narrow(0, 5 * B, B)).abs().max().item<double>(), 0.0);
+}
+
+TEST(DFlashDraftTest, GradientsOfTheBlockLossEqualThePlainFormulations) {
+  torch::manual_seed(5);
+  auto d = CreateDFlashDraft(TinyDFlashConfig(), kDFlashF64, 9);
+  ASSERT_TRUE(d.ok());
+  const DFlashDraftConfig& c = (*d)->config();
+  const DFlashBatch b = MakeDFlashBatch(c);
+  const at::Tensor head = torch::randn({c.vocab_size, c.hidden_size}, kDFlashF64) * 0.3;
+  at::Tensor labels = torch::randint(0, c.vocab_size, {6 * c.block_size}, torch::kLong);
+  labels[9] = -1;  // past a sample's end
+  auto grads = [&](const at::Tensor& hidden) {
+    (*d)->zero_grad();
+    const at::Tensor loss = DFlashBlockLoss(torch::matmul(hidden, head.t()), labels, c.block_size, 7.0);
+    loss.backward();
+    std::vector<at::Tensor> g;
+    for (const auto& p : (*d)->parameters()) g.push_back(p.grad().clone());
+    return std::make_pair(loss.item<double>(), g);
+  };
+  const auto [batched_loss, batched] =
+      grads((*d)->Forward(b.block_embeds, (*d)->ProjectContext(b.target_hidden), b.blocks));
+  const auto [plain_loss, plain] = grads(PlainDFlashForward(**d, b));
+  EXPECT_NEAR(batched_loss, plain_loss, 1e-12);
+  ASSERT_EQ(batched.size(), plain.size());
+  for (size_t i = 0; i < batched.size(); ++i) {
+    EXPECT_LT((batched[i] - plain[i]).abs().max().item<double>(), 1e-12) << i;
+    EXPECT_GT(batched[i].abs().max().item<double>(), 0.0) << "parameter " << i << " gets no gradient";
+  }
+}
+
+TEST(DFlashDraftTest, TheBlockLossWeighsDraftedRowsByDistance) {
+  // One block of 4: row 0 is the anchor (no loss), rows 1..3 weigh 1,
+  // e^(-1/2), e^(-1) at gamma 2; a negative label drops its row.
+  const at::Tensor logits = torch::randn({4, 5}, kDFlashF64);
+  const at::Tensor labels = torch::tensor({2, 1, -1, 4}, torch::kLong);
+  const at::Tensor nll = -torch::log_softmax(logits, -1);
+  const double w1 = 1.0, w3 = std::exp(-1.0);
+  const double want = (w1 * nll[1][1].item<double>() + w3 * nll[3][4].item<double>()) / (w1 + w3);
+  EXPECT_NEAR(DFlashBlockLoss(logits, labels, 4, 2.0).item<double>(), want, 1e-12);
+}
+
+}  // namespace
+}  // namespace e3
