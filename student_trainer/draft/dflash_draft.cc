@@ -1,5 +1,8 @@
 #include "student_trainer/draft/dflash_draft.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -10,16 +13,18 @@
 namespace e3 {
 namespace {
 
+constexpr double kDFlashInitStd = 0.02;  // transformers' Qwen3 initializer_range
+
 // transformers' Qwen3RMSNorm: statistics in (at least) fp32, the weight
 // applied after the cast back to x's dtype.
-at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+at::Tensor Qwen3RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const at::ScalarType compute = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const at::Tensor xf = x.to(compute);
   const at::Tensor normed = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return weight * normed.to(x.scalar_type());
 }
 
-torch::nn::Linear MakeLinear(torch::nn::Module& owner, const std::string& name, int64_t in, int64_t out,
+torch::nn::Linear DFlashLinear(torch::nn::Module& owner, const std::string& name, int64_t in, int64_t out,
                              const torch::TensorOptions& options) {
   auto linear = torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
   linear->to(options.device(), options.dtype().toScalarType());
@@ -27,7 +32,7 @@ torch::nn::Linear MakeLinear(torch::nn::Module& owner, const std::string& name, 
 }
 
 // An RMSNorm's weight as `<name>.weight` of `owner`, starting at one.
-at::Tensor NormWeight(torch::nn::Module& owner, const std::string& name, int64_t size,
+at::Tensor DFlashNormWeight(torch::nn::Module& owner, const std::string& name, int64_t size,
                       const torch::TensorOptions& options) {
   auto norm = owner.register_module(name, std::make_shared<torch::nn::Module>());
   return norm->register_parameter("weight", torch::ones({size}, options));
@@ -68,39 +73,61 @@ absl::StatusOr<std::vector<int64_t>> DFlashBlocks::SampleOfAnchors() const {
   return sample_of;
 }
 
-DFlashDraftImpl::DFlashDraftImpl(const DFlashDraftConfig& config, const torch::TensorOptions& options)
+DFlashDraftImpl::DFlashDraftImpl(const DFlashDraftConfig& config, const torch::TensorOptions& options,
+                                 uint64_t seed, const DFlashFrozenTensors& frozen)
     : config_(config) {
+  if (frozen.embed_tokens.defined()) {
+    embed_tokens = register_buffer("embed_tokens", frozen.embed_tokens.to(options.device(), options.dtype()));
+  }
+  if (frozen.lm_head.defined()) lm_head = register_buffer("lm_head", frozen.lm_head.to(options.device(), options.dtype()));
   const DFlashDraftConfig& c = config_;
   const int64_t H = c.hidden_size, D = c.head_dim;
   const int64_t k = static_cast<int64_t>(c.target_layer_ids.size());
-  fc = MakeLinear(*this, "fc", k * H, H, options);
-  hidden_norm = NormWeight(*this, "hidden_norm", H, options);
+  fc = DFlashLinear(*this, "fc", k * H, H, options);
+  hidden_norm = DFlashNormWeight(*this, "hidden_norm", H, options);
   auto stack = register_module("layers", std::make_shared<torch::nn::Module>());
   for (int64_t i = 0; i < c.num_layers; ++i) {
     auto block = stack->register_module(std::to_string(i), std::make_shared<torch::nn::Module>());
     Layer l;
-    l.input_layernorm = NormWeight(*block, "input_layernorm", H, options);
-    l.post_attention_layernorm = NormWeight(*block, "post_attention_layernorm", H, options);
+    l.input_layernorm = DFlashNormWeight(*block, "input_layernorm", H, options);
+    l.post_attention_layernorm = DFlashNormWeight(*block, "post_attention_layernorm", H, options);
     auto attn = block->register_module("self_attn", std::make_shared<torch::nn::Module>());
-    l.q_proj = MakeLinear(*attn, "q_proj", H, c.num_heads * D, options);
-    l.k_proj = MakeLinear(*attn, "k_proj", H, c.num_kv_heads * D, options);
-    l.v_proj = MakeLinear(*attn, "v_proj", H, c.num_kv_heads * D, options);
-    l.o_proj = MakeLinear(*attn, "o_proj", c.num_heads * D, H, options);
-    l.q_norm = NormWeight(*attn, "q_norm", D, options);
-    l.k_norm = NormWeight(*attn, "k_norm", D, options);
+    l.q_proj = DFlashLinear(*attn, "q_proj", H, c.num_heads * D, options);
+    l.k_proj = DFlashLinear(*attn, "k_proj", H, c.num_kv_heads * D, options);
+    l.v_proj = DFlashLinear(*attn, "v_proj", H, c.num_kv_heads * D, options);
+    l.o_proj = DFlashLinear(*attn, "o_proj", c.num_heads * D, H, options);
+    l.q_norm = DFlashNormWeight(*attn, "q_norm", D, options);
+    l.k_norm = DFlashNormWeight(*attn, "k_norm", D, options);
     auto mlp = block->register_module("mlp", std::make_shared<torch::nn::Module>());
-    l.gate_proj = MakeLinear(*mlp, "gate_proj", H, c.intermediate_size, options);
-    l.up_proj = MakeLinear(*mlp, "up_proj", H, c.intermediate_size, options);
-    l.down_proj = MakeLinear(*mlp, "down_proj", c.intermediate_size, H, options);
+    l.gate_proj = DFlashLinear(*mlp, "gate_proj", H, c.intermediate_size, options);
+    l.up_proj = DFlashLinear(*mlp, "up_proj", H, c.intermediate_size, options);
+    l.down_proj = DFlashLinear(*mlp, "down_proj", c.intermediate_size, H, options);
     layers.push_back(std::move(l));
   }
-  norm = NormWeight(*this, "norm", H, options);
+  norm = DFlashNormWeight(*this, "norm", H, options);
   rope_freqs_ = rope::ComputeInvFrequencies(c.rope, D);
   rope_freqs_.inv_freq = rope_freqs_.inv_freq.to(options.device());
+
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : ExportedParameters()) {
+    if (name.find("norm") != std::string::npos) continue;
+    const at::Tensor init = torch::empty(p.sizes(), torch::kFloat).normal_(0.0, kDFlashInitStd, gen);
+    p.set_data(init.to(p.device(), p.scalar_type(), /*non_blocking=*/false, /*copy=*/true));
+  }
+  auto flat = FlatParameters::Create(ExportedParameters());
+  TORCH_CHECK(flat.ok(), "flattening the DFlash draft's parameters: ", std::string(flat.status().message()));
+  flat_ = std::make_shared<FlatParameters>(std::move(flat).value());
+}
+
+std::vector<std::pair<std::string, at::Tensor>> DFlashDraftImpl::ExportedParameters() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& p : named_parameters()) out.emplace_back(p.key(), p.value());
+  return out;
 }
 
 at::Tensor DFlashDraftImpl::ProjectContext(const at::Tensor& target_hidden) {
-  return RmsNorm(fc(target_hidden), hidden_norm, config_.rms_norm_eps);
+  return Qwen3RmsNorm(fc(target_hidden), hidden_norm, config_.rms_norm_eps);
 }
 
 at::Tensor DFlashDraftImpl::AttentionMask(const DFlashBlocks& blocks, int64_t context_rows) const {
@@ -140,13 +167,13 @@ at::Tensor DFlashDraftImpl::LayerForward(Layer& l, const at::Tensor& x, const at
   const DFlashDraftConfig& c = config_;
   const int64_t D = c.head_dim, rows = x.size(0), ctx_rows = context.size(0);
   const double eps = c.rms_norm_eps;
-  const at::Tensor h = RmsNorm(x, l.input_layernorm, eps);
-  at::Tensor q = RmsNorm(l.q_proj->forward(h).view({rows, c.num_heads, D}), l.q_norm, eps);
+  const at::Tensor h = Qwen3RmsNorm(x, l.input_layernorm, eps);
+  at::Tensor q = Qwen3RmsNorm(l.q_proj->forward(h).view({rows, c.num_heads, D}), l.q_norm, eps);
   q = rope::Apply(q, block_rope.first, block_rope.second);
   // The context rows are keys and values of every layer, through each
   // layer's own projections; they are not normalised again.
-  at::Tensor k_ctx = RmsNorm(l.k_proj->forward(context).view({ctx_rows, c.num_kv_heads, D}), l.k_norm, eps);
-  at::Tensor k_blk = RmsNorm(l.k_proj->forward(h).view({rows, c.num_kv_heads, D}), l.k_norm, eps);
+  at::Tensor k_ctx = Qwen3RmsNorm(l.k_proj->forward(context).view({ctx_rows, c.num_kv_heads, D}), l.k_norm, eps);
+  at::Tensor k_blk = Qwen3RmsNorm(l.k_proj->forward(h).view({rows, c.num_kv_heads, D}), l.k_norm, eps);
   k_ctx = rope::Apply(k_ctx, ctx_rope.first, ctx_rope.second);
   k_blk = rope::Apply(k_blk, block_rope.first, block_rope.second);
   const at::Tensor k = torch::cat({k_ctx, k_blk}, 0);
@@ -161,7 +188,7 @@ at::Tensor DFlashDraftImpl::LayerForward(Layer& l, const at::Tensor& x, const at
   const at::Tensor probs = torch::softmax(scores, -1).to(x.scalar_type());
   const at::Tensor attn = torch::matmul(probs, vh).transpose(0, 1).reshape({rows, c.num_heads * D});
   const at::Tensor mid = x + l.o_proj->forward(attn);
-  const at::Tensor m = RmsNorm(mid, l.post_attention_layernorm, eps);
+  const at::Tensor m = Qwen3RmsNorm(mid, l.post_attention_layernorm, eps);
   return mid + l.down_proj->forward(torch::silu(l.gate_proj->forward(m)) * l.up_proj->forward(m));
 }
 
@@ -175,22 +202,68 @@ at::Tensor DFlashDraftImpl::Forward(const at::Tensor& block_embeds, const at::Te
   const auto block_rope = rope::CosSin(rope_freqs_, block_pos.to(block_embeds.device()), dtype);
   at::Tensor x = block_embeds;
   for (Layer& l : layers) x = LayerForward(l, x, context, allow, ctx_rope, block_rope);
-  return RmsNorm(x, norm, config_.rms_norm_eps);
+  return Qwen3RmsNorm(x, norm, config_.rms_norm_eps);
+}
+
+at::Tensor DFlashDraftImpl::Logits(const at::Tensor& hidden) const {
+  TORCH_CHECK(lm_head.defined(), "the DFlash draft was built without the target's head");
+  return torch::matmul(hidden, lm_head.t());
+}
+
+absl::StatusOr<at::Tensor> DFlashDraftImpl::ProposeChains(const EvalBatch& batch, int64_t length) {
+  if (length < 1) return absl::InvalidArgumentError("chain length must be at least 1");
+  if (!embed_tokens.defined() || !lm_head.defined()) {
+    return absl::FailedPreconditionError("the DFlash draft was built without the target's embedding and head");
+  }
+  const int64_t B = config_.block_size, T = batch.tokens();
+  at::Tensor chains = torch::full({T, length}, -1, torch::kLong);
+  const at::Tensor ids = batch.input_ids.to(at::kLong).contiguous();
+  // A round from row t anchors at the token of row t + 1, in its sample.
+  std::vector<int64_t> anchors;
+  for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s) {
+    for (int64_t t = batch.cu_seqlens[s]; t + 1 < batch.cu_seqlens[s + 1]; ++t) anchors.push_back(t + 1);
+  }
+  const int64_t take = std::min(length, B - 1);
+  try {
+    torch::NoGradGuard no_grad;
+    const at::ScalarType dtype = norm.scalar_type();
+    const at::Tensor context = ProjectContext(batch.aux_hidden.to(device(), dtype));
+    // Anchors in chunks, so the materialised mask stays small.
+    constexpr size_t kAnchorsPerChunk = 64;
+    for (size_t first = 0; first < anchors.size(); first += kAnchorsPerChunk) {
+      DFlashBlocks blocks;
+      blocks.cu_seqlens = batch.cu_seqlens;
+      blocks.anchor_rows.assign(anchors.begin() + first, anchors.begin() + std::min(anchors.size(), first + kAnchorsPerChunk));
+      std::vector<int64_t> tokens;
+      for (int64_t a : blocks.anchor_rows) {
+        tokens.push_back(ids[a].item<int64_t>());
+        for (int64_t k = 1; k < B; ++k) tokens.push_back(config_.mask_token_id);
+      }
+      const at::Tensor embeds = embed_tokens.index_select(0, torch::tensor(tokens, torch::kLong).to(device()));
+      const at::Tensor hidden = Forward(embeds, context, blocks);
+      const int64_t n = static_cast<int64_t>(blocks.anchor_rows.size());
+      const at::Tensor drafted = Logits(hidden).argmax(-1).view({n, B}).narrow(1, 1, take).to(at::kCPU);
+      const at::Tensor rows = torch::tensor(blocks.anchor_rows, torch::kLong) - 1;
+      chains.index_put_({rows, torch::indexing::Slice(0, take)}, drafted);
+    }
+    return chains;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("drafting the DFlash blocks: ", e.what_without_backtrace()));
+  }
 }
 
 absl::StatusOr<DFlashDraft> CreateDFlashDraft(const DFlashDraftConfig& config, const torch::TensorOptions& options,
-                                              uint64_t seed) {
+                                              uint64_t seed, const DFlashFrozenTensors& frozen) {
   if (absl::Status valid = config.Validate(); !valid.ok()) return valid;
-  try {
-    torch::manual_seed(seed);
-    DFlashDraft draft(config, options);
-    torch::NoGradGuard no_grad;
-    // Projections drawn as transformers initialises Qwen3 (normal, std
-    // 0.02); norms start at one.
-    for (auto& p : draft->named_parameters()) {
-      if (p.key().find("norm") == std::string::npos) p.value().normal_(0.0, 0.02);
+  for (const at::Tensor* t : {&frozen.embed_tokens, &frozen.lm_head}) {
+    if (t->defined() && (t->dim() != 2 || t->size(0) != config.vocab_size || t->size(1) != config.hidden_size)) {
+      return absl::InvalidArgumentError(absl::StrCat("DFlash draft: the target's embedding and head must be [",
+                                                     config.vocab_size, ", ", config.hidden_size, "], got ",
+                                                     c10::str(t->sizes())));
     }
-    return draft;
+  }
+  try {
+    return DFlashDraft(config, options, seed, frozen);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("building the DFlash draft: ", e.what_without_backtrace()));
   }

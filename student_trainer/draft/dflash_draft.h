@@ -25,13 +25,19 @@
 #define E3_STUDENT_TRAINER_DRAFT_DFLASH_DRAFT_H_
 
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model/model_config.h"
+#include "common/model/target_identity.h"
 #include "common/torch/rope.h"
 #include "common/torch/torch_core.h"
+#include "student_trainer/draft/draft_model.h"
+#include "student_trainer/draft/flat_parameters.h"
 
 namespace e3 {
 
@@ -48,8 +54,12 @@ struct DFlashDraftConfig {
   int64_t block_size = 16;  // B: the anchor and B - 1 drafted tokens
   int64_t mask_token_id = -1;
   // The target layers whose outputs form the context ("output of decoder
-  // layer i"), k of them.
+  // layer i", the loaders' numbering too), k of them, in this order.
   std::vector<int32_t> target_layer_ids;
+  int64_t num_target_layers = 0;        // L of the target
+  int64_t max_position_embeddings = 0;  // the target's
+  // The model the draft is trained for (empty when not known).
+  TargetIdentity target;
 
   // InvalidArgument naming the first field that is missing or
   // inconsistent: a mask token outside the embedding, heads that do not
@@ -67,12 +77,42 @@ struct DFlashBlocks {
   absl::StatusOr<std::vector<int64_t>> SampleOfAnchors() const;
 };
 
-class DFlashDraftImpl : public torch::nn::Module {
+// The target's tensors the draft reads and never trains: its input
+// embedding (the block rows) and its full lm_head (the logits), [V, H].
+struct DFlashFrozenTensors {
+  at::Tensor embed_tokens;
+  at::Tensor lm_head;
+};
+
+class DFlashDraftImpl : public DraftModel {
  public:
   // Throws c10::Error on an invalid config; CreateDFlashDraft checks first.
-  DFlashDraftImpl(const DFlashDraftConfig& config, const torch::TensorOptions& options);
+  // Projections are drawn from `seed` in fp32 on the CPU (normal, std 0.02,
+  // as transformers initialises Qwen3), so equal seeds give bit-equal
+  // weights on any device; norms start at one.
+  DFlashDraftImpl(const DFlashDraftConfig& config, const torch::TensorOptions& options, uint64_t seed,
+                  const DFlashFrozenTensors& frozen = {});
 
   const DFlashDraftConfig& config() const { return config_; }
+  // DraftModel. The parameters carry the names the loaders read, in
+  // registration order.
+  std::vector<std::pair<std::string, at::Tensor>> ExportedParameters() const override;
+  FlatParameters& flat() override { return *flat_; }
+  const FlatParameters& flat() const override { return *flat_; }
+  at::Device device() const override { return norm.device(); }
+  const at::Tensor& target_embed_tokens() const override { return embed_tokens; }
+  // The layout of dflash_export.h; loading checks the config first.
+  absl::Status Export(const std::string& dir, const DraftExportOptions& options) const override;
+  absl::Status LoadExport(const std::string& dir, OtherTarget other_target) override;
+  // A serving round from each row t: the anchor is the token at t + 1 and
+  // the context the rows up to t; the block's rows 1..B-1 propose the
+  // tokens at t + 2 .. t + B ([T, length] int64 on the host; positions
+  // past B - 1, and rows at a sample's end, hold -1, which never matches).
+  absl::StatusOr<at::Tensor> ProposeChains(const EvalBatch& batch, int64_t length) override;
+  // The target's logits of draft hidden states [rows, H] -> [rows, V].
+  at::Tensor Logits(const at::Tensor& hidden) const;
+
+  at::Tensor embed_tokens, lm_head;  // DFlashFrozenTensors, buffers
 
   // [T, k * H] captured states -> [T, H] context.
   at::Tensor ProjectContext(const at::Tensor& target_hidden);
@@ -104,13 +144,14 @@ class DFlashDraftImpl : public torch::nn::Module {
 
   DFlashDraftConfig config_;
   rope::InvFrequencies rope_freqs_;
+  std::shared_ptr<FlatParameters> flat_;
 };
 TORCH_MODULE(DFlashDraft);
 
 // Validates the config, then builds the draft with weights drawn from
 // `seed` (equal seeds give bit-equal weights).
 absl::StatusOr<DFlashDraft> CreateDFlashDraft(const DFlashDraftConfig& config, const torch::TensorOptions& options,
-                                              uint64_t seed);
+                                              uint64_t seed, const DFlashFrozenTensors& frozen = {});
 
 // The block loss: cross-entropy of each drafted row k = 1..B-1 of a block
 // against its label, weighted exp(-(k - 1) / gamma); rows whose label is

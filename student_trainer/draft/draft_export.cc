@@ -17,11 +17,8 @@
 #include "nlohmann/json.hpp"
 
 namespace e3 {
-namespace {
 
 using nlohmann::json;
-
-constexpr char kArchitecture[] = "LlamaForCausalLMEagle3";
 
 absl::StatusOr<std::string> TorchDtypeName(at::ScalarType dtype) {
   switch (dtype) {
@@ -69,6 +66,24 @@ json RopeScalingJson(const RopeConfig& rope) {
   }
   return s;
 }
+
+absl::Status CheckSameTarget(const TargetIdentity& file, const TargetIdentity& mine, const std::string& path,
+                             OtherTarget other_target) {
+  if (file.empty() || mine.empty() || file.config_sha256 == mine.config_sha256) return absl::OkStatus();
+  const std::string what = absl::StrCat(path, " was trained for ", file.name_or_path, " (config.json sha256 ",
+                                        file.config_sha256.substr(0, 12), "...), but the teacher serves ",
+                                        mine.name_or_path, " (", mine.config_sha256.substr(0, 12), "...)");
+  if (other_target == OtherTarget::kRefuse) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, "; to start a draft for this target from it, use draft.init_from (--init_from)"));
+  }
+  std::fprintf(stderr, "student: warning: %s\n", what.c_str());
+  return absl::OkStatus();
+}
+
+namespace {
+
+constexpr char kArchitecture[] = "LlamaForCausalLMEagle3";
 
 std::string Shape(const std::vector<int64_t>& s) {
   return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
@@ -120,20 +135,6 @@ absl::Status CheckDraftWeights(const Eagle3DraftImpl& draft, const SafetensorsFi
           "--init_from) for a warm start, or --vocab_map=", file.path()));
     }
   }
-  return absl::OkStatus();
-}
-
-absl::Status CheckSameTarget(const TargetIdentity& file, const TargetIdentity& mine, const std::string& path,
-                             OtherTarget other_target) {
-  if (file.empty() || mine.empty() || file.config_sha256 == mine.config_sha256) return absl::OkStatus();
-  const std::string what = absl::StrCat(path, " was trained for ", file.name_or_path, " (config.json sha256 ",
-                                        file.config_sha256.substr(0, 12), "...), but the teacher serves ",
-                                        mine.name_or_path, " (", mine.config_sha256.substr(0, 12), "...)");
-  if (other_target == OtherTarget::kRefuse) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, "; to start a draft for this target from it, use draft.init_from (--init_from)"));
-  }
-  std::fprintf(stderr, "student: warning: %s\n", what.c_str());
   return absl::OkStatus();
 }
 

@@ -38,6 +38,18 @@ namespace e3 {
 inline constexpr char kDraftWeightsFile[] = "model.safetensors";
 
 
+// What every draft's export writes alike: the config's "torch_dtype" name
+// of `dtype` (bf16, fp16 or fp32; else InvalidArgument), and the target's
+// rope as the "rope_scaling" transformers 4.x writes and SGLang and vLLM
+// read (null for the default rope).
+absl::StatusOr<std::string> TorchDtypeName(at::ScalarType dtype);
+nlohmann::json RopeScalingJson(const RopeConfig& rope);
+// A loaded export trained for another target than the draft's (by the
+// hash of its config.json): refused for a resume, a warning for a warm
+// start. Either side unknown passes.
+absl::Status CheckSameTarget(const TargetIdentity& file, const TargetIdentity& mine, const std::string& path,
+                             OtherTarget other_target);
+
 // The config.json text for `config` with weights in `dtype`, plus `extra`.
 absl::StatusOr<std::string> DraftConfigJson(const Eagle3DraftConfig& config, at::ScalarType dtype,
                                             const nlohmann::json& extra = nlohmann::json::object());

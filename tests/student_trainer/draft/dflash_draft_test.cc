@@ -8,7 +8,12 @@
 #include <cmath>
 #include <vector>
 
+#include "common/base/file_util.h"
+#include "common/model/safetensors.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "student_trainer/feed/eval_batch.h"
+#include "tests/scratch_dir.h"
 
 namespace e3 {
 namespace {
@@ -137,6 +142,23 @@ TEST(DFlashDraftTest, ExportNamesAreTheServingEnginesOnes) {
   EXPECT_EQ(names.size(), 3u + 2u * 11u);  // fc, two norms; per layer 7 projections and 4 norms
 }
 
+TEST(DFlashDraftTest, EqualSeedsGiveEqualWeightsInOneFlatBuffer) {
+  auto a = CreateDFlashDraft(TinyDFlashConfig(), kDFlashF64, 21), b = CreateDFlashDraft(TinyDFlashConfig(), kDFlashF64, 21);
+  auto other = CreateDFlashDraft(TinyDFlashConfig(), kDFlashF64, 22);
+  ASSERT_TRUE(a.ok() && b.ok() && other.ok());
+  EXPECT_TRUE(torch::equal((*a)->flat().data(), (*b)->flat().data()));
+  EXPECT_FALSE(torch::equal((*a)->flat().data(), (*other)->flat().data()));
+  int64_t total = 0;
+  for (const auto& [name, p] : (*a)->ExportedParameters()) total += p.numel();
+  EXPECT_EQ((*a)->flat().numel(), total);
+  // The parameters are views of the buffer: the fused optimizer's update
+  // of the buffer is the modules' update.
+  torch::NoGradGuard no_grad;
+  (*a)->flat().data().fill_(0.5);
+  EXPECT_EQ((*a)->layers[1].q_proj->weight.max().item<double>(), 0.5);
+  EXPECT_EQ((*a)->norm.min().item<double>(), 0.5);
+}
+
 TEST(DFlashDraftTest, TheBatchedForwardIsEachBlockAlone) {
   torch::manual_seed(3);
   auto d = CreateDFlashDraft(TinyDFlashConfig(), kDFlashF64, 7);
@@ -210,6 +232,90 @@ TEST(DFlashDraftTest, TheBlockLossWeighsDraftedRowsByDistance) {
   const double w1 = 1.0, w3 = std::exp(-1.0);
   const double want = (w1 * nll[1][1].item<double>() + w3 * nll[3][4].item<double>()) / (w1 + w3);
   EXPECT_NEAR(DFlashBlockLoss(logits, labels, 4, 2.0).item<double>(), want, 1e-12);
+}
+
+DFlashFrozenTensors TinyTarget(const DFlashDraftConfig& c) {
+  return {torch::randn({c.vocab_size, c.hidden_size}, kDFlashF64), torch::randn({c.vocab_size, c.hidden_size}, kDFlashF64)};
+}
+
+TEST(DFlashDraftTest, TheExportIsTheLoadersLayoutAndLoadsBack) {
+  torch::manual_seed(12);
+  DFlashDraftConfig c = TinyDFlashConfig();
+  c.num_target_layers = 6;
+  c.max_position_embeddings = 256;
+  const DFlashFrozenTensors target = TinyTarget(c);
+  auto trained = CreateDFlashDraft(c, kDFlashF64, 1, target), fresh = CreateDFlashDraft(c, kDFlashF64, 2, target);
+  ASSERT_TRUE(trained.ok() && fresh.ok());
+  const std::string dir = testing::ScratchDir("dflash_export");
+  DraftExportOptions o;
+  o.dtype = at::kFloat;
+  ASSERT_TRUE((*trained)->Export(dir, o).ok());
+  const nlohmann::json j = nlohmann::json::parse(*ReadFileToString(dir + "/config.json"));
+  EXPECT_EQ(j["architectures"], nlohmann::json::array({"DFlashDraftModel"}));
+  EXPECT_EQ(j["model_type"], "qwen3");
+  EXPECT_EQ(j["block_size"], 4);
+  EXPECT_EQ(j["num_target_layers"], 6);
+  EXPECT_EQ(j["dflash_config"]["mask_token_id"], 39);
+  EXPECT_EQ(j["dflash_config"]["target_layer_ids"], nlohmann::json::array({1, 3}));
+  EXPECT_EQ(j["layer_types"], nlohmann::json::array({"full_attention", "full_attention"}));
+  auto file = SafetensorsFile::Open(dir + "/model.safetensors");
+  ASSERT_TRUE(file.ok());
+  for (const std::string& name : (*file)->Names()) {
+    EXPECT_EQ(name.rfind("model.", 0), std::string::npos) << name;
+    EXPECT_EQ(name.find("embed_tokens"), std::string::npos) << name;
+    EXPECT_EQ(name.find("lm_head"), std::string::npos) << name;
+  }
+  EXPECT_EQ((*file)->Names().size(), (*trained)->ExportedParameters().size());
+  ASSERT_TRUE((*fresh)->LoadExport(dir, OtherTarget::kRefuse).ok());
+  EXPECT_TRUE(torch::allclose((*fresh)->flat().data(), (*trained)->flat().data().to(at::kFloat).to(at::kDouble)));
+}
+
+TEST(DFlashDraftTest, AnExportOfAnotherDraftIsRefusedBeforeAnyCopy) {
+  DFlashDraftConfig c = TinyDFlashConfig();
+  c.max_position_embeddings = 256;
+  auto other = c;
+  other.target_layer_ids = {1, 2};
+  auto exported = CreateDFlashDraft(other, kDFlashF64, 1), mine = CreateDFlashDraft(c, kDFlashF64, 2);
+  ASSERT_TRUE(exported.ok() && mine.ok());
+  const std::string dir = testing::ScratchDir("dflash_other");
+  ASSERT_TRUE((*exported)->Export(dir, DraftExportOptions{at::kFloat}).ok());
+  const at::Tensor before = (*mine)->flat().data().clone();
+  const absl::Status s = (*mine)->LoadExport(dir, OtherTarget::kRefuse);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("\"dflash_config.target_layer_ids\" is [1, 2], but the draft reads [1, 3]"),
+            std::string::npos) << s;
+  EXPECT_TRUE(torch::equal(before, (*mine)->flat().data()));
+}
+
+TEST(DFlashDraftTest, EachRowsRoundProposesItsBlockFromTheNextToken) {
+  torch::manual_seed(13);
+  const DFlashDraftConfig c = TinyDFlashConfig();
+  auto d = CreateDFlashDraft(c, kDFlashF64, 3, TinyTarget(c));
+  ASSERT_TRUE(d.ok());
+  EvalBatch batch;
+  batch.cu_seqlens = {0, 5, 12};
+  batch.prompt_lengths = {2, 3};
+  batch.input_ids = torch::randint(0, 39, {12}, torch::kLong);
+  batch.aux_hidden = torch::randn({12, 2 * c.hidden_size}, kDFlashF64);
+  auto chains = (*d)->ProposeChains(batch, c.block_size + 1);
+  ASSERT_TRUE(chains.ok()) << chains.status();
+  ASSERT_EQ(chains->sizes(), (std::vector<int64_t>{12, c.block_size + 1}));
+  const at::Tensor context = (*d)->ProjectContext(batch.aux_hidden);
+  torch::NoGradGuard no_grad;
+  for (int64_t t = 0; t < 12; ++t) {
+    const int64_t start = t < 5 ? 0 : 5, end = t < 5 ? 5 : 12;
+    if (t + 1 >= end) {  // a sample's last row has no next token
+      EXPECT_EQ((*chains)[t].max().item<int64_t>(), -1) << t;
+      continue;
+    }
+    std::vector<int64_t> tokens = {batch.input_ids[t + 1].item<int64_t>()};
+    for (int64_t k = 1; k < c.block_size; ++k) tokens.push_back(c.mask_token_id);
+    const at::Tensor embeds = (*d)->embed_tokens.index_select(0, torch::tensor(tokens, torch::kLong));
+    const at::Tensor hidden = PlainDFlashBlock(**d, context.narrow(0, start, t + 1 - start), embeds);
+    const at::Tensor want = (*d)->Logits(hidden).argmax(-1).narrow(0, 1, c.block_size - 1);
+    EXPECT_TRUE(torch::equal((*chains)[t].narrow(0, 0, c.block_size - 1), want)) << t;
+    EXPECT_EQ((*chains)[t][c.block_size - 1].item<int64_t>(), -1) << "past the block";
+  }
 }
 
 }  // namespace
