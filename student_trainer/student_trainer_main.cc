@@ -14,6 +14,7 @@
 #include "common/base/launch_env.h"
 #include "common/config/command_line.h"
 #include "common/metrics/metrics_server.h"
+#include "student_trainer/algorithm/draft_algorithm.h"
 #include "student_trainer/metrics/student_metrics.h"
 #include "student_trainer/trainer.h"
 
@@ -81,7 +82,7 @@ int Main(int argc, char** argv) {
   }
   const int rank = process->layout.rank();
   if (static_cast<int>(c.students.threads) > 0) at::set_num_threads(static_cast<int>(c.students.threads));
-  StudentMetrics metrics(rank, static_cast<int>(c.draft.ttt_length));
+  StudentMetrics metrics(rank, static_cast<int>(DraftedPositions(c.draft)));
   std::unique_ptr<MetricsServer> metrics_server;
   if (static_cast<int>(c.students.metrics_port) >= 0) {
     auto ms = MetricsServer::Start(metrics.registry(), c.students.metrics_host, static_cast<int>(c.students.metrics_port));

@@ -140,7 +140,7 @@ absl::Status Trainer::BuildScheduleAndMetrics() {
   lr_ = LrSchedule::From(schedule(), planned);
   AcceptanceEvalOptions eval;
   eval.every = schedule().eval_every;
-  eval.chain = schedule().eval_chain;
+  eval.chain = algorithm_->eval_chain();
   eval.wait_s = schedule().eval_wait_s;
   eval.untrained = schedule().eval_untrained;
   eval.dump = students().eval_dump;
@@ -156,7 +156,7 @@ absl::Status Trainer::BuildScheduleAndMetrics() {
   }
   BestDraftOptions b;
   b.dir = students().best_dir;
-  b.chain = schedule().eval_chain;
+  b.chain = algorithm_->eval_chain();
   b.patience = schedule().early_stop_patience;
   E3_ASSIGN_OR_RETURN(b.dtype, ParseComputeScalarType(config_.draft.export_dtype));
   b.writer = process_.layout.is_first();

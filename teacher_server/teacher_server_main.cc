@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/config/command_line.h"
+#include "common/model/draft_aux_layers.h"
 #include "common/model/model_dir.h"
 #include "teacher_server/data/data_setup.h"
 #include "teacher_server/engine/engine.h"
@@ -39,7 +40,15 @@ struct TeacherServerOptions {
   int64_t max_generate_new_tokens = ServiceOptions().max_generate_tokens;
   int64_t max_generate_prompt_tokens = ServiceOptions().max_generate_prompt_tokens;
   int threads = 0;
+  // Without aux_layer_ids, the layers this algorithm's drafts read.
+  std::string draft_algorithm;
+  int64_t dflash_layers = 0;
 };
+
+std::vector<int32_t> DefaultCaptureLayers(const TeacherServerOptions& o, const ModelConfig& model) {
+  if (o.draft_algorithm == "dflash") return DFlashTargetLayerIds(model.num_hidden_layers, o.dflash_layers);
+  return model.DefaultAuxLayerIds();
+}
 
 std::string HostName() {
   char buf[256] = {0};
@@ -57,6 +66,8 @@ absl::StatusOr<TeacherServerOptions> OptionsFromConfig(const RunConfig& c) {
   o.max_generate_new_tokens = c.teachers.max_generate_new_tokens;
   o.max_generate_prompt_tokens = c.teachers.max_generate_prompt_tokens;
   o.threads = static_cast<int>(c.teachers.threads);
+  o.draft_algorithm = c.draft.algorithm;
+  o.dflash_layers = c.draft.dflash_layers;
   return o;
 }
 
@@ -66,7 +77,7 @@ absl::StatusOr<TeacherServerOptions> OptionsFromConfig(const RunConfig& c) {
 absl::Status ServeModel(const TeacherServerOptions& o, CausalLM* model) {
   E3_ASSIGN_OR_RETURN(TeacherData data, SetUpTeacherData(o.data, model));
   EngineOptions eopts = o.engine;
-  if (eopts.aux_layer_ids.empty()) eopts.aux_layer_ids = model->config().DefaultAuxLayerIds();
+  if (eopts.aux_layer_ids.empty()) eopts.aux_layer_ids = DefaultCaptureLayers(o, model->config());
   E3_ASSIGN_OR_RETURN(eopts.fingerprint, StreamFingerprint(o.data, data, eopts));
   std::printf("teacher: data stream fingerprint: data %s, template %s, samples %s, draft vocab %s\n",
               eopts.fingerprint.dataset.c_str(), eopts.fingerprint.chat_template.c_str(),

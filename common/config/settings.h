@@ -89,9 +89,27 @@ namespace e3 {
 
 // draft: the draft model, its vocabulary, its training-time test.
 #define E3_DRAFT_SETTINGS(X)                                                                          \
-  X(std::string, algorithm, "eagle3", Choice("eagle3"), kStudent | kLauncher, "draft_algorithm",     \
+  X(std::string, algorithm, "eagle3", Choice("eagle3|dflash"), kTeacher | kStudent | kLauncher,     \
+    "draft_algorithm",                                                                                 \
     "the draft algorithm the student trains: eagle3 (EAGLE-3, training-time test over ttt_length "    \
-    "steps)")                                                                                          \
+    "steps) or dflash (DFlash: a block of dflash_block_size tokens drafted in one pass from the "     \
+    "target's captured layers)")                                                                       \
+  X(int64_t, dflash_layers, 5, Range(1, 64), kTeacher | kStudent, "dflash_layers",                   \
+    "dflash: draft decoder layers; with aux_layer_ids empty the teacher captures as many target "    \
+    "layers, spread over 1..L-3")                                                                      \
+  X(int64_t, dflash_block_size, 16, Range(2, 64), kStudent, "dflash_block_size",                     \
+    "dflash: B, the anchor and the B - 1 tokens a block drafts")                                      \
+  X(int64_t, dflash_num_anchors, 512, Range(1, kMaxInt64), kStudent, "dflash_num_anchors",           \
+    "dflash: blocks per batch, anchored at supervised rows drawn at random")                          \
+  X(double, dflash_loss_gamma, 7.0, Range(0.001, kInf), kStudent, "dflash_loss_gamma",               \
+    "dflash: drafted row k of a block weighs exp(-(k - 1) / gamma) in the loss")                      \
+  X(int64_t, dflash_mask_token_id, -1, Range(-1, kMaxInt64), kStudent, "dflash_mask_token_id",       \
+    "dflash: the token id of a block's masked rows; -1: the embedding's last row; must lie inside "   \
+    "the target's embedding")                                                                          \
+  X(std::string, dflash_labels, "target_argmax", Choice("target_argmax|input_ids"), kStudent,        \
+    "dflash_labels",                                                                                   \
+    "dflash: what a drafted row learns: target_argmax (the target's greedy token, as the teacher "     \
+    "sends it) or input_ids (the data's token, for regenerated data)")                                \
   X(int64_t, vocab_size, 32000, Range(1, kMaxInt64), kTeacher | kLauncher, "draft_vocab_size",       \
     "draft vocabulary size (capped at the model's vocab)")                                            \
   X(std::string, vocab_map, "", Path(), kTeacher | kLauncher, "vocab_map",                           \

@@ -1,5 +1,7 @@
 #include "common/model/draft_aux_layers.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/file_util.h"
@@ -34,6 +36,10 @@ std::vector<int32_t> VllmAuxLayerIds(const std::vector<int32_t>& ids) {
 }
 
 absl::StatusOr<std::vector<int32_t>> ReadDraftAuxLayerIds(const nlohmann::json& root, const std::string& path) {
+  if (root.is_object() && root.contains("dflash_config") && root["dflash_config"].is_object() &&
+      root["dflash_config"].contains("target_layer_ids")) {
+    return IdList(root["dflash_config"]["target_layer_ids"], path, "dflash_config.target_layer_ids");
+  }
   if (!root.is_object() || !root.contains("eagle_config") || !root["eagle_config"].is_object() ||
       !root["eagle_config"].contains(kKey)) {
     return std::vector<int32_t>{};
@@ -59,6 +65,17 @@ absl::StatusOr<std::vector<int32_t>> ReadDraftAuxLayerIds(const std::string& con
     return absl::InvalidArgumentError(absl::StrCat(config_json_path, ": not a JSON object"));
   }
   return ReadDraftAuxLayerIds(root, config_json_path);
+}
+
+std::vector<int32_t> DFlashTargetLayerIds(int64_t num_target_layers, int64_t num_draft_layers) {
+  if (num_draft_layers <= 1) return {static_cast<int32_t>(num_target_layers / 2)};
+  const double first = 1, last = static_cast<double>(num_target_layers - 3);
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < num_draft_layers; ++i) {
+    ids.push_back(static_cast<int32_t>(
+        std::nearbyint(first + static_cast<double>(i) * (last - first) / static_cast<double>(num_draft_layers - 1))));
+  }
+  return ids;
 }
 
 }  // namespace e3

@@ -22,11 +22,18 @@ std::vector<int32_t> VllmAuxLayerIds(const std::vector<int32_t>& ids);
 
 // The ids of `config` (a draft's parsed config.json, read from `path`):
 // eagle_config's list, checked against the top-level one when both are
-// there. Empty when eagle_config has none. InvalidArgument naming the file
-// and field otherwise.
+// there; a DFlash export's dflash_config.target_layer_ids (the same
+// numbering) where it has them. Empty when neither is there.
+// InvalidArgument naming the file and field otherwise.
 absl::StatusOr<std::vector<int32_t>> ReadDraftAuxLayerIds(const nlohmann::json& config, const std::string& path);
 // The same from the file `config_json_path`.
 absl::StatusOr<std::vector<int32_t>> ReadDraftAuxLayerIds(const std::string& config_json_path);
+
+// The layers a DFlash draft of `num_draft_layers` layers reads by default
+// (SpecForge's recipes): spread evenly over 1..L-3, ties rounded to even
+// as Python's round(); one layer reads L/2. Qwen3-8B (L = 36) with 5
+// gives [1, 9, 17, 25, 33].
+std::vector<int32_t> DFlashTargetLayerIds(int64_t num_target_layers, int64_t num_draft_layers);
 
 }  // namespace e3
 

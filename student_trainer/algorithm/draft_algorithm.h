@@ -60,6 +60,11 @@ class DraftAlgorithm {
   virtual std::string Describe() const = 0;
   // The dtype the draft computes in ("bfloat16", "float32", ...).
   virtual const std::string& compute_dtype() const = 0;
+  // The tokens a round drafts past the known ones, which the step's
+  // metrics report one by one; and the chain length whose real tau picks
+  // the best draft.
+  virtual int64_t drafted_positions() const = 0;
+  virtual int64_t eval_chain() const = 0;
 
   // The weights the optimizer trains (fp32 masters below fp32), which
   // checkpoints, exports and measurements read.
@@ -80,6 +85,10 @@ class DraftAlgorithm {
 
 // The algorithm `draft.algorithm` names, reading its settings from the
 // draft and schedule sections; it trains on `device`.
+// The positions the step metrics of draft.algorithm report (for sizing
+// the metrics before the algorithm is built).
+int64_t DraftedPositions(const DraftSettings& draft);
+
 absl::StatusOr<std::unique_ptr<DraftAlgorithm>> CreateDraftAlgorithm(const DraftSettings& draft,
                                                                      const ScheduleSettings& schedule,
                                                                      const at::Device& device);

@@ -29,6 +29,8 @@ class Eagle3Algorithm : public DraftAlgorithm {
   absl::Status Build(const TeacherInfo& info, const FrozenWeights& frozen, ProcessGroup* group) override;
   std::string Describe() const override;
   const std::string& compute_dtype() const override { return dtype_name_; }
+  int64_t drafted_positions() const override { return ttt_.length; }
+  int64_t eval_chain() const override { return schedule_.eval_chain; }
   DraftModel& trained() override { return master_.has_value() ? **master_ : *draft_; }
   DraftOptimizer& optimizer() override { return *optimizer_; }
   absl::StatusOr<DraftStepOutput> Step(const TeacherBatch* batch, double lr, int64_t step) override;
