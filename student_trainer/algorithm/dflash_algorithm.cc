@@ -9,7 +9,6 @@
 #include "common/base/status_macros.h"
 #include "common/torch/tensor_convert.h"
 #include "student_trainer/draft/dflash_export.h"
-#include "student_trainer/step/ttt_step.h"
 
 namespace e3 {
 namespace {
@@ -49,7 +48,7 @@ absl::StatusOr<std::unique_ptr<DFlashAlgorithm>> DFlashAlgorithm::Create(const D
                                                                          const ScheduleSettings& schedule,
                                                                          const at::Device& device) {
   std::unique_ptr<DFlashAlgorithm> a(new DFlashAlgorithm(draft, schedule, device));
-  a->dtype_name_ = draft.dtype.empty() ? (device.is_cuda() ? "bfloat16" : "float32") : draft.dtype;
+  a->dtype_name_ = ComputeDtypeName(draft, device);
   E3_ASSIGN_OR_RETURN(a->dtype_, ParseComputeScalarType(a->dtype_name_));
   a->blocks_.block_size = draft.dflash_block_size;
   a->blocks_.num_anchors = draft.dflash_num_anchors;
@@ -96,16 +95,8 @@ absl::Status DFlashAlgorithm::Build(const TeacherInfo& info, const FrozenWeights
   if (dtype_ != at::kFloat) {
     E3_ASSIGN_OR_RETURN(master_, CreateDFlashDraft(c, options.dtype(at::kFloat), settings_.init_seed));
   }
-  E3_ASSIGN_OR_RETURN(const TttKernels kernels, ParseTttKernels(settings_.kernels));
-  DraftOptimizerOptions optimizer;
-  optimizer.beta1 = schedule_.adam_beta1;
-  optimizer.beta2 = schedule_.adam_beta2;
-  optimizer.weight_decay = schedule_.weight_decay;
-  optimizer.grad_clip = schedule_.grad_clip;
-  E3_ASSIGN_OR_RETURN(optimizer_, CreateDraftOptimizer(
-                                      kernels == TttKernels::kFast ? DraftOptimizerKind::kFused
-                                                                   : DraftOptimizerKind::kReference,
-                                      *draft_, master_.has_value() ? &**master_ : nullptr, group, optimizer));
+  E3_ASSIGN_OR_RETURN(optimizer_, CreateScheduledOptimizer(settings_, schedule_, *draft_,
+                                                           master_.has_value() ? &**master_ : nullptr, group));
   return absl::OkStatus();
 }
 
@@ -126,16 +117,14 @@ absl::StatusOr<at::Tensor> DFlashAlgorithm::BlockLoss(const TeacherBatch& batch,
   const at::Tensor embeds = frozen_.embed_tokens.index_select(0, planned.block_tokens.to(device_));
   const at::Tensor logits = draft_->Logits(draft_->Forward(embeds, context, planned.blocks));
   const at::Tensor labels = planned.labels.to(device_);
-  const at::Tensor loss = DFlashBlockLoss(logits, labels, B, settings_.dflash_loss_gamma);
+  const at::Tensor row_nll = DFlashRowNll(logits, labels);
+  const at::Tensor loss = DFlashWeightedLoss(row_nll, labels, B, settings_.dflash_loss_gamma);
   // Per drafted row k: the share of supervised rows the draft gets right,
-  // and their mean cross-entropy.
+  // and their mean cross-entropy (the loss's own, unweighted).
   torch::NoGradGuard no_grad;
   const at::Tensor hits = logits.argmax(-1).eq(labels).view({-1, B}).to(at::kDouble);
   const at::Tensor supervised = labels.ge(0).view({-1, B}).to(at::kDouble);
-  const at::Tensor nll = -torch::log_softmax(logits.to(at::kFloat), -1)
-                              .gather(1, labels.clamp_min(0).unsqueeze(1))
-                              .view({-1, B})
-                              .to(at::kDouble);
+  const at::Tensor nll = row_nll.detach().view({-1, B}).to(at::kDouble);
   const at::Tensor counts = supervised.sum(0).clamp_min(1.0).to(at::kCPU);
   const at::Tensor acc = (hits * supervised).sum(0).to(at::kCPU) / counts;
   const at::Tensor ploss = (nll * supervised).sum(0).to(at::kCPU) / counts;

@@ -1,10 +1,32 @@
 #include "student_trainer/algorithm/draft_algorithm.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 #include "student_trainer/algorithm/dflash_algorithm.h"
 #include "student_trainer/algorithm/eagle3_algorithm.h"
+#include "student_trainer/step/ttt_step.h"
 
 namespace e3 {
+
+std::string ComputeDtypeName(const DraftSettings& draft, const at::Device& device) {
+  if (!draft.dtype.empty()) return draft.dtype;
+  return device.is_cuda() ? "bfloat16" : "float32";
+}
+
+absl::StatusOr<std::unique_ptr<DraftOptimizer>> CreateScheduledOptimizer(const DraftSettings& draft,
+                                                                         const ScheduleSettings& schedule,
+                                                                         DraftModel& work, DraftModel* master,
+                                                                         ProcessGroup* group) {
+  E3_ASSIGN_OR_RETURN(const TttKernels kernels, ParseTttKernels(draft.kernels));
+  DraftOptimizerOptions options;
+  options.beta1 = schedule.adam_beta1;
+  options.beta2 = schedule.adam_beta2;
+  options.weight_decay = schedule.weight_decay;
+  options.grad_clip = schedule.grad_clip;
+  const DraftOptimizerKind kind =
+      kernels == TttKernels::kFast ? DraftOptimizerKind::kFused : DraftOptimizerKind::kReference;
+  return CreateDraftOptimizer(kind, work, master, group, options);
+}
 
 int64_t DraftedPositions(const DraftSettings& draft) {
   return draft.algorithm == "dflash" ? draft.dflash_block_size - 1 : draft.ttt_length;

@@ -85,6 +85,16 @@ class DraftAlgorithm {
 
 // The algorithm `draft.algorithm` names, reading its settings from the
 // draft and schedule sections; it trains on `device`.
+// What every algorithm derives alike from its sections: the compute
+// dtype's name (draft.dtype; empty: bfloat16 on a GPU, float32 on the
+// CPU), and the optimizer over `work` (`master`: its fp32 copy, or null)
+// with the schedule's AdamW settings, fused where draft.kernels is fast.
+std::string ComputeDtypeName(const DraftSettings& draft, const at::Device& device);
+absl::StatusOr<std::unique_ptr<DraftOptimizer>> CreateScheduledOptimizer(const DraftSettings& draft,
+                                                                         const ScheduleSettings& schedule,
+                                                                         DraftModel& work, DraftModel* master,
+                                                                         ProcessGroup* group);
+
 // The positions the step metrics of draft.algorithm report (for sizing
 // the metrics before the algorithm is built).
 int64_t DraftedPositions(const DraftSettings& draft);

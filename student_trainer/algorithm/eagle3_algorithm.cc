@@ -21,7 +21,7 @@ absl::StatusOr<std::unique_ptr<Eagle3Algorithm>> Eagle3Algorithm::Create(const D
   ttt.kl_scale = draft.kl_scale;
   ttt.kl_decay = draft.kl_decay;
   ttt.defer_metrics = true;  // read after the optimizer step: one synchronisation per step
-  a->dtype_name_ = draft.dtype.empty() ? (device.is_cuda() ? "bfloat16" : "float32") : draft.dtype;
+  a->dtype_name_ = ComputeDtypeName(draft, device);
   E3_ASSIGN_OR_RETURN(a->options_.dtype, ParseComputeScalarType(a->dtype_name_));
   return a;
 }
@@ -76,15 +76,8 @@ absl::Status Eagle3Algorithm::Build(const TeacherInfo& info, const FrozenWeights
     master.keep_full_target_head = false;  // the master is never run
     E3_ASSIGN_OR_RETURN(master_, CreateEagle3Draft(master, frozen_));
   }
-  const DraftOptimizerKind kind =
-      ttt_.kernels == TttKernels::kFast ? DraftOptimizerKind::kFused : DraftOptimizerKind::kReference;
-  DraftOptimizerOptions optimizer;
-  optimizer.beta1 = schedule_.adam_beta1;
-  optimizer.beta2 = schedule_.adam_beta2;
-  optimizer.weight_decay = schedule_.weight_decay;
-  optimizer.grad_clip = schedule_.grad_clip;
-  E3_ASSIGN_OR_RETURN(optimizer_, CreateDraftOptimizer(kind, *draft_, master_.has_value() ? &**master_ : nullptr,
-                                                       group, optimizer));
+  E3_ASSIGN_OR_RETURN(optimizer_, CreateScheduledOptimizer(settings_, schedule_, *draft_,
+                                                           master_.has_value() ? &**master_ : nullptr, group));
   return absl::OkStatus();
 }
 

@@ -59,20 +59,6 @@ absl::Status DFlashDraftConfig::Validate() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int64_t>> DFlashBlocks::SampleOfAnchors() const {
-  std::vector<int64_t> sample_of;
-  size_t s = 0;
-  for (int64_t row : anchor_rows) {
-    while (s + 1 < cu_seqlens.size() && row >= cu_seqlens[s + 1]) ++s;
-    if (s + 1 >= cu_seqlens.size() || row < cu_seqlens[s]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("DFlash anchor row ", row, " lies outside the packed samples [0, ", cu_seqlens.back(), ")"));
-    }
-    sample_of.push_back(static_cast<int64_t>(s));
-  }
-  return sample_of;
-}
-
 DFlashDraftImpl::DFlashDraftImpl(const DFlashDraftConfig& config, const torch::TensorOptions& options,
                                  uint64_t seed, const DFlashFrozenTensors& frozen)
     : config_(config) {
@@ -217,7 +203,8 @@ absl::StatusOr<at::Tensor> DFlashDraftImpl::ProposeChains(const EvalBatch& batch
   }
   const int64_t B = config_.block_size, T = batch.tokens();
   at::Tensor chains = torch::full({T, length}, -1, torch::kLong);
-  const at::Tensor ids = batch.input_ids.to(at::kLong).contiguous();
+  const at::Tensor ids_tensor = batch.input_ids.to(at::kCPU).to(at::kLong).contiguous();
+  const int64_t* ids = ids_tensor.data_ptr<int64_t>();
   // A round from row t anchors at the token of row t + 1, in its sample.
   std::vector<int64_t> anchors;
   for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s) {
@@ -236,7 +223,7 @@ absl::StatusOr<at::Tensor> DFlashDraftImpl::ProposeChains(const EvalBatch& batch
       blocks.anchor_rows.assign(anchors.begin() + first, anchors.begin() + std::min(anchors.size(), first + kAnchorsPerChunk));
       std::vector<int64_t> tokens;
       for (int64_t a : blocks.anchor_rows) {
-        tokens.push_back(ids[a].item<int64_t>());
+        tokens.push_back(ids[a]);
         for (int64_t k = 1; k < B; ++k) tokens.push_back(config_.mask_token_id);
       }
       const at::Tensor embeds = embed_tokens.index_select(0, torch::tensor(tokens, torch::kLong).to(device()));
@@ -269,18 +256,24 @@ absl::StatusOr<DFlashDraft> CreateDFlashDraft(const DFlashDraftConfig& config, c
   }
 }
 
-at::Tensor DFlashBlockLoss(const at::Tensor& logits, const at::Tensor& labels, int64_t block_size, double gamma) {
-  const int64_t rows = logits.size(0);
+at::Tensor DFlashRowNll(const at::Tensor& logits, const at::Tensor& labels) {
   const at::ScalarType compute = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const at::Tensor k = torch::arange(rows, torch::TensorOptions().dtype(torch::kLong).device(logits.device()))
+  const at::Tensor log_q = torch::log_softmax(logits.to(compute), -1);
+  return -log_q.gather(1, labels.clamp_min(0).unsqueeze(1)).squeeze(1);
+}
+
+at::Tensor DFlashWeightedLoss(const at::Tensor& row_nll, const at::Tensor& labels, int64_t block_size, double gamma) {
+  const at::Tensor k = torch::arange(row_nll.size(0), torch::TensorOptions().dtype(torch::kLong).device(row_nll.device()))
                            .remainder(block_size);
   // Row k = 0 is the anchor itself: it predicts nothing.
   const at::Tensor supervised = labels.ge(0).logical_and(k.gt(0));
-  const at::Tensor weight = torch::where(supervised, torch::exp(-(k - 1).clamp_min(0).to(compute) / gamma),
-                                         torch::zeros({}, logits.options().dtype(compute)));
-  const at::Tensor log_q = torch::log_softmax(logits.to(compute), -1);
-  const at::Tensor nll = -log_q.gather(1, labels.clamp_min(0).unsqueeze(1)).squeeze(1);
-  return (nll * weight).sum() / weight.sum().clamp_min(1e-12);
+  const at::Tensor weight = torch::where(supervised, torch::exp(-(k - 1).clamp_min(0).to(row_nll.scalar_type()) / gamma),
+                                         torch::zeros({}, row_nll.options()));
+  return (row_nll * weight).sum() / weight.sum().clamp_min(1e-12);
+}
+
+at::Tensor DFlashBlockLoss(const at::Tensor& logits, const at::Tensor& labels, int64_t block_size, double gamma) {
+  return DFlashWeightedLoss(DFlashRowNll(logits, labels), labels, block_size, gamma);
 }
 
 }  // namespace e3

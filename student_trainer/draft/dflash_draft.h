@@ -71,10 +71,6 @@ struct DFlashDraftConfig {
 struct DFlashBlocks {
   std::vector<int64_t> anchor_rows;  // each anchor's packed row, ascending
   std::vector<int64_t> cu_seqlens;   // the packed samples' boundaries, [0, ..., T]
-
-  // The sample each anchor belongs to, and its position in it. Errors name
-  // an anchor outside every sample.
-  absl::StatusOr<std::vector<int64_t>> SampleOfAnchors() const;
 };
 
 // The target's tensors the draft reads and never trains: its input
@@ -153,11 +149,16 @@ TORCH_MODULE(DFlashDraft);
 absl::StatusOr<DFlashDraft> CreateDFlashDraft(const DFlashDraftConfig& config, const torch::TensorOptions& options,
                                               uint64_t seed, const DFlashFrozenTensors& frozen = {});
 
-// The block loss: cross-entropy of each drafted row k = 1..B-1 of a block
-// against its label, weighted exp(-(k - 1) / gamma); rows whose label is
-// negative (past the sample's end, or not supervised) count for nothing.
-// The sum over rows divided by the rows' weights. logits [nB * B, V] (any
-// float dtype, computed in at least fp32), labels [nB * B] int64.
+// Each row's cross-entropy against its label, [nB * B] in at least fp32
+// (a negative label's row holds its label-0 term, which the loss weighs
+// zero). logits [nB * B, V] in any float dtype, labels [nB * B] int64.
+at::Tensor DFlashRowNll(const at::Tensor& logits, const at::Tensor& labels);
+// The block loss of those rows: drafted row k = 1..B-1 of a block weighs
+// exp(-(k - 1) / gamma); rows whose label is negative (past the sample's
+// end, or not supervised) and the anchor rows count for nothing. The sum
+// over rows divided by the rows' weights.
+at::Tensor DFlashWeightedLoss(const at::Tensor& row_nll, const at::Tensor& labels, int64_t block_size, double gamma);
+// Both, from the logits.
 at::Tensor DFlashBlockLoss(const at::Tensor& logits, const at::Tensor& labels, int64_t block_size, double gamma);
 
 }  // namespace e3
