@@ -89,11 +89,12 @@ namespace e3 {
 
 // draft: the draft model, its vocabulary, its training-time test.
 #define E3_DRAFT_SETTINGS(X)                                                                          \
-  X(std::string, algorithm, "eagle3", Choice("eagle3|dflash"), kTeacher | kStudent | kLauncher,     \
+  X(std::string, algorithm, "eagle3", Choice("eagle3|eagle3.1|dflash"), kTeacher | kStudent | kLauncher, \
     "draft_algorithm",                                                                                 \
     "the draft algorithm the student trains: eagle3 (EAGLE-3, training-time test over ttt_length "    \
-    "steps) or dflash (DFlash: a block of dflash_block_size tokens drafted in one pass from the "     \
-    "target's captured layers)")                                                                       \
+    "steps), eagle3.1 (EAGLE-3 with an RMSNorm per aux state before fc and the normalised output "    \
+    "fed to the next step) or dflash (DFlash: a block of dflash_block_size tokens drafted in one "    \
+    "pass from the target's captured layers)")                                                         \
   X(int64_t, dflash_layers, 5, Range(1, 64), kTeacher | kStudent, "dflash_layers",                   \
     "dflash: draft decoder layers; with aux_layer_ids empty the teacher captures as many target "    \
     "layers, spread over 1..L-3")                                                                      \
@@ -106,10 +107,16 @@ namespace e3 {
   X(int64_t, dflash_mask_token_id, -1, Range(-1, kMaxInt64), kStudent, "dflash_mask_token_id",       \
     "dflash: the token id of a block's masked rows; -1: the embedding's last row; must lie inside "   \
     "the target's embedding")                                                                          \
-  X(std::string, dflash_labels, "target_argmax", Choice("target_argmax|input_ids"), kStudent,        \
-    "dflash_labels",                                                                                   \
+  X(std::string, dflash_labels, "target_argmax", Choice("target_argmax|input_ids|target_distribution"), \
+    kStudent, "dflash_labels",                                                                         \
     "dflash: what a drafted row learns: target_argmax (the target's greedy token, as the teacher "     \
-    "sends it) or input_ids (the data's token, for regenerated data)")                                \
+    "sends it), input_ids (the data's token, for regenerated data) or target_distribution (the "      \
+    "target's softmax from its last hidden state and full head: distillation)")                       \
+  X(std::string, dflash_loss, "decay", Choice("decay|dpace"), kStudent, "dflash_loss",               \
+    "dflash: how a block's rows weigh in the loss: decay (exp(-(k - 1) / dflash_loss_gamma), "        \
+    "normalised) or dpace (D-PACE: each row's detached share in the expected accepted length)")       \
+  X(double, dflash_dpace_alpha, 0.5, Range(0.0, 1.0), kStudent, "dflash_dpace_alpha",                \
+    "dflash: D-PACE's smoothing, a row's acceptance taken as (1 - alpha) q + alpha")                  \
   X(int64_t, vocab_size, 32000, Range(1, kMaxInt64), kTeacher | kLauncher, "draft_vocab_size",       \
     "draft vocabulary size (capped at the model's vocab)")                                            \
   X(std::string, vocab_map, "", Path(), kTeacher | kLauncher, "vocab_map",                           \

@@ -13,6 +13,7 @@
 #include <torch/autograd.h>
 #include <torch/cuda.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/utils.h>
 #include <torch/optim/adam.h>

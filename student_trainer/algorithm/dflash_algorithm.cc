@@ -38,8 +38,9 @@ absl::StatusOr<at::Tensor> FullTargetHead(const FrozenWeights& frozen) {
 absl::StatusOr<DFlashLabels> ParseLabels(const std::string& name) {
   if (name == "target_argmax") return DFlashLabels::kTargetArgmax;
   if (name == "input_ids") return DFlashLabels::kInputIds;
+  if (name == "target_distribution") return DFlashLabels::kTargetDistribution;
   return absl::InvalidArgumentError(
-      absl::StrCat("--dflash_labels=", name, ": expected target_argmax or input_ids"));
+      absl::StrCat("--dflash_labels=", name, ": expected target_argmax, input_ids or target_distribution"));
 }
 
 }  // namespace
@@ -107,6 +108,14 @@ std::string DFlashAlgorithm::Describe() const {
                       absl::StrJoin(config_.target_layer_ids, ", "), "], mask token ", config_.mask_token_id);
 }
 
+at::Tensor DFlashAlgorithm::RowLoss(const TeacherBatch& batch, const DFlashBlockBatch& planned, const at::Tensor& logits,
+                                    const at::Tensor& labels) const {
+  if (blocks_.labels != DFlashLabels::kTargetDistribution) return DFlashRowNll(logits, labels);
+  const at::Tensor source = planned.source_rows.to(batch.last_hidden.device());
+  const at::Tensor hidden = batch.last_hidden.index_select(0, source).to(device_);
+  return DFlashRowSoftCe(logits, hidden, frozen_.lm_head);
+}
+
 absl::StatusOr<at::Tensor> DFlashAlgorithm::BlockLoss(const TeacherBatch& batch, int64_t step, DraftStepOutput* out) {
   // The anchors of each step differ, and every rank draws its own.
   E3_ASSIGN_OR_RETURN(const DFlashBlockBatch planned,
@@ -117,8 +126,10 @@ absl::StatusOr<at::Tensor> DFlashAlgorithm::BlockLoss(const TeacherBatch& batch,
   const at::Tensor embeds = frozen_.embed_tokens.index_select(0, planned.block_tokens.to(device_));
   const at::Tensor logits = draft_->Logits(draft_->Forward(embeds, context, planned.blocks));
   const at::Tensor labels = planned.labels.to(device_);
-  const at::Tensor row_nll = DFlashRowNll(logits, labels);
-  const at::Tensor loss = DFlashWeightedLoss(row_nll, labels, B, settings_.dflash_loss_gamma);
+  const at::Tensor row_nll = RowLoss(batch, planned, logits, labels);
+  const at::Tensor loss = settings_.dflash_loss == "dpace"
+                              ? DFlashDPaceLoss(row_nll, labels, B, settings_.dflash_dpace_alpha)
+                              : DFlashWeightedLoss(row_nll, labels, B, settings_.dflash_loss_gamma);
   // Per drafted row k: the share of supervised rows the draft gets right,
   // and their mean cross-entropy (the loss's own, unweighted).
   torch::NoGradGuard no_grad;

@@ -45,6 +45,10 @@ class DFlashAlgorithm : public DraftAlgorithm {
       : settings_(draft), schedule_(schedule), device_(device) {}
   // The loss over the batch's blocks, and its metrics per drafted row.
   absl::StatusOr<at::Tensor> BlockLoss(const TeacherBatch& batch, int64_t step, DraftStepOutput* out);
+  // Each block row's loss against its label (dflash_labels): the
+  // cross-entropy of the label token, or of the target's distribution.
+  at::Tensor RowLoss(const TeacherBatch& batch, const DFlashBlockBatch& planned, const at::Tensor& logits,
+                     const at::Tensor& labels) const;
 
   const DraftSettings settings_;
   const ScheduleSettings schedule_;

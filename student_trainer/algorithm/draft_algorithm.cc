@@ -40,13 +40,13 @@ absl::StatusOr<std::unique_ptr<DraftAlgorithm>> CreateDraftAlgorithm(const Draft
     if (!dflash.ok()) return dflash.status();
     return std::unique_ptr<DraftAlgorithm>(std::move(dflash).value());
   }
-  if (draft.algorithm == "eagle3") {
+  if (draft.algorithm == "eagle3" || draft.algorithm == "eagle3.1") {
     auto eagle3 = Eagle3Algorithm::Create(draft, schedule, device);
     if (!eagle3.ok()) return eagle3.status();
     return std::unique_ptr<DraftAlgorithm>(std::move(eagle3).value());
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("--draft_algorithm (draft.algorithm) is \"", draft.algorithm, "\"; expected eagle3 or dflash"));
+      absl::StrCat("--draft_algorithm (draft.algorithm) is \"", draft.algorithm, "\"; expected eagle3, eagle3.1 or dflash"));
 }
 
 }  // namespace e3

@@ -44,6 +44,7 @@ absl::Status Eagle3Algorithm::MakeOptions(const TeacherInfo& info) {
   if (intermediate_size > 0) target.intermediate_size = intermediate_size;
   E3_ASSIGN_OR_RETURN(options_.config, DraftConfigFromTarget(target, info.draft_vocab_size, info.aux_layer_ids));
   options_.config.target = info.target;
+  options_.config.fc_norm = options_.config.norm_output = settings_.algorithm == "eagle3.1";
   options_.seed = settings_.init_seed;
   options_.device = device_;
   options_.keep_full_target_head = NeedsFullTargetHead(ttt_.loss);
@@ -82,7 +83,7 @@ absl::Status Eagle3Algorithm::Build(const TeacherInfo& info, const FrozenWeights
 }
 
 std::string Eagle3Algorithm::Describe() const {
-  return absl::StrCat("EAGLE-3 draft on ", device_.str(), ", compute ", dtype_name_,
+  return absl::StrCat(options_.config.norm_output ? "EAGLE-3.1" : "EAGLE-3", " draft on ", device_.str(), ", compute ", dtype_name_,
                       master_.has_value() ? " with fp32 master weights" : "", ", ",
                       ttt_.kernels == TttKernels::kFast ? "fast" : "reference", " kernels");
 }

@@ -1,4 +1,5 @@
-// EAGLE-3 (https://arxiv.org/abs/2503.01840) behind the draft-algorithm
+// EAGLE-3 (https://arxiv.org/abs/2503.01840) and EAGLE-3.1 (the same draft
+// with fc_norm and norm_output, eagle3_draft.h) behind the draft-algorithm
 // seam: the draft of eagle3_draft.h, built from the teacher's model config
 // and frozen tensors in its compute dtype, with fp32 master weights below
 // fp32 (master_weights.h) and the optimizer over them; a step is the
@@ -24,7 +25,7 @@ class Eagle3Algorithm : public DraftAlgorithm {
                                                                  const ScheduleSettings& schedule,
                                                                  const at::Device& device);
 
-  const char* name() const override { return "eagle3"; }
+  const char* name() const override { return settings_.algorithm == "eagle3.1" ? "eagle3.1" : "eagle3"; }
   TeacherNeeds needs() const override;
   absl::Status Build(const TeacherInfo& info, const FrozenWeights& frozen, ProcessGroup* group) override;
   std::string Describe() const override;

@@ -7,6 +7,7 @@
 #include <limits>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -270,6 +271,40 @@ at::Tensor DFlashWeightedLoss(const at::Tensor& row_nll, const at::Tensor& label
   const at::Tensor weight = torch::where(supervised, torch::exp(-(k - 1).clamp_min(0).to(row_nll.scalar_type()) / gamma),
                                          torch::zeros({}, row_nll.options()));
   return (row_nll * weight).sum() / weight.sum().clamp_min(1e-12);
+}
+
+at::Tensor DFlashDPaceLoss(const at::Tensor& row_loss, const at::Tensor& labels, int64_t block_size, double alpha) {
+  const int64_t blocks = row_loss.size(0) / block_size;
+  const at::Tensor k = torch::arange(block_size, torch::TensorOptions().dtype(torch::kLong).device(row_loss.device()));
+  const at::Tensor supervised = labels.view({blocks, block_size}).ge(0).logical_and(k.gt(0));
+  const at::Tensor loss = row_loss.view({blocks, block_size});
+  at::Tensor weight;
+  {
+    torch::NoGradGuard no_grad;
+    const at::Tensor smooth = torch::where(supervised, (1.0 - alpha) * torch::exp(-loss.detach()) + alpha,
+                                           torch::ones({}, loss.options()));
+    const at::Tensor reach = torch::cumprod(smooth, 1) * supervised.to(loss.scalar_type());
+    weight = reach.flip({1}).cumsum(1).flip({1}) * supervised.to(loss.scalar_type());
+  }
+  return (loss * weight).sum() / static_cast<double>(std::max<int64_t>(blocks, 1));
+}
+
+at::Tensor DFlashRowSoftCe(const at::Tensor& logits, const at::Tensor& target_hidden, const at::Tensor& target_head,
+                           int64_t chunk_rows) {
+  const at::ScalarType compute = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor head = target_head.to(compute);
+  std::vector<at::Tensor> rows;
+  for (int64_t begin = 0; begin < logits.size(0); begin += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, logits.size(0) - begin);
+    at::Tensor p;
+    {
+      torch::NoGradGuard no_grad;
+      p = torch::softmax(at::matmul(target_hidden.narrow(0, begin, n).to(compute), head.t()), -1);
+    }
+    const at::Tensor log_q = torch::log_softmax(logits.narrow(0, begin, n).to(compute), -1);
+    rows.push_back(-(p * log_q).sum(-1));
+  }
+  return rows.empty() ? torch::zeros({0}, logits.options().dtype(compute)) : torch::cat(rows);
 }
 
 at::Tensor DFlashBlockLoss(const at::Tensor& logits, const at::Tensor& labels, int64_t block_size, double gamma) {

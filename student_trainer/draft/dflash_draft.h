@@ -158,6 +158,22 @@ at::Tensor DFlashRowNll(const at::Tensor& logits, const at::Tensor& labels);
 // end, or not supervised) and the anchor rows count for nothing. The sum
 // over rows divided by the rows' weights.
 at::Tensor DFlashWeightedLoss(const at::Tensor& row_nll, const at::Tensor& labels, int64_t block_size, double gamma);
+// D-PACE (SpecForge's "dpace" loss): row k of a block weighs
+//   W_k = sum over supervised rows i >= k of prod over supervised m <= i
+//         of ((1 - alpha) q_m + alpha),
+// q_m = exp(-row_loss_m), the draft's probability of row m's label: the
+// rows' share in the expected accepted length, detached (no gradient
+// flows through the weights). The sum of W_k * row_loss_k over supervised
+// rows, divided by the number of blocks.
+at::Tensor DFlashDPaceLoss(const at::Tensor& row_loss, const at::Tensor& labels, int64_t block_size, double alpha);
+// Each row's cross-entropy against the target's distribution (knowledge
+// distillation): -sum_v p(v) log q(v), with p = softmax(target_head @ h)
+// for the target's last hidden state h of the row that predicts the
+// row's token, computed `chunk_rows` rows at a time in at least fp32.
+// logits [R, V]; target_hidden [R, H] (a row whose label is negative may
+// hold anything: the loss weighs it zero); target_head [V, H].
+at::Tensor DFlashRowSoftCe(const at::Tensor& logits, const at::Tensor& target_hidden, const at::Tensor& target_head,
+                           int64_t chunk_rows = 1024);
 // Both, from the logits.
 at::Tensor DFlashBlockLoss(const at::Tensor& logits, const at::Tensor& labels, int64_t block_size, double gamma);
 

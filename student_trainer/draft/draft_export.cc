@@ -1,8 +1,5 @@
 #include "student_trainer/draft/draft_export.h"
 
-#include "common/base/file_util.h"
-#include "common/model/draft_aux_layers.h"
-
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -11,7 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/file_util.h"
 #include "common/base/status_macros.h"
+#include "common/model/draft_aux_layers.h"
 #include "common/model/model_config.h"
 #include "common/torch/tensor_convert.h"
 #include "nlohmann/json.hpp"
@@ -193,6 +192,10 @@ absl::StatusOr<std::string> DraftConfigJson(const Eagle3DraftConfig& c, at::Scal
   // SGLang reads only eagle_config, counting the output of layer i.
   j["eagle_aux_hidden_state_layer_ids"] = VllmAuxLayerIds(c.aux_layer_ids);
   j["eagle_config"] = {{"eagle_aux_hidden_state_layer_ids", c.aux_layer_ids}, {"use_aux_hidden_state", true}};
+  // EAGLE-3.1's keys, as vLLM, SGLang and SpecForge read them; absent
+  // means false, so an EAGLE-3 export carries neither.
+  if (c.fc_norm) j["fc_norm"] = true;
+  if (c.norm_output) j["norm_output"] = true;
   if (!c.target.empty()) j["e3_target"] = TargetIdentityToJson(c.target);
   for (const auto& [key, value] : extra.items()) j[key] = value;
   return j.dump(2) + "\n";
@@ -266,6 +269,11 @@ absl::StatusOr<Eagle3DraftConfig> ReadDraftConfig(const std::string& path) {
       return field_error("target_hidden_size", "expected an integer");
     c.target_hidden_size = root["target_hidden_size"].get<int64_t>();
   }
+  for (const auto& [key, flag] : {std::pair<const char*, bool*>{"fc_norm", &c.fc_norm}, {"norm_output", &c.norm_output}}) {
+    if (!root.contains(key) || root[key].is_null()) continue;
+    if (!root[key].is_boolean()) return field_error(key, "expected true or false");
+    *flag = root[key].get<bool>();
+  }
   E3_ASSIGN_OR_RETURN(c.aux_layer_ids, ReadDraftAuxLayerIds(root, path));
   if (!c.aux_layer_ids.empty()) c.num_aux = static_cast<int64_t>(c.aux_layer_ids.size());
   if (root.contains("e3_target")) {
@@ -305,6 +313,15 @@ absl::Status LoadDraftExport(Eagle3DraftImpl& draft, const std::string& dir, Oth
   for (const auto& [field, values] : fields) {
     if (values.first != values.second)
       return Mismatch(config_path, field, values.first, values.second);
+  }
+  if (file_config.fc_norm != mine.fc_norm || file_config.norm_output != mine.norm_output) {
+    const auto variant = [](const Eagle3DraftConfig& c) {
+      return absl::StrCat(c.fc_norm || c.norm_output ? "EAGLE-3.1" : "EAGLE-3", " (fc_norm ", c.fc_norm ? "true" : "false",
+                          ", norm_output ", c.norm_output ? "true" : "false", ")");
+    };
+    return absl::FailedPreconditionError(absl::StrCat(config_path, ": fields \"fc_norm\"/\"norm_output\": the export is ",
+                                                      variant(file_config), ", this draft is ", variant(mine),
+                                                      ": set draft.algorithm to the export's"));
   }
   if (!file_config.aux_layer_ids.empty() && file_config.aux_layer_ids != mine.aux_layer_ids) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -279,6 +279,13 @@ Eagle3DraftImpl::Eagle3DraftImpl(const Eagle3DraftOptions& options,
   const Eagle3DraftConfig& c = options_.config;
   const auto opts = torch::TensorOptions().dtype(torch::kFloat);
   fc = register_module("fc", MakeLinear(c.num_aux * c.target_hidden_size, c.hidden_size));
+  if (c.fc_norm) {
+    auto list = register_module("fc_norm", torch::nn::ModuleList());
+    for (int64_t k = 0; k < c.num_aux; ++k) {
+      fc_norms.push_back(Eagle3RmsNorm(c.target_hidden_size, c.rms_norm_eps, opts));
+      list->push_back(fc_norms.back());
+    }
+  }
   midlayer = register_module("midlayer", Eagle3DecoderLayer(c));
   norm = register_module("norm", Eagle3RmsNorm(c.hidden_size, c.rms_norm_eps, opts));
   lm_head = register_module("lm_head", MakeLinear(c.hidden_size, c.draft_vocab_size));
@@ -342,7 +349,16 @@ Eagle3DraftImpl::Eagle3DraftImpl(const Eagle3DraftOptions& options,
 }
 
 at::Tensor Eagle3DraftImpl::ProjectAux(const at::Tensor& aux_hidden) {
-  return fc->forward(aux_hidden.to(options_.device, options_.dtype));
+  at::Tensor x = aux_hidden.to(options_.device, options_.dtype);
+  if (!fc_norms.empty()) {
+    const int64_t width = options_.config.target_hidden_size;
+    std::vector<at::Tensor> normed;
+    for (size_t k = 0; k < fc_norms.size(); ++k) {
+      normed.push_back(fc_norms[k]->forward(x.narrow(-1, static_cast<int64_t>(k) * width, width)));
+    }
+    x = torch::cat(normed, -1);
+  }
+  return fc->forward(x);
 }
 
 at::Tensor Eagle3DraftImpl::Embed(const at::Tensor& ids) {
@@ -356,8 +372,9 @@ at::Tensor Eagle3DraftImpl::Step(const at::Tensor& embeds, const at::Tensor& hid
   return midlayer->forward(embeds, hidden, rope, cache);
 }
 
-at::Tensor Eagle3DraftImpl::Logits(const at::Tensor& hidden) {
-  return lm_head->forward(norm->forward(hidden));
+Eagle3DraftImpl::HeadOutput Eagle3DraftImpl::Head(const at::Tensor& out) {
+  const at::Tensor normed = norm->forward(out);
+  return {lm_head->forward(normed), options_.config.norm_output ? normed : out};
 }
 
 bool Eagle3DraftImpl::UsesFloatOutMm(const at::Tensor& last_hidden) const {

@@ -8,6 +8,12 @@
 //             and whose residual is h
 //   norm, lm_head: final RMSNorm and a head over the draft vocabulary.
 //
+// EAGLE-3.1 (Eagle3DraftConfig::fc_norm and norm_output) adds an RMSNorm
+// per aux state before fc (`fc_norm.<k>`), and feeds the normalised
+// output, the state lm_head reads, to the next TTT step instead of the
+// raw layer output: the semantics vLLM, SGLang and SpecForge give the two
+// config keys.
+//
 // Trainable parameters carry exactly the names the export writes (see
 // DESIGN.md "Export"). The frozen tensors the teacher serves (the target's
 // embed_tokens, the target lm_head rows of the draft vocab and the vocab
@@ -50,6 +56,10 @@ struct Eagle3DraftConfig {
   int64_t max_position_embeddings = 0;
   int64_t vocab_size = 0;        // the target's vocabulary
   int64_t draft_vocab_size = 0;  // rows of lm_head
+  // EAGLE-3.1: an RMSNorm over each aux state before fc ...
+  bool fc_norm = false;
+  // ... and norm(h), not h, as the next step's hidden state.
+  bool norm_output = false;
   // Aux layer ids counted "output of decoder layer i"; the export writes
   // them in each serving engine's own numbering (draft_export.h).
   std::vector<int32_t> aux_layer_ids;
@@ -188,11 +198,17 @@ class Eagle3DraftImpl : public DraftModel {
 
   // The pieces of one TTT step (student_trainer/step/ttt_step.h runs the loop).
   // Like any module forward they throw c10::Error; RunTtt catches it.
-  at::Tensor ProjectAux(const at::Tensor& aux_hidden);  // [T, num_aux*H_t] -> [T, H]
+  // [T, num_aux*H_t] -> [T, H]: fc, after fc_norm where the config has it.
+  at::Tensor ProjectAux(const at::Tensor& aux_hidden);
   at::Tensor Embed(const at::Tensor& ids);              // [T] -> [T, H] in the activation dtype
   at::Tensor Step(const at::Tensor& embeds, const at::Tensor& hidden, const PackedRope& rope,
                   TttKvCache* cache);           // one midlayer pass
-  at::Tensor Logits(const at::Tensor& hidden);  // lm_head(norm(h)), [T, N]
+  // What one step's output gives: lm_head(norm(out)) [T, N], and the
+  // hidden state the next step reads (out, or norm(out) with norm_output).
+  struct HeadOutput {
+    at::Tensor logits, next_hidden;
+  };
+  HeadOutput Head(const at::Tensor& out);
   // Target logits over the draft vocab, last_hidden @ target_head^T, in
   // (at least) fp32 and without autograd: [T, N].
   at::Tensor TargetLogits(const at::Tensor& last_hidden);
@@ -219,7 +235,8 @@ class Eagle3DraftImpl : public DraftModel {
   absl::Status Export(const std::string& dir, const DraftExportOptions& options) const override;
   absl::Status LoadExport(const std::string& dir, OtherTarget other_target) override;
   // SGLang's chain mode (eval/acceptance.h): step j of a round feeds back
-  // step j-1's token and pre-norm output, one position further on.
+  // step j-1's token and its output (pre-norm, or post-norm with
+  // norm_output), one position further on.
   absl::StatusOr<at::Tensor> ProposeChains(const EvalBatch& batch, int64_t chain_length) override;
   // t2d on the host, for the fast step's masks.
   const std::vector<uint8_t>& t2d_host() const { return t2d_host_; }
@@ -232,6 +249,7 @@ class Eagle3DraftImpl : public DraftModel {
   at::Tensor t2d;           // [V] bool: target id is in the draft vocab
 
   torch::nn::Linear fc{nullptr};
+  std::vector<Eagle3RmsNorm> fc_norms;  // "fc_norm.<k>", with config.fc_norm only
   Eagle3DecoderLayer midlayer{nullptr};
   Eagle3RmsNorm norm{nullptr};
   torch::nn::Linear lm_head{nullptr};

@@ -34,12 +34,12 @@ absl::StatusOr<at::Tensor> Eagle3DraftImpl::ProposeChains(const EvalBatch& batch
       // Step j of a round sits j positions after its row, as the engine's
       // draft steps advance the position by one each.
       const PackedRope rope = MakePackedRope(batch.cu_seqlens, /*offset=*/j);
-      const at::Tensor out = Step(embeds, hidden, rope, &cache);
-      const at::Tensor drafted = Logits(out).argmax(-1);
+      const HeadOutput head = Head(Step(embeds, hidden, rope, &cache));
+      const at::Tensor drafted = head.logits.argmax(-1);
       const at::Tensor target_ids = drafted + d2t.index_select(0, drafted);
       chains.select(1, j).copy_(target_ids);
       embeds = Embed(target_ids);
-      hidden = out;
+      hidden = head.next_hidden;
     }
     return chains.to(at::kCPU);
   } catch (const c10::Error& e) {

@@ -126,7 +126,8 @@ class DraftHeadLossFunction : public torch::autograd::Function<DraftHeadLossFunc
     for (const Chunk& chunk_plan : chunks) {
       const std::vector<Segment>& chunk = chunk_plan.segments;
       ChunkRows c = Gather(chunk, hiddens, steps, constants);
-      RmsNormResult nr = RmsNormForward(c.x, wts.norm, wts.eps);
+      const bool normed_inputs = !wts.norm.defined();
+      RmsNormResult nr = normed_inputs ? RmsNormResult{c.x, at::Tensor()} : RmsNormForward(c.x, wts.norm, wts.eps);
       at::Tensor logits = at::mm(nr.y, wts.lm_head.t());
       if (opt.keep_logits) KeepRows(chunk, steps, logits.to(f), &out.logits);
       SoftCrossEntropyResult r;
@@ -157,6 +158,14 @@ class DraftHeadLossFunction : public torch::autograd::Function<DraftHeadLossFunc
       lm_acc.addmm_(logits.t(), nr.y);
       at::Tensor dw;
       const at::Tensor dx_view = ChunkGradientView(chunk, steps, dh);
+      if (normed_inputs) {
+        if (dx_view.defined()) {
+          dx_view.copy_(dy);
+        } else {
+          ScatterRows(chunk, steps, dy, &dh);
+        }
+        continue;
+      }
       if (dx_view.defined()) {
         dw = RmsNormBackwardInto(dy, c.x, nr.rstd, wts.norm, dx_view);
       } else {
@@ -180,7 +189,9 @@ class DraftHeadLossFunction : public torch::autograd::Function<DraftHeadLossFunc
     for (int64_t j = 0; j < num_steps; ++j) ctx->saved_data["dh" + std::to_string(j)] = dh[j];
     ctx->saved_data["steps"] = num_steps;
     ctx->saved_data["lm_acc"] = lm_acc;
-    ctx->saved_data["norm_acc"] = norm_acc.defined() ? norm_acc : at::zeros_like(wts.norm, fopts);
+    if (wts.norm.defined()) {
+      ctx->saved_data["norm_acc"] = norm_acc.defined() ? norm_acc : at::zeros_like(wts.norm, fopts);
+    }
     ctx->saved_data["lm_head_grad"] = wts.lm_head_grad;
     ctx->saved_data["norm_grad"] = wts.norm_grad;
     return loss;
@@ -204,7 +215,9 @@ class DraftHeadLossFunction : public torch::autograd::Function<DraftHeadLossFunc
       const at::Tensor lm_acc = ctx->saved_data["lm_acc"].toTensor();
       at::Tensor lm_head_grad = ctx->saved_data["lm_head_grad"].toTensor();
       AddScaledInPlace(lm_head_grad, lm_acc, g);
-      ctx->saved_data["norm_grad"].toTensor().add_(ctx->saved_data["norm_acc"].toTensor() * g);
+      if (ctx->saved_data.count("norm_acc") == 1) {
+        ctx->saved_data["norm_grad"].toTensor().add_(ctx->saved_data["norm_acc"].toTensor() * g);
+      }
     }
     out.push_back(at::Tensor());  // anchor
     out.push_back(at::Tensor());  // the call (not a tensor)

@@ -50,7 +50,9 @@ TargetDistribution TargetFromLogits(at::Tensor logits);
 enum class HeadLossKind { kSoftCe, kLkAlpha, kLkLambda };
 
 struct DraftHeadWeights {
-  at::Tensor norm, norm_grad;        // [H]
+  // [H]. Undefined: the hidden states come normalised (EAGLE-3.1's
+  // norm_output), and the head is lm_head alone.
+  at::Tensor norm, norm_grad;
   at::Tensor lm_head, lm_head_grad;  // [N, H]
   at::Tensor anchor;                 // see ops::LinearAccumulate
   double eps = 1e-6;

@@ -13,7 +13,8 @@ at::Tensor AcceptanceSums(const std::vector<Chunk>& chunks, const std::vector<at
   only_alpha.write_grad = false;
   for (const Chunk& chunk : chunks) {
     const ChunkRows c = Gather(chunk.segments, hiddens, steps, constants);
-    at::Tensor logits = at::mm(RmsNormForward(c.x, wts.norm, wts.eps).y, wts.lm_head.t());
+    const at::Tensor x = wts.norm.defined() ? RmsNormForward(c.x, wts.norm, wts.eps).y : c.x;
+    at::Tensor logits = at::mm(x, wts.lm_head.t());
     const SoftCrossEntropyResult r = SoftCrossEntropyInPlace(
         logits, *in.target, c.target_rows, c.row_weight, c.grad_scale, &only_alpha, chunk.RowRuns());
     sums.index_add_(0, c.step_of_row, r.alpha.to(sums.scalar_type()) * c.row_weight.to(sums.scalar_type()));

@@ -40,7 +40,7 @@ absl::StatusOr<DFlashBlockBatch> PlanDFlashBlocks(const TeacherBatch& batch, con
     return absl::InvalidArgumentError(absl::StrCat("DFlash batch: loss_mask has ", supervised.size(), " rows, not ", T));
   }
   std::vector<int64_t> argmax;
-  if (o.labels == DFlashLabels::kTargetArgmax) {
+  if (o.labels != DFlashLabels::kInputIds) {
     argmax = HostLongs(batch.target_argmax);
     if (static_cast<int64_t>(argmax.size()) != T) {
       return absl::InvalidArgumentError(
@@ -58,26 +58,30 @@ absl::StatusOr<DFlashBlockBatch> PlanDFlashBlocks(const TeacherBatch& batch, con
   out.blocks.anchor_rows = anchors;
   out.blocks.cu_seqlens = cu;
   const int64_t B = o.block_size;
-  std::vector<int64_t> tokens, labels;
+  std::vector<int64_t> tokens, labels, sources;
   size_t s = 0;
   for (int64_t a : anchors) {
     while (a >= cu[s + 1]) ++s;
     const int64_t end = cu[s + 1];
     tokens.push_back(ids[a]);
     labels.push_back(-1);  // the anchor predicts nothing
+    sources.push_back(0);
     for (int64_t k = 1; k < B; ++k) {
       tokens.push_back(o.mask_token_id);
       const int64_t p = a + k;
       if (p >= end || supervised[p] == 0) {
         labels.push_back(-1);
+        sources.push_back(0);
       } else {
-        // The target's argmax at row p - 1 is its greedy token at p.
+        // The target's prediction at row p - 1 is its next token, at p.
         labels.push_back(o.labels == DFlashLabels::kInputIds ? ids[p] : argmax[p - 1]);
+        sources.push_back(p - 1);
       }
     }
   }
   out.block_tokens = torch::tensor(tokens, torch::kLong);
   out.labels = torch::tensor(labels, torch::kLong);
+  out.source_rows = torch::tensor(sources, torch::kLong);
   return out;
 }
 

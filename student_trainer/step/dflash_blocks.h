@@ -24,6 +24,9 @@ namespace e3 {
 enum class DFlashLabels {
   kTargetArgmax,  // the target's own greedy token, which the teacher sends: no regenerated data needed
   kInputIds,      // the data's token, as SpecForge trains (on data the target regenerated)
+  // The target's whole distribution there (knowledge distillation from its
+  // last hidden state and full head); `labels` hold its argmax.
+  kTargetDistribution,
 };
 
 struct DFlashBlockOptions {
@@ -37,6 +40,10 @@ struct DFlashBlockBatch {
   DFlashBlocks blocks;
   at::Tensor block_tokens;  // [nB * B] int64 on the host: anchor token, then the mask token
   at::Tensor labels;        // [nB * B] int64 on the host, -1 where a row has none
+  // [nB * B] int64 on the host: the packed row whose target prediction is
+  // each row's token (a + k - 1 for row k of the block at a), 0 where the
+  // label is -1.
+  at::Tensor source_rows;
 };
 
 // Errors name the batch field whose shape does not fit.

@@ -40,6 +40,7 @@ struct WeightPair {
 struct FastWeights {
   WeightPair fc, qkv_embed, qkv_hidden, o, gate_up, down;
   WeightPair input_norm, hidden_norm, post_norm, norm, lm_head;
+  std::vector<WeightPair> fc_norms;  // EAGLE-3.1's, one per aux state
   at::Tensor anchor;
 };
 
@@ -64,11 +65,26 @@ absl::StatusOr<FastWeights> GetWeights(Eagle3DraftImpl& draft) {
   w.post_norm = pair("midlayer.post_attention_layernorm.weight");
   w.norm = pair("norm.weight");
   w.lm_head = pair("lm_head.weight");
+  for (size_t k = 0; k < draft.fc_norms.size(); ++k) {
+    w.fc_norms.push_back(pair(absl::StrCat("fc_norm.", k, ".weight").c_str()));
+  }
   w.anchor = f.anchor();
   return w;
 }
 
 // x's rows placed at `positions` of a [tokens, ...] tensor of zeros.
+// fc's input: the aux states, each through its fc_norm (EAGLE-3.1) where
+// the draft has them.
+at::Tensor FcInput(const at::Tensor& aux, const FastWeights& w, int64_t width, double eps) {
+  if (w.fc_norms.empty()) return aux;
+  std::vector<at::Tensor> normed;
+  for (size_t k = 0; k < w.fc_norms.size(); ++k) {
+    const WeightPair& n = w.fc_norms[k];
+    normed.push_back(ops::RmsNorm(aux.narrow(1, static_cast<int64_t>(k) * width, width), n.w, n.grad, w.anchor, eps));
+  }
+  return at::cat(normed, 1);
+}
+
 at::Tensor ScatterRows(const at::Tensor& x, const at::Tensor& positions, int64_t tokens) {
   std::vector<int64_t> shape = x.sizes().vec();
   shape[0] = tokens;
@@ -111,8 +127,8 @@ absl::StatusOr<TttOutput> Run(Eagle3DraftImpl& draft, const TeacherBatch& batch,
   const double eps = c.rms_norm_eps;
   const ops::TargetDistribution target =
       Target(draft, batch.last_hidden, NeedsFullTargetHead(options.loss));
-  at::Tensor h =
-      ops::LinearAccumulate(batch.aux_hidden.to(device, dtype), w.fc.w, w.fc.grad, w.anchor);
+  at::Tensor h = ops::LinearAccumulate(FcInput(batch.aux_hidden.to(device, dtype), w, c.target_hidden_size, eps),
+                                       w.fc.w, w.fc.grad, w.anchor);
   E3_ASSIGN_OR_RETURN(TttPlanInputs inputs, download.Finish(draft));
   const TttPlan plan = MakeTttPlan(draft.t2d_host(), inputs.batch, std::move(inputs.cu), options);
   const TttDevicePlan dp = UploadTttPlan(plan, device, f, options.step_weight);
@@ -154,10 +170,13 @@ absl::StatusOr<TttOutput> Run(Eagle3DraftImpl& draft, const TeacherBatch& batch,
     const at::Tensor act =
         ops::SiluMul(ops::LinearAccumulate(y.normed, w.gate_up.w, w.gate_up.grad, w.anchor));
     h = ops::LinearAccumulate(act, w.down.w, w.down.grad, w.anchor, y.residual);
+    // EAGLE-3.1: the next step and the head both read norm(h).
+    if (c.norm_output) h = ops::RmsNorm(h, w.norm.w, w.norm.grad, w.anchor, eps);
     hiddens.push_back(h);
   }
 
   ops::DraftHeadWeights hw{w.norm.w, w.norm.grad, w.lm_head.w, w.lm_head.grad, w.anchor, eps};
+  if (c.norm_output) hw.norm = hw.norm_grad = at::Tensor();
   ops::DraftHeadOptions ho;
   ho.chunk_rows = options.head_chunk_rows > 0 ? options.head_chunk_rows
                                               : std::clamp<int64_t>(plan.tokens, 2048, 8192);

@@ -164,8 +164,9 @@ absl::StatusOr<TttOutput> RunTttReference(Eagle3DraftImpl& draft, const TeacherB
       position_mask_j = shifter.Shift(position_mask0, j);
     }
     if (j > 0 && options.positions == TttPositions::kAdvancing) rope = draft.MakePackedRope(cu, j);
-    hidden = draft.Step(draft.Embed(ids_j), hidden, rope, &cache);
-    at::Tensor logits = draft.Logits(hidden).to(loss_type);
+    Eagle3DraftImpl::HeadOutput head = draft.Head(draft.Step(draft.Embed(ids_j), hidden, rope, &cache));
+    hidden = head.next_hidden;
+    at::Tensor logits = head.logits.to(loss_type);
     at::Tensor token_loss =
         MaskedSoftCrossEntropy::apply(logits, target_p, rows, position_mask_j.to(loss_type));
     at::Tensor step_loss = token_loss.sum() / static_cast<double>(total);

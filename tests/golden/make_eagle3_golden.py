@@ -14,12 +14,16 @@ Run (CPU only, deterministic; needs torch, nothing else: Debian's
 python3-torch will do):
     python3 tests/golden/make_eagle3_golden.py tests/fixtures/eagle3
 
-Writes three cases, <out>/golden.safetensors (weights tuned so that draft
+Writes four cases, <out>/golden.safetensors (weights tuned so that draft
 and target often agree: non-trivial acc and tau),
 <out>/golden_no_agreement.safetensors (plain random weights: acc ~0, but
 some trained target argmaxes fall outside the draft vocab) and
 <out>/golden_fixed_positions.safetensors (golden's case with every TTT step
-at the step-0 positions, SpecForge v0.2), each holding
+at the step-0 positions, SpecForge v0.2) and <out>/golden_eagle31.safetensors
+(golden's case as EAGLE-3.1: an RMSNorm per aux state before fc, weights
+fc_norm.<k>.weight, and norm(h), the state lm_head reads, fed to the next
+step instead of h; the semantics of vLLM's and SGLang's fc_norm and
+norm_output), each holding
   - the draft weights under their export names (F32), the frozen tensors
     (embed_tokens, the full target lm_head as target_lm_head, d2t, t2d);
   - the packed inputs: input_ids (I32), cu_seqlens (I32), loss_mask (U8),
@@ -155,6 +159,10 @@ def make_case(cfg, agreement):
         last_hidden=last_hidden,
         target_argmax=target_argmax,
     )
+    if cfg.get("eagle31"):
+        # Drawn last, so that the other tensors equal golden's.
+        for k in range(cfg["num_aux"]):
+            w[f"fc_norm.{k}.weight"] = 1 + randn(H, std=0.1)
     frozen = dict(embed_tokens=embed, target_lm_head=target_lm_head, d2t=d2t, t2d=t2d)
     return w, frozen, inputs
 
@@ -231,7 +239,11 @@ def reference(cfg, weights, frozen, inputs):
     next_argmax = shift_left(inputs["target_argmax"], lengths, 0)
     position_mask = loss_mask & t2d[next_argmax] & ~last_pos
 
-    h = inputs["aux_hidden"].to(dt) @ w["fc.weight"].T
+    aux = inputs["aux_hidden"].to(dt)
+    if cfg.get("eagle31"):
+        aux = torch.cat([rms_norm(part, w[f"fc_norm.{k}.weight"], eps)
+                         for k, part in enumerate(aux.chunk(cfg["num_aux"], dim=-1))], dim=-1)
+    h = aux @ w["fc.weight"].T
     keys, values = [], []
     logits_all, plosses, accs, lmasks, pmasks = [], [], [], [], []
     total = 0.0
@@ -263,7 +275,10 @@ def reference(cfg, weights, frozen, inputs):
         mlp = (torch.nn.functional.silu(y @ w["midlayer.mlp.gate_proj.weight"].T)
                * (y @ w["midlayer.mlp.up_proj.weight"].T)) @ w["midlayer.mlp.down_proj.weight"].T
         h = h + mlp
-        logits = rms_norm(h, w["norm.weight"], eps) @ w["lm_head.weight"].T
+        normed = rms_norm(h, w["norm.weight"], eps)
+        logits = normed @ w["lm_head.weight"].T
+        if cfg.get("eagle31"):
+            h = normed
 
         logp = torch.log_softmax(logits, dim=-1)
         ploss = -(position_mask[:, None].to(dt) * p * logp).sum() / T  # mean over all T
@@ -295,7 +310,7 @@ def reference(cfg, weights, frozen, inputs):
         "ref.loss_mask": torch.stack(lmasks).to(torch.uint8),
         "ref.position_mask": torch.stack(pmasks).to(torch.uint8),
     }
-    for name in WEIGHT_NAMES:
+    for name in w:
         out["ref.grad." + name] = w[name].grad.detach()
     return out
 
@@ -397,6 +412,13 @@ def main():
     fixed = dict(CONFIG, agreement=agreement, ttt_positions="fixed")
     write_case(out_dir, "golden_fixed_positions.safetensors", fixed, weights, frozen, inputs,
                reference(fixed, weights, frozen, inputs))
+
+    # golden_eagle31: golden's case with EAGLE-3.1's fc_norm and norm_output.
+    torch.manual_seed(CONFIG["seed"])
+    eagle31 = dict(CONFIG, agreement=agreement, eagle31=True)
+    weights, frozen, inputs = make_case(eagle31, agreement)
+    write_case(out_dir, "golden_eagle31.safetensors", eagle31, weights, frozen, inputs,
+               reference(eagle31, weights, frozen, inputs))
 
 
 if __name__ == "__main__":

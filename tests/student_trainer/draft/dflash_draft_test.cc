@@ -234,6 +234,69 @@ TEST(DFlashDraftTest, TheBlockLossWeighsDraftedRowsByDistance) {
   EXPECT_NEAR(DFlashBlockLoss(logits, labels, 4, 2.0).item<double>(), want, 1e-12);
 }
 
+// D-PACE against its definition written out row by row: two blocks of 5,
+// a dropped label in the first; the weights are constants to autograd.
+TEST(DFlashDraftTest, DPaceWeighsEachRowByItsShareInTheExpectedAcceptedLength) {
+  torch::manual_seed(3);
+  const int64_t B = 5;
+  const double alpha = 0.3;
+  const at::Tensor logits = torch::randn({2 * B, 7}, kDFlashF64).requires_grad_(true);
+  const at::Tensor labels = torch::tensor({-1, 2, -1, 4, 0, -1, 6, 1, 3, 5}, torch::kLong);
+  const at::Tensor row_nll = DFlashRowNll(logits, labels);
+  const at::Tensor loss = DFlashDPaceLoss(row_nll, labels, B, alpha);
+  loss.backward();
+
+  const at::Tensor nll = row_nll.detach();
+  at::Tensor want_grad = torch::zeros_like(logits);
+  double want = 0;
+  for (int64_t blk = 0; blk < 2; ++blk) {
+    std::vector<double> reach(B, 0.0);
+    double prefix = 1.0;
+    for (int64_t k = 1; k < B; ++k) {
+      const int64_t r = blk * B + k;
+      if (labels[r].item<int64_t>() < 0) continue;  // a no-op in the product, no term in the sums
+      prefix *= (1 - alpha) * std::exp(-nll[r].item<double>()) + alpha;
+      reach[k] = prefix;
+    }
+    for (int64_t k = 1; k < B; ++k) {
+      const int64_t r = blk * B + k;
+      if (labels[r].item<int64_t>() < 0) continue;
+      double w = 0;
+      for (int64_t i = k; i < B; ++i) w += reach[i];
+      want += w * nll[r].item<double>() / 2.0;
+      // d nll / d logits = softmax - onehot, times the constant weight.
+      at::Tensor g = torch::softmax(logits.detach()[r], -1);
+      g[labels[r].item<int64_t>()] -= 1.0;
+      want_grad[r] = g * (w / 2.0);
+    }
+  }
+  EXPECT_NEAR(loss.item<double>(), want, 1e-12);
+  EXPECT_LT((logits.grad() - want_grad).abs().max().item<double>(), 1e-12);
+}
+
+// Distillation rows: the cross-entropy against softmax(head @ h), in
+// chunks or at once, and its gradient softmax(logits) - p.
+TEST(DFlashDraftTest, SoftCrossEntropyRowsAreTheTargetDistributionsOwn) {
+  torch::manual_seed(4);
+  const at::Tensor logits = torch::randn({7, 11}, kDFlashF64).requires_grad_(true);
+  const at::Tensor hidden = torch::randn({7, 3}, kDFlashF64), head = torch::randn({11, 3}, kDFlashF64);
+  const at::Tensor p = torch::softmax(torch::matmul(hidden, head.t()), -1);
+  const at::Tensor want = -(p * torch::log_softmax(logits.detach(), -1)).sum(-1);
+  const at::Tensor chunked = DFlashRowSoftCe(logits, hidden, head, /*chunk_rows=*/3);
+  EXPECT_LT((chunked.detach() - want).abs().max().item<double>(), 1e-12);
+  EXPECT_LT((DFlashRowSoftCe(logits, hidden, head).detach() - want).abs().max().item<double>(), 1e-12);
+  chunked.sum().backward();
+  EXPECT_LT((logits.grad() - (torch::softmax(logits.detach(), -1) - p)).abs().max().item<double>(), 1e-12);
+  // A one-hot target distribution is the label's cross-entropy.
+  const at::Tensor sharp_head = head * 1e4;
+  const at::Tensor argmax = torch::matmul(hidden, sharp_head.t()).argmax(-1);
+  EXPECT_LT((DFlashRowSoftCe(logits, hidden, sharp_head).detach() - DFlashRowNll(logits.detach(), argmax))
+                .abs()
+                .max()
+                .item<double>(),
+            1e-9);
+}
+
 DFlashFrozenTensors TinyTarget(const DFlashDraftConfig& c) {
   return {torch::randn({c.vocab_size, c.hidden_size}, kDFlashF64), torch::randn({c.vocab_size, c.hidden_size}, kDFlashF64)};
 }

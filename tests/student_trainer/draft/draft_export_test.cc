@@ -13,6 +13,7 @@
 #include "common/base/file_util.h"
 #include "common/data/vocab_map.h"
 #include "common/model/model_config.h"
+#include "common/model/safetensors.h"
 #include "common/model/target_identity.h"
 #include "common/torch/tensor_convert.h"
 #include "nlohmann/json.hpp"
@@ -178,6 +179,59 @@ TEST_F(DraftExportTest, Fp32ExportReloadsBitExactAndBf16ReloadsRounded) {
     EXPECT_TRUE(got32[i].second.equal(want[i].second));
     EXPECT_TRUE(got16[i].second.equal(want[i].second.to(at::kBFloat16).to(at::kFloat)));
     EXPECT_TRUE(got32[i].second.requires_grad());  // still a trainable parameter
+  }
+}
+
+// EAGLE-3.1 writes fc_norm.<k>.weight and the two config keys the serving
+// engines read; an EAGLE-3 export carries neither key, and each variant
+// refuses the other's export, naming the fields.
+TEST_F(DraftExportTest, Eagle31ExportsItsNormsAndKeysAndRefusesEagle3) {
+  Eagle3DraftConfig c31 = TinyConfig();
+  c31.fc_norm = c31.norm_output = true;
+  Eagle3Draft source = MakeTinyDraft(at::kFloat, /*seed=*/1, c31);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& norm : source->fc_norms) norm->weight.normal_(1.0, 0.1);
+  }
+  const std::string d31 = JoinPath(dir_, "eagle31"), d3 = JoinPath(dir_, "eagle3");
+  ASSERT_TRUE(ExportDraft(*source, d31, {at::kFloat}).ok());
+  ASSERT_TRUE(ExportDraft(*MakeTinyDraft(at::kFloat, 1), d3, {at::kFloat}).ok());
+
+  const nlohmann::json j31 = ReadJson(JoinPath(d31, "config.json")), j3 = ReadJson(JoinPath(d3, "config.json"));
+  EXPECT_EQ(j31.at("fc_norm"), true);
+  EXPECT_EQ(j31.at("norm_output"), true);
+  EXPECT_FALSE(j3.contains("fc_norm"));
+  EXPECT_FALSE(j3.contains("norm_output"));
+  auto file = SafetensorsFile::Open(JoinPath(d31, "model.safetensors"));
+  ASSERT_TRUE(file.ok()) << file.status();
+  for (int k = 0; k < 3; ++k) {
+    auto view = (*file)->Get("fc_norm." + std::to_string(k) + ".weight");
+    ASSERT_TRUE(view.ok()) << view.status();
+    EXPECT_EQ(view->shape, (std::vector<int64_t>{c31.target_hidden_size}));
+  }
+  auto read = ReadDraftConfig(JoinPath(d31, "config.json"));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_TRUE(read->fc_norm);
+  EXPECT_TRUE(read->norm_output);
+
+  Eagle3Draft reloaded = MakeTinyDraft(at::kFloat, /*seed=*/2, c31);
+  absl::Status s = LoadDraftExport(*reloaded, d31);
+  ASSERT_TRUE(s.ok()) << s;
+  const auto want = source->ExportedParameters(), got = reloaded->ExportedParameters();
+  ASSERT_EQ(want.size(), 16u);
+  for (size_t i = 0; i < want.size(); ++i) {
+    SCOPED_TRACE(want[i].first);
+    EXPECT_EQ(got[i].first, want[i].first);
+    EXPECT_TRUE(got[i].second.equal(want[i].second));
+  }
+
+  Eagle3Draft eagle3 = MakeTinyDraft(at::kFloat, /*seed=*/2);
+  for (const auto& [draft, dir] : {std::pair<Eagle3DraftImpl*, std::string>{eagle3.get(), d31},
+                                   {reloaded.get(), d3}}) {
+    s = LoadDraftExport(*draft, dir);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(std::string(s.message()).find("fc_norm"), std::string::npos) << s;
+    EXPECT_NE(std::string(s.message()).find("draft.algorithm"), std::string::npos) << s;
   }
 }
 

@@ -34,7 +34,7 @@ TEST(DFlashBlocksTest, AnchorsAreSupervisedRowsWithASupervisedNextRowInTheirSamp
   EXPECT_EQ(planned->blocks.cu_seqlens, (std::vector<int64_t>{0, 6, 11}));
 }
 
-TEST(DFlashBlocksTest, BlockTokensAndLabelsOfBothKinds) {
+TEST(DFlashBlocksTest, BlockTokensAndLabelsOfEachKind) {
   DFlashBlockOptions o;
   o.block_size = 4;
   o.mask_token_id = 7;
@@ -55,6 +55,15 @@ TEST(DFlashBlocksTest, BlockTokensAndLabelsOfBothKinds) {
   const std::vector<int64_t> greedy = BlockLongs(by_argmax->labels);
   // The target's argmax at row p - 1 labels row p.
   EXPECT_EQ(std::vector<int64_t>(greedy.begin() + 12, greedy.begin() + 16), (std::vector<int64_t>{-1, 206, -1, 208}));
+  // Distillation labels its rows with the same argmax, and names the row
+  // whose target distribution each one learns: p - 1 (0 where none).
+  o.labels = DFlashLabels::kTargetDistribution;
+  auto by_distribution = PlanDFlashBlocks(TwoDFlashSamples(), o, 1);
+  ASSERT_TRUE(by_distribution.ok());
+  EXPECT_EQ(BlockLongs(by_distribution->labels), greedy);
+  const std::vector<int64_t> sources = BlockLongs(by_distribution->source_rows);
+  EXPECT_EQ(std::vector<int64_t>(sources.begin() + 12, sources.begin() + 16), (std::vector<int64_t>{0, 6, 0, 8}));
+  EXPECT_EQ(BlockLongs(by_ids->source_rows), sources);
 }
 
 TEST(DFlashBlocksTest, AtMostNumAnchorsDrawnBySeed) {

@@ -38,7 +38,7 @@ TEST_P(Eagle3TttBf16GpuTest, MatchesIndependentReferenceWithinBf16Bounds) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, Eagle3TttBf16GpuTest,
                          ::testing::Combine(::testing::Values("golden", "golden_no_agreement",
-                                                              "golden_fixed_positions"),
+                                                              "golden_fixed_positions", "golden_eagle31"),
                                             ::testing::Values(TttKernels::kReference, TttKernels::kFast)));
 
 }  // namespace

@@ -29,7 +29,8 @@ using testing::CompareWithGolden;
 // ~0.02, tau 2.41). golden_no_agreement: plain random weights (acc ~0),
 // with trained positions whose target argmax lies outside the draft vocab.
 // Both advance the rope positions by one per TTT step (the default);
-// golden_fixed_positions is golden's case at SpecForge v0.2's fixed ones.
+// golden_fixed_positions is golden's case at SpecForge v0.2's fixed ones;
+// golden_eagle31 is golden's case as EAGLE-3.1 (fc_norm, norm_output).
 class Eagle3TttGoldenTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Eagle3TttGoldenTest, MatchesIndependentReferenceFp64) {
@@ -55,7 +56,8 @@ TEST_P(Eagle3TttGoldenTest, FastStepMatchesIndependentReferenceFp32) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, Eagle3TttGoldenTest,
-                         ::testing::Values("golden", "golden_no_agreement", "golden_fixed_positions"));
+                         ::testing::Values("golden", "golden_no_agreement", "golden_fixed_positions",
+                                           "golden_eagle31"));
 
 }  // namespace
 }  // namespace e3

@@ -39,7 +39,14 @@ struct Case {
   // No target outside the draft vocab: with no mask, each step's head rows
   // are a range, which the head reads as views.
   bool every_target_in_vocab = false;
+  bool eagle31 = false;  // EAGLE-3.1: fc_norm and norm_output
 };
+
+Case Eagle31(Case k) {
+  k.name += "_eagle31";
+  k.eagle31 = true;
+  return k;
+}
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) { return info.param.name; }
 
@@ -65,6 +72,7 @@ TEST_P(TttFastTest, MatchesTheReferenceStepInFp64) {
   Eagle3DraftConfig config = TinyConfig();
   config.num_kv_heads = k.kv_heads;
   config.rope.partial_rotary_factor = k.partial_rotary;
+  config.fc_norm = config.norm_output = k.eagle31;
   const bool full_head = NeedsFullTargetHead(k.loss);
   Eagle3Draft ref = MakeTinyDraft(at::kDouble, /*seed=*/7, config, full_head);
   Eagle3Draft fast = MakeTinyDraft(at::kDouble, /*seed=*/7, config, full_head);
@@ -106,7 +114,7 @@ TEST_P(TttFastTest, MatchesTheReferenceStepInFp64) {
     EXPECT_LE(RelInf(b->token_losses[j], a->token_losses[j]), 1e-10);
   }
   const auto pa = ref->ExportedParameters(), pb = fast->ExportedParameters();
-  ASSERT_EQ(pa.size(), 13u);
+  ASSERT_EQ(pa.size(), k.eagle31 ? 16u : 13u);
   for (size_t i = 0; i < pa.size(); ++i) {
     SCOPED_TRACE(pa[i].first);
     ASSERT_TRUE(pb[i].second.grad().defined());
@@ -123,6 +131,7 @@ TEST_P(TttFastTest, SkippingUntrainedPositionsChangesNothing) {
   Eagle3DraftConfig config = TinyConfig();
   config.num_kv_heads = k.kv_heads;
   config.rope.partial_rotary_factor = k.partial_rotary;
+  config.fc_norm = config.norm_output = k.eagle31;
   const bool full_head = NeedsFullTargetHead(k.loss);
   Eagle3Draft reference = MakeTinyDraft(at::kDouble, /*seed=*/7, config, full_head);
   Eagle3Draft all_rows = MakeTinyDraft(at::kDouble, /*seed=*/7, config, full_head);
@@ -213,7 +222,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"one_sample_every_position_trained_lk_lambda", {19}, 5, 2, 1.0, false, false,
                            /*head_chunk_rows=*/12, TttPositions::kAdvancing, TttLoss::kLkLambda, true},
                       Case{"one_sample_every_position_trained_chunks_per_step", {23}, 7, 2, 1.0, false,
-                           false, /*head_chunk_rows=*/5, TttPositions::kAdvancing, TttLoss::kSoftCe, true}),
+                           false, /*head_chunk_rows=*/5, TttPositions::kAdvancing, TttLoss::kSoftCe, true},
+                      Eagle31(Case{"packed_gqa", {13, 9, 1, 6}}),
+                      Eagle31(Case{"chat_masks", {16, 12, 9}, 7, 2, 1.0, true}),
+                      Eagle31(Case{"small_head_chunks", {13, 9, 6}, 7, 2, 1.0, true, false, 5}),
+                      Eagle31(Case{"lk_lambda_early_masks", {12, 9}, 5, 1, 0.5, false, true, 8192,
+                                   TttPositions::kAdvancing, TttLoss::kLkLambda}),
+                      Eagle31(Case{"one_sample_every_position_trained", {23}, 7, 2, 1.0, false, false, 10,
+                                   TttPositions::kAdvancing, TttLoss::kSoftCe, true})),
     CaseName);
 
 TEST(TttFastTest, GradientsAccumulateUntilZeroed) {
