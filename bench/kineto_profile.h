@@ -26,7 +26,7 @@ namespace e3::bench {
 // parameter list), so that the functor of an ATen elementwise kernel fits
 // in a line.
 inline std::string ShortKernelName(std::string name) {
-  for (const char* noise : {"void ", "at::native::", "(anonymous namespace)::", "e3::student_kernels::", "c10::"}) {
+  for (const char* noise : {"void ", "at::native::", "(anonymous namespace)::", "e3::kernels::", "c10::"}) {
     for (size_t at = name.find(noise); at != std::string::npos; at = name.find(noise, at)) {
       name.erase(at, std::char_traits<char>::length(noise));
     }

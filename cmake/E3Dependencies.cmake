@@ -59,7 +59,7 @@ if(E3_WITH_TORCH)
   target_link_libraries(e3_torch INTERFACE ${TORCH_LIBRARIES})
   target_include_directories(e3_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
   if(E3_HAS_CUDA)
-    # The sgl backend's custom kernels (teacher_server/kernels/*.cu).
+    # The custom CUDA kernels (kernels/*.cu).
     if(NOT CMAKE_CUDA_ARCHITECTURES)
       set(CMAKE_CUDA_ARCHITECTURES 80 90)  # A100, H100/H200
     endif()

@@ -6,7 +6,7 @@
 #include <string>
 #include <tuple>
 
-#include "student_trainer/kernels/student_kernels.h"
+#include "kernels/student_ops.h"
 #include "student_trainer/ops/head_row_chunks.h"
 #include "student_trainer/ops/kernel_switch.h"
 #include "student_trainer/ops/lk_factors.h"
@@ -23,11 +23,11 @@ using torch::autograd::variable_list;
 // slow unvectorised path), else ATen.
 void ScaleInPlace(at::Tensor& x, const at::Tensor& g) {
 #ifdef E3_HAS_CUDA
-  student_kernels::Dtype dt;
+  kernels::Dtype dt;
   if (StudentKernelDtype(x, &dt) && x.is_contiguous() && g.numel() == 1 &&
       g.scalar_type() == at::kFloat && g.device() == x.device()) {
     const at::Tensor gc = g.contiguous();
-    if (student_kernels::ScaleByDeviceScalar(dt, x.data_ptr(), x.numel(), gc.data_ptr<float>(),
+    if (kernels::ScaleByDeviceScalar(dt, x.data_ptr(), x.numel(), gc.data_ptr<float>(),
                                              StudentKernelStream(x))) {
       CheckStudentKernelLaunch("ScaleByDeviceScalar");
       return;
@@ -41,12 +41,12 @@ void ScaleInPlace(at::Tensor& x, const at::Tensor& g) {
 // parameter's), as ScaleInPlace: one kernel on the GPU, else ATen.
 void AddScaledInPlace(at::Tensor& y, const at::Tensor& x, const at::Tensor& g) {
 #ifdef E3_HAS_CUDA
-  student_kernels::Dtype dt;
+  kernels::Dtype dt;
   if (StudentKernelDtype(y, &dt) && x.scalar_type() == y.scalar_type() && x.sizes() == y.sizes() &&
       x.is_contiguous() && y.is_contiguous() && g.numel() == 1 && g.scalar_type() == at::kFloat &&
       g.device() == y.device()) {
     const at::Tensor gc = g.contiguous();
-    if (student_kernels::AddScaledByDeviceScalar(dt, y.data_ptr(), x.data_ptr(), y.numel(),
+    if (kernels::AddScaledByDeviceScalar(dt, y.data_ptr(), x.data_ptr(), y.numel(),
                                                  gc.data_ptr<float>(), StudentKernelStream(y))) {
       CheckStudentKernelLaunch("AddScaledByDeviceScalar");
       return;
@@ -240,7 +240,7 @@ std::optional<SoftCrossEntropyResult> SoftCrossEntropyKernel(at::Tensor& logits,
                                                              const AcceptanceRows* acceptance,
                                                              const std::vector<int64_t>& row_runs) {
   const int64_t rows = logits.size(0), cols = logits.size(1);
-  student_kernels::Dtype dt;
+  kernels::Dtype dt;
   auto fp32 = [](const at::Tensor& t) { return !t.defined() || t.scalar_type() == at::kFloat; };
   if (!StudentKernelDtype(logits, &dt) || !logits.is_contiguous() ||
       target.logits.scalar_type() != at::kFloat || !target.logits.is_contiguous() ||
@@ -253,12 +253,12 @@ std::optional<SoftCrossEntropyResult> SoftCrossEntropyKernel(at::Tensor& logits,
   r.argmax = at::empty({rows}, target_rows.options());
   const at::Tensor w = row_weight.contiguous(), s = row_grad_scale.contiguous(),
                    tr = target_rows.contiguous();
-  student_kernels::RowRuns runs;
-  if (row_runs.size() <= static_cast<size_t>(student_kernels::kMaxRowRuns)) {  // else rows in order
+  kernels::RowRuns runs;
+  if (row_runs.size() <= static_cast<size_t>(kernels::kMaxRowRuns)) {  // else rows in order
     runs.count = static_cast<int>(row_runs.size());
     std::copy(row_runs.begin(), row_runs.end(), runs.length);
   }
-  student_kernels::AcceptanceArgs args;
+  kernels::AcceptanceArgs args;
   at::Tensor log_mass, acc_scale;
   if (acceptance != nullptr) {
     r.alpha = at::empty({rows}, row_weight.options());
@@ -272,7 +272,7 @@ std::optional<SoftCrossEntropyResult> SoftCrossEntropyKernel(at::Tensor& logits,
     args.write_grad = acceptance->write_grad;
     args.alpha = r.alpha.data_ptr<float>();
   }
-  if (!student_kernels::SoftCrossEntropy(
+  if (!kernels::SoftCrossEntropy(
           dt, logits.data_ptr(), rows, cols, target.logits.data_ptr<float>(),
           target.lse.data_ptr<float>(), tr.data_ptr<int64_t>(), w.data_ptr<float>(),
           s.data_ptr<float>(), r.loss.data_ptr<float>(), r.argmax.data_ptr<int64_t>(),
@@ -290,7 +290,7 @@ bool RowStatsKernel(TargetDistribution& t) {
   if (!StudentKernelTakesFloat(x) || x.dim() != 2 || !x.is_contiguous()) return false;
   t.lse = at::empty({x.size(0)}, x.options());
   t.top = at::empty({x.size(0)}, x.options().dtype(at::kLong));
-  if (!student_kernels::RowLogSumExpArgmax(x.data_ptr<float>(), x.size(0), x.size(1), t.lse.data_ptr<float>(),
+  if (!kernels::RowLogSumExpArgmax(x.data_ptr<float>(), x.size(0), x.size(1), t.lse.data_ptr<float>(),
                                            t.top.data_ptr<int64_t>(), StudentKernelStream(x))) {
     return false;
   }

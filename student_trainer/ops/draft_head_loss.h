@@ -86,7 +86,7 @@ DraftHeadLossOutput DraftHeadLoss(const std::vector<at::Tensor>& hiddens,
                                   int64_t tokens, const DraftHeadOptions& options);
 
 // The expected-acceptance terms of a soft cross-entropy call (the LK
-// losses; see student_kernels::AcceptanceArgs): target.log_mass must be set.
+// losses; see kernels::AcceptanceArgs): target.log_mass must be set.
 struct AcceptanceRows {
   at::Tensor grad_scale;  // [rows]: coefficient of d alpha / d logits (with write_grad)
   bool log_form = false;  // the gradient of log alpha instead
@@ -99,13 +99,13 @@ struct SoftCrossEntropyResult {
   at::Tensor alpha;   // [rows] expected acceptance (with AcceptanceRows; 0 in rows of weight 0)
 };
 
-// Soft cross-entropy rows in place, as student_kernels::SoftCrossEntropy
+// Soft cross-entropy rows in place, as kernels::SoftCrossEntropy
 // (the kernel on the GPU, ATen elsewhere): overwrites logits with
 // row_grad_scale * row_weight * dloss/dlogits, plus the acceptance terms'
 // gradient when `acceptance` is given. `row_runs`, when given, are the
 // lengths of the rows' runs, one per TTT step, whose i-th rows read
 // neighbouring target rows: the GPU kernel visits them interleaved
-// (student_kernels::RowRuns; results do not depend on it).
+// (kernels::RowRuns; results do not depend on it).
 SoftCrossEntropyResult SoftCrossEntropyInPlace(at::Tensor& logits, const TargetDistribution& target,
                                                const at::Tensor& target_rows,
                                                const at::Tensor& row_weight,

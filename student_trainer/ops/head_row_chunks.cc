@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "student_trainer/kernels/student_kernels.h"
+#include "kernels/student_ops.h"
 
 namespace e3::ops {
 namespace {
@@ -17,7 +17,7 @@ std::vector<int64_t> InterleavedSteps(const std::vector<HeadStepRows>& steps, in
     runs.push_back(j);
   }
   const auto k = static_cast<int64_t>(runs.size());
-  return k >= 2 && k <= chunk_rows && k <= student_kernels::kMaxRowRuns ? runs : std::vector<int64_t>{};
+  return k >= 2 && k <= chunk_rows && k <= kernels::kMaxRowRuns ? runs : std::vector<int64_t>{};
 }
 
 // A segment's rows of a step's [T, ...] tensor: a view where they are a

@@ -20,15 +20,15 @@ bool StudentKernelsEnabled() { return g_enabled.load(); }
 int64_t StudentKernelLaunches() { return g_launches.load(std::memory_order_relaxed); }
 
 #ifdef E3_HAS_CUDA
-bool StudentKernelDtype(const at::Tensor& t, student_kernels::Dtype* out) {
+bool StudentKernelDtype(const at::Tensor& t, kernels::Dtype* out) {
   if (!g_enabled.load() || !t.defined() || !t.is_cuda()) return false;
   if (at::cuda::getDeviceProperties(t.device().index())->major < 8) return false;
   if (t.scalar_type() == at::kBFloat16) {
-    *out = student_kernels::Dtype::kBFloat16;
+    *out = kernels::Dtype::kBFloat16;
     return true;
   }
   if (t.scalar_type() == at::kHalf) {
-    *out = student_kernels::Dtype::kFloat16;
+    *out = kernels::Dtype::kFloat16;
     return true;
   }
   return false;
@@ -44,7 +44,7 @@ void* StudentKernelStream(const at::Tensor& t) {
 }
 
 void CheckStudentKernelLaunch(const char* what) {
-  const char* err = student_kernels::TakeLaunchError();
+  const char* err = kernels::TakeLaunchError();
   TORCH_CHECK(err == nullptr, what, " kernel launch failed: ", err);
   g_launches.fetch_add(1, std::memory_order_relaxed);
 }

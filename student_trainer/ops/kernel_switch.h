@@ -1,5 +1,5 @@
 // How the student's fast-path ops choose between their CUDA kernel
-// (student_trainer/kernels) and their ATen statement of the same math: the
+// (kernels/, student_ops.h) and their ATen statement of the same math: the
 // kernel where LibTorch has CUDA, the tensor is a bf16/fp16 CUDA tensor on
 // an sm_80+ device, the kernel accepts the shape, and the process-wide
 // switch is on. Tests turn the switch off to hold each kernel against the
@@ -9,7 +9,7 @@
 
 #ifdef E3_HAS_CUDA
 #include "common/torch/torch_core.h"
-#include "student_trainer/kernels/student_kernels.h"
+#include "kernels/student_ops.h"
 #endif
 
 namespace e3::ops {
@@ -22,7 +22,7 @@ int64_t StudentKernelLaunches();
 
 #ifdef E3_HAS_CUDA
 // The kernels' dtype for t, or false where no kernel may take it.
-bool StudentKernelDtype(const at::Tensor& t, student_kernels::Dtype* out);
+bool StudentKernelDtype(const at::Tensor& t, kernels::Dtype* out);
 // Whether a kernel over fp32 values may take t (the same conditions).
 bool StudentKernelTakesFloat(const at::Tensor& t);
 // The current CUDA stream of t's device, as the kernels take it.

@@ -22,7 +22,7 @@ bool KernelTakes(const at::Tensor& x, const at::Tensor& weight) {
 
 // Whether the backward kernel takes these tensors, and its dtype.
 bool BackwardKernelTakes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& rstd,
-                         student_kernels::Dtype* dt) {
+                         kernels::Dtype* dt) {
   return StudentKernelDtype(x, dt) && KernelTakes(x, weight) && rstd.scalar_type() == at::kFloat;
 }
 #endif
@@ -113,12 +113,12 @@ RmsNormResult RmsNormForward(const at::Tensor& x, const at::Tensor& weight, doub
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 1 && weight.size(0) == x.size(1), "RmsNorm: x ",
               x.sizes(), ", weight ", weight.sizes());
 #ifdef E3_HAS_CUDA
-  student_kernels::Dtype dt;
+  kernels::Dtype dt;
   if (StudentKernelDtype(x, &dt) && KernelTakes(x, weight)) {
     RmsNormResult r;
     r.y = at::empty(x.sizes(), x.options());
     r.rstd = at::empty({x.size(0)}, x.options().dtype(at::kFloat));
-    if (student_kernels::RmsNormForward(dt, x.data_ptr(), x.stride(0), weight.data_ptr(),
+    if (kernels::RmsNormForward(dt, x.data_ptr(), x.stride(0), weight.data_ptr(),
                                         r.y.data_ptr(), r.y.stride(0), r.rstd.data_ptr<float>(),
                                         x.size(0), x.size(1), static_cast<float>(eps),
                                         StudentKernelStream(x))) {
@@ -141,13 +141,13 @@ at::Tensor RmsNormBackwardInto(const at::Tensor& dy, const at::Tensor& x, const 
               "RmsNormBackwardInto: dresidual ", dresidual.sizes(), " ", dresidual.scalar_type(),
               " must be shaped and typed as x ", x.sizes(), " ", x.scalar_type());
 #ifdef E3_HAS_CUDA
-  student_kernels::Dtype dt;
+  kernels::Dtype dt;
   if (BackwardKernelTakes(x, weight, rstd, &dt)) {
     const at::Tensor dyc = dy.contiguous();
     const at::Tensor drc = dresidual.defined() ? dresidual.contiguous() : dresidual;
-    at::Tensor partial = at::empty({student_kernels::RmsNormBackwardBlocks(x.size(0)), x.size(1)},
+    at::Tensor partial = at::empty({kernels::RmsNormBackwardBlocks(x.size(0)), x.size(1)},
                                    x.options().dtype(at::kFloat));
-    if (student_kernels::RmsNormBackward(dt, dyc.data_ptr(), x.data_ptr(), x.stride(0),
+    if (kernels::RmsNormBackward(dt, dyc.data_ptr(), x.data_ptr(), x.stride(0),
                                          weight.data_ptr(), rstd.data_ptr<float>(),
                                          drc.defined() ? drc.data_ptr() : nullptr, dx.data_ptr(),
                                          partial.data_ptr<float>(), x.size(0), x.size(1),
@@ -166,7 +166,7 @@ std::pair<at::Tensor, at::Tensor> RmsNormBackward(const at::Tensor& dy, const at
                                                   const at::Tensor& rstd, const at::Tensor& weight,
                                                   const at::Tensor& dresidual) {
 #ifdef E3_HAS_CUDA
-  student_kernels::Dtype dt;
+  kernels::Dtype dt;
   if (BackwardKernelTakes(x, weight, rstd, &dt)) {
     at::Tensor dx = at::empty(x.sizes(), x.options());
     at::Tensor dw = RmsNormBackwardInto(dy, x, rstd, weight, dx, dresidual);

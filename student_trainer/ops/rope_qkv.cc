@@ -12,12 +12,12 @@ at::Tensor RopeQkvForward(const at::Tensor& qkv, int64_t q_heads, int64_t kv_hea
               " for ", heads, " heads of ", head_dim);
 #ifdef E3_HAS_CUDA
   const int64_t rotary_dim = cos.size(-1);
-  student_kernels::Dtype dt;
+  kernels::Dtype dt;
   if (StudentKernelDtype(qkv, &dt) && qkv.is_contiguous() && cos.is_contiguous() &&
       sin.is_contiguous() && cos.scalar_type() == qkv.scalar_type() &&
       sin.scalar_type() == qkv.scalar_type()) {
     at::Tensor out = at::empty({tokens, heads, head_dim}, qkv.options());
-    if (student_kernels::RopeQkvForward(dt, qkv.data_ptr(), out.data_ptr(), tokens, q_heads,
+    if (kernels::RopeQkvForward(dt, qkv.data_ptr(), out.data_ptr(), tokens, q_heads,
                                         kv_heads, head_dim, rotary_dim, cos.data_ptr(),
                                         sin.data_ptr(), StudentKernelStream(qkv))) {
       CheckStudentKernelLaunch("RopeQkvForward");
@@ -36,13 +36,13 @@ at::Tensor RopeQkvBackward(const at::Tensor& dq, const at::Tensor& dk, const at:
                 head_dim = dq.size(2);
   const int64_t heads = q_heads + 2 * kv_heads;
 #ifdef E3_HAS_CUDA
-  student_kernels::Dtype dt;
+  kernels::Dtype dt;
   if (StudentKernelDtype(cos, &dt) && cos.scalar_type() == dtype &&
       dq.scalar_type() == at::kFloat && dk.scalar_type() == at::kFloat &&
       dv.scalar_type() == at::kFloat && dq.is_contiguous() && dk.is_contiguous() &&
       dv.is_contiguous() && cos.is_contiguous() && sin.is_contiguous()) {
     at::Tensor out = at::empty({tokens, heads * head_dim}, cos.options());
-    if (student_kernels::RopeQkvBackward(dt, dq.data_ptr<float>(), dk.data_ptr<float>(),
+    if (kernels::RopeQkvBackward(dt, dq.data_ptr<float>(), dk.data_ptr<float>(),
                                          dv.data_ptr<float>(), out.data_ptr(), tokens, q_heads,
                                          kv_heads, head_dim, cos.size(-1), cos.data_ptr(),
                                          sin.data_ptr(), StudentKernelStream(cos))) {

@@ -26,10 +26,10 @@ at::Tensor SiluMulForward(const at::Tensor& gate_up) {
   const int64_t cols = gate_up.size(1) / 2;
 #ifdef E3_HAS_CUDA
   const int64_t rows = gate_up.size(0);
-  student_kernels::Dtype dt;
+  kernels::Dtype dt;
   if (StudentKernelDtype(gate_up, &dt) && gate_up.is_contiguous()) {
     at::Tensor out = at::empty({rows, cols}, gate_up.options());
-    if (student_kernels::SiluMulForward(dt, gate_up.data_ptr(), out.data_ptr(), rows, cols,
+    if (kernels::SiluMulForward(dt, gate_up.data_ptr(), out.data_ptr(), rows, cols,
                                         StudentKernelStream(gate_up))) {
       CheckStudentKernelLaunch("SiluMulForward");
       return out;
@@ -43,12 +43,12 @@ at::Tensor SiluMulBackward(const at::Tensor& dout, const at::Tensor& gate_up) {
   const int64_t cols = gate_up.size(1) / 2;
 #ifdef E3_HAS_CUDA
   const int64_t rows = gate_up.size(0);
-  student_kernels::Dtype dt;
+  kernels::Dtype dt;
   if (StudentKernelDtype(gate_up, &dt) && gate_up.is_contiguous() &&
       dout.scalar_type() == gate_up.scalar_type()) {
     const at::Tensor d = dout.contiguous();
     at::Tensor grad = at::empty_like(gate_up);
-    if (student_kernels::SiluMulBackward(dt, d.data_ptr(), gate_up.data_ptr(), grad.data_ptr(),
+    if (kernels::SiluMulBackward(dt, d.data_ptr(), gate_up.data_ptr(), grad.data_ptr(),
                                          rows, cols, StudentKernelStream(gate_up))) {
       CheckStudentKernelLaunch("SiluMulBackward");
       return grad;

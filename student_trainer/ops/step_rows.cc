@@ -27,14 +27,14 @@ at::Tensor WeightSpaceProduct(const at::Tensor& dy, const at::Tensor& xhat) {
 void AddNormedProjectionGrads(const at::Tensor& g, const at::Tensor& norm_weight, const at::Tensor& weight,
                               at::Tensor weight_grad, at::Tensor norm_grad) {
 #ifdef E3_HAS_CUDA
-  student_kernels::Dtype dt;
+  kernels::Dtype dt;
   const int64_t rows = weight.size(0), cols = weight.size(1);
   if (StudentKernelDtype(weight, &dt) && g.scalar_type() == at::kFloat && g.is_contiguous() &&
       norm_weight.is_contiguous() && norm_weight.scalar_type() == weight.scalar_type() &&
       weight_grad.scalar_type() == weight.scalar_type() && weight.stride(1) == 1 && weight_grad.stride(1) == 1 &&
       weight.stride(0) == weight_grad.stride(0)) {
-    at::Tensor partial = at::empty({student_kernels::NormedProjectionGradBlocks(rows), cols}, g.options());
-    if (student_kernels::NormedProjectionGrads(dt, g.data_ptr<float>(), norm_weight.data_ptr(), weight.data_ptr(),
+    at::Tensor partial = at::empty({kernels::NormedProjectionGradBlocks(rows), cols}, g.options());
+    if (kernels::NormedProjectionGrads(dt, g.data_ptr<float>(), norm_weight.data_ptr(), weight.data_ptr(),
                                                weight_grad.data_ptr(), weight.stride(0), partial.data_ptr<float>(),
                                                rows, cols, StudentKernelStream(g))) {
       CheckStudentKernelLaunch("NormedProjectionGrads");
@@ -121,10 +121,10 @@ void StepRowsGradient::Add(const at::Tensor& rows, const at::Tensor& dy) {
               dy.sizes(), " for ", rows.numel(), " rows of ", cols_);
   if (!sum_.defined()) sum_ = at::zeros({rows_, cols_}, options_);
 #ifdef E3_HAS_CUDA
-  student_kernels::Dtype dt;
+  kernels::Dtype dt;
   if (StudentKernelDtype(dy, &dt) && sum_.scalar_type() == at::kFloat && rows.scalar_type() == at::kLong) {
     const at::Tensor src = dy.contiguous(), index = rows.contiguous();
-    if (student_kernels::ScatterAddRows(dt, src.data_ptr(), index.data_ptr<int64_t>(), sum_.data_ptr<float>(),
+    if (kernels::ScatterAddRows(dt, src.data_ptr(), index.data_ptr<int64_t>(), sum_.data_ptr<float>(),
                                         src.size(0), cols_, StudentKernelStream(src))) {
       CheckStudentKernelLaunch("ScatterAddRows");
       return;

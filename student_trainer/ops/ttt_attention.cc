@@ -253,7 +253,7 @@ std::pair<at::Tensor, at::Tensor> DiagForwardAten(const TttAttentionCache& c, co
 #ifdef E3_HAS_CUDA
 // Step j's layout and its diagonal keys and values (steps 1..j), as the
 // merge kernels take them.
-student_kernels::TttAttentionShape KernelShape(const TttAttentionCache& c, int64_t step) {
+kernels::TttAttentionShape KernelShape(const TttAttentionCache& c, int64_t step) {
   const auto& cfg = c.config();
   return {c.tokens(),
           cfg.q_heads,
@@ -263,8 +263,8 @@ student_kernels::TttAttentionShape KernelShape(const TttAttentionCache& c, int64
           static_cast<float>(cfg.scale)};
 }
 
-student_kernels::DiagKeys KernelDiagKeys(const TttAttentionCache& c, int64_t step) {
-  student_kernels::DiagKeys diag;
+kernels::DiagKeys KernelDiagKeys(const TttAttentionCache& c, int64_t step) {
+  kernels::DiagKeys diag;
   diag.num_diag = static_cast<int>(step);
   for (int64_t i = 1; i <= step; ++i) {
     diag.keys[i - 1] = c.Key(i).data_ptr();
@@ -277,14 +277,14 @@ student_kernels::DiagKeys KernelDiagKeys(const TttAttentionCache& c, int64_t ste
 std::pair<at::Tensor, at::Tensor> DiagForward(const TttAttentionCache& c, const at::Tensor& q,
                                               int64_t step, const BlockResult& block) {
 #ifdef E3_HAS_CUDA
-  student_kernels::Dtype dt;
-  if (block.fused() && StudentKernelDtype(q, &dt) && step <= student_kernels::kMaxDiagKeys &&
+  kernels::Dtype dt;
+  if (block.fused() && StudentKernelDtype(q, &dt) && step <= kernels::kMaxDiagKeys &&
       block.out.is_contiguous() && block.lse.is_contiguous()) {
-    const student_kernels::TttAttentionShape shape = KernelShape(c, step);
-    const student_kernels::DiagKeys diag = KernelDiagKeys(c, step);
+    const kernels::TttAttentionShape shape = KernelShape(c, step);
+    const kernels::DiagKeys diag = KernelDiagKeys(c, step);
     at::Tensor out = at::empty_like(block.out);
     at::Tensor lse = at::empty_like(block.lse);
-    if (student_kernels::TttDiagForward(dt, shape, q.data_ptr(), diag, block.out.data_ptr(),
+    if (kernels::TttDiagForward(dt, shape, q.data_ptr(), diag, block.out.data_ptr(),
                                         block.lse.data_ptr<float>(), out.data_ptr(),
                                         lse.data_ptr<float>(), StudentKernelStream(q))) {
       CheckStudentKernelLaunch("TttDiagForward");
@@ -325,19 +325,19 @@ at::Tensor DiagBackward(TttAttentionCache& c, const at::Tensor& q, int64_t step,
                         const at::Tensor& dq_blk, bool flash) {
   const at::ScalarType f = MathType(q.scalar_type());
 #ifdef E3_HAS_CUDA
-  student_kernels::Dtype dt;
-  if (flash && StudentKernelDtype(q, &dt) && step <= student_kernels::kMaxDiagKeys &&
+  kernels::Dtype dt;
+  if (flash && StudentKernelDtype(q, &dt) && step <= kernels::kMaxDiagKeys &&
       dq_blk.is_contiguous() && out.is_contiguous() && lse.is_contiguous()) {
-    const student_kernels::TttAttentionShape shape = KernelShape(c, step);
-    const student_kernels::DiagKeys diag = KernelDiagKeys(c, step);
+    const kernels::TttAttentionShape shape = KernelShape(c, step);
+    const kernels::DiagKeys diag = KernelDiagKeys(c, step);
     std::vector<float*> dk(static_cast<size_t>(std::max<int64_t>(step, 1))), dv(dk.size());
     for (int64_t i = 1; i <= step; ++i) {
       dk[i - 1] = c.KeyGrad(i, at::kFloat).data_ptr<float>();
       dv[i - 1] = c.ValueGrad(i, at::kFloat).data_ptr<float>();
     }
     at::Tensor dq = at::empty(q.sizes(), q.options().dtype(at::kFloat));
-    at::Tensor scratch = at::empty({student_kernels::TttDiagScratchFloats(shape)}, dq.options());
-    if (student_kernels::TttDiagBackward(dt, shape, q.data_ptr(), diag, out.data_ptr(),
+    at::Tensor scratch = at::empty({kernels::TttDiagScratchFloats(shape)}, dq.options());
+    if (kernels::TttDiagBackward(dt, shape, q.data_ptr(), diag, out.data_ptr(),
                                          lse.data_ptr<float>(), d_o.data_ptr(), dq_blk.data_ptr(),
                                          dq.data_ptr<float>(), dk.data(), dv.data(),
                                          scratch.data_ptr<float>(), StudentKernelStream(q))) {

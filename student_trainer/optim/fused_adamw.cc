@@ -38,12 +38,12 @@ at::Tensor FusedAdamW::GradNorm(const at::Tensor& grad) {
 #ifdef E3_HAS_CUDA
   if (grad.is_cuda() && ops::StudentKernelsEnabled() &&
       trained_.flat().data().scalar_type() == at::kFloat) {
-    student_kernels::Dtype dt = student_kernels::Dtype::kBFloat16;
+    kernels::Dtype dt = kernels::Dtype::kBFloat16;
     const bool fp32 = grad.scalar_type() == at::kFloat;
     if (fp32 || ops::StudentKernelDtype(grad, &dt)) {
-      at::Tensor partial = at::empty({student_kernels::AdamWNormBlocks(grad.numel())},
+      at::Tensor partial = at::empty({kernels::AdamWNormBlocks(grad.numel())},
                                      grad.options().dtype(at::kFloat));
-      if (student_kernels::GradSquaredNormPartials(dt, fp32, grad.data_ptr(), grad.numel(),
+      if (kernels::GradSquaredNormPartials(dt, fp32, grad.data_ptr(), grad.numel(),
                                                    partial.data_ptr<float>(),
                                                    ops::StudentKernelStream(grad))) {
         ops::CheckStudentKernelLaunch("GradSquaredNormPartials");
@@ -62,16 +62,16 @@ bool FusedAdamW::UpdateWithKernel(const at::Tensor& grad, double lr) {
   if (!master.is_cuda() || !ops::StudentKernelsEnabled() || master.scalar_type() != at::kFloat)
     return false;
   const bool separate_work = &trained_ != &work_;
-  student_kernels::Dtype work_dt = student_kernels::Dtype::kBFloat16;
+  kernels::Dtype work_dt = kernels::Dtype::kBFloat16;
   if (separate_work && !ops::StudentKernelDtype(work_.flat().data(), &work_dt)) return false;
   const bool grad_fp32 = grad.scalar_type() == at::kFloat;
   if (!grad_fp32) {
-    student_kernels::Dtype grad_dt;
+    kernels::Dtype grad_dt;
     if (!ops::StudentKernelDtype(grad, &grad_dt) || grad_dt != work_dt) return false;
   }
   lr_dev_.fill_(lr);
   step_dev_.fill_(static_cast<double>(step_));
-  student_kernels::AdamWScalars s;
+  kernels::AdamWScalars s;
   s.lr = lr_dev_.data_ptr<float>();
   s.step = step_dev_.data_ptr<float>();
   s.grad_norm = options_.grad_clip > 0 ? grad_norm_.data_ptr<float>() : nullptr;
@@ -81,7 +81,7 @@ bool FusedAdamW::UpdateWithKernel(const at::Tensor& grad, double lr) {
   s.eps = static_cast<float>(options_.eps);
   s.weight_decay = static_cast<float>(options_.weight_decay);
   void* work = separate_work ? work_.flat().data().data_ptr() : nullptr;
-  if (!student_kernels::AdamWStep(work_dt, grad_fp32, grad.data_ptr(), master.data_ptr<float>(),
+  if (!kernels::AdamWStep(work_dt, grad_fp32, grad.data_ptr(), master.data_ptr<float>(),
                                   exp_avg_.data_ptr<float>(), exp_avg_sq_.data_ptr<float>(), work,
                                   master.numel(), s, ops::StudentKernelStream(master))) {
     return false;

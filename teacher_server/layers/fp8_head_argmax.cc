@@ -9,7 +9,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "common/gpu/cuda_runtime.h"
-#include "teacher_server/kernels/fp8_argmax.h"
+#include "kernels/fp8_argmax.h"
 #include "teacher_server/layers/kernel_launch.h"
 #endif
 

@@ -10,8 +10,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include "teacher_server/kernels/fused_kernels.h"
-#include "teacher_server/kernels/hopper_gemm.h"
+#include "kernels/hopper_gemm.h"
+#include "kernels/teacher_ops.h"
 #include "teacher_server/layers/kernel_launch.h"
 #endif
 

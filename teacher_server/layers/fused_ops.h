@@ -1,12 +1,12 @@
 // The `sgl` backend's fused element-wise steps: residual add + RMSNorm,
 // SiLU-and-multiply, rotary embedding in place, and the lm_head's row
 // argmax (from logits, or fused into the lm_head GEMM). With `fused` set
-// and a CUDA bf16/fp16 tensor the step is one custom kernel
-// (teacher_server/kernels); everywhere else (CPU, fp32, a build without
-// CUDA, a shape the kernel does not take) it is the reference op sequence
-// of transformers, so the CPU suite runs the same control flow. Both
-// round at the same points (see kernels/fused_kernels.h for the one
-// difference: the norm's reduction order).
+// and a CUDA bf16/fp16 tensor the step is one custom kernel (kernels/);
+// everywhere else (CPU, fp32, a build without CUDA, a shape the kernel
+// does not take) it is the reference op sequence of transformers, so the
+// CPU suite runs the same control flow. Both round at the same points
+// (see kernels/teacher_ops.h for the one difference: the norm's reduction
+// order).
 #ifndef E3_TEACHER_SERVER_LAYERS_FUSED_OPS_H_
 #define E3_TEACHER_SERVER_LAYERS_FUSED_OPS_H_
 
@@ -37,7 +37,7 @@ at::Tensor AddRmsNorm(at::Tensor* h, const at::Tensor& delta, const at::Tensor& 
 // reading the count on the host (a MoE layer's rows of this
 // expert-parallel rank); the reference ops compute every row.
 at::Tensor SiluMul(const at::Tensor& gate_up, bool fused, const at::Tensor& row_limit = at::Tensor());
-// The SiLU-mul kernel's two forms (kernels/fused_kernels.h): whether it
+// The SiLU-mul kernel's two forms (kernels/teacher_ops.h): whether it
 // may look SiLU up in its table (process-wide; tests switch the table off
 // to check the arithmetic form), and whether it does on `device` now.
 void SetSiluMulByTable(bool on);

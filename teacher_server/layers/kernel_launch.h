@@ -1,6 +1,6 @@
-// How the layers launch the custom kernels of teacher_server/kernels (CUDA
-// builds only): on the current stream of the tensor's device, with the
-// launch checked right after, so that a failure names the kernel.
+// How the layers launch the custom kernels of kernels/ (CUDA builds
+// only): on the current stream of the tensor's device, with the launch
+// checked right after, so that a failure names the kernel.
 #ifndef E3_TEACHER_SERVER_LAYERS_KERNEL_LAUNCH_H_
 #define E3_TEACHER_SERVER_LAYERS_KERNEL_LAUNCH_H_
 
@@ -8,7 +8,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "common/torch/torch_core.h"
-#include "teacher_server/kernels/fused_kernels.h"
+#include "kernels/teacher_ops.h"
 
 namespace e3 {
 

@@ -265,7 +265,7 @@ TEST_F(StudentKernelsGpuTest, SoftCrossEntropyAcceptanceTerms) {
 // same in fp64 within half a bf16 ulp (plus the fp32 product's own error);
 // lengths no multiple of 8 or misaligned are refused, for ATen to take.
 TEST_F(StudentKernelsGpuTest, AddScaledByDeviceScalarRoundsOnce) {
-  namespace sk = student_kernels;
+  namespace sk = kernels;
   const int64_t n = 8 * 1031;
   const at::Tensor x = torch::randn({n}, bf16), y0 = torch::randn({n}, bf16);
   const at::Tensor g = torch::full({1}, 0.37, bf16.dtype(at::kFloat));
@@ -289,7 +289,7 @@ TEST_F(StudentKernelsGpuTest, AddScaledByDeviceScalarRoundsOnce) {
 // over a length that is no multiple of their packs (8 and 4 elements), so
 // the tail runs too: fp32 arithmetic, 1e-6 of each tensor's largest value.
 TEST_F(StudentKernelsGpuTest, AdamWKernelsMatchTheirFormulaOverATail) {
-  namespace sk = student_kernels;
+  namespace sk = kernels;
   const int64_t n = 4099;
   const auto f32 = torch::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
   const at::Tensor grad = torch::randn({n}, bf16);

@@ -193,8 +193,8 @@ TEST_P(SglKernelsGpuTest, SiluMulIsExact) {
 // the kernel: the table (built once per device with the exact formula)
 // and the arithmetic, which for bf16 divides with __fdividef and falls
 // back to the IEEE division near rounding midpoints and outside
-// (1e-30, 80) (fused_kernels.cu, SiluStored). With up = 1 the output is
-// the stored SiLU itself, with random ups the product's rounding. NaN
+// (1e-30, 80) (kernels/silu_mul.cu, SiluStored). With up = 1 the output
+// is the stored SiLU itself, with random ups the product's rounding. NaN
 // gates must give NaN (ATen's NaN payload may differ from the kernel's).
 TEST_P(SglKernelsGpuTest, SiluMulIsExactForEveryGate) {
   torch::manual_seed(13);
@@ -222,9 +222,10 @@ TEST_P(SglKernelsGpuTest, SiluMulIsExactForEveryGate) {
 }
 
 // SiLU-mul and rope index with 32 bits only where every offset fits
-// (fused_kernels.cu); past 2^32 elements they take 64-bit indices, and
-// stay exact. A wrong choice would wrap: the last rows' outputs would
-// land on the first rows'. Skipped where the device lacks the ~12 GiB.
+// (kernels/silu_mul.cu, kernels/rope.cu); past 2^32 elements they take
+// 64-bit indices, and stay exact. A wrong choice would wrap: the last
+// rows' outputs would land on the first rows'. Skipped where the device
+// lacks the ~12 GiB.
 TEST_P(SglKernelsGpuTest, SiluMulAndRopeAreExactPastFourGigaElements) {
   torch::manual_seed(12);
   {

@@ -1,10 +1,11 @@
 // Adds the rows of a 16-bit gradient into distinct rows of an fp32 sum by
-// index (see student_kernels.h): one 16-byte pack per thread and
+// index (see student_ops.h): one 16-byte pack per thread and
 // grid-stride step, a plain read-modify-write of two float4s (fp32 atomics
 // here reach only a fraction of the bandwidth; bench/README.md).
-#include "student_trainer/kernels/kernel_common.cuh"
+#include "kernels/common.cuh"
+#include "kernels/student_ops.h"
 
-namespace e3::student_kernels {
+namespace e3::kernels {
 namespace {
 
 constexpr int kThreads = 256;
@@ -48,4 +49,4 @@ bool ScatterAddRows(Dtype dtype, const void* src, const int64_t* rows, float* su
   });
 }
 
-}  // namespace e3::student_kernels
+}  // namespace e3::kernels

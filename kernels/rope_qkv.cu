@@ -1,10 +1,11 @@
 // Rotary embedding of a fused q/k/v projection and its backward (see
-// student_kernels.h). A thread takes one 16-byte pack of a head: a pack in
+// student_ops.h). A thread takes one 16-byte pack of a head: a pack in
 // the first half of the rotated features also computes its partner pack
 // in the second half; packs past rotary_dim and the v heads are copied.
-#include "student_trainer/kernels/kernel_common.cuh"
+#include "kernels/common.cuh"
+#include "kernels/student_ops.h"
 
-namespace e3::student_kernels {
+namespace e3::kernels {
 namespace {
 
 constexpr int kThreads = 256;
@@ -191,4 +192,4 @@ bool RopeQkvBackward(Dtype dtype, const float* dq, const float* dk, const float*
   });
 }
 
-}  // namespace e3::student_kernels
+}  // namespace e3::kernels

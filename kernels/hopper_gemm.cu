@@ -1,7 +1,7 @@
 // See hopper_gemm.h.
-#include "teacher_server/kernels/hopper_gemm.h"
+#include "kernels/hopper_gemm.h"
 
-#include "teacher_server/kernels/hopper_gemm_kernel.cuh"
+#include "kernels/hopper_gemm_kernel.cuh"
 
 namespace e3::kernels {
 namespace {

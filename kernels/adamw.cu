@@ -1,10 +1,11 @@
 // AdamW over flat fp32 master weights and moments, with global-norm
-// clipping folded into the update (see student_kernels.h). Every scalar
+// clipping folded into the update (see student_ops.h). Every scalar
 // that changes between steps (learning rate, step count, grad norm) is read
 // from device memory, so the host enqueues a step without waiting.
-#include "student_trainer/kernels/kernel_common.cuh"
+#include "kernels/common.cuh"
+#include "kernels/student_ops.h"
 
-namespace e3::student_kernels {
+namespace e3::kernels {
 namespace {
 
 constexpr int kThreads = 256;
@@ -168,9 +169,4 @@ bool AdamWStep(Dtype work_dtype, bool grad_fp32, const void* grad, float* master
   });
 }
 
-const char* TakeLaunchError() {
-  const cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
-}
-
-}  // namespace e3::student_kernels
+}  // namespace e3::kernels

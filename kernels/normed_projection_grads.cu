@@ -1,11 +1,12 @@
 // The weight gradients of a projection of RMSNorm'd rows whose input takes
-// no gradient (see student_kernels.h): one pass over the [rows, cols]
+// no gradient (see student_ops.h): one pass over the [rows, cols]
 // weight matrix. A warp covers 256 consecutive columns (a 16-byte pack of
 // the weight a lane), the block's 8 warps take every 8th row of its row
 // block, and the norm weight's partial sums meet in shared memory once.
-#include "student_trainer/kernels/kernel_common.cuh"
+#include "kernels/common.cuh"
+#include "kernels/student_ops.h"
 
-namespace e3::student_kernels {
+namespace e3::kernels {
 namespace {
 
 constexpr int kLanes = 32;                // packs of columns per block
@@ -81,4 +82,4 @@ bool NormedProjectionGrads(Dtype dtype, const float* g, const void* norm_weight,
   });
 }
 
-}  // namespace e3::student_kernels
+}  // namespace e3::kernels

@@ -1,20 +1,19 @@
 // See fp8_argmax.h. The quantisation and the rescoring take one row per
 // block of 256 threads, the top-8 kernel one row per warp; all read rows
 // in 16-byte packs (8 bf16).
-#include "teacher_server/kernels/fp8_argmax.h"
+#include "kernels/fp8_argmax.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
-#include "teacher_server/kernels/argmax_key.h"
-#include "teacher_server/kernels/packs16.cuh"
+#include "kernels/argmax_key.h"
+#include "kernels/common.cuh"
 
 namespace e3::kernels {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kVec = kPack16Elems;
 constexpr int K = kFp8ArgmaxCandidates;
 constexpr float kE4m3Max = 448.f;
 static_assert(kThreads / 32 == K, "RescoreKernel gives each candidate one warp");
@@ -271,8 +270,8 @@ __global__ void __launch_bounds__(kThreads)
 
 bool QuantizeRowsE4m3(const void* x, int64_t x_stride, int64_t rows, int64_t cols, void* q, float* scale,
                       uint8_t* nonfinite, void* stream) {
-  if (rows <= 0 || cols <= 0 || cols % kVec != 0 || x_stride % kVec != 0 || !Is16ByteAligned(x) ||
-      !Is16ByteAligned(q)) {
+  if (rows <= 0 || cols <= 0 || cols % kVec != 0 || x_stride % kVec != 0 || !Aligned16(x) ||
+      !Aligned16(q)) {
     return false;
   }
   QuantizeRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
@@ -282,8 +281,8 @@ bool QuantizeRowsE4m3(const void* x, int64_t x_stride, int64_t rows, int64_t col
 
 bool TopScoreCandidates(const void* scores, int64_t rows, int64_t cols, int64_t stride, const float* col_scale,
                         int32_t* cand, void* stream) {
-  if (rows <= 0 || cols <= 0 || cols % kVec != 0 || stride % kVec != 0 || !Is16ByteAligned(scores) ||
-      (col_scale != nullptr && !Is16ByteAligned(col_scale))) {
+  if (rows <= 0 || cols <= 0 || cols % kVec != 0 || stride % kVec != 0 || !Aligned16(scores) ||
+      (col_scale != nullptr && !Aligned16(col_scale))) {
     return false;
   }
   constexpr int64_t kRowsPerBlock = kThreads / 32;
@@ -297,7 +296,7 @@ bool RescoreCandidates(const void* x, int64_t x_stride, const void* w, int64_t w
                        int64_t k, const int32_t* cand, const uint8_t* nonfinite, int32_t* out, float* best_logit,
                        void* stream) {
   if (rows <= 0 || vocab <= 0 || k <= 0 || k % kVec != 0 || x_stride % kVec != 0 || w_stride % kVec != 0 ||
-      !Is16ByteAligned(x) || !Is16ByteAligned(w)) {
+      !Aligned16(x) || !Aligned16(w)) {
     return false;
   }
   RescoreKernel<<<static_cast<unsigned>(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(

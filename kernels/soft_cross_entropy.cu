@@ -1,5 +1,5 @@
 // Soft cross-entropy over draft logits with the gradient written in place
-// (see student_kernels.h). One block per row: the first pass reads only
+// (see student_ops.h). One block per row: the first pass reads only
 // the logits and keeps a running max and sum of exponentials (online
 // softmax) and the argmax; for the LK losses a second pass sums min(P, q)
 // and the mass where q follows; the last pass writes the gradient and
@@ -17,9 +17,10 @@
 #include <cfloat>
 #include <climits>
 
-#include "student_trainer/kernels/kernel_common.cuh"
+#include "kernels/common.cuh"
+#include "kernels/student_ops.h"
 
-namespace e3::student_kernels {
+namespace e3::kernels {
 namespace {
 
 // RowRuns as the kernel reads them: run r is rows [begin[r], begin[r + 1]).
@@ -290,4 +291,4 @@ bool RowLogSumExpArgmax(const float* x, int64_t rows, int64_t cols, float* lse, 
   return true;
 }
 
-}  // namespace e3::student_kernels
+}  // namespace e3::kernels

@@ -35,8 +35,8 @@
 // Header-only: hopper_gemm.cu instantiates the schedules the teacher
 // launches; a benchmark of the others instantiates them the same way. No
 // LibTorch here.
-#ifndef E3_TEACHER_SERVER_KERNELS_HOPPER_GEMM_KERNEL_CUH_
-#define E3_TEACHER_SERVER_KERNELS_HOPPER_GEMM_KERNEL_CUH_
+#ifndef E3_KERNELS_HOPPER_GEMM_KERNEL_CUH_
+#define E3_KERNELS_HOPPER_GEMM_KERNEL_CUH_
 
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -47,7 +47,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "teacher_server/kernels/argmax_key.h"
+#include "kernels/argmax_key.h"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define E3_HOPPER_GEMM_DEVICE_CODE 1
@@ -698,4 +698,4 @@ inline void KeysToIndex(const unsigned long long* keys, int32_t* out, int64_t ro
 
 }  // namespace e3::kernels::hopper
 
-#endif  // E3_TEACHER_SERVER_KERNELS_HOPPER_GEMM_KERNEL_CUH_
+#endif  // E3_KERNELS_HOPPER_GEMM_KERNEL_CUH_

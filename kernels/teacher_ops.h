@@ -1,9 +1,10 @@
-// The `sgl` backend's custom CUDA kernels (nvcc), behind a plain C++
-// interface so that neither side needs the other's headers: no LibTorch
-// in the .cu file, no CUDA headers here. Pointers are device pointers,
-// `stream` is a cudaStream_t. Built only when LibTorch has CUDA
-// (E3_HAS_CUDA); teacher_server/layers/fused_ops.cc is the only caller and
-// keeps the reference ATen op sequence for every other case.
+// The teacher's custom CUDA kernels (the `sgl` backend's; nvcc, one op
+// per kernels/*.cu), behind a plain C++ interface so that neither side
+// needs the other's headers: no LibTorch in the .cu files, no CUDA headers
+// here. Pointers are device pointers, `stream` is a cudaStream_t. Built
+// only when LibTorch has CUDA (E3_HAS_CUDA); teacher_server/layers/
+// fused_ops.cc is the only caller and keeps the reference ATen op sequence
+// for every other case.
 //
 // Each kernel reproduces the roundings of the op sequence it replaces
 // (transformers' modeling_llama.py in bf16/fp16): it fuses memory passes
@@ -12,14 +13,14 @@
 // teacher's numbers. SiLU-mul, rope and the residual sum are bit-exact;
 // the norm sums its row in another order than ATen's mean, which can move
 // an output by an ulp or two.
-#ifndef E3_TEACHER_SERVER_KERNELS_FUSED_KERNELS_H_
-#define E3_TEACHER_SERVER_KERNELS_FUSED_KERNELS_H_
+#ifndef E3_KERNELS_TEACHER_OPS_H_
+#define E3_KERNELS_TEACHER_OPS_H_
 
 #include <cstdint>
 
-namespace e3::kernels {
+#include "kernels/dtype.h"
 
-enum class Dtype { kBFloat16, kFloat16 };
+namespace e3::kernels {
 
 // Per row of `cols` elements: sum = residual + delta (rounded to the
 // dtype, like a bf16 tensor add); out = weight * dtype(sum * rsqrt(mean(sum^2)
@@ -103,9 +104,6 @@ bool ClampedSwiGlu(Dtype dtype, const void* gate_up, const void* bias, const int
 bool MoeCombine(Dtype dtype, const void* y, const int64_t* rows, const void* weights, bool fp32_weights,
                 const uint8_t* valid, void* out, int64_t tokens, int64_t k, int64_t cols, void* stream);
 
-// The error of the last launch on this thread (cudaGetLastError), or null.
-const char* TakeLaunchError();
-
 }  // namespace e3::kernels
 
-#endif  // E3_TEACHER_SERVER_KERNELS_FUSED_KERNELS_H_
+#endif  // E3_KERNELS_TEACHER_OPS_H_

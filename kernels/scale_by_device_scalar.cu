@@ -3,9 +3,10 @@
 // another: ATen broadcasts a 0-dim CUDA tensor with stride 0, which takes
 // its unvectorised path, well short of the memory's bandwidth; one
 // 16-byte pack per thread and grid-stride step here.
-#include "student_trainer/kernels/kernel_common.cuh"
+#include "kernels/common.cuh"
+#include "kernels/student_ops.h"
 
-namespace e3::student_kernels {
+namespace e3::kernels {
 namespace {
 
 constexpr int kThreads = 256;
@@ -65,4 +66,4 @@ bool ScaleByDeviceScalar(Dtype dtype, void* x, int64_t n, const float* scale, vo
   });
 }
 
-}  // namespace e3::student_kernels
+}  // namespace e3::kernels

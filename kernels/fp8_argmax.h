@@ -1,13 +1,13 @@
-// The kernels of the lm_head's FP8 candidate search (layers/
-// fp8_head_argmax.h), behind a plain C++ interface as fused_kernels.h: no
-// CUDA headers here, no LibTorch in the .cu file. The search: e4m3 copies
+// The kernels of the lm_head's FP8 candidate search (teacher_server/
+// layers/fp8_head_argmax.h), behind a plain C++ interface as
+// teacher_ops.h: no CUDA headers here, no LibTorch in the .cu file. The search: e4m3 copies
 // of the hidden rows and of the head give approximate scores in one FP8
 // GEMM (cuBLASLt, common/torch/gemm.h); each row's kFp8ArgmaxCandidates best
 // scoring columns are then rescored exactly, in bf16 with fp32 sums, and
 // the exact best of those is the answer. Launch errors are read with
-// TakeLaunchError (fused_kernels.h).
-#ifndef E3_TEACHER_SERVER_KERNELS_FP8_ARGMAX_H_
-#define E3_TEACHER_SERVER_KERNELS_FP8_ARGMAX_H_
+// TakeLaunchError (dtype.h).
+#ifndef E3_KERNELS_FP8_ARGMAX_H_
+#define E3_KERNELS_FP8_ARGMAX_H_
 
 #include <cstdint>
 
@@ -53,4 +53,4 @@ bool RescoreCandidates(const void* x, int64_t x_stride, const void* w, int64_t w
 
 }  // namespace e3::kernels
 
-#endif  // E3_TEACHER_SERVER_KERNELS_FP8_ARGMAX_H_
+#endif  // E3_KERNELS_FP8_ARGMAX_H_

@@ -4,10 +4,10 @@
 // 64-bit key so that a GPU kernel can merge candidates from many tiles
 // with atomicMax: the value's bits made monotonic in the high word, the
 // complemented column in the low word. Key 0 is below every real key.
-// Host and device code (hopper_gemm_kernel.cuh, fused_kernels.cu,
-// fp8_argmax.cu; tested on the CPU by argmax_key_test).
-#ifndef E3_TEACHER_SERVER_KERNELS_ARGMAX_KEY_H_
-#define E3_TEACHER_SERVER_KERNELS_ARGMAX_KEY_H_
+// Host and device code (hopper_gemm_kernel.cuh, row_argmax.cu,
+// fp8_argmax.cu; tested on the CPU by tests/kernels/argmax_key_test).
+#ifndef E3_KERNELS_ARGMAX_KEY_H_
+#define E3_KERNELS_ARGMAX_KEY_H_
 
 #include <cstdint>
 #include <cstring>
@@ -69,4 +69,4 @@ E3_HOST_DEVICE inline bool ArgmaxPrefers(float a, int32_t ia, float b, int32_t i
 
 #undef E3_HOST_DEVICE
 
-#endif  // E3_TEACHER_SERVER_KERNELS_ARGMAX_KEY_H_
+#endif  // E3_KERNELS_ARGMAX_KEY_H_

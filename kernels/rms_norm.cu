@@ -1,10 +1,11 @@
-// RMSNorm forward and backward for the student (see student_kernels.h).
+// RMSNorm forward and backward for the student (see student_ops.h).
 // One block per row in the forward; the backward walks rows with a
 // bounded grid so that each block keeps its weight-gradient partial sums
 // in registers and writes them once.
-#include "student_trainer/kernels/kernel_common.cuh"
+#include "kernels/common.cuh"
+#include "kernels/student_ops.h"
 
-namespace e3::student_kernels {
+namespace e3::kernels {
 namespace {
 
 // The forward holds a row's packs in registers; the backward holds them
@@ -243,4 +244,4 @@ bool RmsNormBackward(Dtype dtype, const void* dy, const void* x, int64_t x_strid
   });
 }
 
-}  // namespace e3::student_kernels
+}  // namespace e3::kernels

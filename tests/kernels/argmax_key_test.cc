@@ -2,7 +2,7 @@
 // (kernels/argmax_key.h) against at::argmax's rules, on the CPU: the GPU
 // kernel's answer is the largest key of a row, so these orderings are what
 // make it at::argmax's (sgl_kernels_gpu_test checks the kernel itself).
-#include "teacher_server/kernels/argmax_key.h"
+#include "kernels/argmax_key.h"
 
 #include <gtest/gtest.h>
 

@@ -1,10 +1,10 @@
 // The Hopper GEMM with a fused epilogue (hopper_gemm_kernel.cuh) behind a
-// plain C++ interface, as fused_kernels.h: no CUDA headers here, no
+// plain C++ interface, as teacher_ops.h: no CUDA headers here, no
 // LibTorch in the .cu file. Built for sm_90a only (when LibTorch has
-// CUDA); layers/fused_ops.cc is the caller and keeps the unfused path for
-// every other device, dtype and shape.
-#ifndef E3_TEACHER_SERVER_KERNELS_HOPPER_GEMM_H_
-#define E3_TEACHER_SERVER_KERNELS_HOPPER_GEMM_H_
+// CUDA); teacher_server/layers/fused_ops.cc is the caller and keeps the
+// unfused path for every other device, dtype and shape.
+#ifndef E3_KERNELS_HOPPER_GEMM_H_
+#define E3_KERNELS_HOPPER_GEMM_H_
 
 #include <cstdint>
 
@@ -24,4 +24,4 @@ bool LinearArgmaxBf16(const void* x, int64_t x_stride, const void* w, int64_t w_
 
 }  // namespace e3::kernels
 
-#endif  // E3_TEACHER_SERVER_KERNELS_HOPPER_GEMM_H_
+#endif  // E3_KERNELS_HOPPER_GEMM_H_

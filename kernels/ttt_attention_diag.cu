@@ -1,5 +1,5 @@
 // TTT attention's diagonal keys, merged into flash attention's causal
-// block through its log-sum-exp (see student_kernels.h). A group of lanes
+// block through its log-sum-exp (see student_ops.h). A group of lanes
 // per (token, query head) row: each lane holds 8 or 16 consecutive
 // features (16-byte accesses for 16-bit rows), every dot product is a sum
 // over the group, and a warp holds several rows. (A whole warp per row,
@@ -10,9 +10,10 @@
 // small scratch buffer.
 #include <type_traits>
 
-#include "student_trainer/kernels/kernel_common.cuh"
+#include "kernels/common.cuh"
+#include "kernels/student_ops.h"
 
-namespace e3::student_kernels {
+namespace e3::kernels {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
@@ -358,4 +359,4 @@ bool TttDiagBackward(Dtype dtype, const TttAttentionShape& shape, const void* q,
   });
 }
 
-}  // namespace e3::student_kernels
+}  // namespace e3::kernels

@@ -1,22 +1,22 @@
-// The student's fast-path CUDA kernels (nvcc), behind a plain C++
-// interface: no LibTorch in the .cu files, no CUDA headers here. Pointers
-// are device pointers, `stream` is a cudaStream_t. Built only when
-// LibTorch has CUDA (E3_HAS_CUDA); student_trainer/ops/ are the only
-// callers, and each op keeps an ATen statement of the same math that runs
-// on the CPU and wherever a kernel declines its arguments.
+// The student's fast-path CUDA kernels (nvcc, one op per kernels/*.cu),
+// behind a plain C++ interface: no LibTorch in the .cu files, no CUDA
+// headers here. Pointers are device pointers, `stream` is a cudaStream_t.
+// Built only when LibTorch has CUDA (E3_HAS_CUDA); student_trainer/ops/
+// are the only callers, and each op keeps an ATen statement of the same
+// math that runs on the CPU and wherever a kernel declines its arguments.
 //
 // Every launcher returns false, launching nothing, when the shape, the
 // dtype or the alignment is outside what its kernel handles; the op then
 // takes its ATen path. Arithmetic is fp32; activations are stored in the
 // 16-bit dtype, gradient accumulators in fp32 where noted.
-#ifndef E3_STUDENT_TRAINER_KERNELS_STUDENT_KERNELS_H_
-#define E3_STUDENT_TRAINER_KERNELS_STUDENT_KERNELS_H_
+#ifndef E3_KERNELS_STUDENT_OPS_H_
+#define E3_KERNELS_STUDENT_OPS_H_
 
 #include <cstdint>
 
-namespace e3::student_kernels {
+#include "kernels/dtype.h"
 
-enum class Dtype { kBFloat16, kFloat16 };
+namespace e3::kernels {
 
 // ---------------------------------------------------------------------------
 // RMSNorm (transformers' LlamaRMSNorm: statistics in fp32, the normalised
@@ -236,9 +236,6 @@ struct AdamWScalars {
 bool AdamWStep(Dtype work_dtype, bool grad_fp32, const void* grad, float* master, float* exp_avg,
                float* exp_avg_sq, void* work, int64_t n, const AdamWScalars& scalars, void* stream);
 
-// The error of the last launch on this thread (cudaGetLastError), or null.
-const char* TakeLaunchError();
+}  // namespace e3::kernels
 
-}  // namespace e3::student_kernels
-
-#endif  // E3_STUDENT_TRAINER_KERNELS_STUDENT_KERNELS_H_
+#endif  // E3_KERNELS_STUDENT_OPS_H_
