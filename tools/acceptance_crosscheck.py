@@ -92,25 +92,6 @@ import torch
 DEFAULT_CHAINS = [3, 5, 7]
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
-# The trainable weights under their export names (draft_export.cc writes
-# them with d2t and t2d); DraftConfig.weight_shapes gives their shapes.
-WEIGHT_NAMES = [
-    "fc.weight",
-    "midlayer.self_attn.q_proj.weight",
-    "midlayer.self_attn.k_proj.weight",
-    "midlayer.self_attn.v_proj.weight",
-    "midlayer.self_attn.o_proj.weight",
-    "midlayer.mlp.gate_proj.weight",
-    "midlayer.mlp.up_proj.weight",
-    "midlayer.mlp.down_proj.weight",
-    "midlayer.input_layernorm.weight",
-    "midlayer.hidden_norm.weight",
-    "midlayer.post_attention_layernorm.weight",
-    "norm.weight",
-    "lm_head.weight",
-]
-
-
 class FormatError(Exception):
     """An input file that does not hold what this script expects."""
 
@@ -222,6 +203,15 @@ def _field(obj, key, source, kind=float, default=None):
     if kind is int and value != int(value):
         raise FormatError(f"{source}: field {key!r}: expected an integer, got {value!r}")
     return kind(value)
+
+
+def _flag(config, key, source):
+    value = config.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise FormatError(f"{source}: field {key!r}: expected true or false")
+    return value
 
 
 def parse_rope(config, source):
@@ -349,6 +339,10 @@ class DraftConfig:
                                          default=self.hidden_size)
         aux_ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         self.num_aux = len(aux_ids) if isinstance(aux_ids, list) else None  # else from fc
+        # EAGLE-3.1: an RMSNorm per aux state before fc, and norm(out), the
+        # state lm_head reads, handed to the next step (absent: EAGLE-3).
+        self.fc_norm = _flag(config, "fc_norm", source)
+        self.norm_output = _flag(config, "norm_output", source)
         self.rope = parse_rope(config, source)
         self.rotary_dim = int(self.head_dim * self.rope["partial_rotary_factor"])
         if self.num_heads % self.num_kv_heads:
@@ -373,6 +367,8 @@ class DraftConfig:
             "midlayer.post_attention_layernorm.weight": [h],
             "norm.weight": [h],
             "lm_head.weight": [self.draft_vocab_size, h],
+            **{f"fc_norm.{k}.weight": [self.target_hidden_size]
+               for k in range(self.num_aux if self.fc_norm else 0)},
         }
 
 
@@ -419,7 +415,17 @@ class Eagle3Draft:
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
 
     def project_aux(self, aux):
-        return aux.to(self.device, self.dtype) @ self.w["fc.weight"].T
+        x = aux.to(self.device, self.dtype)
+        if self.cfg.fc_norm:
+            parts = x.chunk(self.cfg.num_aux, dim=-1)
+            x = torch.cat([rms_norm(part, self.w[f"fc_norm.{k}.weight"], self.cfg.rms_norm_eps)
+                           for k, part in enumerate(parts)], dim=-1)
+        return x @ self.w["fc.weight"].T
+
+    def next_hidden(self, out):
+        """What the next draft step reads of a step's output: out itself
+        (EAGLE-3), or norm(out) with norm_output (EAGLE-3.1)."""
+        return rms_norm(out, self.w["norm.weight"], self.cfg.rms_norm_eps) if self.cfg.norm_output else out
 
     def embed(self, ids):
         return self.embed_tokens[torch.as_tensor(ids, device=self.device, dtype=torch.int64)]
@@ -549,7 +555,8 @@ class IncrementalDrafter:
         out, ys = self.last_out, [self.draft.draft_token(self.last_out)]
         for i in range(2, k + 1):
             position = torch.tensor([t + i - 1], device=self.draft.device)
-            out = run_rows(self.draft, self.cache, self.draft.embed([ys[-1]]), out, position)
+            out = run_rows(self.draft, self.cache, self.draft.embed([ys[-1]]), self.draft.next_hidden(out),
+                           position)
             ys.append(self.draft.draft_token(out))
         # The chain's keys came from the draft's own hidden states; the rows
         # that replace them are extended with the target's (commit).
@@ -589,7 +596,7 @@ class NaiveDrafter:
         ys = [self.draft.draft_token(out)]
         for i in range(2, k + 1):
             embeds = torch.cat((embeds, self.draft.embed([ys[-1]])))
-            hidden = torch.cat((hidden, out))
+            hidden = torch.cat((hidden, self.draft.next_hidden(out)))
             positions = torch.cat((positions, torch.tensor([t + i - 1], device=self.draft.device)))
             out = full_forward(self.draft, embeds, hidden, positions)[-1:]
             ys.append(self.draft.draft_token(out))
@@ -689,7 +696,7 @@ def build_draft(cfg, tensors, embed_tokens, device, dtype, source):
     if list(embed_tokens.shape) != [cfg.vocab_size, cfg.hidden_size]:
         raise FormatError(f"embed_tokens: expected [{cfg.vocab_size}, {cfg.hidden_size}], "
                           f"got {list(embed_tokens.shape)}")
-    weights = {name: tensors[name] for name in WEIGHT_NAMES}
+    weights = {name: tensors[name] for name in cfg.weight_shapes()}
     return Eagle3Draft(cfg, weights, d2t, embed_tokens, device, dtype)
 
 
@@ -992,27 +999,31 @@ def self_test_files(cfg_json, weights, d2t, t2d, embed, samples, results, device
 
 
 def self_test(device, dtype):
-    g = torch.Generator().manual_seed(20250611)
-    cfg = DraftConfig(SELF_TEST_CONFIG, "self-test config")
-    cfg.num_aux = 3
-    weights, d2t, t2d, embed = make_self_test_weights(cfg, g)
-    draft = build_draft(cfg, dict(weights, d2t=d2t), embed, device, dtype, "self-test weights")
-    # (prompt length, total length): an ordinary mix, a prompt of one token,
-    # one with no continuation beyond the first generated token (no
-    # rounds), one with a single round.
-    shapes = [(9, 60), (1, 35), (4, 5), (6, 8), (12, 70), (3, 41), (17, 50)]
-    samples = []
-    for p, n in shapes:
-        tokens, aux = synthesize_sample(draft, g, p, n)
-        rows = SampleRows(draft, tokens, aux)
-        rows.aux = aux  # kept for the eval dump
-        samples.append((rows, p))
-    results = self_test_equivalence(draft, samples, SELF_TEST_CHAINS)
-    self_test_files(SELF_TEST_CONFIG, weights, d2t, t2d, embed, samples, results, device, dtype)
+    # EAGLE-3, then EAGLE-3.1 (fc_norm, norm_output) on the same weights
+    # plus its norms.
+    for config in (SELF_TEST_CONFIG, dict(SELF_TEST_CONFIG, fc_norm=True, norm_output=True)):
+        print("self-test:", "EAGLE-3.1" if config.get("norm_output") else "EAGLE-3")
+        g = torch.Generator().manual_seed(20250611)
+        cfg = DraftConfig(config, "self-test config")
+        cfg.num_aux = 3
+        weights, d2t, t2d, embed = make_self_test_weights(cfg, g)
+        if cfg.fc_norm:
+            for k in range(cfg.num_aux):
+                weights[f"fc_norm.{k}.weight"] = 1 + torch.randn(cfg.target_hidden_size, generator=g) * 0.1
+        draft = build_draft(cfg, dict(weights, d2t=d2t), embed, device, dtype, "self-test weights")
+        # (prompt length, total length): an ordinary mix, a prompt of one
+        # token, one with no continuation beyond the first generated token
+        # (no rounds), one with a single round.
+        shapes = [(9, 60), (1, 35), (4, 5), (6, 8), (12, 70), (3, 41), (17, 50)]
+        samples = []
+        for p, n in shapes:
+            tokens, aux = synthesize_sample(draft, g, p, n)
+            rows = SampleRows(draft, tokens, aux)
+            rows.aux = aux  # kept for the eval dump
+            samples.append((rows, p))
+        results = self_test_equivalence(draft, samples, SELF_TEST_CHAINS)
+        self_test_files(config, weights, d2t, t2d, embed, samples, results, device, dtype)
     print("self-test passed")
-
-
-# --- command line ------------------------------------------------------------------
 
 
 def parse_args(argv):

@@ -4,10 +4,13 @@
 // normalised output fed to the next step (draft.algorithm=eagle3.1) until
 // the teacher's data ends. The loss falls, the real tau of chain rounds is
 // measured on the teacher's eval set, and the export carries the keys and
-// tensors vLLM and SGLang load for EAGLE-3.1.
+// tensors vLLM and SGLang load for EAGLE-3.1, whose tau an independent
+// measurement of the export reproduces.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <string>
 
 #include "common/model/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -35,7 +38,10 @@ TEST(Eagle31TrainE2eTest, AnEagle31DraftTrainsAndExportsItsNorms) {
   Subprocess teacher(teacher_argv, dir + "/teacher.log");
   ASSERT_TRUE(testing::WaitForFile(dir + "/port", 120s)) << teacher.Log();
   std::vector<std::string> student_argv = testing::TrainingStudentArgv(dir, testing::ReadPortFile(dir + "/port"));
-  for (const char* flag : {"--draft_algorithm=eagle3.1", "--ttt_length=3"}) student_argv.push_back(flag);
+  for (const std::string& flag : {std::string("--draft_algorithm=eagle3.1"), std::string("--ttt_length=3"),
+                                  "--eval_dump=" + dir + "/eval.safetensors", std::string("--export_dtype=float32")}) {
+    student_argv.push_back(flag);
+  }
   Subprocess student(student_argv, dir + "/student.log");
   ASSERT_NO_FATAL_FAILURE(testing::ExpectTrainingRunEnds(student, teacher, 300s));
   EXPECT_NE(student.Log().find("EAGLE-3.1 draft on cpu"), std::string::npos) << student.Log();
@@ -68,6 +74,19 @@ TEST(Eagle31TrainE2eTest, AnEagle31DraftTrainsAndExportsItsNorms) {
     EXPECT_EQ(view->shape, (std::vector<int64_t>{256})) << name;
   }
   testing::ExpectEverySampleCommittedOnce(teacher.Log());
+
+  // The same tau, measured independently from the export and the dump by
+  // tools/acceptance_crosscheck.py, which runs the EAGLE-3.1 draft as the
+  // serving engines do (its fc_norm, and norm(out) fed to the next step).
+  const std::string cmd = "/usr/bin/python3 " + kSrc + "/tools/acceptance_crosscheck.py --draft=" + dir +
+                          "/export --eval_dump=" + dir + "/eval.safetensors --json_out=" + dir +
+                          "/crosscheck.json > " + dir + "/crosscheck.log 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << ReadFile(dir + "/crosscheck.log");
+  const auto cross = nlohmann::json::parse(ReadFile(dir + "/crosscheck.json"));
+  for (const auto& k : summary["eval"]["chains"]) {
+    const std::string key = std::to_string(k.get<int64_t>());
+    EXPECT_NEAR(cross["tau"][key].get<double>(), summary["eval"]["tau"][key].get<double>(), 0.01) << key;
+  }
 }
 
 }  // namespace
