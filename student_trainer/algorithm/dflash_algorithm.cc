@@ -54,6 +54,10 @@ absl::StatusOr<std::unique_ptr<DFlashAlgorithm>> DFlashAlgorithm::Create(const D
   a->blocks_.block_size = draft.dflash_block_size;
   a->blocks_.num_anchors = draft.dflash_num_anchors;
   E3_ASSIGN_OR_RETURN(a->blocks_.labels, ParseLabels(draft.dflash_labels));
+  a->loss_.block_size = draft.dflash_block_size;
+  a->loss_.weighting = draft.dflash_loss == "dpace" ? ops::DFlashWeighting::kDPace : ops::DFlashWeighting::kDecay;
+  a->loss_.gamma = draft.dflash_loss_gamma;
+  a->loss_.alpha = draft.dflash_dpace_alpha;
   return a;
 }
 
@@ -108,14 +112,6 @@ std::string DFlashAlgorithm::Describe() const {
                       absl::StrJoin(config_.target_layer_ids, ", "), "], mask token ", config_.mask_token_id);
 }
 
-at::Tensor DFlashAlgorithm::RowLoss(const TeacherBatch& batch, const DFlashBlockBatch& planned, const at::Tensor& logits,
-                                    const at::Tensor& labels) const {
-  if (blocks_.labels != DFlashLabels::kTargetDistribution) return DFlashRowNll(logits, labels);
-  const at::Tensor source = planned.source_rows.to(batch.last_hidden.device());
-  const at::Tensor hidden = batch.last_hidden.index_select(0, source).to(device_);
-  return DFlashRowSoftCe(logits, hidden, frozen_.lm_head);
-}
-
 absl::StatusOr<at::Tensor> DFlashAlgorithm::BlockLoss(const TeacherBatch& batch, int64_t step, DraftStepOutput* out) {
   // The anchors of each step differ, and every rank draws its own.
   E3_ASSIGN_OR_RETURN(const DFlashBlockBatch planned,
@@ -124,18 +120,20 @@ absl::StatusOr<at::Tensor> DFlashAlgorithm::BlockLoss(const TeacherBatch& batch,
   const int64_t B = config_.block_size;
   const at::Tensor context = draft_->ProjectContext(batch.aux_hidden.to(device_, dtype_));
   const at::Tensor embeds = frozen_.embed_tokens.index_select(0, planned.block_tokens.to(device_));
-  const at::Tensor logits = draft_->Logits(draft_->Forward(embeds, context, planned.blocks));
+  const at::Tensor hidden = draft_->Forward(embeds, context, planned.blocks);
   const at::Tensor labels = planned.labels.to(device_);
-  const at::Tensor row_nll = RowLoss(batch, planned, logits, labels);
-  const at::Tensor loss = settings_.dflash_loss == "dpace"
-                              ? DFlashDPaceLoss(row_nll, labels, B, settings_.dflash_dpace_alpha)
-                              : DFlashWeightedLoss(row_nll, labels, B, settings_.dflash_loss_gamma);
+  at::Tensor target_hidden;  // distillation: the last hidden state of the row predicting each row's token
+  if (blocks_.labels == DFlashLabels::kTargetDistribution) {
+    target_hidden = batch.last_hidden.index_select(0, planned.source_rows.to(batch.last_hidden.device()))
+                        .to(device_, dtype_);
+  }
+  const ops::DFlashHeadLossOutput head = ops::DFlashHeadLoss(hidden, frozen_.lm_head, labels, target_hidden, loss_);
   // Per drafted row k: the share of supervised rows the draft gets right,
-  // and their mean cross-entropy (the loss's own, unweighted).
+  // and their mean loss (the loss's own, unweighted).
   torch::NoGradGuard no_grad;
-  const at::Tensor hits = logits.argmax(-1).eq(labels).view({-1, B}).to(at::kDouble);
+  const at::Tensor hits = head.hits.view({-1, B}).to(at::kDouble);
   const at::Tensor supervised = labels.ge(0).view({-1, B}).to(at::kDouble);
-  const at::Tensor nll = row_nll.detach().view({-1, B}).to(at::kDouble);
+  const at::Tensor nll = head.row_loss.view({-1, B}).to(at::kDouble);
   const at::Tensor counts = supervised.sum(0).clamp_min(1.0).to(at::kCPU);
   const at::Tensor acc = (hits * supervised).sum(0).to(at::kCPU) / counts;
   const at::Tensor ploss = (nll * supervised).sum(0).to(at::kCPU) / counts;
@@ -147,7 +145,7 @@ absl::StatusOr<at::Tensor> DFlashAlgorithm::BlockLoss(const TeacherBatch& batch,
     run *= out->acc.back();
     out->tau += run;
   }
-  return loss;
+  return head.loss;
 }
 
 absl::StatusOr<DraftStepOutput> DFlashAlgorithm::Step(const TeacherBatch* batch, double lr, int64_t step) {

@@ -5,7 +5,9 @@
 // embedding and full head from the teacher, fp32 master weights below
 // fp32. A step draws the batch's anchors (dflash_blocks.h), runs every
 // block in one pass and takes the optimizer step on the weighted block
-// loss. The forward is the reference formulation on every device.
+// loss, whose head runs in row chunks (ops/dflash_head_loss.h). The
+// layers' attention is the reference formulation (a dense mask) on every
+// device.
 #ifndef E3_STUDENT_TRAINER_ALGORITHM_DFLASH_ALGORITHM_H_
 #define E3_STUDENT_TRAINER_ALGORITHM_DFLASH_ALGORITHM_H_
 
@@ -15,6 +17,7 @@
 
 #include "student_trainer/algorithm/draft_algorithm.h"
 #include "student_trainer/draft/dflash_draft.h"
+#include "student_trainer/ops/dflash_head_loss.h"
 #include "student_trainer/step/dflash_blocks.h"
 
 namespace e3 {
@@ -45,10 +48,6 @@ class DFlashAlgorithm : public DraftAlgorithm {
       : settings_(draft), schedule_(schedule), device_(device) {}
   // The loss over the batch's blocks, and its metrics per drafted row.
   absl::StatusOr<at::Tensor> BlockLoss(const TeacherBatch& batch, int64_t step, DraftStepOutput* out);
-  // Each block row's loss against its label (dflash_labels): the
-  // cross-entropy of the label token, or of the target's distribution.
-  at::Tensor RowLoss(const TeacherBatch& batch, const DFlashBlockBatch& planned, const at::Tensor& logits,
-                     const at::Tensor& labels) const;
 
   const DraftSettings settings_;
   const ScheduleSettings schedule_;
@@ -57,6 +56,7 @@ class DFlashAlgorithm : public DraftAlgorithm {
   at::ScalarType dtype_ = at::kFloat;
   DFlashDraftConfig config_;
   DFlashBlockOptions blocks_;
+  ops::DFlashHeadLossOptions loss_;  // the head and block loss, in row chunks
   DFlashFrozenTensors frozen_;  // on the device, in the compute dtype
   DFlashDraft draft_{nullptr};
   std::optional<DFlashDraft> master_;
