@@ -153,7 +153,7 @@ endfunction()
 # in one process, `--gtest_filter=<suite>.*`), listed after each build by
 # cmake/E3ListSuites.cmake as gtest_discover_tests lists cases. For binaries
 # that load LibTorch: each process spends about 0.9 s loading it, which is
-# most of a typical case's time (DECISIONS, "What CI builds and runs").
+# most of a typical case's time (docs/decisions/0019-fitting-ci-into-its-budget.md).
 function(e3_discover_suites target label timeout)
   set(_file "${CMAKE_CURRENT_BINARY_DIR}/${target}_suites.cmake")
   add_custom_command(TARGET ${target} POST_BUILD

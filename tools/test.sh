@@ -28,7 +28,8 @@ phase_done() {
 # machine builds and runs them) and the benchmarks (CI runs none); the
 # libraries as unity sources (E3_UNITY_BUILD), and each folder's unit
 # tests as one binary of unity sources (E3_GROUPED_TESTS); see
-# docs/DECISIONS.md, "What CI builds and runs".
+# docs/decisions/0018-what-ci-builds-and-runs.md and
+# docs/decisions/0019-fitting-ci-into-its-budget.md.
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
   -DE3_BUILD_GPU_TESTS=OFF -DE3_BUILD_BENCH=OFF -DE3_UNITY_BUILD=ON -DE3_GROUPED_TESTS=ON
 cmake --build build -j"$JOBS"
@@ -59,7 +60,7 @@ phase_done "asan tests and fuzzing"
 # tokenizer pool, the metrics server, the student's client (stream
 # reader, prefetch, acks) and a CPU end-to-end run of both binaries. The
 # student's part builds its LibTorch library a third time; TSAN_STUDENT=0
-# leaves it out for a quicker run (DECISIONS, "What CI builds and runs").
+# leaves it out for a quicker run (docs/decisions/0018-what-ci-builds-and-runs.md).
 tsan_targets=(engine_test teacher_service_test service_limits_test dataset_test metrics_server_test)
 tsan_tests='EngineTest|TeacherServiceTest|ServiceLimitsTest|BatchIdTest|DatasetTest|MetricsServerTest'
 if [[ "${TSAN_STUDENT:-1}" == 1 ]]; then

@@ -13,7 +13,7 @@
 //          alone reads), unique among the flags of each process.
 //
 // Adding a setting is adding a row here; the component that reads it takes
-// it from its section (see docs/DECISIONS.md, "Settings declared once").
+// it from its section (see docs/decisions/0044-settings-declared-once.md).
 #ifndef E3_COMMON_CONFIG_SETTINGS_H_
 #define E3_COMMON_CONFIG_SETTINGS_H_
 

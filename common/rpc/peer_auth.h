@@ -1,7 +1,7 @@
 // Who may talk to a service, for both sides of every gRPC connection: TLS
 // (server certificate; mutual TLS when a CA is given to the server) and a
 // shared token that every RPC carries ("authorization: Bearer <token>").
-// The trust model and its limits are in docs/DECISIONS.md ("Peers").
+// The trust model and its limits are in docs/decisions/0047-peers.md.
 //
 // The server checks the token in each handler (Authorize) rather than in
 // an interceptor or an AuthMetadataProcessor: gRPC C++ server interceptors

@@ -1,6 +1,7 @@
 // Hugging Face chat templates, rendered as transformers renders them: the
 // template's own Jinja text in Jinja2, in CPython embedded in this process
-// (common/text/chat_template_env.py; DECISIONS, "Chat templates"). The loss
+// (common/text/chat_template_env.py;
+// docs/decisions/0004-chat-templates-in-embedded-cpython.md). The loss
 // mask covers what the assistant generates: the template's
 // {% generation %} blocks where it has them, else each assistant turn's
 // own rendering located in the conversation's (see AssistantSpans in

@@ -7,7 +7,7 @@
 // Adding an algorithm is one implementation of this interface in this
 // folder, one name in CreateDraftAlgorithm, and its settings as rows of
 // the draft section (common/config/settings.h); the trainer loop does not
-// change (docs/DECISIONS.md, "The draft-algorithm seam").
+// change (docs/decisions/0059-draft-algorithm-seam.md).
 #ifndef E3_STUDENT_TRAINER_ALGORITHM_DRAFT_ALGORITHM_H_
 #define E3_STUDENT_TRAINER_ALGORITHM_DRAFT_ALGORITHM_H_
 

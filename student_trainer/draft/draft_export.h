@@ -11,7 +11,7 @@
 //
 // The aux layers are trained on "output of decoder layer i" (transformers'
 // hidden_states[i + 1]), and each engine reads them differently
-// (docs/DECISIONS.md, "Draft export"):
+// (docs/decisions/0010-draft-export.md):
 //   - SGLang reads eagle_config.eagle_aux_hidden_state_layer_ids in that
 //     numbering and captures id i at the input of layer i + 1;
 //   - vLLM reads a top-level eagle_aux_hidden_state_layer_ids in its own

@@ -5,8 +5,8 @@
 // resubscribed from the first batch the trainer has not consumed, after
 // GetInfo shows the same model and data stream, for up to teacher_wait;
 // each Subscribe also carries the last checkpoint cursor, so a commit the
-// teacher missed while away lands with it (docs/DECISIONS.md, "A teacher
-// restarted mid-run").
+// teacher missed while away lands with it
+// (docs/decisions/0013-teacher-restarted-mid-run.md).
 #ifndef E3_STUDENT_TRAINER_FEED_TEACHER_CLIENT_H_
 #define E3_STUDENT_TRAINER_FEED_TEACHER_CLIENT_H_
 

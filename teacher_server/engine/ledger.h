@@ -44,8 +44,8 @@ struct LedgerCursor {
 };
 
 // What a restarted teacher takes back from the ledger, so that commits
-// continue where the dead process left them (docs/DECISIONS.md, "A
-// teacher restarted mid-run").
+// continue where the dead process left them
+// (docs/decisions/0013-teacher-restarted-mid-run.md).
 struct RestoredLedger {
   // The world its students formed, once a commit confirmed it: a world
   // only announced by subscribers that never committed is not restored.

@@ -6,9 +6,10 @@
 // multiplies: W = fp8 * scale_inv (DeepSeek-V3's weight_dequant, and
 // transformers' FP8 dequantization).
 //
-// The teacher dequantizes at load to its compute dtype (docs/DECISIONS.md,
-// "FP8 checkpoints"). The bytes are decoded through a 256-entry table, so
-// that LibTorch 1.13, which has no float8 type, reads them too.
+// The teacher dequantizes at load to its compute dtype
+// (docs/decisions/0040-fp8-checkpoints-dequantized-at-load.md). The bytes
+// are decoded through a 256-entry table, so that LibTorch 1.13, which has
+// no float8 type, reads them too.
 #ifndef E3_TEACHER_SERVER_MODELS_FP8_WEIGHTS_H_
 #define E3_TEACHER_SERVER_MODELS_FP8_WEIGHTS_H_
 
