@@ -14,7 +14,7 @@ constexpr int kMaxPacks = 4;
 // Packs each thread takes where the row is wide enough: a thread issues
 // all of its loads before the block's reduction, so more packs per thread
 // keep more bytes in flight: four packs per thread bring the norm close
-// to memory bandwidth, fewer leave it short (bench/README.md, kernels).
+// to memory bandwidth, fewer leave it short (bench/results/2026-12-02-teacher-kernels-gemm-tuning.md).
 #ifndef E3_NORM_PACKS_PER_THREAD
 #define E3_NORM_PACKS_PER_THREAD 4
 #endif

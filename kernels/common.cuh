@@ -62,7 +62,7 @@ inline bool Aligned16OrNull(const void* p) { return p == nullptr || Aligned16(p)
 
 // Index arithmetic of the hottest element-wise kernels (SiLU-mul, rope):
 // 32-bit where every offset fits, which is fewer instructions per pack.
-// Both kernels run faster with 32-bit indices (bench/README.md), with the
+// Both kernels run faster with 32-bit indices (bench/results/2026-12-02-teacher-kernels-gemm-tuning.md), with the
 // same output bits. Whether offsets up to `elements` fit:
 inline bool FitsUint32(int64_t elements) { return elements >= 0 && elements <= int64_t{0xffffffff}; }
 

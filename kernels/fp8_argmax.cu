@@ -177,7 +177,7 @@ __device__ __forceinline__ void OfferPack(const Bf16x8& v, const Scales8& scale,
 // slower: each warp's list fills and rises on its own, so a row pays
 // eight lists' insertions.) kUnroll packs per lane are loaded before any
 // is offered; with kScalesFirst their column scales are loaded with them
-// rather than as each pack is offered. (bench/README.md times the choices.)
+// rather than as each pack is offered. (bench/results/2026-12-07-rejected-experiments.md times the choices.)
 template <int kUnroll, bool kScalesFirst>
 __global__ void __launch_bounds__(kThreads)
     TopCandidatesKernel(const __nv_bfloat16* __restrict__ scores, int64_t rows, int64_t stride, int64_t cols,
@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // The teacher's choice of TopCandidatesKernel's loads: two packs per lane,
 // with their scales: faster than four packs with the scales read as each
-// pack is offered (bench/README.md); eight packs need 150 registers and
+// pack is offered (bench/results/2026-12-07-rejected-experiments.md); eight packs need 150 registers and
 // run slower still. The candidates are the same.
 constexpr int kTopUnroll = 2;
 constexpr bool kTopScalesFirst = true;

@@ -16,7 +16,7 @@ namespace e3::kernels {
 // Columns per row that the approximate scores nominate. On random Llama-1B
 // and 8B heads (the flattest logits a head gives) the exact argmax is
 // outside the FP8 top 4 in 3-4 of 8192 rows and never outside the top 8
-// (bench/README.md).
+// (bench/results/2026-12-02-teacher-kernels-gemm-tuning.md).
 constexpr int kFp8ArgmaxCandidates = 8;
 
 // Per row r of bf16 x [rows, cols] (row stride x_stride elements): q[r] =

@@ -7,7 +7,7 @@ namespace e3::kernels {
 namespace {
 
 // Rows walk down 4 pairs of row tiles before moving right: the fastest
-// order measured on the lm_head shapes (bench/README.md).
+// order measured on the lm_head shapes.
 constexpr int kGroupM = 4;
 
 // Whether CUDA device `device` runs the kernel (compute capability 9.0).

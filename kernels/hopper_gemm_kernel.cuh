@@ -22,7 +22,7 @@
 // consumers on one 128-row tile) and ping-pong (alternate 64-row tiles,
 // one consumer's epilogue under the other's multiplications).
 //
-// What pays (bench/README.md section 8): kArgmax beats cuBLASLt + the
+// What pays (bench/results/2026-12-01-teacher-ablation-cuda-graphs.md): kArgmax beats cuBLASLt + the
 // row-argmax kernel (the logits never reach memory), so the sgl teacher
 // uses it (cooperative) for the lm_head. Cooperative kStore is no faster
 // than cuBLASLt without a residual and slower with one, and cooperative
@@ -108,7 +108,7 @@ struct Tiling {
   static constexpr uint32_t kStageReaders = (kS == Schedule::kCooperative ? 2 : 1) * kCluster;
 };
 // kSwiGlu: each 256-column tile holds 128 gate columns and the 128 up
-// columns of the same features (bench/README.md).
+// columns of the same features (bench/results/2026-12-07-rejected-experiments.md).
 constexpr int kSwiGluHalf = kBlockN / 2;
 
 #ifdef E3_HOPPER_GEMM_DEVICE_CODE
@@ -341,7 +341,7 @@ __device__ __forceinline__ float RoundBf16(float v) { return __bfloat162float(__
 // bf16(silu(g)) as at::silu computes and stores it: fp32 g / (1 + expf(-g)),
 // rounded to bf16. (A fast exponential and division with an exact
 // fallback near bf16 rounding midpoints is slower in this epilogue;
-// bench/README.md section 8.)
+// bench/results/2026-12-07-rejected-experiments.md.)
 __device__ __forceinline__ float SiluBf16(float g) { return RoundBf16(g / (1.f + expf(-g))); }
 
 // Writes two adjacent outputs of chunk-local (row, col) into a [64, 64]

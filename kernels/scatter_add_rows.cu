@@ -1,7 +1,7 @@
 // Adds the rows of a 16-bit gradient into distinct rows of an fp32 sum by
 // index (see student_ops.h): one 16-byte pack per thread and
 // grid-stride step, a plain read-modify-write of two float4s (fp32 atomics
-// here reach only a fraction of the bandwidth; bench/README.md).
+// here reach only a fraction of the bandwidth; bench/results/2026-12-07-rejected-experiments.md).
 #include "kernels/common.cuh"
 #include "kernels/student_ops.h"
 

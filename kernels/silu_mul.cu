@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, SiluMulMinBlocks<Index>())
 // block of 1024 threads per SM (half the threads the arithmetic kernel
 // runs), each with one pack in flight: more packs per thread run slower.
 // It runs close to a plain pass without SiLU and well ahead of the
-// arithmetic kernel (bench/README.md), same bits. The product stays in
+// arithmetic kernel (bench/results/2026-12-02-teacher-kernels-gemm-tuning.md), same bits. The product stays in
 // fp32 and rounds once, as the arithmetic kernel's does.
 constexpr int kSiluTableEntries = 1 << 16;
 constexpr int kSiluTableBytes = kSiluTableEntries * 2;

@@ -41,7 +41,7 @@ bool FlashTakes(const at::Tensor& q) {
 
 // One long sequence runs cuDNN's fused attention instead: it computes
 // the causal block faster than varlen flash at such lengths
-// (bench/README.md). cuDNN builds a graph per shape, which is slow,
+// (bench/results/2026-12-02-student-step-vs-eager.md). cuDNN builds a graph per shape, which is slow,
 // so the rows are padded to a multiple of kCudnnRowStep: zero queries and
 // keys after the last token, which no real query attends to (causal) and
 // whose output gradient is zero, so they change nothing.

@@ -18,7 +18,7 @@ enum class AttentionKernel {
   // 2.x): no per-sample loop, no copies, GQA without repeating k/v. Ragged
   // batches go through the varlen flash kernel; batches whose samples all
   // have one length through cuDNN's batched kernel, the faster of the two
-  // (bench/README.md). Elsewhere it falls back to kSdpa.
+  // (bench/results/2026-12-02-teacher-kernels-gemm-tuning.md). Elsewhere it falls back to kSdpa.
   kFlashVarlen,
 };
 

@@ -68,7 +68,7 @@ at::Tensor Fp8HeadArgmax::Argmax(const at::Tensor& x, at::Tensor* best_logit) co
   // cuBLASLt: 8192 rows at a 128k vocab, an 8x1024 budget in one pass. The
   // top-8 scan has one warp per row, so a 4096-row chunk fills only half
   // of the GPU's warp slots: one 8192-row pass beats two chunks
-  // (bench/README.md; the same candidates).
+  // (bench/results/2026-12-02-teacher-kernels-gemm-tuning.md; the same candidates).
   constexpr int64_t kScoreChunkBytes = int64_t{2} << 30;
   const int64_t chunk = LmHeadChunkRows(2 * V, 256, kScoreChunkBytes);
   for (int64_t start = 0; start < rows; start += chunk) {

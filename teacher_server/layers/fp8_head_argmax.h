@@ -3,7 +3,7 @@
 //
 // The exact answer needs every logit x w^T: on the bench's shapes the
 // lm_head GEMM is a large share of a teacher forward. FP8 tensor cores
-// run it faster (bench/README.md section 8), but e4m3 keeps 3 mantissa
+// run it faster (bench/results/2026-12-02-teacher-kernels-gemm-tuning.md), but e4m3 keeps 3 mantissa
 // bits, so its argmax alone would be wrong for ~10% of rows. So FP8 only
 // nominates: each row's 8 best scoring columns
 // are rescored exactly (bf16 operands, fp32 sum, the logit rounded to

@@ -2,10 +2,10 @@
 // forward's GEMM sequence, once per teacher start (or from a cache file).
 //
 // Why in sequence: a dense forward can run at the board's power cap
-// (bench/README.md section 8), so how fast a GEMM runs depends on the
+// (bench/results/2026-12-02-teacher-vs-transformers.md), so how fast a GEMM runs depends on the
 // clock that the rest of the sequence leaves it. Candidates that win when
 // timed alone gain nothing in a forward; judged by the whole sequence,
-// some choices do save GEMM time (bench/README.md).
+// some choices do save GEMM time (bench/results/2026-12-02-teacher-kernels-gemm-tuning.md).
 //
 // What runs: every projection of the forward in order (`sites`, with the
 // model's own weights), on random activations of `rows` rows. The

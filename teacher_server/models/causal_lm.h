@@ -68,7 +68,7 @@ struct ModelOptions {
   //   micro_batches.h), where each half holds at least
   //   tp_overlap_min_tokens tokens (0: never split). 4096: smaller halves
   //   gain nothing or lose, as NCCL's kernels take SMs from the GEMMs
-  //   (bench/README.md).
+  //   (bench/results/2026-12-07-rejected-experiments.md).
   bool tp_overlap = false;
   int64_t tp_overlap_min_tokens = 4096;
   // - MoE layers through grouped GEMMs (layers/moe.h GroupedMoe; experts

@@ -15,7 +15,7 @@
 //   the batch's tokens.
 // Graphs pay only where the host's issuing is a large part of a forward:
 // large batches gain nothing and ragged ones lose to their padding, while
-// small models gain most (bench/README.md section 8). So each budget
+// small models gain most (bench/results/2026-12-01-teacher-ablation-cuda-graphs.md). So each budget
 // decides for itself: the first time it is seen it runs eagerly
 // (warm-up); the second time eagerly and timed, and if the host's share
 // of that forward (until the last kernel was issued, over the whole

@@ -41,7 +41,7 @@ struct ModelRuntimeOptions {
 
 // auto resolved for the device: sgl on a GPU, where it is faster than hf
 // and trains drafts to the same acc_j (within 0.05 points;
-// bench/README.md section 8); hf on the CPU, where sgl's kernels do not
+// bench/README.md, "sgl against hf"); hf on the CPU, where sgl's kernels do not
 // run and its fused projections were not measured to pay.
 std::string ResolveBackend(const std::string& backend, bool cuda);
 
