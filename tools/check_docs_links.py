@@ -187,11 +187,62 @@ def check_file(repo, doc, problems):
                     check_target(repo, doc, word, where, problems, base)
 
 
+def self_test():
+    """The rule on a small repository: what must be found broken, and what
+    must pass or not be checked at all."""
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="check-docs-links-") as root:
+        def write(path, text=""):
+            full = os.path.join(root, path)
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(full, "w", encoding="utf-8") as f:
+                f.write(text)
+        write(".gitignore", "/build*/\n/demo-run/\n")
+        write("build/launcher/e3_launch")
+        write("tools/run.py")
+        write("deploy/slurm/job.sbatch")
+        write("docs/guide.md", "# A Guide: `setup`, again!\n\n## Step 1\n\n## Step 1\n")
+        write("deploy/README.md",
+              "[guide](../docs/guide.md#step-1-1) `slurm/job.sbatch` `slurm/gone.sbatch` `deploy/slurm/`\n")
+        write("docs/page.md", "\n".join([
+            "[ok](guide.md) [ok](guide.md#a-guide-setup-again) [ok](#local) ![img](../tools/run.py)",
+            "[bad](missing.md) [bad](guide.md#nope) [bad](#nowhere) [web](https://example.com/x.md)",
+            "`tools/run.py` `./tools/run.py --flag` `--script=tools/run.py:12` `tools/gone.py` `tools/`",
+            "`build/launcher/e3_launch` `run/draft/config.json` `demo-run/run.png` `docs/*.md`",
+            "`<run.out>/run.png` `/etc/x.yaml` `tools/none/` `e3_student_acc{step}` `a/b`",
+            "```", "[inside](fenced.md) `tools/fenced.py`", "```",
+            "## Local", "[ref]: guide.md#step-1", "[ref2]: gone.md",
+        ]) + "\n")
+        repo = Repo(root)
+        problems = []
+        for doc in ("docs/page.md", "deploy/README.md"):
+            check_file(repo, os.path.join(repo.root, doc), problems)
+        found = sorted(re.sub(r":\d+: ", " ", p).split(":")[0] for p in problems)
+        want = sorted([
+            "deploy/README.md slurm/gone.sbatch",
+            "docs/page.md #nowhere",
+            "docs/page.md gone.md",
+            "docs/page.md guide.md#nope",
+            "docs/page.md missing.md",
+            "docs/page.md tools/gone.py",
+            "docs/page.md tools/none/",
+        ])
+        if found != want:
+            print("check_docs_links self-test: found\n  " + "\n  ".join(problems) + "\nwanted\n  " +
+                  "\n  ".join(want))
+            return 1
+    print("check_docs_links self-test: ok")
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--source_dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    parser.add_argument("--self_test", action="store_true", help="check the rule itself on a small repository")
     parser.add_argument("files", nargs="*", help="Markdown files (default: README.md, docs/**/*.md, deploy/README.md)")
     args = parser.parse_args()
+    if args.self_test:
+        return self_test()
     repo = Repo(args.source_dir)
     files = args.files
     if not files:
