@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -127,14 +128,43 @@ absl::Status RunTeacher(const TeacherServerOptions& o) {
   return ServeModel(o, model.get());
 }
 
+// --preview_data=N: the training data's first N lines as the teacher would
+// train on them, from the model directory's tokenizer and template alone;
+// exits 1 when a line is malformed, naming it.
+int PreviewData(const RunConfig& config, int64_t lines) {
+  absl::StatusOr<TeacherDataOptions> o = TeacherDataOptions::From(config);
+  const absl::Status valid = o.ok() ? ValidateTeacherDataOptions(*o, /*sharded=*/false) : o.status();
+  // Colours on a terminal (unless NO_COLOR is set); brackets elsewhere.
+  const bool color = ::isatty(STDOUT_FILENO) == 1 && std::getenv("NO_COLOR") == nullptr;
+  const absl::StatusOr<PreviewTotals> totals =
+      valid.ok() ? PreviewTeacherData(*o, lines, color ? ColorMarkers() : BracketMarkers(), stdout) : valid;
+  if (!totals.ok()) {
+    std::fprintf(stderr, "teacher_server: error: %s\n", std::string(totals.status().message()).c_str());
+    return 1;
+  }
+  if (totals->malformed > 0) {
+    std::fprintf(stderr,
+                 "teacher_server: error: %ld of the %ld line(s) previewed are malformed (\"malformed\" above "
+                 "says where and what was expected); training %s\n",
+                 static_cast<long>(totals->malformed), static_cast<long>(totals->lines),
+                 o->skip_malformed ? "skips them (data.skip_malformed)"
+                                   : "stops at the first (data.skip_malformed is false)");
+    return 1;
+  }
+  return 0;
+}
+
 constexpr char kSummary[] =
     "Serves a base model's hidden states to draft student trainers.\n"
-    "  teacher_server [--config=run.yaml] [--flag=value ...]: flags override the run config's keys";
+    "  teacher_server [--config=run.yaml] [--flag=value ...]: flags override the run config's keys\n"
+    "  teacher_server [--config=run.yaml] [--flag=value ...] --preview_data=N: the first N lines of the\n"
+    "      training data as the teacher trains on them, trained tokens marked; serves nothing";
 
 int Main(int argc, char** argv) {
   const ServiceCommandLine read = ReadServiceCommandLine(argc, argv, kTeacher, "teacher_server", kSummary);
   if (!read.command_line.has_value()) return read.exit_code;
   const CommandLine* command_line = &*read.command_line;
+  if (command_line->preview_data > 0) return PreviewData(command_line->config, command_line->preview_data);
   if (!command_line->config_path.empty()) {
     std::printf("teacher: config %s: %d settings (%d overridden on the command line)\n",
                 command_line->config_path.c_str(), command_line->from_file, command_line->overridden);

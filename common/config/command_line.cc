@@ -5,6 +5,7 @@
 #include <map>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -126,6 +127,22 @@ absl::Status ApplyFlags(const std::vector<std::string>& args, unsigned role, con
     }
     FlagArg f = SplitFlag(args[i]);
     if (f.name == "config" || f.name == "help" || f.name == "h" || f.name == "helpfull") continue;
+    if (f.name == "preview_data" && role == kTeacher) {
+      if (set_by_flag == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": --preview_data is an action of teacher_server's command line, not a setting"));
+      }
+      if (!f.value_given && i + 1 < args.size() && !IsFlag(args[i + 1])) {
+        f.value = args[++i];
+        f.value_given = true;
+      }
+      if (!absl::SimpleAtoi(f.value, &out->preview_data) || out->preview_data < 1) {
+        return absl::InvalidArgumentError(absl::StrCat("--preview_data=", f.value,
+                                                       ": expected a number of lines, at least 1 (e.g. "
+                                                       "--preview_data=3)"));
+      }
+      continue;
+    }
     E3_ASSIGN_OR_RETURN(const Setting* s, Resolve(f, role, out));
     RawValue value;
     if (f.value_given) {
@@ -227,6 +244,12 @@ std::string Usage(unsigned role, const std::string& summary) {
   }
   absl::StrAppend(&text, "\n  --config=FILE  the run config (YAML; examples/configs/)\n",
                   "  --flagfile=FILE  more arguments, one per line\n");
+  if (role == kTeacher) {
+    absl::StrAppend(&text,
+                    "  --preview_data=N  print the first N lines of the training data as the teacher trains on "
+                    "them\n      (its tokenizer and chat template, not its weights; trained tokens between [[ "
+                    "and ]]), then exit\n");
+  }
   return text;
 }
 

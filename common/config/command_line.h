@@ -6,6 +6,8 @@
 //   --flag / --noflag     a bool setting on or off
 //   --flagfile=FILE       more arguments, one per line
 //   --help                every setting this process reads, with its default
+//   --preview_data=N      teacher_server only: print the first N lines of the
+//                         training data as the teacher trains on them, exit
 // Later sources win: a setting's default, the config file, the config's
 // teachers.args / students.args for a service, then the command line. An
 // old spelling of a flag is taken with a warning; an unknown flag is an
@@ -13,6 +15,7 @@
 #ifndef E3_COMMON_CONFIG_COMMAND_LINE_H_
 #define E3_COMMON_CONFIG_COMMAND_LINE_H_
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,6 +31,10 @@ struct CommandLine {
   std::vector<std::string> positional;  // arguments that are no flags (the launcher's overrides)
   std::vector<std::string> warnings;    // one per old spelling used
   bool help = false;                    // --help: print Usage and exit
+  // teacher_server --preview_data=N (0: not asked): an action, like --help,
+  // not a setting: a run config that carried it would make every teacher
+  // the launcher starts print and exit instead of serving.
+  int64_t preview_data = 0;
   int from_file = 0;                    // settings the config file gave
   int overridden = 0;                   // of those, set again on the command line
 };

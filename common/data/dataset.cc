@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string_view>
 #include <thread>
@@ -41,6 +42,11 @@ struct ParsedLine {
   std::string cause;  // kMalformed: its kind, for the counts by cause
   std::vector<int32_t> input_ids;
   std::vector<uint8_t> loss_mask;
+  // With LineContext::keep_text (PreviewLines): a chat line's rendering,
+  // each token's byte span in it, and the reasoning it dropped.
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> offsets;
+  std::vector<std::string> warnings;
 };
 
 struct LineContext {
@@ -49,6 +55,7 @@ struct LineContext {
   int64_t vocab_size;
   bool train_on_all_tokens;
   bool prompts_only;
+  bool keep_text = false;
 };
 
 // Records where and why a line failed to parse. The DOM parser with
@@ -140,6 +147,47 @@ void KeepPromptOfPretokenized(ParsedLine* line) {
   line->loss_mask.assign(line->input_ids.size(), 0);
 }
 
+// The reasoning assistant turn `m` carries in the data: its
+// reasoning_content or thinking field (named in *field), else the
+// <think>...</think> its content starts with; empty when none.
+std::string SourceReasoning(const ChatMessage& m, const Json& turn, std::string* field) {
+  for (const char* key : {"reasoning_content", "thinking"}) {
+    if (turn.is_object() && turn.contains(key) && turn[key].is_string()) {
+      *field = absl::StrCat("\"", key, "\"");
+      return turn[key].get<std::string>();
+    }
+  }
+  const std::string& c = m.content;
+  const size_t open = c.find("<think>");
+  const size_t close = c.find("</think>");
+  if (open == std::string::npos || close == std::string::npos || close < open) return "";
+  *field = "<think> in \"content\"";
+  return c.substr(open + 7, close - open - 7);
+}
+
+// Warnings for the reasoning of assistant turns that `text` (the
+// conversation's rendering) does not contain: the template dropped it, so
+// it is neither seen nor trained.
+std::vector<std::string> DroppedReasoning(const Json& line, const std::vector<ChatMessage>& messages,
+                                          const std::string& text, const ChatTemplate& chat_template) {
+  const char* key = line.contains("messages") ? "messages" : "conversations";
+  const Json& turns = line[key];
+  std::vector<std::string> out;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (messages[i].role != "assistant") continue;
+    std::string field;
+    std::string reasoning = SourceReasoning(messages[i], turns[i], &field);
+    const size_t first = reasoning.find_first_not_of(" \t\r\n");
+    if (first == std::string::npos) continue;
+    reasoning = reasoning.substr(first, reasoning.find_last_not_of(" \t\r\n") + 1 - first);
+    if (text.find(reasoning) != std::string::npos) continue;
+    out.push_back(absl::StrCat(key, "[", i, "] (assistant): its reasoning (", field, ", ", reasoning.size(),
+                               " bytes) is not in the rendered text: the chat template (", chat_template.origin(),
+                               ") drops it, so it is not trained"));
+  }
+  return out;
+}
+
 ParsedLine ParseConversation(const Json& line, const LineContext& ctx) {
   auto parsed = MessagesOfLine(line);
   if (!parsed.ok()) return Malformed(std::string(parsed.status().message()), kCauseTurns);
@@ -157,6 +205,11 @@ ParsedLine ParseConversation(const Json& line, const LineContext& ctx) {
   out.kind = LineKind::kChat;
   out.input_ids = std::move(tokenized->input_ids);
   out.loss_mask = std::move(tokenized->loss_mask);
+  if (ctx.keep_text) {
+    out.warnings = DroppedReasoning(line, messages, tokenized->text, *ctx.chat_template);
+    out.text = std::move(tokenized->text);
+    out.offsets = std::move(tokenized->offsets);
+  }
   return out;
 }
 
@@ -299,12 +352,24 @@ void AddKeptToStats(const Sample& sample, DatasetStats* stats) {
   stats->max_sample_length = std::max(stats->max_sample_length, sample.size());
 }
 
-}  // namespace
+LineContext MakeContext(const DatasetOptions& options, const Tokenizer& tokenizer,
+                        const ChatTemplate& chat_template, bool keep_text) {
+  LineContext ctx;
+  ctx.tokenizer = &tokenizer;
+  ctx.chat_template = &chat_template;
+  ctx.vocab_size = options.vocab_size > 0 ? options.vocab_size : tokenizer.vocab_size();
+  ctx.train_on_all_tokens = options.train_on_all_tokens;
+  ctx.prompts_only = options.prompts_only;
+  ctx.keep_text = keep_text;
+  return ctx;
+}
 
-absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Load(const DatasetOptions& options,
-                                                       const Tokenizer& tokenizer,
-                                                       const ChatTemplate& chat_template) {
-  if (absl::Status valid = ValidateOptions(options); !valid.ok()) return valid;
+// Reads options.path (at most `max_lines` lines; 0: all) in blocks, parses
+// each block's lines over the tokenizer threads, and hands every line to
+// `each(line_number, parsed, &stop)` in file order until it sets stop or
+// returns an error. Dataset::Load and PreviewLines read through this alone.
+absl::Status ForEachParsedLine(const DatasetOptions& options, const LineContext& ctx, int64_t max_lines,
+                               const std::function<absl::Status(int64_t, ParsedLine&, bool*)>& each) {
   auto opened = LineReader::Open(options.path);
   if (!opened.ok()) {
     return absl::Status(opened.status().code(), absl::StrCat("dataset: ", opened.status().message(),
@@ -312,30 +377,22 @@ absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Load(const DatasetOptions& opt
   }
   LineReader& in = **opened;
   in.set_max_line_bytes(static_cast<size_t>(std::max<int64_t>(0, options.max_line_bytes)));
-
-  LineContext ctx;
-  ctx.tokenizer = &tokenizer;
-  ctx.chat_template = &chat_template;
-  ctx.vocab_size = options.vocab_size > 0 ? options.vocab_size : tokenizer.vocab_size();
-  ctx.train_on_all_tokens = options.train_on_all_tokens;
-  ctx.prompts_only = options.prompts_only;
   const unsigned threads = ThreadCount(options.num_threads);
-
-  auto dataset = std::unique_ptr<Dataset>(new Dataset());
-  dataset->source_ = options.path;
-  DatasetStats& stats = dataset->stats_;
   std::vector<std::string> lines;
   std::vector<size_t> skipped;  // per line of the block: bytes of a line too long to read
   std::vector<ParsedLine> parsed;
   int64_t line_number = 0;
-  bool done = false;
+  bool stop = false;
   bool more = true;
-  while (!done && more) {
+  while (!stop && more) {
     lines.clear();
     skipped.clear();
+    size_t block = kBlockLines;
+    if (max_lines > 0) block = std::min<size_t>(block, static_cast<size_t>(max_lines - line_number));
+    if (block == 0) break;
     std::string line;
     size_t line_skipped = 0;
-    while (lines.size() < kBlockLines && (more = in.Next(&line, &line_skipped))) {
+    while (lines.size() < block && (more = in.Next(&line, &line_skipped))) {
       lines.push_back(std::move(line));
       skipped.push_back(line_skipped);
     }
@@ -346,61 +403,120 @@ absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Load(const DatasetOptions& opt
       if (skipped[i] > 0) parsed[i] = TooLong(skipped[i], options.max_line_bytes);
     }
     for (ParsedLine& p : parsed) {
-      ++line_number;
-      ++stats.lines_read;
-      switch (p.kind) {
-        case LineKind::kEmpty:
-          ++stats.empty_lines;
-          continue;
-        case LineKind::kMalformed: {
-          std::string message = absl::StrCat(options.path, ":", line_number, ": ", p.error);
-          if (!options.skip_malformed) {
-            return absl::InvalidArgumentError(
-                absl::StrCat(message, " (set skip_malformed to skip and count such lines)"));
-          }
-          ++stats.malformed;
-          ++stats.malformed_by_cause[p.cause];
-          if (static_cast<int>(stats.first_errors.size()) < options.max_error_messages) {
-            stats.first_errors.push_back(std::move(message));
-          }
-          continue;
-        }
-        case LineKind::kChat:
-        case LineKind::kPretokenized:
-          break;
-      }
-      if (options.max_length > 0 && static_cast<int64_t>(p.input_ids.size()) > options.max_length) {
-        p.input_ids.resize(static_cast<size_t>(options.max_length));
-        p.loss_mask.resize(static_cast<size_t>(options.max_length));
-        ++stats.truncated;
-      }
-      if (static_cast<int64_t>(p.input_ids.size()) < options.min_length) {
-        ++stats.dropped_short;
-        continue;
-      }
-      if (options.drop_empty_loss_mask &&
-          std::find(p.loss_mask.begin(), p.loss_mask.end(), 1) == p.loss_mask.end()) {
-        ++stats.dropped_empty_mask;
-        continue;
-      }
-      Sample sample;
-      sample.id = static_cast<int64_t>(dataset->samples_.size());
-      sample.line = line_number;
-      sample.input_ids = std::move(p.input_ids);
-      sample.loss_mask = std::move(p.loss_mask);
-      AddKeptToStats(sample, &stats);
-      ++(p.kind == LineKind::kChat ? stats.conversations : stats.pretokenized);
-      dataset->samples_.push_back(std::move(sample));
-      if (options.max_samples > 0 && stats.kept >= options.max_samples) {
-        done = true;
-        break;
-      }
+      E3_RETURN_IF_ERROR(each(++line_number, p, &stop));
+      if (stop) break;
     }
   }
   if (!in.status().ok()) {
     return absl::DataLossError(absl::StrCat(in.status().message(), " (after line ", line_number, ")"));
   }
+  return absl::OkStatus();
+}
+
+// What training makes of a parsed line: the cut to max_length (counted in
+// *truncated), then the drop rules.
+LineOutcome Judge(const DatasetOptions& options, ParsedLine* p, bool* truncated) {
+  *truncated = false;
+  if (p->kind == LineKind::kEmpty) return LineOutcome::kEmpty;
+  if (p->kind == LineKind::kMalformed) return LineOutcome::kMalformed;
+  if (options.max_length > 0 && static_cast<int64_t>(p->input_ids.size()) > options.max_length) {
+    p->input_ids.resize(static_cast<size_t>(options.max_length));
+    p->loss_mask.resize(static_cast<size_t>(options.max_length));
+    *truncated = true;
+  }
+  if (static_cast<int64_t>(p->input_ids.size()) < options.min_length) return LineOutcome::kTooShort;
+  if (options.drop_empty_loss_mask &&
+      std::find(p->loss_mask.begin(), p->loss_mask.end(), 1) == p->loss_mask.end()) {
+    return LineOutcome::kNoTrainedToken;
+  }
+  return LineOutcome::kKept;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Load(const DatasetOptions& options,
+                                                       const Tokenizer& tokenizer,
+                                                       const ChatTemplate& chat_template) {
+  if (absl::Status valid = ValidateOptions(options); !valid.ok()) return valid;
+  const LineContext ctx = MakeContext(options, tokenizer, chat_template, /*keep_text=*/false);
+  auto dataset = std::unique_ptr<Dataset>(new Dataset());
+  dataset->source_ = options.path;
+  DatasetStats& stats = dataset->stats_;
+  auto each = [&](int64_t line_number, ParsedLine& p, bool* stop) -> absl::Status {
+    ++stats.lines_read;
+    bool truncated = false;
+    const LineKind kind = p.kind;
+    switch (Judge(options, &p, &truncated)) {
+      case LineOutcome::kEmpty:
+        ++stats.empty_lines;
+        return absl::OkStatus();
+      case LineOutcome::kMalformed: {
+        std::string message = absl::StrCat(options.path, ":", line_number, ": ", p.error);
+        if (!options.skip_malformed) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(message, " (set skip_malformed to skip and count such lines)"));
+        }
+        ++stats.malformed;
+        ++stats.malformed_by_cause[p.cause];
+        if (static_cast<int>(stats.first_errors.size()) < options.max_error_messages) {
+          stats.first_errors.push_back(std::move(message));
+        }
+        return absl::OkStatus();
+      }
+      case LineOutcome::kTooShort:
+        stats.truncated += truncated;
+        ++stats.dropped_short;
+        return absl::OkStatus();
+      case LineOutcome::kNoTrainedToken:
+        stats.truncated += truncated;
+        ++stats.dropped_empty_mask;
+        return absl::OkStatus();
+      case LineOutcome::kKept:
+        stats.truncated += truncated;
+        break;
+    }
+    Sample sample;
+    sample.id = static_cast<int64_t>(dataset->samples_.size());
+    sample.line = line_number;
+    sample.input_ids = std::move(p.input_ids);
+    sample.loss_mask = std::move(p.loss_mask);
+    AddKeptToStats(sample, &stats);
+    ++(kind == LineKind::kChat ? stats.conversations : stats.pretokenized);
+    dataset->samples_.push_back(std::move(sample));
+    *stop = options.max_samples > 0 && stats.kept >= options.max_samples;
+    return absl::OkStatus();
+  };
+  E3_RETURN_IF_ERROR(ForEachParsedLine(options, ctx, /*max_lines=*/0, each));
   return dataset;
+}
+
+absl::StatusOr<std::vector<LinePreview>> PreviewLines(const DatasetOptions& options, const Tokenizer& tokenizer,
+                                                      const ChatTemplate& chat_template, int64_t lines) {
+  if (absl::Status valid = ValidateOptions(options); !valid.ok()) return valid;
+  if (lines < 1) return absl::InvalidArgumentError(absl::StrCat("lines is ", lines, "; expected >= 1"));
+  const LineContext ctx = MakeContext(options, tokenizer, chat_template, /*keep_text=*/true);
+  std::vector<LinePreview> out;
+  auto each = [&](int64_t line_number, ParsedLine& p, bool*) -> absl::Status {
+    LinePreview v;
+    v.line = line_number;
+    v.conversation = p.kind == LineKind::kChat;
+    v.tokens_before_cut = static_cast<int64_t>(p.input_ids.size());
+    bool truncated = false;
+    v.outcome = Judge(options, &p, &truncated);
+    if (v.outcome == LineOutcome::kMalformed) {
+      v.error = absl::StrCat(options.path, ":", line_number, ": ", p.error);
+    }
+    v.input_ids = std::move(p.input_ids);
+    v.loss_mask = std::move(p.loss_mask);
+    v.text = std::move(p.text);
+    v.offsets = std::move(p.offsets);
+    v.offsets.resize(std::min(v.offsets.size(), v.input_ids.size()));
+    v.warnings = std::move(p.warnings);
+    out.push_back(std::move(v));
+    return absl::OkStatus();
+  };
+  E3_RETURN_IF_ERROR(ForEachParsedLine(options, ctx, lines, each));
+  return out;
 }
 
 std::unique_ptr<Dataset> Dataset::FromSamples(std::vector<Sample> samples, std::string source) {

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -119,6 +120,45 @@ class Dataset {
   std::vector<Sample> samples_;
   DatasetStats stats_;
 };
+
+// What training makes of one line of a data file.
+enum class LineOutcome {
+  kEmpty,           // blank: skipped
+  kMalformed,       // skipped and counted, or fatal (skip_malformed)
+  kTooShort,        // fewer than min_length tokens after the cut: dropped
+  kNoTrainedToken,  // no loss_mask 1 (drop_empty_loss_mask): dropped
+  kKept,            // a sample
+};
+
+// One line as Dataset::Load reads it for training (the same parse,
+// template rendering, tokenization, cut and drop rules), with what a person
+// needs to check it: the rendered text and where each token lies in it.
+// teacher_server --preview_data prints these (common/data/preview.h).
+struct LinePreview {
+  int64_t line = 0;  // 1-based
+  LineOutcome outcome = LineOutcome::kEmpty;
+  bool conversation = false;  // a chat line; else input_ids/loss_mask (or not parsed)
+  std::string error;          // kMalformed: "path:line: what was wrong"
+  std::vector<int32_t> input_ids;  // after the cut to max_length
+  std::vector<uint8_t> loss_mask;
+  int64_t tokens_before_cut = 0;  // more than input_ids.size() when cut
+  // A chat line's rendering and the [begin, end) byte span of each of
+  // input_ids in it; empty for pre-tokenized lines.
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> offsets;
+  // One per assistant turn whose reasoning (reasoning_content, thinking,
+  // or a leading <think> block of its content) the rendering does not
+  // contain: the template dropped it.
+  std::vector<std::string> warnings;
+};
+
+// The first `lines` lines of options.path (blank ones included), each as
+// Dataset::Load judges it; max_samples and skip_malformed do not apply.
+// Errors: the file cannot be opened or read, bad options.
+absl::StatusOr<std::vector<LinePreview>> PreviewLines(const DatasetOptions& options,
+                                                      const Tokenizer& tokenizer,
+                                                      const ChatTemplate& chat_template,
+                                                      int64_t lines);
 
 // One line of a training file, kept as written for regeneration
 // (teacher_server/data/regenerate.h): a conversation's turns, or a

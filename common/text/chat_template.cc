@@ -354,7 +354,7 @@ absl::StatusOr<RenderedChat> ChatTemplate::Render(const std::vector<ChatMessage>
 absl::StatusOr<TokenizedChat> TokenizeChat(const Tokenizer& tokenizer, const ChatTemplate& chat_template,
                                            const std::vector<ChatMessage>& messages, bool train_on_all_tokens,
                                            const Json& tools) {
-  E3_ASSIGN_OR_RETURN(const RenderedChat rendered,
+  E3_ASSIGN_OR_RETURN(RenderedChat rendered,
                       chat_template.Render(messages, /*add_generation_prompt=*/false, tools));
   Encoding enc = tokenizer.Encode(rendered.text);
   TokenizedChat out;
@@ -370,6 +370,8 @@ absl::StatusOr<TokenizedChat> TokenizeChat(const Tokenizer& tokenizer, const Cha
     }
   }
   out.input_ids = std::move(enc.ids);
+  out.text = std::move(rendered.text);
+  out.offsets = std::move(enc.offsets);
   return out;
 }
 

@@ -32,6 +32,10 @@ struct RenderedChat {
 struct TokenizedChat {
   std::vector<int32_t> input_ids;
   std::vector<uint8_t> loss_mask;  // 1 where the token is trained on
+  // The rendering the ids encode, and each id's [begin, end) byte span in
+  // it (teacher_server --preview_data shows the trained spans in the text).
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> offsets;
 };
 
 struct ChatTemplateOptions {

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/file_util.h"
 #include "common/base/status_macros.h"
+#include "common/model/model_config.h"
 
 namespace e3 {
 namespace {
@@ -16,8 +17,27 @@ std::vector<int32_t> StopIds(const CausalLM& model) {
   return out;
 }
 
-absl::StatusOr<ChatTemplate> LoadTemplate(const TeacherDataOptions& o) {
-  return ChatTemplate::Load(o.model_dir, o.chat_template);
+// The model directory's tokenizer and chat template (or the override), as
+// training and --preview_data read them.
+absl::Status LoadTextTools(const TeacherDataOptions& o, TeacherData* data) {
+  E3_ASSIGN_OR_RETURN(data->tokenizer, Tokenizer::FromFile(o.model_dir + "/tokenizer.json"));
+  E3_ASSIGN_OR_RETURN(data->chat_template, ChatTemplate::Load(o.model_dir, o.chat_template));
+  return absl::OkStatus();
+}
+
+// How the training data at `path` is read: the cut, the drop rules and the
+// bounds of its lines and ids (`vocab_size`: the model's).
+DatasetOptions TrainingDatasetOptions(const TeacherDataOptions& o, const std::string& path,
+                                      int64_t vocab_size) {
+  DatasetOptions d;
+  d.path = path;
+  d.skip_malformed = o.skip_malformed;
+  d.max_length = o.max_seq_len;
+  d.train_on_all_tokens = o.train_on_all_tokens;
+  d.max_samples = o.max_samples;
+  d.max_line_bytes = o.max_line_bytes;
+  d.vocab_size = vocab_size;
+  return d;
 }
 
 // --regenerate: the path of the regenerated data, made now or reused from
@@ -79,16 +99,9 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadTrainingData(const TeacherDataOptio
                                                           const std::string& path,
                                                           const TeacherData& data,
                                                           int64_t vocab_size) {
-  DatasetOptions d;
-  d.path = path;
-  d.skip_malformed = o.skip_malformed;
-  d.max_length = o.max_seq_len;
-  d.train_on_all_tokens = o.train_on_all_tokens;
-  d.max_samples = o.max_samples;
-  d.max_line_bytes = o.max_line_bytes;
-  d.vocab_size = vocab_size;
   E3_ASSIGN_OR_RETURN(std::unique_ptr<Dataset> dataset,
-                      Dataset::Load(d, *data.tokenizer, *data.chat_template));
+                      Dataset::Load(TrainingDatasetOptions(o, path, vocab_size), *data.tokenizer,
+                                    *data.chat_template));
   std::printf("teacher: data %s (template %s)\n", dataset->Summary().c_str(),
               data.chat_template->origin().c_str());
   for (const auto& e : dataset->stats().first_errors)
@@ -145,8 +158,7 @@ std::vector<Sample> SamplesOfShard(const std::vector<Sample>& samples, int num_s
 absl::StatusOr<TeacherData> SetUpTeacherData(const TeacherDataOptions& o, CausalLM* model) {
   const ModelConfig& cfg = model->config();
   TeacherData data;
-  E3_ASSIGN_OR_RETURN(data.tokenizer, Tokenizer::FromFile(o.model_dir + "/tokenizer.json"));
-  E3_ASSIGN_OR_RETURN(data.chat_template, LoadTemplate(o));
+  E3_RETURN_IF_ERROR(LoadTextTools(o, &data));
   std::string path = o.data;
   if (o.regenerate) {
     E3_ASSIGN_OR_RETURN(path, Regenerate(o, model, *data.tokenizer, *data.chat_template));
@@ -167,6 +179,44 @@ absl::StatusOr<TeacherData> SetUpTeacherData(const TeacherDataOptions& o, Causal
               coverage.ok() ? 100.0 * coverage->fraction() : 0.0);
   if (!o.vocab_map_out.empty()) E3_RETURN_IF_ERROR(SaveVocabMap(data.vocab, o.vocab_map_out));
   return data;
+}
+
+absl::StatusOr<PreviewTotals> PreviewTeacherData(const TeacherDataOptions& o, int64_t lines,
+                                                 const PreviewMarkers& markers, std::FILE* out) {
+  // config.json for the model's vocab (the bound of pre-tokenized ids), as
+  // training reads it; the weights stay unread.
+  E3_ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(JoinPath(o.model_dir, "config.json")));
+  TeacherData data;
+  E3_RETURN_IF_ERROR(LoadTextTools(o, &data));
+  const DatasetOptions d = TrainingDatasetOptions(o, o.data, config.vocab_size);
+  E3_ASSIGN_OR_RETURN(const std::vector<LinePreview> previews,
+                      PreviewLines(d, *data.tokenizer, *data.chat_template, lines));
+  std::fprintf(out,
+               "teacher: preview of the first %ld line(s) of %s as the teacher trains on them: template %s, "
+               "max_seq_len %ld, train_reasoning %s, train_on_all_tokens %s; trained tokens (loss_mask 1) "
+               "%s\n",
+               static_cast<long>(lines), o.data.c_str(), data.chat_template->origin().c_str(),
+               static_cast<long>(o.max_seq_len), o.chat_template.train_reasoning ? "true" : "false",
+               o.train_on_all_tokens ? "true" : "false", markers.described.c_str());
+  if (o.regenerate) {
+    std::fprintf(out,
+                 "teacher: note: data.regenerate is on: training replaces the assistant turns with the "
+                 "teacher's own, which needs the model; these are the lines as written\n");
+  }
+  if (o.num_data_shards > 1) {
+    std::fprintf(out,
+                 "teacher: note: this teacher serves shard %d of %d (samples whose index mod %d is %d); "
+                 "these are the file's first lines, whatever their shard\n",
+                 o.data_shard, o.num_data_shards, o.num_data_shards, o.data_shard);
+  }
+  std::fprintf(out, "\n");
+  for (const LinePreview& line : previews) {
+    std::fputs(FormatLinePreview(line, o.data, *data.tokenizer, markers).c_str(), out);
+  }
+  const PreviewTotals totals = TotalsOf(previews);
+  std::fprintf(out, "teacher: preview: %s\n", DescribeTotals(totals).c_str());
+  std::fflush(out);
+  return totals;
 }
 
 absl::StatusOr<std::unique_ptr<EvalSet>> StartEvalSet(const TeacherDataOptions& o, CausalLM* model,

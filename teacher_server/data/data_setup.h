@@ -6,6 +6,7 @@
 #ifndef E3_TEACHER_SERVER_DATA_DATA_SETUP_H_
 #define E3_TEACHER_SERVER_DATA_DATA_SETUP_H_
 
+#include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
@@ -14,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "common/config/run_config.h"
 #include "common/data/dataset.h"
+#include "common/data/preview.h"
 #include "common/data/vocab_map.h"
 #include "common/text/chat_template.h"
 #include "common/text/tokenizer.h"
@@ -71,6 +73,15 @@ absl::StatusOr<TeacherData> SetUpTeacherData(const TeacherDataOptions& o, Causal
 // num_shards is the shard. Calibration runs before, on all of them, so
 // every teacher of a sharded set serves the same draft vocab.
 std::vector<Sample> SamplesOfShard(const std::vector<Sample>& samples, int num_shards, int shard);
+
+// --preview_data: the first `lines` lines of o.data as SetUpTeacherData
+// reads them for training (the same tokenizer, template, cut and drop
+// rules; before any --regenerate, without the model's weights), written to
+// `out` with the trained tokens between `markers`, then the totals.
+// Errors: the model directory's config.json, tokenizer or template, or
+// the data file cannot be read.
+absl::StatusOr<PreviewTotals> PreviewTeacherData(const TeacherDataOptions& o, int64_t lines,
+                                                 const PreviewMarkers& markers, std::FILE* out);
 
 // The eval set of o.eval_prompts (null without one), generating in the
 // background from now on.

@@ -107,6 +107,37 @@ TEST(CommandLineTest, HelpListsEverySettingOfTheProcessWithItsDefault) {
   }
 }
 
+// --preview_data is teacher_server's action, like --help: read from its
+// command line only, never a setting of a run config or of another process.
+TEST(CommandLineTest, PreviewDataIsATeacherCommandLineAction) {
+  auto c = Read({"--preview_data=3", "--data=x.jsonl"}, kTeacher);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->preview_data, 3);
+  EXPECT_EQ(c->config.data.train, "x.jsonl");
+  auto spaced = Read({"--preview_data", "2"}, kTeacher);
+  ASSERT_TRUE(spaced.ok()) << spaced.status();
+  EXPECT_EQ(spaced->preview_data, 2);
+  EXPECT_EQ(Read({"--data=x.jsonl"}, kTeacher)->preview_data, 0);
+  for (const std::string bad : {"--preview_data=0", "--preview_data=two", "--preview_data"}) {
+    auto refused = Read({bad}, kTeacher);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.status().message().find("expected a number of lines, at least 1"), absl::string_view::npos)
+        << refused.status();
+  }
+  auto student = Read({"--preview_data=3"}, kStudent);
+  ASSERT_FALSE(student.ok());
+  EXPECT_NE(student.status().message().find("unknown flag --preview_data"), absl::string_view::npos);
+  const std::string config = WriteConfig("preview_in_args", "teachers:\n  args: [\"--preview_data=3\"]\n");
+  auto in_args = Read({"--config=" + config}, kTeacher);
+  ASSERT_FALSE(in_args.ok());
+  EXPECT_NE(in_args.status().message().find("teachers.args: --preview_data is an action of teacher_server's command "
+                                            "line, not a setting"),
+            absl::string_view::npos)
+      << in_args.status();
+  EXPECT_NE(Usage(kTeacher, "summary").find("--preview_data=N"), std::string::npos);
+  EXPECT_EQ(Usage(kStudent, "summary").find("--preview_data"), std::string::npos);
+}
+
 // Whether the check admits one value only (a choice of one, as
 // draft.algorithm while one algorithm is built).
 bool OnlyItsDefault(const Setting& s) { return s.check.kind == Kind::kChoice && s.check.choices.size() == 1; }
