@@ -9,7 +9,7 @@
 # builds of this project are made and tested on (shared/device/README.md):
 # the apt packages of tools/install_deps.sh (same names on Ubuntu), LibTorch
 # with CUDA and NCCL from the PyTorch wheel (Debian's libtorch-dev is
-# CPU-only), a Release build. deploy/README.md says what has and has not been
+# CPU-only), a Release build. docs/guides/cluster.md says what has and has not been
 # run of this file.
 ARG CUDA_IMAGE=nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04
 FROM ${CUDA_IMAGE}

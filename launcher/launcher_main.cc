@@ -263,12 +263,15 @@ void NodeRun::PrintSummaries() {
 // The run's curves from rank 0's step log; a missing matplotlib is a
 // warning, not a failed run.
 void NodeRun::Plot() {
-  if (!plan_.config.launcher.plot || !IsRegularFile(plan_.step_log)) return;
+  // Data-parallel students write one step log per rank (<step_log>.rank<r>).
+  const std::string step_log =
+      IsRegularFile(plan_.step_log) ? plan_.step_log : absl::StrCat(plan_.step_log, ".rank0");
+  if (!plan_.config.launcher.plot || !IsRegularFile(step_log)) return;
   const std::string python = IsRegularFile("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
   const std::string log = JoinPath(plan_.config.run.out, "plot.log");
   (void)RotateLog(log);  // an earlier launch's plot log is worth keeping, not worth failing on
   auto child = ChildProcess::Start(
-      {python, std::string(E3_SOURCE_DIR) + "/tools/plot_run.py", "--step_log=" + plan_.step_log,
+      {python, std::string(E3_SOURCE_DIR) + "/tools/plot_run.py", "--step_log=" + step_log,
        "--out=" + plan_.plot, absl::StrCat("--title=", plan_.config.source, ": student rank 0")},
       {}, log);
   if (child.ok() && (*child)->WaitFor(120s) && (*child)->Succeeded()) {

@@ -207,7 +207,7 @@ TEST(CommandLineTest, TheConfigReferenceIsUpToDate) {
 TEST(CommandLineTest, AnAlgorithmThatIsNotBuiltIsRefusedNamingTheChoices) {
   auto by_flag = Read({"--draft_algorithm=dspark"}, kStudent);
   ASSERT_FALSE(by_flag.ok());
-  EXPECT_NE(by_flag.status().message().find("draft.algorithm: expected eagle3 or dflash, got \"dspark\""),
+  EXPECT_NE(by_flag.status().message().find("draft.algorithm: expected eagle3, eagle3.1 or dflash, got \"dspark\""),
             std::string::npos)
       << by_flag.status();
 }
