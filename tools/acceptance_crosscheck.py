@@ -1,38 +1,68 @@
 #!/usr/bin/env python3
-"""Independent cross-check of the acceptance length tau of a trained EAGLE-3 draft.
+"""Independent cross-check of the acceptance length tau of a trained draft:
+EAGLE-3 / EAGLE-3.1 chains and DFlash blocks.
 
 What it checks
 --------------
 The C++ student measures tau(K): the mean number of tokens one verify round
-produces when SGLang serves the exported draft with chain speculative
-decoding (speculative_eagle_topk=1, speculative_num_steps=K,
-speculative_num_draft_tokens=K+1) against a greedy target. It writes the
+produces when a serving engine runs the exported draft against a greedy
+target, K draft tokens a round. For EAGLE-3 that is SGLang's chain
+speculative decoding (speculative_eagle_topk=1, speculative_num_steps=K,
+speculative_num_draft_tokens=K+1); for DFlash it is SGLang's block round,
+of whose B - 1 proposals the first K are verified. The student writes the
 evaluation inputs and its own results into an "eval dump"; this script
-re-measures tau from the exported draft folder alone (config.json +
-model.safetensors, read with a small safetensors reader of its own) in plain
-PyTorch, running the draft the way a serving engine does: one request at a
-time, a real KV cache, the draft chain one token per decode step. It exits 1
-when a chain's tau differs from the C++ value by more than --tolerance.
+re-measures tau from the exported draft folder (config.json +
+model.safetensors, read with a small safetensors reader of its own) and the
+dump in plain PyTorch, running the draft the way a serving engine does: one
+request at a time, with a real KV cache. It exits 1 when a chain's tau
+differs from the C++ value by more than --tolerance. config.json's
+"architectures" picks the draft: ["LlamaForCausalLMEagle3"] (EAGLE-3, and
+EAGLE-3.1 with fc_norm / norm_output) or ["DFlashDraftModel"].
 
-Semantics (per sample: tokens s[0..n-1], the first p of them the prompt;
-the rest are the teacher's greedy continuation, i.e. what the target emits)
--------------------------------------------------------------------------
+Rounds (per sample: tokens s[0..n-1], the first p of them the prompt; the
+rest are the teacher's greedy continuation, i.e. what the target emits)
+------------------------------------------------------------------------
+A round at row t has the tokens known through s[t+1] (first t = p-1: s[p]
+is the target's first generated token) and proposes y_1..y_K for
+s[t+2..]. The target accepts the longest prefix y_1..y_a that matches
+s[t+2..], capped at the tokens left in the data, and adds its bonus token:
+advance = min(a+1, remaining); the next round is at row t + advance.
+tau(K) = sum of advances / number of rounds, pooled over all samples.
+
+EAGLE-3 semantics
+-----------------
 * Draft row r (0 <= r <= n-2) feeds the midlayer embeds = embed(s[r+1]) and
   hidden = fc(aux[r]) at rope position r: the target's hidden state of token
   r paired with the token that follows it.
 * Extend: rows with teacher features run through the draft and leave their
-  keys/values in its one-layer KV cache. First rows 0..p-1 (the prefill;
-  s[p] is the target's first generated token).
-* A verify round at row t (tokens known through s[t+1]; first t = p-1):
-  y_1 = target id of argmax lm_head(norm(o_t)), o_t = row t's pre-norm
-  midlayer output; for i = 2..K a decode step on embeds = embed(y_{i-1}),
-  hidden = the previous step's pre-norm output, position t+i-1, attending to
-  rows 0..t and the chain's own keys so far. The target accepts the longest
-  prefix y_1..y_a that matches s[t+2..], capped at the tokens left in the
-  data, and adds its bonus token: advance = min(a+1, remaining). The chain's
-  cache entries are dropped and rows t+1..t+advance are extended with the
-  target's features.
-* tau(K) = sum of advances / number of rounds, pooled over all samples.
+  keys/values in its one-layer KV cache. First rows 0..p-1 (the prefill).
+* A round at row t: y_1 = target id of argmax lm_head(norm(o_t)), o_t = row
+  t's pre-norm midlayer output; for i = 2..K a decode step on embeds =
+  embed(y_{i-1}), hidden = the previous step's pre-norm output (norm(out)
+  with EAGLE-3.1's norm_output), position t+i-1, attending to rows 0..t and
+  the chain's own keys so far. The chain's cache entries are dropped and
+  rows t+1..t+advance are extended with the target's features.
+
+DFlash semantics (student_trainer/draft/dflash_draft.h)
+-------------------------------------------------------
+* The context: the target's states of the captured layers (dump aux_hidden,
+  [T, k*H], the layers side by side in target_layer_ids order), projected
+  per row: c_r = hidden_norm(fc(aux[r])).
+* Every draft layer (Qwen3: q_norm/k_norm on each head) caches the context
+  rows' keys and values, through its own k_proj/v_proj, k_norm and rope at
+  the row's position r; the context rows do not pass input_layernorm.
+  First rows 0..p-1 (the prefill).
+* A round at row t: the anchor is s[t+1], the last committed token, which
+  the target has not run. The block [anchor, MASK x (B-1)] (the target's
+  embeddings; MASK = dflash_config.mask_token_id) sits at positions
+  t+1..t+B; in every layer its rows attend to the cached context rows
+  0..t and to every row of the block (bidirectional). Rows 1..B-1 of the
+  last layer through the final norm and the TARGET's lm_head (the dump's
+  target_lm_head: the export has none) give B-1 greedy proposals; chain K
+  verifies the first min(K, B-1) (a chain longer than the block proposes
+  nothing past it). The block leaves nothing in the cache; after the
+  verify, rows t+1..t+advance (the anchor and the accepted tokens, whose
+  target states are now known) are appended to every layer's cache.
 
 Where SGLang states these semantics
 -----------------------------------
@@ -51,18 +81,39 @@ states, the midlayer's q/k/v read cat(input_layernorm(embeds),
 hidden_norm(hidden)), and the hidden state handed to the next step is the
 pre-norm residual sum (the fused norm returns both); hot_token_id (our d2t)
 maps draft ids to target ids.
+python/sglang/srt/speculative/dflash_worker.py:
+  - forward_batch_generation: the prefill's captured target states of the
+    prompt go into the draft KV cache at once, and the target's next token
+    becomes the bonus token (the next block's anchor); a decode step drafts,
+    verifies (DFlashVerifyInput.verify: the longest matching prefix plus the
+    target's next token as the new bonus) and appends the target states of
+    the commit_lens = accepted + 1 committed rows (the anchor and the
+    accepted tokens) to the draft KV cache;
+  - _append_target_hidden_to_draft_kv / _append_target_hidden_sequential:
+    project_target_hidden (fc, hidden_norm) of the new rows, then per layer
+    kv_proj, k_norm and k rope at the rows' own positions into that layer's
+    KV cache;
+  - _prepare_for_speculative_decoding: block_ids = [bonus token, mask x
+    (B-1)] embedded by the target, positions seq_len + 0..B-1, run as a
+    non-causal block over the cached context, and draft_hidden[:, 1:] into
+    _greedy_sample_from_vocab_parallel_head with the target's lm_head.
+docs/decisions/0061-dflash-export-and-round.md says which fields the
+engines read from a DFlash export.
 
 Inputs
 ------
 --draft DIR: config.json and model.safetensors as
-student_trainer/draft/draft_export.cc writes them (any float dtype; d2t I64).
+student_trainer/draft/draft_export.cc (EAGLE-3: any float dtype, d2t I64)
+or student_trainer/draft/dflash_export.cc (DFlash: fc, hidden_norm,
+layers.N.*, norm; a "model." prefix is accepted) writes them.
 --eval_dump FILE (safetensors): input_ids I32 [T], cu_seqlens I32 [B+1],
 prompt_lengths I32 [B], aux_hidden [T, num_aux*H] (F32/BF16), embed_tokens
-[V, H] (F32/BF16), and metadata "meta": JSON with "chains" and the C++
-results "tau", "rounds", "tokens" (the tokens the rounds yield), each keyed
-by str(K) (a plain number is taken for every chain), and "samples".
-Without C++ values the script prints its own and exits 0; differing rounds,
-tokens or samples are printed as notes (only tau decides the exit code).
+[V, H] (F32/BF16), for a DFlash draft target_lm_head [V, H] (F32/BF16),
+and metadata "meta": JSON with "chains" and the C++ results "tau",
+"rounds", "tokens" (the tokens the rounds yield), each keyed by str(K) (a
+plain number is taken for every chain), and "samples". Without C++ values
+the script prints its own and exits 0; differing rounds, tokens or samples
+are printed as notes (only tau decides the exit code).
 
 Run
 ---
@@ -70,11 +121,14 @@ Run
         [--device cuda] [--dtype float64] [--tolerance 0.01] [--json_out F]
     python3 tools/acceptance_crosscheck.py --self_test
 
---self_test builds a small random draft and a synthetic eval set whose
-continuations follow the draft's own greedy chain in places, checks that the
-KV-cache implementation accepts exactly what a cache-free recomputation of
-every chain accepts, round by round, and then runs the whole file path
-(export folder + eval dump with BF16 tensors) through the main entry point.
+--self_test builds small random drafts (EAGLE-3, EAGLE-3.1, DFlash) and
+synthetic eval sets whose continuations follow the draft's own greedy
+proposals in places, checks that the KV-cache implementation accepts
+exactly what a cache-free recomputation of every round accepts, round by
+round (for DFlash also proposes the same tokens from every row), and then
+runs the whole file path (export folder + eval dump with BF16 tensors)
+through the main entry point, including a C++ tau off by 0.5 that must be
+reported.
 
 Needs only torch (1.13 or later) and the standard library.
 """
@@ -91,6 +145,7 @@ import torch
 
 DEFAULT_CHAINS = [3, 5, 7]
 ARCHITECTURE = "LlamaForCausalLMEagle3"
+DFLASH_ARCHITECTURE = "DFlashDraftModel"
 
 class FormatError(Exception):
     """An input file that does not hold what this script expects."""
@@ -372,6 +427,93 @@ class DraftConfig:
         }
 
 
+def _dflash_setting(config, key, source, kind=int):
+    """A DFlash setting as SGLang's parse_dflash_draft_config reads it:
+    dflash_config first, then the top level."""
+    dflash = config.get("dflash_config")
+    if dflash is not None and not isinstance(dflash, dict):
+        raise FormatError(f"{source}: field 'dflash_config': expected an object")
+    if dflash and dflash.get(key) is not None:
+        return _field(dflash, key, source + " dflash_config", kind)
+    return _field(config, key, source, kind)
+
+
+class DFlashConfig:
+    """The fields of a DFlash export's config.json (dflash_export.cc) the
+    block forward needs."""
+
+    def __init__(self, config, source="config.json"):
+        archs = config.get("architectures")
+        if not isinstance(archs, list) or not archs or archs[0] != DFLASH_ARCHITECTURE:
+            raise FormatError(f"{source}: field 'architectures': "
+                              f"expected [{DFLASH_ARCHITECTURE!r}]")
+        if config.get("hidden_act", "silu") != "silu":
+            raise FormatError(f"{source}: field 'hidden_act': only silu is supported")
+        if config.get("attention_bias"):
+            raise FormatError(f"{source}: field 'attention_bias': only false is supported")
+        self.hidden_size = _field(config, "hidden_size", source, int)
+        self.intermediate_size = _field(config, "intermediate_size", source, int)
+        self.num_layers = _field(config, "num_hidden_layers", source, int)
+        self.num_heads = _field(config, "num_attention_heads", source, int)
+        self.num_kv_heads = _field(config, "num_key_value_heads", source, int,
+                                   default=self.num_heads)
+        self.head_dim = _field(config, "head_dim", source, int,
+                               default=self.hidden_size // self.num_heads)
+        self.rms_norm_eps = _field(config, "rms_norm_eps", source, default=1e-6)
+        self.vocab_size = _field(config, "vocab_size", source, int)
+        self.block_size = _dflash_setting(config, "block_size", source)
+        self.mask_token_id = _dflash_setting(config, "mask_token_id", source)
+        layer_ids = (config.get("dflash_config") or {}).get("target_layer_ids")
+        if layer_ids is None:
+            layer_ids = config.get("target_layer_ids")
+        if not isinstance(layer_ids, list) or not layer_ids:
+            raise FormatError(f"{source}: field 'dflash_config.target_layer_ids': expected a "
+                              "non-empty list")
+        self.target_layer_ids = layer_ids
+        # The context: the captured layers' states side by side, each of
+        # the target's width, which is also the draft's.
+        self.num_aux = len(layer_ids)
+        self.target_hidden_size = self.hidden_size
+        # Sliding-window layers would run causally in the engines; the
+        # draft is trained bidirectional inside its block.
+        layer_types = config.get("layer_types")
+        if layer_types is not None and any(t != "full_attention" for t in layer_types):
+            raise FormatError(f"{source}: field 'layer_types': only full_attention is supported")
+        self.rope = parse_rope(config, source)
+        self.rotary_dim = int(self.head_dim * self.rope["partial_rotary_factor"])
+        if self.num_heads % self.num_kv_heads:
+            raise FormatError(f"{source}: num_key_value_heads must divide num_attention_heads")
+        if self.rotary_dim <= 0 or self.rotary_dim > self.head_dim or self.rotary_dim % 2:
+            raise FormatError(f"{source}: partial_rotary_factor gives rotary dim {self.rotary_dim}")
+        if self.block_size < 2:
+            raise FormatError(f"{source}: block_size {self.block_size}: a block needs its anchor "
+                              "and a drafted row")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise FormatError(f"{source}: mask_token_id {self.mask_token_id} outside "
+                              f"[0, {self.vocab_size})")
+
+    def weight_shapes(self):
+        h, d, i = self.hidden_size, self.head_dim, self.intermediate_size
+        qd, kvd = self.num_heads * d, self.num_kv_heads * d
+        shapes = {"fc.weight": [h, self.num_aux * h], "hidden_norm.weight": [h],
+                  "norm.weight": [h]}
+        for n in range(self.num_layers):
+            shapes.update({
+                f"layers.{n}.input_layernorm.weight": [h],
+                f"layers.{n}.post_attention_layernorm.weight": [h],
+                f"layers.{n}.self_attn.q_proj.weight": [qd, h],
+                f"layers.{n}.self_attn.k_proj.weight": [kvd, h],
+                f"layers.{n}.self_attn.v_proj.weight": [kvd, h],
+                f"layers.{n}.self_attn.o_proj.weight": [h, qd],
+                f"layers.{n}.self_attn.q_norm.weight": [d],
+                f"layers.{n}.self_attn.k_norm.weight": [d],
+                f"layers.{n}.mlp.gate_proj.weight": [i, h],
+                f"layers.{n}.mlp.up_proj.weight": [i, h],
+                f"layers.{n}.mlp.down_proj.weight": [h, i],
+            })
+        return shapes
+
+
 # --- the draft ---------------------------------------------------------------
 
 
@@ -397,22 +539,58 @@ def apply_rope(x, cos, sin):
     return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
 
 
-class Eagle3Draft:
-    """The exported draft's forward pieces (student_trainer/draft/eagle3_draft.h):
-    fc, one Llama decoder layer whose q/k/v read cat(input_layernorm(embeds),
-    hidden_norm(hidden)) with hidden as the residual, the final norm and
-    lm_head over the draft vocab; target id = draft id + d2t[draft id]."""
+class DraftBase:
+    """What both drafts share: the target's embedding, rope tables and
+    grouped-query attention."""
 
-    def __init__(self, cfg, weights, d2t, embed_tokens, device, dtype):
+    def __init__(self, cfg, weights, embed_tokens, device, dtype):
         self.cfg, self.device, self.dtype = cfg, device, dtype
         self.w = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
-        self.d2t = d2t.to(torch.int64).tolist()  # on the host: one device sync per token, not two
         self.embed_tokens = embed_tokens.to(device=device, dtype=dtype)
         # Rope tables are computed in fp32 (as LlamaRotaryEmbedding does) and
         # cast to the activation dtype afterwards.
         inv_freq, self.rope_scaling = rope_inv_freq(cfg.rope, cfg.rotary_dim)
         self.inv_freq = inv_freq.to(device)
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
+
+    def embed(self, ids):
+        return self.embed_tokens[torch.as_tensor(ids, device=self.device, dtype=torch.int64)]
+
+    def _cos_sin(self, positions):
+        angles = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((angles, angles), dim=-1)
+        return ((emb.cos() * self.rope_scaling).to(self.dtype),
+                (emb.sin() * self.rope_scaling).to(self.dtype))
+
+    def attend(self, q, k, v, allowed=None):
+        """q [m, heads, D] over k/v [s, kv_heads, D]; `allowed` [m, s] masks
+        keys (None: every key). GQA: kv head j serves query heads
+        j*n_rep .. (j+1)*n_rep-1 (transformers' repeat_kv)."""
+        n_rep = self.cfg.num_heads // self.cfg.num_kv_heads
+        k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) * self.scale
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed[None], float("-inf"))
+        probs = torch.softmax(scores.to(at_least_fp32(q.dtype)), dim=-1).to(q.dtype)
+        return torch.einsum("hqk,khd->qhd", probs, v).reshape(q.shape[0], -1)
+
+
+class Eagle3Draft(DraftBase):
+    """The exported draft's forward pieces (student_trainer/draft/eagle3_draft.h):
+    fc, one Llama decoder layer whose q/k/v read cat(input_layernorm(embeds),
+    hidden_norm(hidden)) with hidden as the residual, the final norm and
+    lm_head over the draft vocab; target id = draft id + d2t[draft id]."""
+
+    def __init__(self, cfg, weights, d2t, embed_tokens, device, dtype):
+        super().__init__(cfg, weights, embed_tokens, device, dtype)
+        self.d2t = d2t.to(torch.int64).tolist()  # on the host: one device sync per token, not two
+
+    def make_rows(self, tokens, aux):
+        return SampleRows(self, tokens, aux)
+
+    def drafters(self):
+        """(the serving engine's implementation, the cache-free reference)"""
+        return IncrementalDrafter, NaiveDrafter
 
     def project_aux(self, aux):
         x = aux.to(self.device, self.dtype)
@@ -427,20 +605,11 @@ class Eagle3Draft:
         (EAGLE-3), or norm(out) with norm_output (EAGLE-3.1)."""
         return rms_norm(out, self.w["norm.weight"], self.cfg.rms_norm_eps) if self.cfg.norm_output else out
 
-    def embed(self, ids):
-        return self.embed_tokens[torch.as_tensor(ids, device=self.device, dtype=torch.int64)]
-
     def layer_input(self, embeds, hidden):
         # The embedding half comes first (SpecForge/SGLang LlamaDecoderLayer).
         eps = self.cfg.rms_norm_eps
         return torch.cat((rms_norm(embeds, self.w["midlayer.input_layernorm.weight"], eps),
                           rms_norm(hidden, self.w["midlayer.hidden_norm.weight"], eps)), dim=-1)
-
-    def _cos_sin(self, positions):
-        angles = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((angles, angles), dim=-1)
-        return ((emb.cos() * self.rope_scaling).to(self.dtype),
-                (emb.sin() * self.rope_scaling).to(self.dtype))
 
     def keys_values(self, x, positions):
         """Rotated keys and values [m, kv_heads, head_dim] (not repeated:
@@ -456,18 +625,6 @@ class Eagle3Draft:
         q = (x @ self.w["midlayer.self_attn.q_proj.weight"].T).view(-1, c.num_heads, c.head_dim)
         cos, sin = self._cos_sin(positions)
         return apply_rope(q, cos, sin)
-
-    def attend(self, q, k, v, allowed=None):
-        """q [m, heads, D] over k/v [s, kv_heads, D]; `allowed` [m, s] masks
-        keys (None: every key). GQA: kv head j serves query heads
-        j*n_rep .. (j+1)*n_rep-1 (transformers' repeat_kv)."""
-        n_rep = self.cfg.num_heads // self.cfg.num_kv_heads
-        k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)
-        scores = torch.einsum("qhd,khd->hqk", q, k) * self.scale
-        if allowed is not None:
-            scores = scores.masked_fill(~allowed[None], float("-inf"))
-        probs = torch.softmax(scores.to(at_least_fp32(q.dtype)), dim=-1).to(q.dtype)
-        return torch.einsum("hqk,khd->qhd", probs, v).reshape(q.shape[0], -1)
 
     def finish(self, hidden, attn):
         """Residual (the hidden input), post-attention norm and SiLU MLP: the
@@ -606,6 +763,156 @@ class NaiveDrafter:
         pass
 
 
+# --- DFlash: block rounds ---------------------------------------------------------
+
+
+class DFlashDraft(DraftBase):
+    """The DFlash export's forward pieces (student_trainer/draft/dflash_draft.h):
+    the context is hidden_norm(fc(captured states)); each Qwen3 layer's
+    queries are the block's rows, its keys and values the context rows
+    (through the layer's own k_proj/v_proj, k_norm and rope at the context
+    row's position, never input_layernorm) and then the block's rows; the
+    block sees all of them (bidirectional). The final norm, then the
+    TARGET's lm_head: the export has no embedding or head of its own."""
+
+    def __init__(self, cfg, weights, embed_tokens, lm_head, device, dtype):
+        super().__init__(cfg, weights, embed_tokens, device, dtype)
+        self.lm_head = lm_head.to(device=device, dtype=dtype)
+        self.layers = [{name[len(f"layers.{n}."):]: t for name, t in self.w.items()
+                        if name.startswith(f"layers.{n}.")} for n in range(cfg.num_layers)]
+
+    def make_rows(self, tokens, aux):
+        return DFlashRows(self, tokens, aux)
+
+    def drafters(self):
+        return DFlashIncrementalDrafter, DFlashNaiveDrafter
+
+    def project_context(self, aux):
+        """Captured states [m, k*H] -> context rows [m, H]."""
+        x = aux.to(self.device, self.dtype) @ self.w["fc.weight"].T
+        return rms_norm(x, self.w["hidden_norm.weight"], self.cfg.rms_norm_eps)
+
+    def _heads(self, layer, name, x, heads):
+        return (x @ layer[f"self_attn.{name}.weight"].T).view(-1, heads, self.cfg.head_dim)
+
+    def keys_values(self, layer, x, positions):
+        """One layer's rotated keys and values [m, kv_heads, D] of rows x
+        [m, H] (context rows as they are, block rows after
+        input_layernorm) at `positions`."""
+        c = self.cfg
+        k = rms_norm(self._heads(layer, "k_proj", x, c.num_kv_heads),
+                     layer["self_attn.k_norm.weight"], c.rms_norm_eps)
+        cos, sin = self._cos_sin(positions)
+        return apply_rope(k, cos, sin), self._heads(layer, "v_proj", x, c.num_kv_heads)
+
+    def queries(self, layer, h, positions):
+        c = self.cfg
+        q = rms_norm(self._heads(layer, "q_proj", h, c.num_heads), layer["self_attn.q_norm.weight"],
+                     c.rms_norm_eps)
+        cos, sin = self._cos_sin(positions)
+        return apply_rope(q, cos, sin)
+
+    def finish(self, layer, x, attn):
+        """o_proj and the residual, post-attention norm and SiLU MLP."""
+        eps = self.cfg.rms_norm_eps
+        mid = x + attn @ layer["self_attn.o_proj.weight"].T
+        m = rms_norm(mid, layer["post_attention_layernorm.weight"], eps)
+        return mid + (torch.nn.functional.silu(m @ layer["mlp.gate_proj.weight"].T)
+                      * (m @ layer["mlp.up_proj.weight"].T)) @ layer["mlp.down_proj.weight"].T
+
+    def block_embeds(self, anchor):
+        return self.embed([anchor] + [self.cfg.mask_token_id] * (self.cfg.block_size - 1))
+
+    def block_positions(self, t):
+        return torch.arange(t + 1, t + 1 + self.cfg.block_size, device=self.device)
+
+    def proposals(self, x, k):
+        """Rows 1..B-1 of the block's last layer output x [B, H] through the
+        final norm and the target's head: the first min(k, B-1) greedy
+        tokens, then -1 (no proposal, never matches) up to k."""
+        take = min(k, self.cfg.block_size - 1)
+        out = rms_norm(x[1: 1 + take], self.w["norm.weight"], self.cfg.rms_norm_eps)
+        return (out @ self.lm_head.T).argmax(-1).tolist() + [-1] * (k - take)
+
+
+class DFlashRows:
+    """A sample's tokens and the target's captured states [n, k*H] as the
+    dump holds them; the drafters project them when they need them."""
+
+    def __init__(self, draft, tokens, aux):
+        self.tokens = [int(x) for x in tokens]
+        self.aux = aux[: len(self.tokens)].to(draft.device, draft.dtype)
+
+
+class DFlashIncrementalDrafter:
+    """SGLang's dflash_worker for one request: every layer keeps the
+    context's keys and values in its KV cache (position i: context row i).
+    The prefill appends rows 0..p-1; a round drafts the block against the
+    cache without writing to it; the commit appends the rows the round
+    verified (the anchor and the accepted tokens), whose target states
+    are now known."""
+
+    def __init__(self, draft, rows, max_chain):
+        self.draft, self.rows = draft, rows
+        self.caches = [KVCache(len(rows.tokens), draft.cfg, draft.device, draft.dtype)
+                       for _ in draft.layers]
+
+    def _append(self, begin, end):
+        context = self.draft.project_context(self.rows.aux[begin:end])
+        positions = torch.arange(begin, end, device=self.draft.device)
+        for layer, cache in zip(self.draft.layers, self.caches):
+            cache.append(*self.draft.keys_values(layer, context, positions))
+
+    def start(self, p):
+        self._append(0, p)
+
+    def propose(self, t, k):
+        d = self.draft
+        assert all(c.length == t + 1 for c in self.caches), "the caches must hold rows 0..t"
+        x, positions = d.block_embeds(self.rows.tokens[t + 1]), d.block_positions(t)
+        for layer, cache in zip(d.layers, self.caches):
+            h = rms_norm(x, layer["input_layernorm.weight"], d.cfg.rms_norm_eps)
+            k_blk, v_blk = d.keys_values(layer, h, positions)
+            k_ctx, v_ctx = cache.view()
+            attn = d.attend(d.queries(layer, h, positions), torch.cat((k_ctx, k_blk)),
+                            torch.cat((v_ctx, v_blk)))
+            x = d.finish(layer, x, attn)
+        return d.proposals(x, k)
+
+    def commit(self, t, advance):
+        self._append(t + 1, t + 1 + advance)
+
+
+class DFlashNaiveDrafter:
+    """Every round from scratch: rows 0..t projected again, and in every
+    layer one key/value projection over the context rows and the block's
+    rows together (the reference DFlash attention's formulation), with
+    the block's allow-mask materialised. No state between rounds."""
+
+    def __init__(self, draft, rows, max_chain=None):
+        self.draft, self.rows = draft, rows
+
+    def start(self, p):
+        pass
+
+    def propose(self, t, k):
+        d, B = self.draft, self.draft.cfg.block_size
+        context = d.project_context(self.rows.aux[: t + 1])
+        positions = torch.arange(t + 1 + B, device=d.device)  # context rows, then the block
+        # The block sees its sample's rows before its anchor and its whole block.
+        allowed = torch.ones(B, t + 1 + B, dtype=torch.bool, device=d.device)
+        x = d.block_embeds(self.rows.tokens[t + 1])
+        for layer in d.layers:
+            h = rms_norm(x, layer["input_layernorm.weight"], d.cfg.rms_norm_eps)
+            keys, values = d.keys_values(layer, torch.cat((context, h)), positions)
+            attn = d.attend(d.queries(layer, h, positions[t + 1:]), keys, values, allowed)
+            x = d.finish(layer, x, attn)
+        return d.proposals(x, k)
+
+    def commit(self, t, advance):
+        pass
+
+
 # --- the round simulation ----------------------------------------------------
 
 
@@ -655,17 +962,70 @@ def measure(draft, samples, chains, drafter_class):
 # --- loading the inputs -------------------------------------------------------
 
 
-def load_draft(draft_dir, embed_tokens, device, dtype):
+def read_draft_config(draft_dir):
     config_path = os.path.join(draft_dir, "config.json")
-    weights_path = os.path.join(draft_dir, "model.safetensors")
     try:
         with open(config_path, encoding="utf-8") as f:
             config = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise FormatError(f"{config_path}: {e}") from None
+    if not isinstance(config, dict):
+        raise FormatError(f"{config_path}: not a JSON object")
+    return config
+
+
+def is_dflash(config):
+    archs = config.get("architectures")
+    return isinstance(archs, list) and archs[:1] == [DFLASH_ARCHITECTURE]
+
+
+def dump_tensor_names(config):
+    """The eval dump's tensors this draft needs: a DFlash draft proposes
+    through the target's lm_head, which its export does not hold."""
+    return EVAL_TENSORS + (["target_lm_head"] if is_dflash(config) else [])
+
+
+def load_draft(draft_dir, config, dump_tensors, device, dtype):
+    """The export in `draft_dir` (config.json already read into `config`),
+    with the target's tensors it needs from the eval dump."""
+    config_path = os.path.join(draft_dir, "config.json")
+    weights_path = os.path.join(draft_dir, "model.safetensors")
+    archs = config.get("architectures")
+    if not isinstance(archs, list) or archs[:1] not in ([ARCHITECTURE], [DFLASH_ARCHITECTURE]):
+        raise FormatError(f"{config_path}: field 'architectures': expected [{ARCHITECTURE!r}] "
+                          f"or [{DFLASH_ARCHITECTURE!r}], got {archs!r}")
+    if is_dflash(config):
+        cfg = DFlashConfig(config, config_path)
+        tensors, _ = read_safetensors(weights_path)
+        return build_dflash_draft(cfg, tensors, dump_tensors["embed_tokens"],
+                                  dump_tensors["target_lm_head"], device, dtype, weights_path)
     cfg = DraftConfig(config, config_path)
     tensors, _ = read_safetensors(weights_path)
-    return build_draft(cfg, tensors, embed_tokens, device, dtype, weights_path)
+    return build_draft(cfg, tensors, dump_tensors["embed_tokens"], device, dtype, weights_path)
+
+
+def _check_shapes(shapes, tensors, source):
+    for name, shape in shapes.items():
+        t = tensors.get(name)
+        if t is None:
+            raise FormatError(f"{source}: tensor {name!r} is missing")
+        if list(t.shape) != shape or not t.is_floating_point():
+            raise FormatError(f"{source}: tensor {name!r}: expected a float tensor {shape}, "
+                              f"got {t.dtype} {list(t.shape)}")
+
+
+def build_dflash_draft(cfg, tensors, embed_tokens, lm_head, device, dtype, source):
+    # vLLM's loader adds a "model." prefix; the export has none, either is read.
+    tensors = {name[len("model."):] if name.startswith("model.") else name: t
+               for name, t in tensors.items()}
+    shapes = cfg.weight_shapes()
+    _check_shapes(shapes, tensors, source)
+    for name, t in (("embed_tokens", embed_tokens), ("target_lm_head", lm_head)):
+        if list(t.shape) != [cfg.vocab_size, cfg.hidden_size] or not t.is_floating_point():
+            raise FormatError(f"{name}: expected a float tensor [{cfg.vocab_size}, "
+                              f"{cfg.hidden_size}], got {t.dtype} {list(t.shape)}")
+    weights = {name: tensors[name] for name in shapes}
+    return DFlashDraft(cfg, weights, embed_tokens, lm_head, device, dtype)
 
 
 def build_draft(cfg, tensors, embed_tokens, device, dtype, source):
@@ -677,13 +1037,7 @@ def build_draft(cfg, tensors, embed_tokens, device, dtype, source):
         raise FormatError(f"{source}: fc.weight reads {num_aux} aux states, config.json "
                           f"lists {cfg.num_aux} aux layer ids")
     cfg.num_aux = num_aux
-    for name, shape in cfg.weight_shapes().items():
-        t = tensors.get(name)
-        if t is None:
-            raise FormatError(f"{source}: tensor {name!r} is missing")
-        if list(t.shape) != shape or not t.is_floating_point():
-            raise FormatError(f"{source}: tensor {name!r}: expected a float tensor {shape}, "
-                              f"got {t.dtype} {list(t.shape)}")
+    _check_shapes(cfg.weight_shapes(), tensors, source)
     d2t = tensors.get("d2t")
     if d2t is None:
         if cfg.draft_vocab_size != cfg.vocab_size:
@@ -703,11 +1057,14 @@ def build_draft(cfg, tensors, embed_tokens, device, dtype, source):
 EVAL_TENSORS = ["input_ids", "cu_seqlens", "prompt_lengths", "aux_hidden", "embed_tokens"]
 
 
-def load_eval_dump(path):
-    tensors, metadata = read_safetensors(path, names=set(EVAL_TENSORS))
-    for name in EVAL_TENSORS:
+def load_eval_dump(path, names=None):
+    names = names or EVAL_TENSORS
+    tensors, metadata = read_safetensors(path, names=set(names))
+    for name in names:
         if name not in tensors:
-            raise FormatError(f"{path}: tensor {name!r} is missing")
+            why = (" (a DFlash draft proposes through the target's lm_head, which the "
+                   "student writes into the dump)" if name == "target_lm_head" else "")
+            raise FormatError(f"{path}: tensor {name!r} is missing{why}")
     meta = {}
     if "meta" in metadata:
         try:
@@ -739,7 +1096,7 @@ def split_samples(draft, tensors, source):
         p, n = prompts[b], end - begin
         if not 1 <= p < n:
             raise FormatError(f"{source}: sample {b}: prompt length {p} outside [1, {n - 1}]")
-        samples.append((SampleRows(draft, ids[begin:end], aux[begin:end]), p))
+        samples.append((draft.make_rows(ids[begin:end], aux[begin:end]), p))
     return samples
 
 
@@ -814,14 +1171,16 @@ def crosscheck(draft_dir, eval_dump, device, dtype, tolerance, json_out=None, ou
     (stderr). Returns (exit code, report)."""
     out, err = out or sys.stdout, err or sys.stderr
     start = time.time()
-    tensors, meta = load_eval_dump(eval_dump)
-    draft = load_draft(draft_dir, tensors["embed_tokens"], device, dtype)
+    config = read_draft_config(draft_dir)
+    tensors, meta = load_eval_dump(eval_dump, dump_tensor_names(config))
+    draft = load_draft(draft_dir, config, tensors, device, dtype)
     samples = split_samples(draft, tensors, eval_dump)
     chains = [int(k) for k in meta.get("chains", DEFAULT_CHAINS)]
     if any(k < 1 for k in chains):
         raise FormatError(f"{eval_dump}: meta chains {chains}: chain lengths must be >= 1")
-    results = measure(draft, samples, chains, IncrementalDrafter)
-    extra = {"samples": len(samples), "tokens_total": int(tensors["input_ids"].numel()),
+    results = measure(draft, samples, chains, draft.drafters()[0])
+    extra = {"architecture": DFLASH_ARCHITECTURE if is_dflash(config) else ARCHITECTURE,
+             "samples": len(samples), "tokens_total": int(tensors["input_ids"].numel()),
              "device": str(device), "dtype": str(dtype).replace("torch.", ""),
              "seconds": round(time.time() - start, 3)}
     report = compare(results, meta, tolerance, extra)
@@ -867,6 +1226,39 @@ SELF_TEST_CONFIG = {
 SELF_TEST_CHAINS = [1, 3, 5, 7]
 GENERATOR_CHAIN = 7  # the synthetic target follows chains of up to this many tokens
 
+DFLASH_SELF_TEST_CONFIG = {
+    "architectures": [DFLASH_ARCHITECTURE],
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": 256,
+    "max_position_embeddings": 256,
+    "rope_theta": 10000.0,
+    "rope_scaling": SELF_TEST_CONFIG["rope_scaling"],
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+    "block_size": 5,
+    "num_target_layers": 4,
+    "layer_types": ["full_attention"] * 2,
+    "dflash_config": {"mask_token_id": 255, "target_layer_ids": [1, 3], "block_size": 5},
+}
+# Chain 4 is the whole block's B - 1 proposals, which the synthetic target
+# follows; chain 6 asks for more than a block proposes.
+DFLASH_SELF_TEST_CHAINS = [1, 2, 4, 6]
+DFLASH_GENERATOR_CHAIN = 4
+
+# (prompt length, total length): an ordinary mix, a prompt of one token, one
+# with no continuation beyond the first generated token (no rounds), one
+# with a single round.
+SELF_TEST_SHAPES = [(9, 60), (1, 35), (4, 5), (6, 8), (12, 70), (3, 41), (17, 50)]
+
 
 def _bf16_exact(t):
     # Rounded to bf16-representable values, so that the eval dump's BF16
@@ -906,26 +1298,67 @@ def make_self_test_weights(cfg, g):
     return weights, d2t, t2d, embed
 
 
-def synthesize_sample(draft, g, p, n):
+def make_dflash_self_test_weights(cfg, g):
+    """Random DFlash weights in the export's names, and the target's
+    embedding and head (bf16-exact: the dump may store them as BF16)."""
+    h = cfg.hidden_size
+
+    def randn(*shape, std=1.0):
+        return torch.randn(*shape, generator=g) * std
+
+    weights = {"fc.weight": randn(h, cfg.num_aux * h, std=1 / math.sqrt(cfg.num_aux * h)),
+               "hidden_norm.weight": 1 + randn(h, std=0.1), "norm.weight": 1 + randn(h, std=0.1)}
+    for shape_name, shape in cfg.weight_shapes().items():
+        if shape_name in weights:
+            continue
+        if shape_name.endswith("norm.weight"):
+            # q/k norms above one sharpen the attention, which the unit-RMS
+            # heads would otherwise keep near uniform.
+            scale = 2.0 if "self_attn" in shape_name else 1.0
+            weights[shape_name] = scale * (1 + randn(*shape, std=0.1))
+        else:
+            weights[shape_name] = randn(*shape, std=1 / math.sqrt(shape[1]))
+    # Embeddings smaller than the attention's and MLP's outputs, so that the
+    # mask rows' proposals follow the context and the anchor rather than
+    # the mask token's own embedding.
+    embed = _bf16_exact(randn(cfg.vocab_size, h, std=0.5))
+    lm_head = _bf16_exact(randn(cfg.vocab_size, h, std=2 / math.sqrt(h)))
+    return weights, embed, lm_head
+
+
+def synthesize_sample(draft, g, p, n, generator_chain):
     """Tokens and aux states of one sample whose continuation a synthetic
     target writes: from each round start it emits the draft's own greedy
-    chain for a random number of tokens (0..7), then a token the draft did
-    not predict. Rounds of chain 7 line up with it; shorter chains start
-    mid-chain, from the target's features, and agree only sometimes."""
-    aux = _bf16_exact(torch.randn(n, 3 * draft.cfg.target_hidden_size, generator=g))
+    proposals for a random number of tokens (0..generator_chain), then a
+    token the draft did not propose. Rounds of that chain length line up
+    with it; shorter chains start mid-way, from the target's features, and
+    agree only sometimes."""
+    aux = _bf16_exact(torch.randn(n, draft.cfg.num_aux * draft.cfg.target_hidden_size,
+                                  generator=g))
     vocab = draft.cfg.vocab_size
+    naive = draft.drafters()[1]
     tokens = torch.randint(0, vocab, (p + 1,), generator=g).tolist()  # prompt + first token
     t = p - 1
     while len(tokens) < n:
-        rows = SampleRows(draft, tokens, aux[: len(tokens)])
-        chain = NaiveDrafter(draft, rows).propose(t, GENERATOR_CHAIN)
-        a = int(torch.randint(0, GENERATOR_CHAIN + 1, (1,), generator=g))
+        rows = draft.make_rows(tokens, aux[: len(tokens)])
+        chain = naive(draft, rows).propose(t, generator_chain)
+        a = int(torch.randint(0, generator_chain + 1, (1,), generator=g))
         bonus = int(torch.randint(0, vocab, (1,), generator=g))
-        while a < GENERATOR_CHAIN and bonus == chain[a]:
+        while a < generator_chain and bonus == chain[a]:
             bonus = int(torch.randint(0, vocab, (1,), generator=g))
         tokens += (chain[:a] + [bonus])[: n - len(tokens)]
         t += a + 1
     return tokens, aux
+
+
+def synthesize_samples(draft, g, generator_chain):
+    samples = []
+    for p, n in SELF_TEST_SHAPES:
+        tokens, aux = synthesize_sample(draft, g, p, n, generator_chain)
+        rows = draft.make_rows(tokens, aux)
+        rows.dump_aux = aux  # kept for the eval dump
+        samples.append((rows, p))
+    return samples
 
 
 def _check(condition, message):
@@ -933,11 +1366,12 @@ def _check(condition, message):
         raise AssertionError("self-test: " + message)
 
 
-def self_test_equivalence(draft, samples, chains):
+def self_test_equivalence(draft, samples, chains, generator_chain):
     """The KV-cache implementation against the cache-free recomputation:
     the same accepted count in every round of every sample and chain."""
-    incremental = measure(draft, samples, chains, IncrementalDrafter)
-    naive = measure(draft, samples, chains, NaiveDrafter)
+    incremental_class, naive_class = draft.drafters()
+    incremental = measure(draft, samples, chains, incremental_class)
+    naive = measure(draft, samples, chains, naive_class)
     for k in chains:
         for b, (inc, ref) in enumerate(zip(incremental[k]["per_sample"], naive[k]["per_sample"])):
             _check(inc == ref, f"chain {k}, sample {b}: incremental rounds {inc} != naive {ref}")
@@ -950,15 +1384,16 @@ def self_test_equivalence(draft, samples, chains):
               f"accepted-count histogram {hist}")
         # Non-trivial acceptance: some rounds accept nothing, some accept tokens.
         _check(hist[0] > 0 and sum(hist[1:]) > 0, f"chain {k}: trivial acceptance {hist}")
-    _check(incremental[GENERATOR_CHAIN]["accept_hist"][GENERATOR_CHAIN] > 0,
+    _check(incremental[generator_chain]["accept_hist"][generator_chain] > 0,
            "no full-length chain was accepted")
     return incremental
 
 
-def self_test_files(cfg_json, weights, d2t, t2d, embed, samples, results, device, dtype):
-    """The file path: an export folder and an eval dump (BF16 aux, F32
-    embeddings, meta with the values just measured) through crosscheck();
-    then the same dump with one chain's C++ tau moved past the tolerance."""
+def self_test_files(cfg_json, model_tensors, dump_tensors, samples, results, device, dtype):
+    """The file path: an export folder and an eval dump (BF16 aux and
+    `dump_tensors`, the target's, and meta with the values just measured)
+    through crosscheck(); then the same dump with one chain's C++ tau moved
+    past the tolerance."""
     chains = list(results)
     tokens = [t for rows, _ in samples for t in rows.tokens]
     cu = [0]
@@ -967,18 +1402,18 @@ def self_test_files(cfg_json, weights, d2t, t2d, embed, samples, results, device
     meta = {"chains": chains, "tau": {str(k): r["tau"] for k, r in results.items()},
             "rounds": {str(k): r["rounds"] for k, r in results.items()},
             "tokens": {str(k): r["produced"] for k, r in results.items()}, "samples": len(samples)}
-    dump = {"input_ids": torch.tensor(tokens, dtype=torch.int32),
-            "cu_seqlens": torch.tensor(cu, dtype=torch.int32),
-            "prompt_lengths": torch.tensor([p for _, p in samples], dtype=torch.int32),
-            "aux_hidden": torch.cat([s.aux for s, _ in samples]).to(torch.bfloat16),
-            "embed_tokens": embed}
+    dump = dict(dump_tensors,
+                input_ids=torch.tensor(tokens, dtype=torch.int32),
+                cu_seqlens=torch.tensor(cu, dtype=torch.int32),
+                prompt_lengths=torch.tensor([p for _, p in samples], dtype=torch.int32),
+                aux_hidden=torch.cat([s.dump_aux for s, _ in samples]).to(torch.bfloat16))
     with tempfile.TemporaryDirectory() as tmp:
         draft_dir = os.path.join(tmp, "draft")
         os.makedirs(draft_dir)
         with open(os.path.join(draft_dir, "config.json"), "w", encoding="utf-8") as f:
             json.dump(cfg_json, f, indent=2)
-        write_safetensors(os.path.join(draft_dir, "model.safetensors"),
-                          dict(weights, d2t=d2t.to(torch.int64), t2d=t2d), {"format": "pt"})
+        write_safetensors(os.path.join(draft_dir, "model.safetensors"), model_tensors,
+                          {"format": "pt"})
         dump_path = os.path.join(tmp, "eval_dump.safetensors")
         write_safetensors(dump_path, dump, {"meta": json.dumps(meta)})
         code, report = crosscheck(draft_dir, dump_path, device, dtype, 0.01,
@@ -998,7 +1433,7 @@ def self_test_files(cfg_json, weights, d2t, t2d, embed, samples, results, device
               "when its C++ tau is off by 0.5")
 
 
-def self_test(device, dtype):
+def self_test_eagle3(device, dtype):
     # EAGLE-3, then EAGLE-3.1 (fc_norm, norm_output) on the same weights
     # plus its norms.
     for config in (SELF_TEST_CONFIG, dict(SELF_TEST_CONFIG, fc_norm=True, norm_output=True)):
@@ -1011,28 +1446,57 @@ def self_test(device, dtype):
             for k in range(cfg.num_aux):
                 weights[f"fc_norm.{k}.weight"] = 1 + torch.randn(cfg.target_hidden_size, generator=g) * 0.1
         draft = build_draft(cfg, dict(weights, d2t=d2t), embed, device, dtype, "self-test weights")
-        # (prompt length, total length): an ordinary mix, a prompt of one
-        # token, one with no continuation beyond the first generated token
-        # (no rounds), one with a single round.
-        shapes = [(9, 60), (1, 35), (4, 5), (6, 8), (12, 70), (3, 41), (17, 50)]
-        samples = []
-        for p, n in shapes:
-            tokens, aux = synthesize_sample(draft, g, p, n)
-            rows = SampleRows(draft, tokens, aux)
-            rows.aux = aux  # kept for the eval dump
-            samples.append((rows, p))
-        results = self_test_equivalence(draft, samples, SELF_TEST_CHAINS)
-        self_test_files(config, weights, d2t, t2d, embed, samples, results, device, dtype)
+        samples = synthesize_samples(draft, g, GENERATOR_CHAIN)
+        results = self_test_equivalence(draft, samples, SELF_TEST_CHAINS, GENERATOR_CHAIN)
+        self_test_files(config, dict(weights, d2t=d2t.to(torch.int64), t2d=t2d),
+                        {"embed_tokens": embed}, samples, results, device, dtype)
+
+
+def self_test_dflash(device, dtype):
+    print("self-test: DFlash")
+    g = torch.Generator().manual_seed(20250612)
+    cfg = DFlashConfig(DFLASH_SELF_TEST_CONFIG, "self-test config")
+    weights, embed, lm_head = make_dflash_self_test_weights(cfg, g)
+    draft = build_dflash_draft(cfg, weights, embed, lm_head, device, dtype, "self-test weights")
+    samples = synthesize_samples(draft, g, DFLASH_GENERATOR_CHAIN)
+    # Token by token: a round from every row, the cache extended one row at
+    # a time, proposes exactly what the recomputation does.
+    proposed = set()
+    for rows, p in samples:
+        incremental = DFlashIncrementalDrafter(draft, rows, None)
+        naive = DFlashNaiveDrafter(draft, rows)
+        incremental.start(p)
+        for t in range(p - 1, len(rows.tokens) - 2):
+            ys = incremental.propose(t, DFLASH_GENERATOR_CHAIN)
+            _check(ys == naive.propose(t, DFLASH_GENERATOR_CHAIN),
+                   f"row {t}: the cached context proposes {ys}, the recomputation otherwise")
+            proposed.update(ys)
+            incremental.commit(t, 1)
+    _check(len(proposed) > 20, f"the proposals hardly vary: {sorted(proposed)}")
+    results = self_test_equivalence(draft, samples, DFLASH_SELF_TEST_CHAINS, DFLASH_GENERATOR_CHAIN)
+    # Proposals beyond the block's B - 1 never match: chain 6 is chain 4.
+    _check(results[6]["per_sample"] == results[4]["per_sample"],
+           "a chain longer than the block accepted other than the whole block")
+    # The target's head in BF16, as a bf16 student writes it.
+    self_test_files(DFLASH_SELF_TEST_CONFIG, weights,
+                    {"embed_tokens": embed, "target_lm_head": lm_head.to(torch.bfloat16)},
+                    samples, results, device, dtype)
+
+
+def self_test(device, dtype):
+    self_test_eagle3(device, dtype)
+    self_test_dflash(device, dtype)
     print("self-test passed")
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        description="Re-measures the acceptance length tau of an exported EAGLE-3 draft as "
-                    "SGLang's chain speculative decoding (topk 1, K steps) against a greedy "
-                    "target would see it, and compares it with the C++ student's values in "
-                    "the eval dump's metadata. Exit 1 if a chain differs by more than "
-                    "--tolerance.")
+        description="Re-measures the acceptance length tau of an exported EAGLE-3 draft (as "
+                    "SGLang's chain speculative decoding, topk 1, K steps, serves it) or DFlash "
+                    "draft (as SGLang's block rounds serve it, the first K of a block's "
+                    "proposals verified) against a greedy target, and compares it with the "
+                    "C++ student's values in the eval dump's metadata. Exit 1 if a chain "
+                    "differs by more than --tolerance.")
     parser.add_argument("--draft", help="exported draft folder (config.json, model.safetensors)")
     parser.add_argument("--eval_dump", help="the C++ student's eval dump (safetensors)")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu; e.g. cuda)")
@@ -1042,8 +1506,8 @@ def parse_args(argv):
                         help="largest allowed |tau - C++ tau| per chain (default 0.01)")
     parser.add_argument("--json_out", help="also write the JSON report to this file")
     parser.add_argument("--self_test", action="store_true",
-                        help="check the KV-cache implementation against a cache-free one on a "
-                             "random draft, and the file path end to end")
+                        help="check the KV-cache implementations against cache-free ones on "
+                             "random EAGLE-3 and DFlash drafts, and the file path end to end")
     args = parser.parse_args(argv)
     if not args.self_test and (not args.draft or not args.eval_dump):
         parser.error("--draft and --eval_dump are required (or --self_test)")

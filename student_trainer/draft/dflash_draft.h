@@ -97,6 +97,7 @@ class DFlashDraftImpl : public DraftModel {
   const FlatParameters& flat() const override { return *flat_; }
   at::Device device() const override { return norm.device(); }
   const at::Tensor& target_embed_tokens() const override { return embed_tokens; }
+  const at::Tensor& target_lm_head() const override { return lm_head; }
   // The layout of dflash_export.h; loading checks the config first.
   absl::Status Export(const std::string& dir, const DraftExportOptions& options) const override;
   absl::Status LoadExport(const std::string& dir, OtherTarget other_target) override;

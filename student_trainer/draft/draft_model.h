@@ -49,6 +49,11 @@ class DraftModel : public torch::nn::Module {
   virtual at::Device device() const = 0;
   // The target's input embedding the draft reads, frozen: [V, H_t].
   virtual const at::Tensor& target_embed_tokens() const = 0;
+  // The target's lm_head the draft's proposals are read through, frozen,
+  // [V, H_t], where the draft has no head of its own (DFlash: the serving
+  // engines take the target's, so the export holds none); undefined where
+  // the draft's own exported lm_head proposes (EAGLE-3).
+  virtual const at::Tensor& target_lm_head() const = 0;
 
   // Writes the layout the serving engines load into `dir`.
   virtual absl::Status Export(const std::string& dir, const DraftExportOptions& options) const = 0;

@@ -230,6 +230,12 @@ class Eagle3DraftImpl : public DraftModel {
   const FlatParameters& flat() const override { return *flat_; }
   at::Device device() const override { return options_.device; }
   const at::Tensor& target_embed_tokens() const override { return embed_tokens; }
+  // Undefined: the draft's own lm_head proposes (target_head is only the
+  // training loss's).
+  const at::Tensor& target_lm_head() const override {
+    static const at::Tensor kNone;
+    return kNone;
+  }
   // The export of draft_export.h; loading checks the config's shapes, aux
   // layers and target first.
   absl::Status Export(const std::string& dir, const DraftExportOptions& options) const override;

@@ -128,13 +128,16 @@ absl::Status AcceptanceEval::Dump(const DraftModel& draft, const AcceptanceRepor
   }
   std::vector<TensorToWrite> tensors;
   try {
-    const std::vector<std::pair<std::string, at::Tensor>> named = {
+    std::vector<std::pair<std::string, at::Tensor>> named = {
         {"input_ids", torch::cat(ids).to(at::kInt)},
         {"cu_seqlens", torch::tensor(cu, torch::kInt)},
         {"prompt_lengths", torch::tensor(prompt_lengths, torch::kInt)},
         {"aux_hidden", torch::cat(aux)},
         {"embed_tokens", draft.target_embed_tokens().to(at::kCPU)},
     };
+    // A draft without a head of its own (DFlash) proposes through the
+    // target's, which its export does not hold.
+    if (draft.target_lm_head().defined()) named.emplace_back("target_lm_head", draft.target_lm_head().to(at::kCPU));
     for (const auto& [name, t] : named) {
       E3_ASSIGN_OR_RETURN(TensorToWrite w, TensorToWritable(name, t.contiguous()));
       tensors.push_back(std::move(w));

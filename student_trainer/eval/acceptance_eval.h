@@ -57,7 +57,8 @@ class AcceptanceEval {
   // The same measurement of another draft (the untrained one), once the
   // set is here; nullopt before.
   absl::StatusOr<std::optional<AcceptanceReport>> Measure(DraftModel& draft);
-  // Writes the set, the frozen embeddings and `report` to options.dump.
+  // Writes the set, the frozen embeddings (and the target's lm_head where
+  // the draft proposes through it) and `report` to options.dump.
   absl::Status Dump(const DraftModel& draft, const AcceptanceReport& report) const;
 
  private:

@@ -3,11 +3,15 @@
 // draft reads (draft.algorithm=dflash, no aux_layer_ids: spread over
 // 1..L-3), and a real student_trainer trains blocks of four until the
 // teacher's data ends. The loss falls, the real tau of block rounds is
-// measured on the teacher's eval set, and the export is the layout SGLang
-// and vLLM load as a DFlash draft of that target.
+// measured on the teacher's eval set, the export is the layout SGLang
+// and vLLM load as a DFlash draft of that target, and an independent
+// measurement of the export, drafting each round's block as SGLang's
+// dflash_worker does, reproduces its tau.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <string>
 
 #include "common/model/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -35,8 +39,9 @@ TEST(DFlashTrainE2eTest, ADFlashDraftTrainsAndExportsForTheServingEngines) {
   Subprocess teacher(teacher_argv, dir + "/teacher.log");
   ASSERT_TRUE(testing::WaitForFile(dir + "/port", 120s)) << teacher.Log();
   std::vector<std::string> student_argv = testing::TrainingStudentArgv(dir, testing::ReadPortFile(dir + "/port"));
-  for (const char* flag : {"--draft_algorithm=dflash", "--dflash_layers=2", "--dflash_block_size=4",
-                           "--dflash_num_anchors=64"}) {
+  for (const std::string& flag : {std::string("--draft_algorithm=dflash"), std::string("--dflash_layers=2"),
+                                  std::string("--dflash_block_size=4"), std::string("--dflash_num_anchors=64"),
+                                  "--eval_dump=" + dir + "/eval.safetensors", std::string("--export_dtype=float32")}) {
     student_argv.push_back(flag);
   }
   Subprocess student(student_argv, dir + "/student.log");
@@ -75,6 +80,29 @@ TEST(DFlashTrainE2eTest, ADFlashDraftTrainsAndExportsForTheServingEngines) {
   EXPECT_EQ((*weights)->Get("fc.weight")->shape, (std::vector<int64_t>{256, 2 * 256}));
   EXPECT_FALSE((*weights)->Contains("lm_head.weight"));
   testing::ExpectEverySampleCommittedOnce(teacher.Log());
+
+  // The dump carries the target's head the draft proposes through, which
+  // the export does not hold.
+  auto dump = SafetensorsFile::Open(dir + "/eval.safetensors");
+  ASSERT_TRUE(dump.ok()) << dump.status();
+  ASSERT_TRUE((*dump)->Contains("target_lm_head"));
+  EXPECT_EQ((*dump)->Get("target_lm_head")->shape, (std::vector<int64_t>{cfg["vocab_size"].get<int64_t>(), 256}));
+
+  // The same tau, measured independently from the export and the dump by
+  // tools/acceptance_crosscheck.py: per request, the context's keys and
+  // values cached in every layer and extended with each round's committed
+  // rows, the block [anchor, MASK x 3] drafted against them.
+  const std::string cmd = "/usr/bin/python3 " + kSrc + "/tools/acceptance_crosscheck.py --draft=" + dir +
+                          "/export --eval_dump=" + dir + "/eval.safetensors --json_out=" + dir +
+                          "/crosscheck.json > " + dir + "/crosscheck.log 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << ReadFile(dir + "/crosscheck.log");
+  const auto cross = nlohmann::json::parse(ReadFile(dir + "/crosscheck.json"));
+  for (const auto& k : summary["eval"]["chains"]) {
+    const std::string key = std::to_string(k.get<int64_t>());
+    std::printf("dflash e2e: chain %s: C++ tau %.4f, crosscheck tau %.4f\n", key.c_str(),
+                summary["eval"]["tau"][key].get<double>(), cross["tau"][key].get<double>());
+    EXPECT_NEAR(cross["tau"][key].get<double>(), summary["eval"]["tau"][key].get<double>(), 0.01) << key;
+  }
 }
 
 }  // namespace

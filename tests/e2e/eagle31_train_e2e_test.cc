@@ -83,6 +83,10 @@ TEST(Eagle31TrainE2eTest, AnEagle31DraftTrainsAndExportsItsNorms) {
                           "/crosscheck.json > " + dir + "/crosscheck.log 2>&1";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << ReadFile(dir + "/crosscheck.log");
   const auto cross = nlohmann::json::parse(ReadFile(dir + "/crosscheck.json"));
+  // The draft's own lm_head proposes: the dump holds no target head.
+  auto dump = SafetensorsFile::Open(dir + "/eval.safetensors");
+  ASSERT_TRUE(dump.ok()) << dump.status();
+  EXPECT_FALSE((*dump)->Contains("target_lm_head"));
   for (const auto& k : summary["eval"]["chains"]) {
     const std::string key = std::to_string(k.get<int64_t>());
     EXPECT_NEAR(cross["tau"][key].get<double>(), summary["eval"]["tau"][key].get<double>(), 0.01) << key;
