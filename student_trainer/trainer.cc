@@ -315,6 +315,7 @@ absl::StatusOr<TrainSummary> Trainer::Train() {
   // each rank's last word), and nothing is measured against a teacher that
   // is draining too; the export still holds the weights just checkpointed.
   const bool by_signal = summary_.stopped_by_signal;
+  if (!by_signal) E3_RETURN_IF_ERROR(acceptance_->AwaitSet().status());
   E3_RETURN_IF_ERROR(checkpoints_->Save(state_, algorithm_->trained(), algorithm_->optimizer(), *teachers_,
                                         /*last=*/!by_signal, /*final_report=*/by_signal));
   if (!by_signal) E3_RETURN_IF_ERROR(MeasureAtEnd());

@@ -86,6 +86,14 @@ absl::StatusOr<std::optional<AcceptanceReport>> AcceptanceEval::AtStep(int64_t s
 absl::StatusOr<std::optional<AcceptanceReport>> AcceptanceEval::Final(int64_t step, DraftModel& draft) {
   if (!available_) return std::optional<AcceptanceReport>();
   if (step == measured_at_ && last_.has_value()) return last_;
+  E3_ASSIGN_OR_RETURN(const bool ready, AwaitSet());
+  if (!ready) return std::optional<AcceptanceReport>();
+  return Measure(draft);
+}
+
+absl::StatusOr<bool> AcceptanceEval::AwaitSet() {
+  if (!available_ || gave_up_waiting_) return false;
+  if (have_set_) return true;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.wait_s);
   bool said = false;
   for (;;) {
@@ -102,11 +110,12 @@ absl::StatusOr<std::optional<AcceptanceReport>> AcceptanceEval::Final(int64_t st
     if (give_up) {
       if (layout_.is_first()) std::printf("student[0]: the teacher's eval set was not ready within %.0f s; no final acceptance\n",
                                   options_.wait_s);
-      return std::optional<AcceptanceReport>();
+      gave_up_waiting_ = true;
+      return false;
     }
     std::this_thread::sleep_for(std::chrono::seconds(2));
   }
-  return Measure(draft);
+  return true;
 }
 
 absl::Status AcceptanceEval::Dump(const DraftModel& draft, const AcceptanceReport& report) const {

@@ -52,6 +52,11 @@ class AcceptanceEval {
   // At the end (after step `step`): waits up to wait_s for the set, then
   // measures `draft`, unless AtStep just did at this step.
   absl::StatusOr<std::optional<AcceptanceReport>> Final(int64_t step, DraftModel& draft);
+  // Holds the eval set, waiting up to wait_s for the teacher to finish it;
+  // false when it was not ready in time (or there is none). The trainer
+  // calls it before its last commit: a teacher that exits once every rank
+  // has committed must not be needed afterwards.
+  absl::StatusOr<bool> AwaitSet();
   // The step of the last AtStep measurement (-1: none).
   int64_t measured_at() const { return measured_at_; }
   // The same measurement of another draft (the untrained one), once the
@@ -73,6 +78,7 @@ class AcceptanceEval {
   const ParallelLayout layout_;
   at::Device device_;
   bool available_ = false;
+  bool gave_up_waiting_ = false;  // AwaitSet waited its wait_s once: the end does not wait again
   std::vector<int64_t> chains_;
   std::vector<EvalBatch> batches_;
   bool have_set_ = false;
