@@ -8,15 +8,21 @@
 - `teacher_server --config=examples/configs/demo.yaml --preview_data=2`
   (docs/guides/data.md): exits 0 with two previewed samples
   (tests/teacher_server/preview_data_test.py checks the preview itself).
+- The demo's main job (`tools/demo.sh` without its apt and build steps,
+  which CI runs itself), shortened to 24 steps: `e3_launch
+  --config=examples/configs/demo.yaml` exits 0, exports the draft and
+  its summary shows the loss falling.
 
   readme_commands_test.py --build_dir=build --source_dir=.
 """
 import argparse
 import glob
+import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 
 MISSING = re.compile(r"^e3_launch: error: (?P<config>\S+): (?P<key>[a-z_]+\.[a-z_]+): (?P<path>/\S+): "
                      r"(not a directory|no such file)$")
@@ -63,10 +69,34 @@ def main():
         failures.append(f"the data preview: exit {r.returncode}, {len(headers)} samples:\n{r.stdout[-2000:]}"
                         f"{r.stderr}")
 
+    failures += demo_run(launcher, src)
+
     for f in failures:
         print("FAIL: " + f)
-    print(f"readme_commands_test: {len(configs)} plan(s) and the preview, {len(failures)} failure(s)")
+    print(f"readme_commands_test: {len(configs)} plan(s), the preview and the demo run, {len(failures)} failure(s)")
     return 1 if failures else 0
+
+
+def demo_run(launcher, src):
+    """The demo's run config through the launcher, shortened; its failures."""
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [launcher, "--config=examples/configs/demo.yaml", f"run.out={out}", "schedule.max_steps=24",
+               "schedule.eval_every=0", "schedule.checkpoint_every=12", "data.eval_samples=4",
+               "data.eval_max_new_tokens=16"]
+        r = subprocess.run(cmd, cwd=src, capture_output=True, text=True, timeout=300)
+        print(f"$ e3_launch --config=examples/configs/demo.yaml (24 steps)  -> exit {r.returncode}")
+        if r.returncode != 0:
+            return [f"the demo run: exit {r.returncode}:\n{r.stdout[-3000:]}{r.stderr[-2000:]}"]
+        summary_path = os.path.join(out, "summary-0.json")
+        if not os.path.isfile(summary_path) or not os.path.isfile(os.path.join(out, "draft", "model.safetensors")):
+            return [f"the demo run: no summary-0.json or exported draft in {os.listdir(out)}"]
+        with open(summary_path, encoding="utf-8") as f:
+            summary = json.load(f)
+        first, last = summary["first"]["loss"], summary["last"]["loss"]
+        print(f"  demo: {summary['steps']} steps, loss {first:.3f} -> {last:.3f}")
+        if not last < first:
+            return [f"the demo run: the loss did not fall ({first} -> {last})"]
+    return []
 
 
 if __name__ == "__main__":
