@@ -51,6 +51,7 @@ ABSL_FLAG(int, rank, 0, "this process's rank (uses cuda:<rank> when --world_size
 ABSL_FLAG(int, master_port, 29710, "c10d store port of rank 0");
 ABSL_FLAG(int, steps, 10, "timed steps (median reported)");
 ABSL_FLAG(std::string, student_kernels, "fast", "fast or reference (as the trainer's flag)");
+ABSL_FLAG(bool, eagle31, false, "EAGLE-3.1's draft (fc_norm, norm_output) instead of EAGLE-3's");
 ABSL_FLAG(bool, cudnn_attention, true,
           "fast path: one sequence of 4096+ tokens runs its causal attention in cuDNN (false: varlen flash)");
 ABSL_FLAG(bool, skip_untrained_rows, true,
@@ -173,6 +174,7 @@ int Main() {
   // bf16 values in fp32, as a bf16 checkpoint's head arrives from the teacher.
   frozen.target_lm_head = (torch::randn({N, s.hidden}, on.dtype(at::kFloat)) * 0.02).to(at::kBFloat16).to(at::kFloat);
 
+  c.fc_norm = c.norm_output = absl::GetFlag(FLAGS_eagle31);
   Eagle3DraftOptions opts;
   opts.config = c;
   opts.device = device;
@@ -307,14 +309,15 @@ int Main() {
               "\"loss_mask\":\"%s\",\"ttt_length\":%d,\"draft_vocab\":%ld,\"world_size\":%d,\"ms_per_step\":%.3f,"
               "\"tok_per_s\":%.1f,\"forward_ms\":%.2f,\"backward_ms\":%.2f,\"optimizer_ms\":%.2f,\"tflop\":%.3f,"
               "\"mfu\":%.4f,\"peak_gb\":%.3f,\"resident_gb\":%.3f,\"step_kb_per_token\":%.1f,\"device\":\"%s\","
-              "\"dtype\":\"%s\",\"cudnn_attention\":%s,\"midlayer_row_fraction\":%.4f}\n",
+              "\"dtype\":\"%s\",\"cudnn_attention\":%s,\"midlayer_row_fraction\":%.4f,\"algorithm\":\"%s\"}\n",
               absl::GetFlag(FLAGS_student_kernels).c_str(), absl::GetFlag(FLAGS_shape).c_str(), static_cast<long>(T),
               static_cast<long>(samples), absl::GetFlag(FLAGS_loss_mask).c_str(), static_cast<int>(ttt.length),
               static_cast<long>(N), world, med, world * T / med * 1e3, phase_ms[0] / kPhaseSteps,
               phase_ms[1] / kPhaseSteps, phase_ms[2] / kPhaseSteps, flops / 1e12, mfu, during.peak / 1e9,
               before.allocated / 1e9, act_per_token / 1024, device.str().c_str(), dtype_name.c_str(),
               absl::GetFlag(FLAGS_cudnn_attention) ? "true" : "false",
-              static_cast<double>(midlayer_rows) / static_cast<double>(T * ttt.length));
+              static_cast<double>(midlayer_rows) / static_cast<double>(T * ttt.length),
+              absl::GetFlag(FLAGS_eagle31) ? "eagle3.1" : "eagle3");
   return 0;
 }
 
