@@ -369,7 +369,31 @@ def rope_inv_freq(rope, dim):
     return interpolation * (1 - keep) + extrapolation * keep, scaling
 
 
-class DraftConfig:
+class LayerDims:
+    """What both drafts' configs say of their decoder layers (Llama/Qwen3
+    fields), read with the same defaults the serving engines apply."""
+
+    def read_layer_dims(self, config, source):
+        self.hidden_size = _field(config, "hidden_size", source, int)
+        self.intermediate_size = _field(config, "intermediate_size", source, int)
+        self.num_heads = _field(config, "num_attention_heads", source, int)
+        self.num_kv_heads = _field(config, "num_key_value_heads", source, int,
+                                   default=self.num_heads)
+        self.head_dim = _field(config, "head_dim", source, int,
+                               default=self.hidden_size // self.num_heads)
+        self.rms_norm_eps = _field(config, "rms_norm_eps", source, default=1e-6)
+        self.vocab_size = _field(config, "vocab_size", source, int)
+
+    def read_rope(self, config, source):
+        self.rope = parse_rope(config, source)
+        self.rotary_dim = int(self.head_dim * self.rope["partial_rotary_factor"])
+        if self.num_heads % self.num_kv_heads:
+            raise FormatError(f"{source}: num_key_value_heads must divide num_attention_heads")
+        if self.rotary_dim <= 0 or self.rotary_dim > self.head_dim or self.rotary_dim % 2:
+            raise FormatError(f"{source}: partial_rotary_factor gives rotary dim {self.rotary_dim}")
+
+
+class DraftConfig(LayerDims):
     """The fields of an exported config.json the draft's forward needs."""
 
     def __init__(self, config, source="config.json"):
@@ -380,15 +404,7 @@ class DraftConfig:
             raise FormatError(f"{source}: field 'num_hidden_layers': expected 1")
         if config.get("hidden_act", "silu") != "silu":
             raise FormatError(f"{source}: field 'hidden_act': only silu is supported")
-        self.hidden_size = _field(config, "hidden_size", source, int)
-        self.intermediate_size = _field(config, "intermediate_size", source, int)
-        self.num_heads = _field(config, "num_attention_heads", source, int)
-        self.num_kv_heads = _field(config, "num_key_value_heads", source, int,
-                                   default=self.num_heads)
-        self.head_dim = _field(config, "head_dim", source, int,
-                               default=self.hidden_size // self.num_heads)
-        self.rms_norm_eps = _field(config, "rms_norm_eps", source, default=1e-6)
-        self.vocab_size = _field(config, "vocab_size", source, int)
+        self.read_layer_dims(config, source)
         self.draft_vocab_size = _field(config, "draft_vocab_size", source, int)
         self.target_hidden_size = _field(config, "target_hidden_size", source, int,
                                          default=self.hidden_size)
@@ -398,12 +414,7 @@ class DraftConfig:
         # state lm_head reads, handed to the next step (absent: EAGLE-3).
         self.fc_norm = _flag(config, "fc_norm", source)
         self.norm_output = _flag(config, "norm_output", source)
-        self.rope = parse_rope(config, source)
-        self.rotary_dim = int(self.head_dim * self.rope["partial_rotary_factor"])
-        if self.num_heads % self.num_kv_heads:
-            raise FormatError(f"{source}: num_key_value_heads must divide num_attention_heads")
-        if self.rotary_dim <= 0 or self.rotary_dim > self.head_dim or self.rotary_dim % 2:
-            raise FormatError(f"{source}: partial_rotary_factor gives rotary dim {self.rotary_dim}")
+        self.read_rope(config, source)
 
     def weight_shapes(self):
         h, qd, kvd = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -438,7 +449,7 @@ def _dflash_setting(config, key, source, kind=int):
     return _field(config, key, source, kind)
 
 
-class DFlashConfig:
+class DFlashConfig(LayerDims):
     """The fields of a DFlash export's config.json (dflash_export.cc) the
     block forward needs."""
 
@@ -451,16 +462,8 @@ class DFlashConfig:
             raise FormatError(f"{source}: field 'hidden_act': only silu is supported")
         if config.get("attention_bias"):
             raise FormatError(f"{source}: field 'attention_bias': only false is supported")
-        self.hidden_size = _field(config, "hidden_size", source, int)
-        self.intermediate_size = _field(config, "intermediate_size", source, int)
+        self.read_layer_dims(config, source)
         self.num_layers = _field(config, "num_hidden_layers", source, int)
-        self.num_heads = _field(config, "num_attention_heads", source, int)
-        self.num_kv_heads = _field(config, "num_key_value_heads", source, int,
-                                   default=self.num_heads)
-        self.head_dim = _field(config, "head_dim", source, int,
-                               default=self.hidden_size // self.num_heads)
-        self.rms_norm_eps = _field(config, "rms_norm_eps", source, default=1e-6)
-        self.vocab_size = _field(config, "vocab_size", source, int)
         self.block_size = _dflash_setting(config, "block_size", source)
         self.mask_token_id = _dflash_setting(config, "mask_token_id", source)
         layer_ids = (config.get("dflash_config") or {}).get("target_layer_ids")
@@ -479,12 +482,7 @@ class DFlashConfig:
         layer_types = config.get("layer_types")
         if layer_types is not None and any(t != "full_attention" for t in layer_types):
             raise FormatError(f"{source}: field 'layer_types': only full_attention is supported")
-        self.rope = parse_rope(config, source)
-        self.rotary_dim = int(self.head_dim * self.rope["partial_rotary_factor"])
-        if self.num_heads % self.num_kv_heads:
-            raise FormatError(f"{source}: num_key_value_heads must divide num_attention_heads")
-        if self.rotary_dim <= 0 or self.rotary_dim > self.head_dim or self.rotary_dim % 2:
-            raise FormatError(f"{source}: partial_rotary_factor gives rotary dim {self.rotary_dim}")
+        self.read_rope(config, source)
         if self.block_size < 2:
             raise FormatError(f"{source}: block_size {self.block_size}: a block needs its anchor "
                               "and a drafted row")

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "student_trainer/ops/dflash_head_loss.h"
 
 namespace e3 {
 namespace {
@@ -264,29 +265,18 @@ at::Tensor DFlashRowNll(const at::Tensor& logits, const at::Tensor& labels) {
 }
 
 at::Tensor DFlashWeightedLoss(const at::Tensor& row_nll, const at::Tensor& labels, int64_t block_size, double gamma) {
-  const at::Tensor k = torch::arange(row_nll.size(0), torch::TensorOptions().dtype(torch::kLong).device(row_nll.device()))
-                           .remainder(block_size);
-  // Row k = 0 is the anchor itself: it predicts nothing.
-  const at::Tensor supervised = labels.ge(0).logical_and(k.gt(0));
-  const at::Tensor weight = torch::where(supervised, torch::exp(-(k - 1).clamp_min(0).to(row_nll.scalar_type()) / gamma),
-                                         torch::zeros({}, row_nll.options()));
-  return (row_nll * weight).sum() / weight.sum().clamp_min(1e-12);
+  ops::DFlashHeadLossOptions o;
+  o.block_size = block_size;
+  o.gamma = gamma;
+  return (row_nll * ops::DFlashRowWeights(row_nll, labels, o)).sum();
 }
 
 at::Tensor DFlashDPaceLoss(const at::Tensor& row_loss, const at::Tensor& labels, int64_t block_size, double alpha) {
-  const int64_t blocks = row_loss.size(0) / block_size;
-  const at::Tensor k = torch::arange(block_size, torch::TensorOptions().dtype(torch::kLong).device(row_loss.device()));
-  const at::Tensor supervised = labels.view({blocks, block_size}).ge(0).logical_and(k.gt(0));
-  const at::Tensor loss = row_loss.view({blocks, block_size});
-  at::Tensor weight;
-  {
-    torch::NoGradGuard no_grad;
-    const at::Tensor smooth = torch::where(supervised, (1.0 - alpha) * torch::exp(-loss.detach()) + alpha,
-                                           torch::ones({}, loss.options()));
-    const at::Tensor reach = torch::cumprod(smooth, 1) * supervised.to(loss.scalar_type());
-    weight = reach.flip({1}).cumsum(1).flip({1}) * supervised.to(loss.scalar_type());
-  }
-  return (loss * weight).sum() / static_cast<double>(std::max<int64_t>(blocks, 1));
+  ops::DFlashHeadLossOptions o;
+  o.block_size = block_size;
+  o.weighting = ops::DFlashWeighting::kDPace;
+  o.alpha = alpha;
+  return (row_loss * ops::DFlashRowWeights(row_loss, labels, o)).sum();
 }
 
 at::Tensor DFlashRowSoftCe(const at::Tensor& logits, const at::Tensor& target_hidden, const at::Tensor& target_head,

@@ -79,6 +79,11 @@ at::Tensor DPaceWeights(const at::Tensor& row_loss, const at::Tensor& supervised
   return w.reshape({-1}) / static_cast<double>(std::max<int64_t>(blocks, 1));
 }
 
+at::Tensor RowWeights(const at::Tensor& row_loss, const at::Tensor& supervised, const DFlashHeadLossOptions& o) {
+  return o.weighting == DFlashWeighting::kDecay ? DecayWeights(supervised, o, row_loss.scalar_type())
+                                                : DPaceWeights(row_loss, supervised, o);
+}
+
 class DFlashHeadLossFunction : public torch::autograd::Function<DFlashHeadLossFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& head,
@@ -94,15 +99,10 @@ class DFlashHeadLossFunction : public torch::autograd::Function<DFlashHeadLossFu
     at::Tensor hits = at::empty({rows}, hidden.options().dtype(at::kBool));
     at::Tensor dh = at::empty_like(hidden);
     const at::Tensor supervised = SupervisedRows(in.labels, o.block_size);
-    at::Tensor weight;
-    if (o.weighting == DFlashWeighting::kDecay) {
-      weight = DecayWeights(supervised, o, in.f);
-    } else {
-      // D-PACE's weights depend on every row of a block: a first pass
-      // takes the rows' losses, the second their gradient.
-      RowPass(in, &row_loss, &hits, at::Tensor(), nullptr);
-      weight = DPaceWeights(row_loss, supervised, o);
-    }
+    // D-PACE's weights depend on every row of a block: a first pass takes
+    // the rows' losses, the second their gradient.
+    if (o.weighting == DFlashWeighting::kDPace) RowPass(in, &row_loss, &hits, at::Tensor(), nullptr);
+    const at::Tensor weight = RowWeights(row_loss, supervised, o);
     RowPass(in, &row_loss, &hits, weight, &dh);
     call.out->row_loss = row_loss;
     call.out->hits = hits.logical_and(supervised);
@@ -118,6 +118,12 @@ class DFlashHeadLossFunction : public torch::autograd::Function<DFlashHeadLossFu
 };
 
 }  // namespace
+
+at::Tensor DFlashRowWeights(const at::Tensor& row_loss, const at::Tensor& labels, const DFlashHeadLossOptions& options) {
+  torch::NoGradGuard no_grad;
+  return RowWeights(row_loss.detach(), SupervisedRows(labels.to(row_loss.device(), at::kLong), options.block_size),
+                    options);
+}
 
 DFlashHeadLossOutput DFlashHeadLoss(const at::Tensor& hidden, const at::Tensor& head, const at::Tensor& labels,
                                     const at::Tensor& target_hidden, const DFlashHeadLossOptions& options) {

@@ -8,9 +8,9 @@
 // is computed in the forward, chunk by chunk (the head is frozen: no
 // weight gradient), and the backward only scales it by the incoming
 // gradient. Memory beyond the states is O(chunk_rows * V) for any number
-// of blocks. The mathematics is draft/dflash_draft.h's DFlashRowNll,
-// DFlashRowSoftCe, DFlashWeightedLoss and DFlashDPaceLoss, which the tests
-// hold it to.
+// of blocks. The tests hold it to draft/dflash_draft.h's plain
+// formulation (the full logits, DFlashRowNll or DFlashRowSoftCe, and the
+// weights of DFlashRowWeights, which that header's losses share).
 #ifndef E3_STUDENT_TRAINER_OPS_DFLASH_HEAD_LOSS_H_
 #define E3_STUDENT_TRAINER_OPS_DFLASH_HEAD_LOSS_H_
 
@@ -38,6 +38,13 @@ struct DFlashHeadLossOutput {
   at::Tensor row_loss;  // [R], at least fp32, no grad: each row's loss against its label
   at::Tensor hits;      // [R] bool: the row's argmax equals its label (never where the label is negative)
 };
+
+// Each row's weight in the block loss, [R] in row_loss's dtype, without
+// gradient: kDecay's exp(-(k - 1) / gamma) normalised over the
+// supervised rows (a label, not the anchor), or kDPace's share in the
+// expected accepted length (q = exp(-row_loss)) divided by the number of
+// blocks. The loss is sum(row_loss * weight).
+at::Tensor DFlashRowWeights(const at::Tensor& row_loss, const at::Tensor& labels, const DFlashHeadLossOptions& options);
 
 // hidden [R, H] (R = blocks * block_size, the draft's normalised states in
 // block order), head [V, H] frozen, labels [R] int64 (-1: no loss; the

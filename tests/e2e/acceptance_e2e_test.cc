@@ -9,13 +9,13 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <fstream>
 #include <regex>
 
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "tests/e2e/subprocess.h"
+#include "tests/e2e/training_run.h"
 
 namespace e3 {
 namespace {
@@ -90,15 +90,7 @@ TEST(AcceptanceE2eTest, TauDuringTrainingAtTheEndAndAgainstAnIndependentMeasurem
   EXPECT_GE(eval_lines, 2);
 
   // The same tau, measured independently from the export and the dump.
-  const std::string cmd = "/usr/bin/python3 " + kSrc + "/tools/acceptance_crosscheck.py --draft=" + dir +
-                          "/export --eval_dump=" + dir + "/eval.safetensors --json_out=" + dir +
-                          "/crosscheck.json > " + dir + "/crosscheck.log 2>&1";
-  const int rc = std::system(cmd.c_str());
-  EXPECT_EQ(rc, 0) << ReadFile(dir + "/crosscheck.log");
-  const auto cross = nlohmann::json::parse(ReadFile(dir + "/crosscheck.json"));
-  for (const char* k : {"3", "5", "7"}) {
-    EXPECT_NEAR(cross["tau"][k].get<double>(), summary["eval"]["tau"][k].get<double>(), 0.01) << k;
-  }
+  testing::ExpectCrosscheckAgrees(dir, summary["eval"]);
 }
 
 }  // namespace

@@ -10,7 +10,6 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <string>
 
 #include "common/model/safetensors.h"
@@ -92,17 +91,7 @@ TEST(DFlashTrainE2eTest, ADFlashDraftTrainsAndExportsForTheServingEngines) {
   // tools/acceptance_crosscheck.py: per request, the context's keys and
   // values cached in every layer and extended with each round's committed
   // rows, the block [anchor, MASK x 3] drafted against them.
-  const std::string cmd = "/usr/bin/python3 " + kSrc + "/tools/acceptance_crosscheck.py --draft=" + dir +
-                          "/export --eval_dump=" + dir + "/eval.safetensors --json_out=" + dir +
-                          "/crosscheck.json > " + dir + "/crosscheck.log 2>&1";
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << ReadFile(dir + "/crosscheck.log");
-  const auto cross = nlohmann::json::parse(ReadFile(dir + "/crosscheck.json"));
-  for (const auto& k : summary["eval"]["chains"]) {
-    const std::string key = std::to_string(k.get<int64_t>());
-    std::printf("dflash e2e: chain %s: C++ tau %.4f, crosscheck tau %.4f\n", key.c_str(),
-                summary["eval"]["tau"][key].get<double>(), cross["tau"][key].get<double>());
-    EXPECT_NEAR(cross["tau"][key].get<double>(), summary["eval"]["tau"][key].get<double>(), 0.01) << key;
-  }
+  testing::ExpectCrosscheckAgrees(dir, summary["eval"]);
 }
 
 }  // namespace

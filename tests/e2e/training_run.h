@@ -9,9 +9,12 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "nlohmann/json.hpp"
 #include "tests/e2e/subprocess.h"
 
 namespace e3::testing {
@@ -42,6 +45,25 @@ inline std::vector<std::string> TrainingStudentArgv(const std::string& dir, cons
           "--summary_json=" + dir + "/summary.json",
           "--log_every=5",
           "--threads=1"};
+}
+
+// tools/acceptance_crosscheck.py re-measures the run's export
+// (<dir>/export) on its eval dump (<dir>/eval.safetensors) the serving
+// way: its tau of every chain the student measured (`eval`, the summary's
+// "eval") must lie within 0.01 of the student's.
+inline void ExpectCrosscheckAgrees(const std::string& dir, const nlohmann::json& eval) {
+  const std::string cmd = "/usr/bin/python3 " + std::string(E3_SOURCE_DIR) +
+                          "/tools/acceptance_crosscheck.py --draft=" + dir + "/export --eval_dump=" + dir +
+                          "/eval.safetensors --json_out=" + dir + "/crosscheck.json > " + dir +
+                          "/crosscheck.log 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << ReadFile(dir + "/crosscheck.log");
+  const auto cross = nlohmann::json::parse(ReadFile(dir + "/crosscheck.json"));
+  for (const auto& k : eval["chains"]) {
+    const std::string key = std::to_string(k.get<int64_t>());
+    std::printf("chain %s: C++ tau %.4f, crosscheck tau %.4f\n", key.c_str(), eval["tau"][key].get<double>(),
+                cross["tau"][key].get<double>());
+    EXPECT_NEAR(cross["tau"][key].get<double>(), eval["tau"][key].get<double>(), 0.01) << key;
+  }
 }
 
 // How many times longer a run may take in this build. The bound catches a
