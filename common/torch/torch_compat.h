@@ -190,10 +190,15 @@ inline at::Tensor GroupedMm(const at::Tensor&, const at::Tensor&, const at::Tens
 #if (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)) && defined(E3_HAS_CUDA)
 constexpr bool kHasMmFloatOut = true;
 inline at::Tensor MmFloatOut(const at::Tensor& a, const at::Tensor& b) { return at::mm(a, b, at::kFloat); }
+// The same for batches of matrices (bmm's out_dtype).
+inline at::Tensor BmmFloatOut(const at::Tensor& a, const at::Tensor& b) { return at::bmm(a, b, at::kFloat); }
 #else
 constexpr bool kHasMmFloatOut = false;
 inline at::Tensor MmFloatOut(const at::Tensor&, const at::Tensor&) {
   TORCH_CHECK(false, "mm with an fp32 result from 16-bit inputs needs LibTorch 2.8+ with CUDA");
+}
+inline at::Tensor BmmFloatOut(const at::Tensor&, const at::Tensor&) {
+  TORCH_CHECK(false, "bmm with an fp32 result from 16-bit inputs needs LibTorch 2.8+ with CUDA");
 }
 #endif
 

@@ -149,8 +149,48 @@ std::pair<at::Tensor, at::Tensor> DFlashDraftImpl::Positions(const DFlashBlocks&
   return {torch::tensor(ctx, torch::kLong), torch::tensor(block, torch::kLong)};
 }
 
+DFlashDraftImpl::AttentionLayout DFlashDraftImpl::Layout(const DFlashBlocks& blocks, int64_t context_rows,
+                                                         const at::Device& device) const {
+  AttentionLayout layout;
+  if (attention_ == DFlashAttentionKind::kDenseMask) {
+    layout.allow = AttentionMask(blocks, context_rows).to(device);
+    return layout;
+  }
+  ops::DFlashAttentionBlocks ranges;
+  ranges.block_size = config_.block_size;
+  size_t s = 0;
+  for (int64_t anchor : blocks.anchor_rows) {
+    while (s + 1 < blocks.cu_seqlens.size() && anchor >= blocks.cu_seqlens[s + 1]) ++s;
+    ranges.context_begin.push_back(blocks.cu_seqlens[s]);
+    ranges.context_end.push_back(anchor);
+  }
+  layout.plan = ops::PlanDFlashAttention(ranges, config_.num_heads, device);
+  return layout;
+}
+
+at::Tensor DFlashDraftImpl::Attend(const at::Tensor& q, const at::Tensor& k_ctx, const at::Tensor& v_ctx,
+                                   const at::Tensor& k_blk, const at::Tensor& v_blk,
+                                   const AttentionLayout& layout) const {
+  const DFlashDraftConfig& c = config_;
+  const int64_t rows = q.size(0), D = c.head_dim;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  if (layout.plan) {
+    return ops::DFlashBlockAttention(q, k_ctx, v_ctx, k_blk, v_blk, layout.plan, scale).reshape({rows, c.num_heads * D});
+  }
+  const int64_t group = c.num_heads / c.num_kv_heads;
+  const at::Tensor kh = torch::cat({k_ctx, k_blk}, 0).repeat_interleave(group, 1).transpose(0, 1);  // [heads, keys, D]
+  const at::Tensor vh = torch::cat({v_ctx, v_blk}, 0).repeat_interleave(group, 1).transpose(0, 1);
+  const at::ScalarType compute = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor scores = torch::matmul(q.transpose(0, 1).to(compute), kh.to(compute).transpose(1, 2)) /
+                      std::sqrt(static_cast<double>(D));
+  scores = scores.masked_fill(layout.allow.logical_not().unsqueeze(0), -std::numeric_limits<double>::infinity());
+  const at::Tensor probs = torch::softmax(scores, -1).to(q.scalar_type());
+  return torch::matmul(probs, vh).transpose(0, 1).reshape({rows, c.num_heads * D});
+}
+
 at::Tensor DFlashDraftImpl::LayerForward(Layer& l, const at::Tensor& x, const at::Tensor& context,
-                                         const at::Tensor& allow, const std::pair<at::Tensor, at::Tensor>& ctx_rope,
+                                         const AttentionLayout& layout,
+                                         const std::pair<at::Tensor, at::Tensor>& ctx_rope,
                                          const std::pair<at::Tensor, at::Tensor>& block_rope) {
   const DFlashDraftConfig& c = config_;
   const int64_t D = c.head_dim, rows = x.size(0), ctx_rows = context.size(0);
@@ -164,17 +204,9 @@ at::Tensor DFlashDraftImpl::LayerForward(Layer& l, const at::Tensor& x, const at
   at::Tensor k_blk = Qwen3RmsNorm(l.k_proj->forward(h).view({rows, c.num_kv_heads, D}), l.k_norm, eps);
   k_ctx = rope::Apply(k_ctx, ctx_rope.first, ctx_rope.second);
   k_blk = rope::Apply(k_blk, block_rope.first, block_rope.second);
-  const at::Tensor k = torch::cat({k_ctx, k_blk}, 0);
-  const at::Tensor v = torch::cat({l.v_proj->forward(context), l.v_proj->forward(h)}, 0).view({ctx_rows + rows, c.num_kv_heads, D});
-  const int64_t group = c.num_heads / c.num_kv_heads;
-  const at::Tensor kh = k.repeat_interleave(group, 1).transpose(0, 1);  // [heads, keys, D]
-  const at::Tensor vh = v.repeat_interleave(group, 1).transpose(0, 1);
-  const at::ScalarType compute = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor scores = torch::matmul(q.transpose(0, 1).to(compute), kh.to(compute).transpose(1, 2)) /
-                      std::sqrt(static_cast<double>(D));
-  scores = scores.masked_fill(allow.logical_not().unsqueeze(0), -std::numeric_limits<double>::infinity());
-  const at::Tensor probs = torch::softmax(scores, -1).to(x.scalar_type());
-  const at::Tensor attn = torch::matmul(probs, vh).transpose(0, 1).reshape({rows, c.num_heads * D});
+  const at::Tensor v_ctx = l.v_proj->forward(context).view({ctx_rows, c.num_kv_heads, D});
+  const at::Tensor v_blk = l.v_proj->forward(h).view({rows, c.num_kv_heads, D});
+  const at::Tensor attn = Attend(q, k_ctx, v_ctx, k_blk, v_blk, layout);
   const at::Tensor mid = x + l.o_proj->forward(attn);
   const at::Tensor m = Qwen3RmsNorm(mid, l.post_attention_layernorm, eps);
   return mid + l.down_proj->forward(torch::silu(l.gate_proj->forward(m)) * l.up_proj->forward(m));
@@ -183,13 +215,13 @@ at::Tensor DFlashDraftImpl::LayerForward(Layer& l, const at::Tensor& x, const at
 at::Tensor DFlashDraftImpl::Forward(const at::Tensor& block_embeds, const at::Tensor& context,
                                     const DFlashBlocks& blocks) {
   const int64_t ctx_rows = context.size(0);
-  const at::Tensor allow = AttentionMask(blocks, ctx_rows).to(block_embeds.device());
+  const AttentionLayout layout = Layout(blocks, ctx_rows, block_embeds.device());
   const auto [ctx_pos, block_pos] = Positions(blocks, ctx_rows);
   const at::ScalarType dtype = block_embeds.scalar_type();
   const auto ctx_rope = rope::CosSin(rope_freqs_, ctx_pos.to(block_embeds.device()), dtype);
   const auto block_rope = rope::CosSin(rope_freqs_, block_pos.to(block_embeds.device()), dtype);
   at::Tensor x = block_embeds;
-  for (Layer& l : layers) x = LayerForward(l, x, context, allow, ctx_rope, block_rope);
+  for (Layer& l : layers) x = LayerForward(l, x, context, layout, ctx_rope, block_rope);
   return Qwen3RmsNorm(x, norm, config_.rms_norm_eps);
 }
 

@@ -18,9 +18,11 @@
 // own block (bidirectional). Position ids restart per sample: context row
 // t sits at t, block row k of an anchor at position a at a + k.
 //
-// This is the plain formulation: one attention over every context and
-// block row with a materialised mask. It is the reference the fast path is
-// checked against, and what runs on the CPU.
+// Attention runs one of two ways (DFlashAttentionKind): the plain
+// formulation, one softmax over every context and block row with a
+// materialised [rows, T + rows] mask, the reference the other is checked
+// against; or ops/dflash_block_attention.h's, which never builds that mask
+// and keeps memory linear in the tokens (the default).
 #ifndef E3_STUDENT_TRAINER_DRAFT_DFLASH_DRAFT_H_
 #define E3_STUDENT_TRAINER_DRAFT_DFLASH_DRAFT_H_
 
@@ -38,6 +40,7 @@
 #include "common/torch/torch_core.h"
 #include "student_trainer/draft/draft_model.h"
 #include "student_trainer/draft/flat_parameters.h"
+#include "student_trainer/ops/dflash_block_attention.h"
 
 namespace e3 {
 
@@ -80,6 +83,11 @@ struct DFlashFrozenTensors {
   at::Tensor lm_head;
 };
 
+enum class DFlashAttentionKind {
+  kDenseMask,  // the plain formulation (student_kernels: reference)
+  kChunked,    // ops::DFlashBlockAttention (student_kernels: fast)
+};
+
 class DFlashDraftImpl : public DraftModel {
  public:
   // Throws c10::Error on an invalid config; CreateDFlashDraft checks first.
@@ -90,6 +98,7 @@ class DFlashDraftImpl : public DraftModel {
                   const DFlashFrozenTensors& frozen = {});
 
   const DFlashDraftConfig& config() const { return config_; }
+  void set_attention(DFlashAttentionKind kind) { attention_ = kind; }
   // DraftModel. The parameters carry the names the loaders read, in
   // registration order.
   std::vector<std::pair<std::string, at::Tensor>> ExportedParameters() const override;
@@ -135,11 +144,23 @@ class DFlashDraftImpl : public DraftModel {
   at::Tensor norm;  // [H]
 
  private:
-  at::Tensor LayerForward(Layer& layer, const at::Tensor& x, const at::Tensor& context,
-                          const at::Tensor& allow, const std::pair<at::Tensor, at::Tensor>& ctx_rope,
+  // What every layer's attention shares within one Forward: the dense
+  // mask, or the chunk plan.
+  struct AttentionLayout {
+    at::Tensor allow;
+    std::shared_ptr<const ops::DFlashAttentionPlan> plan;
+  };
+  AttentionLayout Layout(const DFlashBlocks& blocks, int64_t context_rows, const at::Device& device) const;
+  // Attention of the block rows' queries [rows, Hq, D] over the context's
+  // and the block rows' keys and values ([T | rows, Hkv, D]) -> [rows, Hq * D].
+  at::Tensor Attend(const at::Tensor& q, const at::Tensor& k_ctx, const at::Tensor& v_ctx, const at::Tensor& k_blk,
+                    const at::Tensor& v_blk, const AttentionLayout& layout) const;
+  at::Tensor LayerForward(Layer& layer, const at::Tensor& x, const at::Tensor& context, const AttentionLayout& layout,
+                          const std::pair<at::Tensor, at::Tensor>& ctx_rope,
                           const std::pair<at::Tensor, at::Tensor>& block_rope);
 
   DFlashDraftConfig config_;
+  DFlashAttentionKind attention_ = DFlashAttentionKind::kChunked;
   rope::InvFrequencies rope_freqs_;
   std::shared_ptr<FlatParameters> flat_;
 };

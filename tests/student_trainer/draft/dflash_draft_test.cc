@@ -164,10 +164,14 @@ TEST(DFlashDraftTest, TheBatchedForwardIsEachBlockAlone) {
   auto d = CreateDFlashDraft(TinyDFlashConfig(), kDFlashF64, 7);
   ASSERT_TRUE(d.ok()) << d.status();
   const DFlashBatch b = MakeDFlashBatch((*d)->config());
-  const at::Tensor batched = (*d)->Forward(b.block_embeds, (*d)->ProjectContext(b.target_hidden), b.blocks);
   const at::Tensor plain = PlainDFlashForward(**d, b);
-  ASSERT_EQ(batched.sizes(), plain.sizes());
-  EXPECT_LT((batched - plain).abs().max().item<double>(), 1e-12);
+  for (DFlashAttentionKind kind : {DFlashAttentionKind::kDenseMask, DFlashAttentionKind::kChunked}) {
+    SCOPED_TRACE(static_cast<int>(kind));
+    (*d)->set_attention(kind);
+    const at::Tensor batched = (*d)->Forward(b.block_embeds, (*d)->ProjectContext(b.target_hidden), b.blocks);
+    ASSERT_EQ(batched.sizes(), plain.sizes());
+    EXPECT_LT((batched - plain).abs().max().item<double>(), 1e-12);
+  }
 }
 
 TEST(DFlashDraftTest, ABlockSeesOnlyItsSamplesRowsBeforeItsAnchor) {
@@ -212,14 +216,18 @@ TEST(DFlashDraftTest, GradientsOfTheBlockLossEqualThePlainFormulations) {
     for (const auto& p : (*d)->parameters()) g.push_back(p.grad().clone());
     return std::make_pair(loss.item<double>(), g);
   };
-  const auto [batched_loss, batched] =
-      grads((*d)->Forward(b.block_embeds, (*d)->ProjectContext(b.target_hidden), b.blocks));
   const auto [plain_loss, plain] = grads(PlainDFlashForward(**d, b));
-  EXPECT_NEAR(batched_loss, plain_loss, 1e-12);
-  ASSERT_EQ(batched.size(), plain.size());
-  for (size_t i = 0; i < batched.size(); ++i) {
-    EXPECT_LT((batched[i] - plain[i]).abs().max().item<double>(), 1e-12) << i;
-    EXPECT_GT(batched[i].abs().max().item<double>(), 0.0) << "parameter " << i << " gets no gradient";
+  for (DFlashAttentionKind kind : {DFlashAttentionKind::kDenseMask, DFlashAttentionKind::kChunked}) {
+    SCOPED_TRACE(static_cast<int>(kind));
+    (*d)->set_attention(kind);
+    const auto [batched_loss, batched] =
+        grads((*d)->Forward(b.block_embeds, (*d)->ProjectContext(b.target_hidden), b.blocks));
+    EXPECT_NEAR(batched_loss, plain_loss, 1e-12);
+    ASSERT_EQ(batched.size(), plain.size());
+    for (size_t i = 0; i < batched.size(); ++i) {
+      EXPECT_LT((batched[i] - plain[i]).abs().max().item<double>(), 1e-12) << i;
+      EXPECT_GT(batched[i].abs().max().item<double>(), 0.0) << "parameter " << i << " gets no gradient";
+    }
   }
 }
 

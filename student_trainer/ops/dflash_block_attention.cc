@@ -1,0 +1,285 @@
+#include "student_trainer/ops/dflash_block_attention.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "common/torch/torch_compat.h"
+#include "student_trainer/ops/autograd_capsule.h"
+
+namespace e3::ops {
+
+// A run of consecutive blocks of one sample whose context part runs as
+// one pair of GEMMs over the context rows [ctx_begin, ctx_begin + keys).
+struct DFlashAttentionChunk {
+  int64_t first_block = 0, num_blocks = 0;
+  int64_t ctx_begin = 0, keys = 0;
+  at::Tensor deny;  // [num_blocks * B, keys] bool: the keys a query row must not see
+};
+
+struct DFlashAttentionPlan {
+  int64_t block_size = 0, num_blocks = 0, num_heads = 0;
+  std::vector<DFlashAttentionChunk> chunks;  // those with at least one context key
+};
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+at::ScalarType WideType(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+// a @ b for batches of matrices with the product in `wide`: straight from
+// cuBLAS's fp32 accumulator for 16-bit CUDA operands where LibTorch can,
+// otherwise from widened operands (CPU) or a widened product.
+at::Tensor WideBmm(const at::Tensor& a, const at::Tensor& b, at::ScalarType wide) {
+  if (a.scalar_type() == wide) return at::bmm(a, b);
+  if (!a.is_cuda()) return at::bmm(a.to(wide), b.to(wide));
+  if (compat::kHasMmFloatOut && wide == at::kFloat) return compat::BmmFloatOut(a, b);
+  return at::bmm(a, b).to(wide);
+}
+
+// Query rows grouped under their key/value head: [rows, Hq, D] ->
+// [Hkv, g * rows, D] (g = Hq / Hkv), and back.
+at::Tensor GroupQueries(const at::Tensor& x, int64_t kv_heads) {
+  const int64_t rows = x.size(0), g = x.size(1) / kv_heads, d = x.size(2);
+  return x.reshape({rows, kv_heads, g, d}).permute({1, 2, 0, 3}).reshape({kv_heads, g * rows, d});
+}
+at::Tensor UngroupQueries(const at::Tensor& x, int64_t rows) {
+  const int64_t kv = x.size(0), g = x.size(1) / rows, d = x.size(2);
+  return x.view({kv, g, rows, d}).permute({2, 0, 1, 3}).reshape({rows, kv * g, d});
+}
+// The same for one value per query row and head: [rows, Hq] <-> [Hkv, g * rows].
+at::Tensor GroupRows(const at::Tensor& x, int64_t kv_heads) {
+  const int64_t rows = x.size(0), g = x.size(1) / kv_heads;
+  return x.reshape({rows, kv_heads, g}).permute({1, 2, 0}).reshape({kv_heads, g * rows});
+}
+at::Tensor UngroupRows(const at::Tensor& x, int64_t rows) {
+  const int64_t kv = x.size(0), g = x.size(1) / rows;
+  return x.view({kv, g, rows}).permute({2, 0, 1}).reshape({rows, kv * g});
+}
+
+// Block rows grouped per block and key/value head: queries [R, Hq, D] ->
+// [nB, Hkv, g * B, D], keys and values [R, Hkv, D] -> [nB, Hkv, B, D].
+at::Tensor BlockQueries(const at::Tensor& x, int64_t B, int64_t kv_heads) {
+  const int64_t nb = x.size(0) / B, g = x.size(1) / kv_heads, d = x.size(2);
+  return x.reshape({nb, B, kv_heads, g, d}).permute({0, 2, 3, 1, 4}).reshape({nb, kv_heads, g * B, d});
+}
+at::Tensor BlockKeys(const at::Tensor& x, int64_t B) {
+  return x.reshape({x.size(0) / B, B, x.size(1), x.size(2)}).permute({0, 2, 1, 3});
+}
+// [nB, Hkv, g * B, D] -> [R, Hq, D] (d = 0: [nB, Hkv, g * B] -> [R, Hq]).
+at::Tensor UngroupBlockQueries(const at::Tensor& x, int64_t B) {
+  const int64_t nb = x.size(0), kv = x.size(1), g = x.size(2) / B;
+  if (x.dim() == 3) return x.view({nb, kv, g, B}).permute({0, 3, 1, 2}).reshape({nb * B, kv * g});
+  return x.view({nb, kv, g, B, x.size(3)}).permute({0, 3, 1, 2, 4}).reshape({nb * B, kv * g, x.size(3)});
+}
+// [nB, Hkv, B, D] -> [R, Hkv, D].
+at::Tensor UngroupBlockKeys(const at::Tensor& x) {
+  return x.permute({0, 2, 1, 3}).reshape({x.size(0) * x.size(2), x.size(1), x.size(3)});
+}
+
+// exp(s - lse) in place; a row without keys (lse -inf) gives zeros.
+void ExpShifted(at::Tensor& s, const at::Tensor& lse) {
+  s.sub_(lse.masked_fill(lse.isneginf(), 0.0).unsqueeze(-1)).exp_();
+}
+
+struct Inputs {
+  at::Tensor q, k_ctx, v_ctx, k_blk, v_blk;
+  double scale = 1.0;
+  at::ScalarType wide = at::kFloat;
+  int64_t kv_heads() const { return k_ctx.size(1); }
+};
+
+// A chunk's scaled, masked context scores [Hkv, g * rows, keys] in the
+// wide dtype, and its grouped queries.
+std::pair<at::Tensor, at::Tensor> ChunkScores(const Inputs& in, const DFlashAttentionPlan& plan,
+                                              const DFlashAttentionChunk& c) {
+  const int64_t rows = c.num_blocks * plan.block_size, kv = in.kv_heads();
+  const at::Tensor qg = GroupQueries(in.q.narrow(0, c.first_block * plan.block_size, rows), kv);
+  const at::Tensor k = in.k_ctx.narrow(0, c.ctx_begin, c.keys).transpose(0, 1);  // [Hkv, keys, D]
+  at::Tensor s = WideBmm(qg, k.transpose(1, 2), in.wide).mul_(in.scale);
+  s.view({kv, -1, rows, c.keys}).masked_fill_(c.deny, kNegInf);
+  return {s, qg};
+}
+
+// Each block's scaled scores against its own rows, [nB, Hkv, g * B, B].
+at::Tensor BlockScores(const Inputs& in, int64_t B) {
+  const at::Tensor qb = BlockQueries(in.q, B, in.kv_heads()).to(in.wide);
+  return at::matmul(qb, BlockKeys(in.k_blk, B).to(in.wide).transpose(-1, -2)).mul_(in.scale);
+}
+
+// The context part: output [R, Hq, D] and log-sum-exp [R, Hq] (-inf for
+// a row without context keys), in the wide dtype.
+std::pair<at::Tensor, at::Tensor> ContextForward(const Inputs& in, const DFlashAttentionPlan& plan) {
+  const int64_t R = in.q.size(0), Hq = in.q.size(1), D = in.q.size(2), B = plan.block_size;
+  at::Tensor out = at::zeros({R, Hq, D}, in.q.options().dtype(in.wide));
+  at::Tensor lse = at::full({R, Hq}, kNegInf, in.q.options().dtype(in.wide));
+  for (const DFlashAttentionChunk& c : plan.chunks) {
+    const int64_t rows = c.num_blocks * B, r0 = c.first_block * B;
+    at::Tensor s = ChunkScores(in, plan, c).first;
+    const at::Tensor l = at::logsumexp(s, -1);
+    ExpShifted(s, l);
+    const at::Tensor v = in.v_ctx.narrow(0, c.ctx_begin, c.keys).transpose(0, 1);
+    out.narrow(0, r0, rows).copy_(UngroupQueries(WideBmm(s.to(in.v_ctx.scalar_type()), v, in.wide), rows));
+    lse.narrow(0, r0, rows).copy_(UngroupRows(l, rows));
+  }
+  return {out, lse};
+}
+
+// The block part, likewise (every row has its block's keys).
+std::pair<at::Tensor, at::Tensor> BlockForward(const Inputs& in, int64_t B) {
+  at::Tensor s = BlockScores(in, B);
+  const at::Tensor l = at::logsumexp(s, -1);
+  s.sub_(l.unsqueeze(-1)).exp_();
+  const at::Tensor o = at::matmul(s, BlockKeys(in.v_blk, B).to(in.wide));
+  return {UngroupBlockQueries(o, B), UngroupBlockQueries(l, B)};
+}
+
+struct Grads {
+  at::Tensor q, k_ctx, v_ctx, k_blk, v_blk;  // wide
+};
+
+// The context part's share of the gradients, from the merged
+// log-sum-exp `lse` and delta = rowsum(dout * out), both [R, Hq].
+void ContextBackward(const Inputs& in, const DFlashAttentionPlan& plan, const at::Tensor& dout, const at::Tensor& lse,
+                     const at::Tensor& delta, Grads* g) {
+  const int64_t B = plan.block_size, kv = in.kv_heads();
+  const at::ScalarType dt = in.q.scalar_type();
+  for (const DFlashAttentionChunk& c : plan.chunks) {
+    const int64_t rows = c.num_blocks * B, r0 = c.first_block * B;
+    auto [p, qg] = ChunkScores(in, plan, c);
+    p.sub_(GroupRows(lse.narrow(0, r0, rows), kv).unsqueeze(-1)).exp_();
+    const at::Tensor dog = GroupQueries(dout.narrow(0, r0, rows), kv);
+    const at::Tensor k = in.k_ctx.narrow(0, c.ctx_begin, c.keys).transpose(0, 1);
+    const at::Tensor v = in.v_ctx.narrow(0, c.ctx_begin, c.keys).transpose(0, 1);
+    const at::Tensor p_dt = p.to(dt);
+    g->v_ctx.narrow(0, c.ctx_begin, c.keys).add_(WideBmm(p_dt.transpose(1, 2), dog, in.wide).transpose(0, 1));
+    at::Tensor ds = WideBmm(dog, v.transpose(1, 2), in.wide);  // dP
+    ds.sub_(GroupRows(delta.narrow(0, r0, rows), kv).unsqueeze(-1)).mul_(p).mul_(in.scale);
+    const at::Tensor ds_dt = ds.to(dt);
+    g->q.narrow(0, r0, rows).add_(UngroupQueries(WideBmm(ds_dt, k, in.wide), rows));
+    g->k_ctx.narrow(0, c.ctx_begin, c.keys).add_(WideBmm(ds_dt.transpose(1, 2), qg, in.wide).transpose(0, 1));
+  }
+}
+
+void BlockBackward(const Inputs& in, int64_t B, const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& delta,
+                   Grads* g) {
+  const int64_t kv = in.kv_heads();
+  at::Tensor p = BlockScores(in, B);
+  p.sub_(BlockQueries(lse.unsqueeze(-1), B, kv)).exp_();
+  const at::Tensor dob = BlockQueries(dout, B, kv).to(in.wide);
+  const at::Tensor qb = BlockQueries(in.q, B, kv).to(in.wide);
+  g->v_blk = UngroupBlockKeys(at::matmul(p.transpose(-1, -2), dob));
+  at::Tensor ds = at::matmul(dob, BlockKeys(in.v_blk, B).to(in.wide).transpose(-1, -2));
+  ds.sub_(BlockQueries(delta.unsqueeze(-1), B, kv)).mul_(p).mul_(in.scale);
+  g->q.add_(UngroupBlockQueries(at::matmul(ds, BlockKeys(in.k_blk, B).to(in.wide)), B));
+  g->k_blk = UngroupBlockKeys(at::matmul(ds.transpose(-1, -2), qb));
+}
+
+class DFlashAttentionFunction : public torch::autograd::Function<DFlashAttentionFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k_ctx,
+                               const at::Tensor& v_ctx, const at::Tensor& k_blk, const at::Tensor& v_blk,
+                               const at::Tensor& plan_capsule, double scale) {
+    const auto plan = FromCapsule<DFlashAttentionPlan>(plan_capsule);
+    const Inputs in{q, k_ctx, v_ctx, k_blk, v_blk, scale, WideType(q.scalar_type())};
+    const auto [out_c, lse_c] = ContextForward(in, *plan);
+    const auto [out_b, lse_b] = BlockForward(in, plan->block_size);
+    const at::Tensor lse = at::logaddexp(lse_c, lse_b);
+    const at::Tensor out = (out_c * (lse_c - lse).exp().unsqueeze(-1) + out_b * (lse_b - lse).exp().unsqueeze(-1))
+                               .to(q.scalar_type());
+    ctx->save_for_backward({q, k_ctx, v_ctx, k_blk, v_blk, out, lse});
+    ctx->saved_data["plan"] = plan_capsule;
+    ctx->saved_data["scale"] = scale;
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto plan = FromCapsule<DFlashAttentionPlan>(ctx->saved_data["plan"].toTensor());
+    const Inputs in{saved[0], saved[1], saved[2], saved[3], saved[4], ctx->saved_data["scale"].toDouble(),
+                    WideType(saved[0].scalar_type())};
+    const at::Tensor& out = saved[5];
+    const at::Tensor& lse = saved[6];
+    const at::Tensor dout = grads[0].to(in.q.scalar_type()).contiguous();
+    const at::Tensor delta = (dout.to(in.wide) * out.to(in.wide)).sum(-1);
+    Grads g;
+    g.q = at::zeros(in.q.sizes(), in.q.options().dtype(in.wide));
+    g.k_ctx = at::zeros(in.k_ctx.sizes(), in.k_ctx.options().dtype(in.wide));
+    g.v_ctx = at::zeros(in.v_ctx.sizes(), in.v_ctx.options().dtype(in.wide));
+    ContextBackward(in, *plan, dout, lse, delta, &g);
+    BlockBackward(in, plan->block_size, dout, lse, delta, &g);
+    return {g.q.to(in.q.scalar_type()),         g.k_ctx.to(in.k_ctx.scalar_type()),
+            g.v_ctx.to(in.v_ctx.scalar_type()), g.k_blk.to(in.k_blk.scalar_type()),
+            g.v_blk.to(in.v_blk.scalar_type()), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+// The blocks from `first` on that share its context start and, together,
+// compute at most `budget` scores (at least one block).
+int64_t ChunkEnd(const DFlashAttentionBlocks& b, int64_t first, int64_t heads, int64_t budget) {
+  const int64_t begin = b.context_begin[first];
+  int64_t end = b.context_end[first], last = first + 1;
+  for (; last < b.num_blocks() && b.context_begin[last] == begin; ++last) {
+    const int64_t keys = std::max(end, b.context_end[last]) - begin;
+    if (heads * (last - first + 1) * b.block_size * keys > budget) break;
+    end = std::max(end, b.context_end[last]);
+  }
+  return last;
+}
+
+}  // namespace
+
+std::shared_ptr<const DFlashAttentionPlan> PlanDFlashAttention(const DFlashAttentionBlocks& blocks,
+                                                               int64_t num_heads, const at::Device& device,
+                                                               const DFlashAttentionOptions& options) {
+  TORCH_CHECK(blocks.context_begin.size() == blocks.context_end.size() && blocks.block_size > 0,
+              "DFlash attention: one context range per block, and a positive block size");
+  auto plan = std::make_shared<DFlashAttentionPlan>();
+  plan->block_size = blocks.block_size;
+  plan->num_blocks = blocks.num_blocks();
+  plan->num_heads = num_heads;
+  const int64_t B = blocks.block_size;
+  for (int64_t first = 0; first < blocks.num_blocks();) {
+    const int64_t last = ChunkEnd(blocks, first, num_heads, options.chunk_scores);
+    DFlashAttentionChunk c;
+    c.first_block = first;
+    c.num_blocks = last - first;
+    c.ctx_begin = blocks.context_begin[first];
+    std::vector<int64_t> limit;  // each query row's keys: [0, limit)
+    for (int64_t i = first; i < last; ++i) {
+      const int64_t keys = std::max<int64_t>(0, blocks.context_end[i] - c.ctx_begin);
+      c.keys = std::max(c.keys, keys);
+      limit.insert(limit.end(), B, keys);
+    }
+    if (c.keys > 0) {
+      const at::Tensor key = torch::arange(c.keys, torch::kLong).unsqueeze(0);
+      c.deny = key.ge(torch::tensor(limit, torch::kLong).unsqueeze(1)).to(device);
+      plan->chunks.push_back(std::move(c));
+    }
+    first = last;
+  }
+  return plan;
+}
+
+at::Tensor DFlashBlockAttention(const at::Tensor& q, const at::Tensor& k_ctx, const at::Tensor& v_ctx,
+                                const at::Tensor& k_blk, const at::Tensor& v_blk,
+                                const std::shared_ptr<const DFlashAttentionPlan>& plan, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k_ctx.dim() == 3 && k_blk.dim() == 3, "DFlash attention: q, k, v are [rows, heads, D]");
+  TORCH_CHECK(q.size(0) == plan->num_blocks * plan->block_size && q.size(1) == plan->num_heads,
+              "DFlash attention: q is ", q.sizes(), ", the plan is for ", plan->num_blocks, " blocks of ",
+              plan->block_size, " rows and ", plan->num_heads, " heads");
+  TORCH_CHECK(q.size(1) % k_ctx.size(1) == 0 && k_blk.size(0) == q.size(0) && v_blk.sizes() == k_blk.sizes() &&
+                  v_ctx.sizes() == k_ctx.sizes(),
+              "DFlash attention: key/value shapes ", k_ctx.sizes(), " and ", k_blk.sizes(), " do not fit q ",
+              q.sizes());
+  // The capsule holds a copy of the shared pointer for as long as the graph needs the plan.
+  auto keep = std::const_pointer_cast<DFlashAttentionPlan>(plan);
+  return DFlashAttentionFunction::apply(q, k_ctx, v_ctx, k_blk, v_blk, ToCapsule(std::move(keep)), scale)[0];
+}
+
+}  // namespace e3::ops
