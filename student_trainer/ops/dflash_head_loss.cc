@@ -31,9 +31,9 @@ at::Tensor SupervisedRows(const at::Tensor& labels, int64_t block_size) {
   return labels.ge(0).logical_and(k.gt(0));
 }
 
-// One pass over the row chunks: each row's loss and hit; with `weight`
-// defined also d(sum of weight * row loss)/d(hidden) into `dh`.
-void RowPass(const LossInputs& in, at::Tensor* row_loss, at::Tensor* hits, const at::Tensor& weight, at::Tensor* dh) {
+// One pass over the row chunks: each row's loss, its hit and the
+// gradient of its own loss with respect to its state (into `dh`).
+void RowPass(const LossInputs& in, at::Tensor* row_loss, at::Tensor* hits, at::Tensor* dh) {
   const int64_t rows = in.hidden.size(0);
   for (int64_t begin = 0; begin < rows; begin += in.chunk_rows) {
     const int64_t n = std::min(in.chunk_rows, rows - begin);
@@ -49,14 +49,12 @@ void RowPass(const LossInputs& in, at::Tensor* row_loss, at::Tensor* hits, const
       row_loss->narrow(0, begin, n).copy_(lse - logits.gather(1, label_col).squeeze(1));
     }
     hits->narrow(0, begin, n).copy_(logits.argmax(-1).eq(labels));
-    if (!weight.defined()) continue;
     at::Tensor grad = at::exp(logits - lse.unsqueeze(1));
     if (target.defined()) {
       grad.sub_(target);
     } else {
       grad.scatter_add_(1, label_col, at::full({n, 1}, -1.0, grad.options()));
     }
-    grad.mul_(weight.narrow(0, begin, n).unsqueeze(1));
     dh->narrow(0, begin, n).copy_(at::matmul(grad.to(in.hidden.scalar_type()), in.head));
   }
 }
@@ -94,18 +92,28 @@ class DFlashHeadLossFunction : public torch::autograd::Function<DFlashHeadLossFu
     in.f = hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     in.chunk_rows = std::max<int64_t>(1, o.chunk_rows);
     if (target_hidden.defined()) in.head_f = head.to(in.f);
-    const int64_t rows = hidden.size(0);
-    at::Tensor row_loss = at::empty({rows}, hidden.options().dtype(in.f));
-    at::Tensor hits = at::empty({rows}, hidden.options().dtype(at::kBool));
-    at::Tensor dh = at::empty_like(hidden);
+    // Only the supervised rows reach the head: the anchors and the rows
+    // without a label carry no loss. Each row's gradient is taken for its
+    // own loss and scaled by its weight afterwards, so that D-PACE, whose
+    // weights need every row's loss first, costs one pass too.
     const at::Tensor supervised = SupervisedRows(in.labels, o.block_size);
-    // D-PACE's weights depend on every row of a block: a first pass takes
-    // the rows' losses, the second their gradient.
-    if (o.weighting == DFlashWeighting::kDPace) RowPass(in, &row_loss, &hits, at::Tensor(), nullptr);
+    const at::Tensor picked = supervised.nonzero().squeeze(1);
+    const int64_t rows = hidden.size(0), n = picked.size(0);
+    LossInputs sub = in;
+    sub.hidden = hidden.index_select(0, picked);
+    sub.labels = in.labels.index_select(0, picked);
+    if (target_hidden.defined()) sub.target_hidden = target_hidden.index_select(0, picked);
+    at::Tensor loss_s = at::empty({n}, hidden.options().dtype(in.f));
+    at::Tensor hits_s = at::empty({n}, hidden.options().dtype(at::kBool));
+    at::Tensor dh_s = at::empty({n, hidden.size(1)}, hidden.options());
+    RowPass(sub, &loss_s, &hits_s, &dh_s);
+    const at::Tensor row_loss = at::zeros({rows}, loss_s.options()).index_copy_(0, picked, loss_s);
+    const at::Tensor hits = at::zeros({rows}, hits_s.options()).index_copy_(0, picked, hits_s);
     const at::Tensor weight = RowWeights(row_loss, supervised, o);
-    RowPass(in, &row_loss, &hits, weight, &dh);
+    dh_s.mul_(weight.index_select(0, picked).unsqueeze(1).to(dh_s.scalar_type()));
+    const at::Tensor dh = at::zeros_like(hidden).index_copy_(0, picked, dh_s);
     call.out->row_loss = row_loss;
-    call.out->hits = hits.logical_and(supervised);
+    call.out->hits = hits;
     ctx->saved_data["dh"] = dh;
     return (row_loss * weight).sum();
   }

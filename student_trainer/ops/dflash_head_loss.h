@@ -4,9 +4,10 @@
 // block weighting (the distance decay or D-PACE), without ever holding
 // more than `chunk_rows` rows of logits.
 //
-// The loss is the graph's end, so its gradient with respect to the states
-// is computed in the forward, chunk by chunk (the head is frozen: no
-// weight gradient), and the backward only scales it by the incoming
+// Only the supervised rows (a label, not the block's anchor) reach the
+// head. The loss is the graph's end, so its gradient with respect to the
+// states is computed in the forward, chunk by chunk (the head is frozen:
+// no weight gradient), and the backward only scales it by the incoming
 // gradient. Memory beyond the states is O(chunk_rows * V) for any number
 // of blocks. The tests hold it to draft/dflash_draft.h's plain
 // formulation (the full logits, DFlashRowNll or DFlashRowSoftCe, and the
@@ -35,8 +36,8 @@ struct DFlashHeadLossOptions {
 
 struct DFlashHeadLossOutput {
   at::Tensor loss;      // scalar, differentiable with respect to `hidden`
-  at::Tensor row_loss;  // [R], at least fp32, no grad: each row's loss against its label
-  at::Tensor hits;      // [R] bool: the row's argmax equals its label (never where the label is negative)
+  at::Tensor row_loss;  // [R], at least fp32, no grad: each supervised row's loss against its label, 0 elsewhere
+  at::Tensor hits;      // [R] bool: a supervised row's argmax equals its label (false elsewhere)
 };
 
 // Each row's weight in the block loss, [R] in row_loss's dtype, without

@@ -46,8 +46,11 @@ TEST_P(DFlashHeadLossTest, EqualsThePlainFormulationAtEveryChunkSize) {
   const at::Tensor plain = c.weighting == ops::DFlashWeighting::kDPace ? DFlashDPaceLoss(rows, labels, B, o.alpha)
                                                                         : DFlashWeightedLoss(rows, labels, B, o.gamma);
   plain.backward();
-  const at::Tensor want_hits =
-      logits.detach().argmax(-1).eq(labels).logical_and(labels.ge(0));
+  // Supervised rows: a label, and not a block's anchor (row 0 of each block).
+  const at::Tensor supervised =
+      labels.ge(0).logical_and(torch::arange(R, torch::kLong).remainder(B).gt(0));
+  const at::Tensor want_hits = logits.detach().argmax(-1).eq(labels).logical_and(supervised);
+  const at::Tensor want_rows = rows.detach() * supervised.to(torch::kDouble);
 
   for (int64_t chunk : {1, 3, 8, 1000}) {
     SCOPED_TRACE(chunk);
@@ -56,7 +59,7 @@ TEST_P(DFlashHeadLossTest, EqualsThePlainFormulationAtEveryChunkSize) {
     const ops::DFlashHeadLossOutput out = ops::DFlashHeadLoss(hidden, head, labels, target_hidden, o);
     (out.loss * 2.0).backward();  // the incoming gradient scales the stored one
     EXPECT_NEAR(out.loss.item<double>(), plain.item<double>(), 1e-12);
-    EXPECT_LT((out.row_loss - rows.detach()).abs().max().item<double>(), 1e-12);
+    EXPECT_LT((out.row_loss - want_rows).abs().max().item<double>(), 1e-12);
     EXPECT_TRUE(out.hits.equal(want_hits));
     EXPECT_LT((hidden.grad() - 2.0 * plain_hidden.grad()).abs().max().item<double>(), 1e-12);
     EXPECT_GT(hidden.grad().abs().max().item<double>(), 0.0);
