@@ -10,6 +10,8 @@
 #   student_skip: chat-masked batches, untrained rows skipped or not
 #   specforge: SpecForge HEAD's own step (its package under .baseline/)
 #      against our fast step, 8B shape, 2k and 16k tokens
+#   dflash: SpecForge HEAD's own DFlash step against ours, Qwen3-8B shape,
+#      4k and 16k tokens ($DFLASH_TOKENS)
 #   4. end to end on the 1B shape: teacher GPU 0 -> student GPU 1
 #   tp:  teacher forward on the 8B shape, TP=2 over both GPUs vs TP=1
 #   ddp: student step on the 8B shape, DDP=2 over both GPUs vs DDP=1
@@ -24,7 +26,7 @@
 # where that is set: the device machine's folder that comes back, since its
 # copy of the working tree is replaced at the next call).
 #
-#   bench/run_gpu_benches.sh BUILD_DIR [teacher|transport|student|e2e|tp|ddp|consistency|moe_archs ...]
+#   bench/run_gpu_benches.sh BUILD_DIR [teacher|transport|student|specforge|dflash|e2e|tp|ddp|consistency|moe_archs ...]
 set -euo pipefail
 BUILD=${1:?build dir}; shift
 PARTS=${*:-teacher transport student e2e}
@@ -179,6 +181,28 @@ specforge() {
     done
     echo "student 8B, $t tokens: ours $(field "$ours" ms_per_step) ms/step (peak $(field "$ours" peak_gb) GB);" \
          "SpecForge's fastest ${best:-n/a} ms: $( [ -n "$best" ] && ratio $best $(field "$ours" ms_per_step) )x"
+  done
+}
+
+# SpecForge HEAD's own DFlash step (bench/specforge_dflash_step.py: its
+# DFlashDraftModel in OnlineDFlashModel, flex attention, BF16Optimizer, no
+# FSDP wrap) against our DFlash step (bench/dflash_step_bench), Qwen3-8B
+# shape (5 draft layers, blocks of 16, 512 anchors), one sample of each of
+# $DFLASH_TOKENS tokens, same run.
+dflash() {
+  local dir=${SPECFORGE_DIR:-$SRC/.baseline/specforge}
+  [ -d "$dir/specforge" ] || { echo "no SpecForge package under $dir (see bench/specforge_dflash_step.py)"; return 1; }
+  for t in ${DFLASH_TOKENS:-4096 16384}; do
+    ours=$("$BUILD/bench/dflash_step_bench" --shape=qwen3-8b --device=cuda:0 --tokens=$t --warmup=2 --steps=5 | json)
+    sf=$(PYTHONPATH="$dir" python3 "$SRC/bench/specforge_dflash_step.py" --tokens=$t --wrap=none --steps=5 \
+      2>"${OUT:-/tmp}/specforge_dflash_$t.log" | grep '^{"bench": "specforge_dflash_step"' | tee -a "$RESULTS" || true)
+    if [ -z "$sf" ] || ! ms=$(field "$sf" ms_per_step 2>/dev/null); then
+      echo "SpecForge DFlash ($t tokens) gave no timing; see ${OUT:-/tmp}/specforge_dflash_$t.log"
+      ms=""
+    fi
+    echo "DFlash step, Qwen3-8B shape, $t tokens: ours $(field "$ours" ms_per_step) ms/step" \
+         "(peak $(field "$ours" peak_gb) GB); SpecForge HEAD ${ms:-n/a} ms (peak $( [ -n "$ms" ] && field "$sf" peak_gb ) GB):" \
+         "$( [ -n "$ms" ] && ratio $ms $(field "$ours" ms_per_step) )x"
   done
 }
 

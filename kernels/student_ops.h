@@ -236,6 +236,24 @@ struct AdamWScalars {
 bool AdamWStep(Dtype work_dtype, bool grad_fp32, const void* grad, float* master, float* exp_avg,
                float* exp_avg_sq, void* work, int64_t n, const AdamWScalars& scalars, void* stream);
 
+// ---------------------------------------------------------------------------
+// The softmax of one chunk of DFlash's block attention, context part
+// (student_trainer/ops/dflash_block_attention.h): `rows` score rows of
+// `keys` fp32 values each (contiguous, the GEMM's output q k^T, unscaled),
+// row i seeing keys [0, limits[i % period]) and no other (limits int64).
+// Forward: lse[i] = log sum over seen j of exp(scale * s[i, j]) (-inf for
+// a row that sees none) and probs[i, j] = dtype(exp(scale * s[i, j] -
+// lse[i])) where seen, 0 elsewhere.
+// Backward, given dp = dout v^T (fp32, same layout) and per row the merged
+// log-sum-exp lse and delta = rowsum(dout * out): with P = exp(scale * s
+// - lse) where seen, 0 elsewhere, probs = dtype(P) and dscores = dtype(P *
+// (dp - delta) * scale).
+bool DFlashChunkSoftmaxForward(Dtype dtype, const float* scores, const int64_t* limits, int64_t period,
+                               int64_t rows, int64_t keys, float scale, void* probs, float* lse, void* stream);
+bool DFlashChunkSoftmaxBackward(Dtype dtype, const float* scores, const float* dp, const float* lse,
+                                const float* delta, const int64_t* limits, int64_t period, int64_t rows, int64_t keys,
+                                float scale, void* probs, void* dscores, void* stream);
+
 }  // namespace e3::kernels
 
 #endif  // E3_KERNELS_STUDENT_OPS_H_

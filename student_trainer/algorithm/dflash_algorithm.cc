@@ -56,7 +56,7 @@ absl::StatusOr<std::unique_ptr<DFlashAlgorithm>> DFlashAlgorithm::Create(const D
   a->blocks_.num_anchors = draft.dflash_num_anchors;
   E3_ASSIGN_OR_RETURN(a->blocks_.labels, ParseLabels(draft.dflash_labels));
   E3_ASSIGN_OR_RETURN(const TttKernels kernels, ParseTttKernels(draft.kernels));
-  a->attention_ = kernels == TttKernels::kFast ? DFlashAttentionKind::kChunked : DFlashAttentionKind::kDenseMask;
+  a->kernels_ = kernels == TttKernels::kFast ? DFlashKernels::kFast : DFlashKernels::kReference;
   a->loss_.block_size = draft.dflash_block_size;
   a->loss_.weighting = draft.dflash_loss == "dpace" ? ops::DFlashWeighting::kDPace : ops::DFlashWeighting::kDecay;
   a->loss_.gamma = draft.dflash_loss_gamma;
@@ -100,7 +100,7 @@ absl::Status DFlashAlgorithm::Build(const TeacherInfo& info, const FrozenWeights
   frozen_ = {frozen.embed_tokens.to(device_, dtype_), head.to(device_, dtype_)};
   const auto options = torch::TensorOptions().device(device_).dtype(dtype_);
   E3_ASSIGN_OR_RETURN(draft_, CreateDFlashDraft(c, options, settings_.init_seed, frozen_));
-  draft_->set_attention(attention_);
+  draft_->set_kernels(kernels_);
   if (dtype_ != at::kFloat) {
     E3_ASSIGN_OR_RETURN(master_, CreateDFlashDraft(c, options.dtype(at::kFloat), settings_.init_seed));
   }
@@ -182,7 +182,7 @@ absl::Status DFlashAlgorithm::WarmStart(const std::string& export_dir) {
 absl::StatusOr<std::shared_ptr<DraftModel>> DFlashAlgorithm::Initial() const {
   const auto options = torch::TensorOptions().device(device_).dtype(dtype_);
   E3_ASSIGN_OR_RETURN(DFlashDraft d, CreateDFlashDraft(config_, options, settings_.init_seed, frozen_));
-  d->set_attention(attention_);
+  d->set_kernels(kernels_);
   if (!warm_start_.empty()) E3_RETURN_IF_ERROR(d->LoadExport(warm_start_, OtherTarget::kWarn));
   return std::shared_ptr<DraftModel>(d.ptr());
 }

@@ -56,7 +56,7 @@ class DFlashAlgorithm : public DraftAlgorithm {
   at::ScalarType dtype_ = at::kFloat;
   DFlashDraftConfig config_;
   DFlashBlockOptions blocks_;
-  DFlashAttentionKind attention_ = DFlashAttentionKind::kChunked;  // reference kernels: the dense mask
+  DFlashKernels kernels_ = DFlashKernels::kFast;
   ops::DFlashHeadLossOptions loss_;  // the head and block loss, in row chunks
   DFlashFrozenTensors frozen_;  // on the device, in the compute dtype
   DFlashDraft draft_{nullptr};

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "student_trainer/ops/dflash_head_loss.h"
+#include "student_trainer/ops/rms_norm.h"
 
 namespace e3 {
 namespace {
@@ -114,9 +115,12 @@ std::vector<std::pair<std::string, at::Tensor>> DFlashDraftImpl::ExportedParamet
   return out;
 }
 
-at::Tensor DFlashDraftImpl::ProjectContext(const at::Tensor& target_hidden) {
-  return Qwen3RmsNorm(fc(target_hidden), hidden_norm, config_.rms_norm_eps);
+at::Tensor DFlashDraftImpl::Norm(const at::Tensor& x, const at::Tensor& weight) const {
+  if (kernels_ == DFlashKernels::kFast) return ops::RmsNormTrainable(x, weight, config_.rms_norm_eps);
+  return Qwen3RmsNorm(x, weight, config_.rms_norm_eps);
 }
+
+at::Tensor DFlashDraftImpl::ProjectContext(const at::Tensor& target_hidden) { return Norm(fc(target_hidden), hidden_norm); }
 
 at::Tensor DFlashDraftImpl::AttentionMask(const DFlashBlocks& blocks, int64_t context_rows) const {
   const int64_t B = config_.block_size;
@@ -152,7 +156,7 @@ std::pair<at::Tensor, at::Tensor> DFlashDraftImpl::Positions(const DFlashBlocks&
 DFlashDraftImpl::AttentionLayout DFlashDraftImpl::Layout(const DFlashBlocks& blocks, int64_t context_rows,
                                                          const at::Device& device) const {
   AttentionLayout layout;
-  if (attention_ == DFlashAttentionKind::kDenseMask) {
+  if (kernels_ == DFlashKernels::kReference) {
     layout.allow = AttentionMask(blocks, context_rows).to(device);
     return layout;
   }
@@ -194,21 +198,20 @@ at::Tensor DFlashDraftImpl::LayerForward(Layer& l, const at::Tensor& x, const at
                                          const std::pair<at::Tensor, at::Tensor>& block_rope) {
   const DFlashDraftConfig& c = config_;
   const int64_t D = c.head_dim, rows = x.size(0), ctx_rows = context.size(0);
-  const double eps = c.rms_norm_eps;
-  const at::Tensor h = Qwen3RmsNorm(x, l.input_layernorm, eps);
-  at::Tensor q = Qwen3RmsNorm(l.q_proj->forward(h).view({rows, c.num_heads, D}), l.q_norm, eps);
+  const at::Tensor h = Norm(x, l.input_layernorm);
+  at::Tensor q = Norm(l.q_proj->forward(h).view({rows, c.num_heads, D}), l.q_norm);
   q = rope::Apply(q, block_rope.first, block_rope.second);
   // The context rows are keys and values of every layer, through each
   // layer's own projections; they are not normalised again.
-  at::Tensor k_ctx = Qwen3RmsNorm(l.k_proj->forward(context).view({ctx_rows, c.num_kv_heads, D}), l.k_norm, eps);
-  at::Tensor k_blk = Qwen3RmsNorm(l.k_proj->forward(h).view({rows, c.num_kv_heads, D}), l.k_norm, eps);
+  at::Tensor k_ctx = Norm(l.k_proj->forward(context).view({ctx_rows, c.num_kv_heads, D}), l.k_norm);
+  at::Tensor k_blk = Norm(l.k_proj->forward(h).view({rows, c.num_kv_heads, D}), l.k_norm);
   k_ctx = rope::Apply(k_ctx, ctx_rope.first, ctx_rope.second);
   k_blk = rope::Apply(k_blk, block_rope.first, block_rope.second);
   const at::Tensor v_ctx = l.v_proj->forward(context).view({ctx_rows, c.num_kv_heads, D});
   const at::Tensor v_blk = l.v_proj->forward(h).view({rows, c.num_kv_heads, D});
   const at::Tensor attn = Attend(q, k_ctx, v_ctx, k_blk, v_blk, layout);
   const at::Tensor mid = x + l.o_proj->forward(attn);
-  const at::Tensor m = Qwen3RmsNorm(mid, l.post_attention_layernorm, eps);
+  const at::Tensor m = Norm(mid, l.post_attention_layernorm);
   return mid + l.down_proj->forward(torch::silu(l.gate_proj->forward(m)) * l.up_proj->forward(m));
 }
 
@@ -222,7 +225,7 @@ at::Tensor DFlashDraftImpl::Forward(const at::Tensor& block_embeds, const at::Te
   const auto block_rope = rope::CosSin(rope_freqs_, block_pos.to(block_embeds.device()), dtype);
   at::Tensor x = block_embeds;
   for (Layer& l : layers) x = LayerForward(l, x, context, layout, ctx_rope, block_rope);
-  return Qwen3RmsNorm(x, norm, config_.rms_norm_eps);
+  return Norm(x, norm);
 }
 
 at::Tensor DFlashDraftImpl::Logits(const at::Tensor& hidden) const {

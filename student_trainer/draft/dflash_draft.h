@@ -18,11 +18,12 @@
 // own block (bidirectional). Position ids restart per sample: context row
 // t sits at t, block row k of an anchor at position a at a + k.
 //
-// Attention runs one of two ways (DFlashAttentionKind): the plain
-// formulation, one softmax over every context and block row with a
-// materialised [rows, T + rows] mask, the reference the other is checked
-// against; or ops/dflash_block_attention.h's, which never builds that mask
-// and keeps memory linear in the tokens (the default).
+// Two ways to run it (DFlashKernels): the plain formulation (one softmax
+// over every context and block row with a materialised [rows, T + rows]
+// mask, ATen norms), the reference the other is checked against; and the
+// fast one (the default): ops/dflash_block_attention.h's attention, which
+// never builds that mask and keeps memory linear in the tokens, and the
+// fused RMSNorm kernels of ops/rms_norm.h on the GPU.
 #ifndef E3_STUDENT_TRAINER_DRAFT_DFLASH_DRAFT_H_
 #define E3_STUDENT_TRAINER_DRAFT_DFLASH_DRAFT_H_
 
@@ -83,9 +84,9 @@ struct DFlashFrozenTensors {
   at::Tensor lm_head;
 };
 
-enum class DFlashAttentionKind {
-  kDenseMask,  // the plain formulation (student_kernels: reference)
-  kChunked,    // ops::DFlashBlockAttention (student_kernels: fast)
+enum class DFlashKernels {
+  kReference,  // the plain formulation (student_kernels: reference)
+  kFast,       // ops::DFlashBlockAttention and ops::RmsNormTrainable (student_kernels: fast)
 };
 
 class DFlashDraftImpl : public DraftModel {
@@ -98,7 +99,7 @@ class DFlashDraftImpl : public DraftModel {
                   const DFlashFrozenTensors& frozen = {});
 
   const DFlashDraftConfig& config() const { return config_; }
-  void set_attention(DFlashAttentionKind kind) { attention_ = kind; }
+  void set_kernels(DFlashKernels kernels) { kernels_ = kernels; }
   // DraftModel. The parameters carry the names the loaders read, in
   // registration order.
   std::vector<std::pair<std::string, at::Tensor>> ExportedParameters() const override;
@@ -144,6 +145,8 @@ class DFlashDraftImpl : public DraftModel {
   at::Tensor norm;  // [H]
 
  private:
+  // Qwen3's RMSNorm of x's last dimension, through the kernels chosen.
+  at::Tensor Norm(const at::Tensor& x, const at::Tensor& weight) const;
   // What every layer's attention shares within one Forward: the dense
   // mask, or the chunk plan.
   struct AttentionLayout {
@@ -160,7 +163,7 @@ class DFlashDraftImpl : public DraftModel {
                           const std::pair<at::Tensor, at::Tensor>& block_rope);
 
   DFlashDraftConfig config_;
-  DFlashAttentionKind attention_ = DFlashAttentionKind::kChunked;
+  DFlashKernels kernels_ = DFlashKernels::kFast;
   rope::InvFrequencies rope_freqs_;
   std::shared_ptr<FlatParameters> flat_;
 };

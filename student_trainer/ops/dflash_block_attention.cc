@@ -6,6 +6,7 @@
 
 #include "common/torch/torch_compat.h"
 #include "student_trainer/ops/autograd_capsule.h"
+#include "student_trainer/ops/kernel_switch.h"
 
 namespace e3::ops {
 
@@ -14,7 +15,8 @@ namespace e3::ops {
 struct DFlashAttentionChunk {
   int64_t first_block = 0, num_blocks = 0;
   int64_t ctx_begin = 0, keys = 0;
-  at::Tensor deny;  // [num_blocks * B, keys] bool: the keys a query row must not see
+  at::Tensor limit;  // [num_blocks * B] int64 on the device: query row i sees keys [0, limit[i])
+  at::Tensor deny;   // [num_blocks * B, keys] bool on the device: the keys a query row must not see
 };
 
 struct DFlashAttentionPlan {
@@ -65,7 +67,9 @@ at::Tensor UngroupRows(const at::Tensor& x, int64_t rows) {
 // [nB, Hkv, g * B, D], keys and values [R, Hkv, D] -> [nB, Hkv, B, D].
 at::Tensor BlockQueries(const at::Tensor& x, int64_t B, int64_t kv_heads) {
   const int64_t nb = x.size(0) / B, g = x.size(1) / kv_heads, d = x.size(2);
-  return x.reshape({nb, B, kv_heads, g, d}).permute({0, 2, 3, 1, 4}).reshape({nb, kv_heads, g * B, d});
+  return x.reshape({nb, B, kv_heads, g, d})
+      .permute({0, 2, 3, 1, 4})
+      .reshape({nb, kv_heads, g * B, d});
 }
 at::Tensor BlockKeys(const at::Tensor& x, int64_t B) {
   return x.reshape({x.size(0) / B, B, x.size(1), x.size(2)}).permute({0, 2, 1, 3});
@@ -74,7 +78,9 @@ at::Tensor BlockKeys(const at::Tensor& x, int64_t B) {
 at::Tensor UngroupBlockQueries(const at::Tensor& x, int64_t B) {
   const int64_t nb = x.size(0), kv = x.size(1), g = x.size(2) / B;
   if (x.dim() == 3) return x.view({nb, kv, g, B}).permute({0, 3, 1, 2}).reshape({nb * B, kv * g});
-  return x.view({nb, kv, g, B, x.size(3)}).permute({0, 3, 1, 2, 4}).reshape({nb * B, kv * g, x.size(3)});
+  return x.view({nb, kv, g, B, x.size(3)})
+      .permute({0, 3, 1, 2, 4})
+      .reshape({nb * B, kv * g, x.size(3)});
 }
 // [nB, Hkv, B, D] -> [R, Hkv, D].
 at::Tensor UngroupBlockKeys(const at::Tensor& x) {
@@ -93,16 +99,93 @@ struct Inputs {
   int64_t kv_heads() const { return k_ctx.size(1); }
 };
 
+// A chunk's grouped queries [Hkv, g * rows, D], keys and values [Hkv,
+// keys, D] (views of the context rows).
+struct ChunkOperands {
+  at::Tensor qg, k, v;
+};
+ChunkOperands Operands(const Inputs& in, const DFlashAttentionPlan& plan,
+                       const DFlashAttentionChunk& c) {
+  const int64_t rows = c.num_blocks * plan.block_size;
+  return {GroupQueries(in.q.narrow(0, c.first_block * plan.block_size, rows), in.kv_heads()),
+          in.k_ctx.narrow(0, c.ctx_begin, c.keys).transpose(0, 1),
+          in.v_ctx.narrow(0, c.ctx_begin, c.keys).transpose(0, 1)};
+}
+
 // A chunk's scaled, masked context scores [Hkv, g * rows, keys] in the
-// wide dtype, and its grouped queries.
-std::pair<at::Tensor, at::Tensor> ChunkScores(const Inputs& in, const DFlashAttentionPlan& plan,
-                                              const DFlashAttentionChunk& c) {
-  const int64_t rows = c.num_blocks * plan.block_size, kv = in.kv_heads();
-  const at::Tensor qg = GroupQueries(in.q.narrow(0, c.first_block * plan.block_size, rows), kv);
-  const at::Tensor k = in.k_ctx.narrow(0, c.ctx_begin, c.keys).transpose(0, 1);  // [Hkv, keys, D]
-  at::Tensor s = WideBmm(qg, k.transpose(1, 2), in.wide).mul_(in.scale);
-  s.view({kv, -1, rows, c.keys}).masked_fill_(c.deny, kNegInf);
-  return {s, qg};
+// wide dtype.
+at::Tensor ChunkScores(const Inputs& in, const DFlashAttentionChunk& c, const ChunkOperands& x) {
+  at::Tensor s = WideBmm(x.qg, x.k.transpose(1, 2), in.wide).mul_(in.scale);
+  s.view({in.kv_heads(), -1, c.deny.size(0), c.keys}).masked_fill_(c.deny, kNegInf);
+  return s;
+}
+
+#ifdef E3_HAS_CUDA
+// Where the fused softmax kernels take the chunk: 16-bit CUDA operands
+// whose GEMMs can write fp32 scores.
+bool FusedSoftmaxTakes(const Inputs& in, kernels::Dtype* dt) {
+  return compat::kHasMmFloatOut && in.wide == at::kFloat && StudentKernelDtype(in.q, dt) &&
+         in.k_ctx.scalar_type() == in.q.scalar_type() &&
+         in.v_ctx.scalar_type() == in.q.scalar_type();
+}
+#endif
+
+// A chunk's probabilities [Hkv, g * rows, keys] (in the inputs' dtype, or
+// wide on the ATen path) and log-sum-exp [Hkv, g * rows] (wide).
+std::pair<at::Tensor, at::Tensor> ChunkSoftmax(const Inputs& in, const DFlashAttentionChunk& c,
+                                               const ChunkOperands& x) {
+#ifdef E3_HAS_CUDA
+  kernels::Dtype dt;
+  if (FusedSoftmaxTakes(in, &dt)) {
+    const at::Tensor s = compat::BmmFloatOut(x.qg, x.k.transpose(1, 2)).contiguous();
+    at::Tensor p = at::empty(s.sizes(), in.q.options());
+    at::Tensor l = at::empty({s.size(0), s.size(1)}, s.options());
+    if (kernels::DFlashChunkSoftmaxForward(dt, s.data_ptr<float>(), c.limit.data_ptr<int64_t>(),
+                                           c.limit.size(0), s.size(0) * s.size(1), c.keys,
+                                           static_cast<float>(in.scale), p.data_ptr(),
+                                           l.data_ptr<float>(), StudentKernelStream(s))) {
+      CheckStudentKernelLaunch("DFlashChunkSoftmaxForward");
+      return {p, l};
+    }
+  }
+#endif
+  at::Tensor s = ChunkScores(in, c, x);
+  const at::Tensor l = at::logsumexp(s, -1);
+  ExpShifted(s, l);
+  return {s, l};
+}
+
+// The backward's probabilities P and dS = P * (dP - delta) * scale of a
+// chunk, both in the inputs' dtype, from the merged log-sum-exp and delta
+// (grouped, [Hkv, g * rows]) and the grouped output gradient.
+std::pair<at::Tensor, at::Tensor> ChunkSoftmaxBackward(const Inputs& in,
+                                                       const DFlashAttentionChunk& c,
+                                                       const ChunkOperands& x,
+                                                       const at::Tensor& dog, const at::Tensor& lse,
+                                                       const at::Tensor& delta) {
+  const at::ScalarType dt = in.q.scalar_type();
+#ifdef E3_HAS_CUDA
+  kernels::Dtype kdt;
+  if (FusedSoftmaxTakes(in, &kdt) && dog.scalar_type() == dt) {
+    const at::Tensor s = compat::BmmFloatOut(x.qg, x.k.transpose(1, 2)).contiguous();
+    const at::Tensor dp = compat::BmmFloatOut(dog, x.v.transpose(1, 2)).contiguous();
+    at::Tensor p = at::empty(s.sizes(), in.q.options()), ds = at::empty(s.sizes(), in.q.options());
+    const at::Tensor l = lse.to(at::kFloat).contiguous(), d = delta.to(at::kFloat).contiguous();
+    if (kernels::DFlashChunkSoftmaxBackward(
+            kdt, s.data_ptr<float>(), dp.data_ptr<float>(), l.data_ptr<float>(),
+            d.data_ptr<float>(), c.limit.data_ptr<int64_t>(), c.limit.size(0),
+            s.size(0) * s.size(1), c.keys, static_cast<float>(in.scale), p.data_ptr(),
+            ds.data_ptr(), StudentKernelStream(s))) {
+      CheckStudentKernelLaunch("DFlashChunkSoftmaxBackward");
+      return {p, ds};
+    }
+  }
+#endif
+  at::Tensor p = ChunkScores(in, c, x);
+  p.sub_(lse.unsqueeze(-1)).exp_();
+  at::Tensor ds = WideBmm(dog, x.v.transpose(1, 2), in.wide);  // dP
+  ds.sub_(delta.unsqueeze(-1)).mul_(p).mul_(in.scale);
+  return {p.to(dt), ds.to(dt)};
 }
 
 // Each block's scaled scores against its own rows, [nB, Hkv, g * B, B].
@@ -113,17 +196,17 @@ at::Tensor BlockScores(const Inputs& in, int64_t B) {
 
 // The context part: output [R, Hq, D] and log-sum-exp [R, Hq] (-inf for
 // a row without context keys), in the wide dtype.
-std::pair<at::Tensor, at::Tensor> ContextForward(const Inputs& in, const DFlashAttentionPlan& plan) {
+std::pair<at::Tensor, at::Tensor> ContextForward(const Inputs& in,
+                                                 const DFlashAttentionPlan& plan) {
   const int64_t R = in.q.size(0), Hq = in.q.size(1), D = in.q.size(2), B = plan.block_size;
   at::Tensor out = at::zeros({R, Hq, D}, in.q.options().dtype(in.wide));
   at::Tensor lse = at::full({R, Hq}, kNegInf, in.q.options().dtype(in.wide));
   for (const DFlashAttentionChunk& c : plan.chunks) {
     const int64_t rows = c.num_blocks * B, r0 = c.first_block * B;
-    at::Tensor s = ChunkScores(in, plan, c).first;
-    const at::Tensor l = at::logsumexp(s, -1);
-    ExpShifted(s, l);
-    const at::Tensor v = in.v_ctx.narrow(0, c.ctx_begin, c.keys).transpose(0, 1);
-    out.narrow(0, r0, rows).copy_(UngroupQueries(WideBmm(s.to(in.v_ctx.scalar_type()), v, in.wide), rows));
+    const ChunkOperands x = Operands(in, plan, c);
+    const auto [p, l] = ChunkSoftmax(in, c, x);
+    out.narrow(0, r0, rows)
+        .copy_(UngroupQueries(WideBmm(p.to(in.v_ctx.scalar_type()), x.v, in.wide), rows));
     lse.narrow(0, r0, rows).copy_(UngroupRows(l, rows));
   }
   return {out, lse};
@@ -144,29 +227,25 @@ struct Grads {
 
 // The context part's share of the gradients, from the merged
 // log-sum-exp `lse` and delta = rowsum(dout * out), both [R, Hq].
-void ContextBackward(const Inputs& in, const DFlashAttentionPlan& plan, const at::Tensor& dout, const at::Tensor& lse,
-                     const at::Tensor& delta, Grads* g) {
+void ContextBackward(const Inputs& in, const DFlashAttentionPlan& plan, const at::Tensor& dout,
+                     const at::Tensor& lse, const at::Tensor& delta, Grads* g) {
   const int64_t B = plan.block_size, kv = in.kv_heads();
-  const at::ScalarType dt = in.q.scalar_type();
   for (const DFlashAttentionChunk& c : plan.chunks) {
     const int64_t rows = c.num_blocks * B, r0 = c.first_block * B;
-    auto [p, qg] = ChunkScores(in, plan, c);
-    p.sub_(GroupRows(lse.narrow(0, r0, rows), kv).unsqueeze(-1)).exp_();
+    const ChunkOperands x = Operands(in, plan, c);
     const at::Tensor dog = GroupQueries(dout.narrow(0, r0, rows), kv);
-    const at::Tensor k = in.k_ctx.narrow(0, c.ctx_begin, c.keys).transpose(0, 1);
-    const at::Tensor v = in.v_ctx.narrow(0, c.ctx_begin, c.keys).transpose(0, 1);
-    const at::Tensor p_dt = p.to(dt);
-    g->v_ctx.narrow(0, c.ctx_begin, c.keys).add_(WideBmm(p_dt.transpose(1, 2), dog, in.wide).transpose(0, 1));
-    at::Tensor ds = WideBmm(dog, v.transpose(1, 2), in.wide);  // dP
-    ds.sub_(GroupRows(delta.narrow(0, r0, rows), kv).unsqueeze(-1)).mul_(p).mul_(in.scale);
-    const at::Tensor ds_dt = ds.to(dt);
-    g->q.narrow(0, r0, rows).add_(UngroupQueries(WideBmm(ds_dt, k, in.wide), rows));
-    g->k_ctx.narrow(0, c.ctx_begin, c.keys).add_(WideBmm(ds_dt.transpose(1, 2), qg, in.wide).transpose(0, 1));
+    const auto [p, ds] = ChunkSoftmaxBackward(in, c, x, dog, GroupRows(lse.narrow(0, r0, rows), kv),
+                                              GroupRows(delta.narrow(0, r0, rows), kv));
+    g->v_ctx.narrow(0, c.ctx_begin, c.keys)
+        .add_(WideBmm(p.transpose(1, 2), dog, in.wide).transpose(0, 1));
+    g->q.narrow(0, r0, rows).add_(UngroupQueries(WideBmm(ds, x.k, in.wide), rows));
+    g->k_ctx.narrow(0, c.ctx_begin, c.keys)
+        .add_(WideBmm(ds.transpose(1, 2), x.qg, in.wide).transpose(0, 1));
   }
 }
 
-void BlockBackward(const Inputs& in, int64_t B, const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& delta,
-                   Grads* g) {
+void BlockBackward(const Inputs& in, int64_t B, const at::Tensor& dout, const at::Tensor& lse,
+                   const at::Tensor& delta, Grads* g) {
   const int64_t kv = in.kv_heads();
   at::Tensor p = BlockScores(in, B);
   p.sub_(BlockQueries(lse.unsqueeze(-1), B, kv)).exp_();
@@ -182,15 +261,17 @@ void BlockBackward(const Inputs& in, int64_t B, const at::Tensor& dout, const at
 class DFlashAttentionFunction : public torch::autograd::Function<DFlashAttentionFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k_ctx,
-                               const at::Tensor& v_ctx, const at::Tensor& k_blk, const at::Tensor& v_blk,
-                               const at::Tensor& plan_capsule, double scale) {
+                               const at::Tensor& v_ctx, const at::Tensor& k_blk,
+                               const at::Tensor& v_blk, const at::Tensor& plan_capsule,
+                               double scale) {
     const auto plan = FromCapsule<DFlashAttentionPlan>(plan_capsule);
     const Inputs in{q, k_ctx, v_ctx, k_blk, v_blk, scale, WideType(q.scalar_type())};
     const auto [out_c, lse_c] = ContextForward(in, *plan);
     const auto [out_b, lse_b] = BlockForward(in, plan->block_size);
     const at::Tensor lse = at::logaddexp(lse_c, lse_b);
-    const at::Tensor out = (out_c * (lse_c - lse).exp().unsqueeze(-1) + out_b * (lse_b - lse).exp().unsqueeze(-1))
-                               .to(q.scalar_type());
+    const at::Tensor out =
+        (out_c * (lse_c - lse).exp().unsqueeze(-1) + out_b * (lse_b - lse).exp().unsqueeze(-1))
+            .to(q.scalar_type());
     ctx->save_for_backward({q, k_ctx, v_ctx, k_blk, v_blk, out, lse});
     ctx->saved_data["plan"] = plan_capsule;
     ctx->saved_data["scale"] = scale;
@@ -200,7 +281,12 @@ class DFlashAttentionFunction : public torch::autograd::Function<DFlashAttention
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto plan = FromCapsule<DFlashAttentionPlan>(ctx->saved_data["plan"].toTensor());
-    const Inputs in{saved[0], saved[1], saved[2], saved[3], saved[4], ctx->saved_data["scale"].toDouble(),
+    const Inputs in{saved[0],
+                    saved[1],
+                    saved[2],
+                    saved[3],
+                    saved[4],
+                    ctx->saved_data["scale"].toDouble(),
                     WideType(saved[0].scalar_type())};
     const at::Tensor& out = saved[5];
     const at::Tensor& lse = saved[6];
@@ -212,9 +298,12 @@ class DFlashAttentionFunction : public torch::autograd::Function<DFlashAttention
     g.v_ctx = at::zeros(in.v_ctx.sizes(), in.v_ctx.options().dtype(in.wide));
     ContextBackward(in, *plan, dout, lse, delta, &g);
     BlockBackward(in, plan->block_size, dout, lse, delta, &g);
-    return {g.q.to(in.q.scalar_type()),         g.k_ctx.to(in.k_ctx.scalar_type()),
-            g.v_ctx.to(in.v_ctx.scalar_type()), g.k_blk.to(in.k_blk.scalar_type()),
-            g.v_blk.to(in.v_blk.scalar_type()), at::Tensor(),
+    return {g.q.to(in.q.scalar_type()),
+            g.k_ctx.to(in.k_ctx.scalar_type()),
+            g.v_ctx.to(in.v_ctx.scalar_type()),
+            g.k_blk.to(in.k_blk.scalar_type()),
+            g.v_blk.to(in.v_blk.scalar_type()),
+            at::Tensor(),
             at::Tensor()};
   }
 };
@@ -234,9 +323,9 @@ int64_t ChunkEnd(const DFlashAttentionBlocks& b, int64_t first, int64_t heads, i
 
 }  // namespace
 
-std::shared_ptr<const DFlashAttentionPlan> PlanDFlashAttention(const DFlashAttentionBlocks& blocks,
-                                                               int64_t num_heads, const at::Device& device,
-                                                               const DFlashAttentionOptions& options) {
+std::shared_ptr<const DFlashAttentionPlan> PlanDFlashAttention(
+    const DFlashAttentionBlocks& blocks, int64_t num_heads, const at::Device& device,
+    const DFlashAttentionOptions& options) {
   TORCH_CHECK(blocks.context_begin.size() == blocks.context_end.size() && blocks.block_size > 0,
               "DFlash attention: one context range per block, and a positive block size");
   auto plan = std::make_shared<DFlashAttentionPlan>();
@@ -257,8 +346,8 @@ std::shared_ptr<const DFlashAttentionPlan> PlanDFlashAttention(const DFlashAtten
       limit.insert(limit.end(), B, keys);
     }
     if (c.keys > 0) {
-      const at::Tensor key = torch::arange(c.keys, torch::kLong).unsqueeze(0);
-      c.deny = key.ge(torch::tensor(limit, torch::kLong).unsqueeze(1)).to(device);
+      c.limit = torch::tensor(limit, torch::kLong).to(device);
+      c.deny = torch::arange(c.keys, c.limit.options()).unsqueeze(0).ge(c.limit.unsqueeze(1));
       plan->chunks.push_back(std::move(c));
     }
     first = last;
@@ -266,20 +355,24 @@ std::shared_ptr<const DFlashAttentionPlan> PlanDFlashAttention(const DFlashAtten
   return plan;
 }
 
-at::Tensor DFlashBlockAttention(const at::Tensor& q, const at::Tensor& k_ctx, const at::Tensor& v_ctx,
-                                const at::Tensor& k_blk, const at::Tensor& v_blk,
-                                const std::shared_ptr<const DFlashAttentionPlan>& plan, double scale) {
-  TORCH_CHECK(q.dim() == 3 && k_ctx.dim() == 3 && k_blk.dim() == 3, "DFlash attention: q, k, v are [rows, heads, D]");
+at::Tensor DFlashBlockAttention(const at::Tensor& q, const at::Tensor& k_ctx,
+                                const at::Tensor& v_ctx, const at::Tensor& k_blk,
+                                const at::Tensor& v_blk,
+                                const std::shared_ptr<const DFlashAttentionPlan>& plan,
+                                double scale) {
+  TORCH_CHECK(q.dim() == 3 && k_ctx.dim() == 3 && k_blk.dim() == 3,
+              "DFlash attention: q, k, v are [rows, heads, D]");
   TORCH_CHECK(q.size(0) == plan->num_blocks * plan->block_size && q.size(1) == plan->num_heads,
-              "DFlash attention: q is ", q.sizes(), ", the plan is for ", plan->num_blocks, " blocks of ",
-              plan->block_size, " rows and ", plan->num_heads, " heads");
-  TORCH_CHECK(q.size(1) % k_ctx.size(1) == 0 && k_blk.size(0) == q.size(0) && v_blk.sizes() == k_blk.sizes() &&
-                  v_ctx.sizes() == k_ctx.sizes(),
-              "DFlash attention: key/value shapes ", k_ctx.sizes(), " and ", k_blk.sizes(), " do not fit q ",
-              q.sizes());
+              "DFlash attention: q is ", q.sizes(), ", the plan is for ", plan->num_blocks,
+              " blocks of ", plan->block_size, " rows and ", plan->num_heads, " heads");
+  TORCH_CHECK(q.size(1) % k_ctx.size(1) == 0 && k_blk.size(0) == q.size(0) &&
+                  v_blk.sizes() == k_blk.sizes() && v_ctx.sizes() == k_ctx.sizes(),
+              "DFlash attention: key/value shapes ", k_ctx.sizes(), " and ", k_blk.sizes(),
+              " do not fit q ", q.sizes());
   // The capsule holds a copy of the shared pointer for as long as the graph needs the plan.
   auto keep = std::const_pointer_cast<DFlashAttentionPlan>(plan);
-  return DFlashAttentionFunction::apply(q, k_ctx, v_ctx, k_blk, v_blk, ToCapsule(std::move(keep)), scale)[0];
+  return DFlashAttentionFunction::apply(q, k_ctx, v_ctx, k_blk, v_blk, ToCapsule(std::move(keep)),
+                                        scale)[0];
 }
 
 }  // namespace e3::ops

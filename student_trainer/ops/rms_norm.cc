@@ -69,6 +69,23 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   }
 };
 
+class RmsNormTrainableFunction : public torch::autograd::Function<RmsNormTrainableFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
+    const at::Tensor rows = x.reshape({-1, x.size(-1)});
+    RmsNormResult r = RmsNormForward(rows, weight, eps);
+    ctx->save_for_backward({rows, r.rstd, weight});
+    return r.y.view(x.sizes());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor dy = grads[0].reshape({-1, saved[0].size(1)});
+    auto [dx, dw] = RmsNormBackward(dy, saved[0], saved[1], saved[2]);
+    return {dx.view(grads[0].sizes()), dw.to(saved[2].scalar_type()), at::Tensor()};
+  }
+};
+
 // Outputs {RmsNorm(x), x}; its backward gets both outputs' gradients at
 // once and adds the second into the first's dx in the norm's kernel.
 class RmsNormWithResidualFunction
@@ -179,6 +196,10 @@ std::pair<at::Tensor, at::Tensor> RmsNormBackward(const at::Tensor& dy, const at
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& weight_grad,
                    const at::Tensor& anchor, double eps) {
   return RmsNormFunction::apply(x, anchor, weight.detach(), weight_grad.detach(), eps);
+}
+
+at::Tensor RmsNormTrainable(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return RmsNormTrainableFunction::apply(x, weight, eps);
 }
 
 NormedWithResidual RmsNormWithResidual(const at::Tensor& x, const at::Tensor& weight,

@@ -35,6 +35,11 @@ at::Tensor RmsNormBackwardInto(const at::Tensor& dy, const at::Tensor& x, const 
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& weight_grad,
                    const at::Tensor& anchor, double eps);
 
+// Autograd op over x [..., cols] (any leading dims) for a model whose
+// parameters take ordinary gradients: the backward returns the weight's
+// gradient (summed in fp32, then in the weight's dtype) beside dx.
+at::Tensor RmsNormTrainable(const at::Tensor& x, const at::Tensor& weight, double eps);
+
 // RmsNorm(x) and x itself, for a block whose residual add reads x:
 // autograd would sum the two paths' gradients of x in a kernel of its own;
 // here the norm's backward kernel adds the residual's gradient into dx.

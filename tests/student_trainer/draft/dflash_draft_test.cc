@@ -165,9 +165,9 @@ TEST(DFlashDraftTest, TheBatchedForwardIsEachBlockAlone) {
   ASSERT_TRUE(d.ok()) << d.status();
   const DFlashBatch b = MakeDFlashBatch((*d)->config());
   const at::Tensor plain = PlainDFlashForward(**d, b);
-  for (DFlashAttentionKind kind : {DFlashAttentionKind::kDenseMask, DFlashAttentionKind::kChunked}) {
+  for (DFlashKernels kind : {DFlashKernels::kReference, DFlashKernels::kFast}) {
     SCOPED_TRACE(static_cast<int>(kind));
-    (*d)->set_attention(kind);
+    (*d)->set_kernels(kind);
     const at::Tensor batched = (*d)->Forward(b.block_embeds, (*d)->ProjectContext(b.target_hidden), b.blocks);
     ASSERT_EQ(batched.sizes(), plain.sizes());
     EXPECT_LT((batched - plain).abs().max().item<double>(), 1e-12);
@@ -217,9 +217,9 @@ TEST(DFlashDraftTest, GradientsOfTheBlockLossEqualThePlainFormulations) {
     return std::make_pair(loss.item<double>(), g);
   };
   const auto [plain_loss, plain] = grads(PlainDFlashForward(**d, b));
-  for (DFlashAttentionKind kind : {DFlashAttentionKind::kDenseMask, DFlashAttentionKind::kChunked}) {
+  for (DFlashKernels kind : {DFlashKernels::kReference, DFlashKernels::kFast}) {
     SCOPED_TRACE(static_cast<int>(kind));
-    (*d)->set_attention(kind);
+    (*d)->set_kernels(kind);
     const auto [batched_loss, batched] =
         grads((*d)->Forward(b.block_embeds, (*d)->ProjectContext(b.target_hidden), b.blocks));
     EXPECT_NEAR(batched_loss, plain_loss, 1e-12);

@@ -1,17 +1,18 @@
 // The DFlash block attention of ops/dflash_block_attention.h against the
-// plain formulation, in fp64: one softmax per query row over a
-// materialised mask of every context and block row. Packed samples (no
-// attention across them), GQA, a block anchored at its sample's first row
-// (no context at all), and chunk budgets from one block per chunk to one
-// chunk for all: the output and the gradients of all five inputs agree to
-// fp64 rounding.
+// plain formulation (dflash_attention_reference.h), in fp64: one softmax
+// per query row over a materialised mask of every context and block row.
+// Packed samples (no attention across them), GQA, a block anchored at its
+// sample's first row (no context at all), and chunk budgets from one
+// block per chunk to one chunk for all: the output and the gradients of
+// all five inputs agree to fp64 rounding.
 #include "student_trainer/ops/dflash_block_attention.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <limits>
 #include <vector>
+
+#include "tests/student_trainer/ops/dflash_attention_reference.h"
 
 namespace e3 {
 namespace {
@@ -47,21 +48,9 @@ Case MakeCase() {
   return c;
 }
 
-// Every row against every key, context rows then block rows, masked.
 at::Tensor PlainAttention(const Case& c, const at::Tensor& q, const at::Tensor& k_ctx, const at::Tensor& v_ctx,
                           const at::Tensor& k_blk, const at::Tensor& v_blk) {
-  const int64_t R = c.R(), T = c.T(), g = c.Hq / c.Hkv;
-  at::Tensor allow = torch::zeros({R, T + R}, torch::kBool);
-  for (int64_t i = 0; i < c.blocks.num_blocks(); ++i) {
-    const int64_t begin = c.blocks.context_begin[i], end = c.blocks.context_end[i];
-    if (end > begin) allow.narrow(0, i * c.B, c.B).narrow(1, begin, end - begin).fill_(true);
-    allow.narrow(0, i * c.B, c.B).narrow(1, T + i * c.B, c.B).fill_(true);
-  }
-  const at::Tensor k = torch::cat({k_ctx, k_blk}).repeat_interleave(g, 1).transpose(0, 1);  // [Hq, keys, D]
-  const at::Tensor v = torch::cat({v_ctx, v_blk}).repeat_interleave(g, 1).transpose(0, 1);
-  at::Tensor s = torch::matmul(q.transpose(0, 1), k.transpose(1, 2)) / std::sqrt(static_cast<double>(c.D));
-  s = s.masked_fill(allow.logical_not().unsqueeze(0), -std::numeric_limits<double>::infinity());
-  return torch::matmul(torch::softmax(s, -1), v).transpose(0, 1);
+  return testing::PlainDFlashAttention(c.blocks, q, k_ctx, v_ctx, k_blk, v_blk);
 }
 
 struct Result {
