@@ -40,15 +40,57 @@ double TargetParameters(const ModelConfig& m) {
   return total;
 }
 
+namespace {
+
+bool IsDFlash(const RunConfig& run) { return run.draft.algorithm == "dflash"; }
+
+// The target layers whose states the draft's fc reads.
+double CapturedLayers(const RunConfig& run) {
+  if (!run.draft.aux_layer_ids.empty()) return static_cast<double>(run.draft.aux_layer_ids.size());
+  return IsDFlash(run) ? static_cast<double>(run.draft.dflash_layers) : 3.0;
+}
+
+double DraftIntermediate(const ModelConfig& m, const RunConfig& run) {
+  return static_cast<double>(run.draft.intermediate_size > 0 ? run.draft.intermediate_size : m.intermediate_size);
+}
+
+// DFlash: fc over the captured layers and its norm, then Qwen3 layers
+// (q/k norms per head) and the final norm; no embedding or head of its own.
+double DFlashParameters(const ModelConfig& m, const RunConfig& run) {
+  const double h = static_cast<double>(m.hidden_size), d = static_cast<double>(m.head_dim);
+  const double q = static_cast<double>(m.num_attention_heads) * d, kv = static_cast<double>(m.num_key_value_heads) * d;
+  const double layer = 2 * h * q + 2 * h * kv + 3 * h * DraftIntermediate(m, run) + 2 * h + 2 * d;
+  return CapturedLayers(run) * h * h + h + static_cast<double>(run.draft.dflash_layers) * layer + h;
+}
+
+// DFlash's activations: every layer's saved tensors over the block rows,
+// the context's keys and values per layer, the chunked attention's scores
+// (ops/dflash_block_attention.h: 2^27 fp32 scores, four such tensors in
+// the backward) and the head's row chunk of fp32 logits and gradient.
+double DFlashActivations(const ModelConfig& m, const RunConfig& run, double bytes) {
+  const double h = static_cast<double>(m.hidden_size), tokens = static_cast<double>(run.schedule.tokens_per_batch);
+  const double kv = static_cast<double>(m.num_key_value_heads * m.head_dim);
+  const double rows = std::min<double>(static_cast<double>(run.draft.dflash_num_anchors), tokens) *
+                      static_cast<double>(run.draft.dflash_block_size);
+  const double layers = static_cast<double>(run.draft.dflash_layers);
+  return layers * rows * (12 * h + 3 * DraftIntermediate(m, run)) * bytes + layers * tokens * 4 * kv * bytes +
+         tokens * (CapturedLayers(run) + 1) * h * bytes + 4.0 * (int64_t{1} << 27) * 4 +
+         2.0 * 2048 * static_cast<double>(m.vocab_size) * 4;
+}
+
+}  // namespace
+
 double DraftParameters(const ModelConfig& m, const RunConfig& run) {
+  if (IsDFlash(run)) return DFlashParameters(m, run);
   const double h = static_cast<double>(m.hidden_size);
-  const double inter = static_cast<double>(
-      run.draft.intermediate_size > 0 ? run.draft.intermediate_size : m.intermediate_size);
+  const double inter = DraftIntermediate(m, run);
   const double q = static_cast<double>(m.num_attention_heads * m.head_dim);
   const double kv = static_cast<double>(m.num_key_value_heads * m.head_dim);
   const double draft_vocab = static_cast<double>(std::min(run.draft.vocab_size, m.vocab_size));
-  // fc (3H -> H); the layer's q/k/v read 2H; o; the MLP; the draft head.
-  return 3 * h * h + 2 * h * (q + 2 * kv) + q * h + 3 * h * inter + draft_vocab * h;
+  // fc (3H -> H); the layer's q/k/v read 2H; o; the MLP; the draft head;
+  // EAGLE-3.1's norm of each captured layer before fc.
+  const double fc_norms = run.draft.algorithm == "eagle3.1" ? CapturedLayers(run) * h : 0.0;
+  return CapturedLayers(run) * h * h + 2 * h * (q + 2 * kv) + q * h + 3 * h * inter + draft_vocab * h + fc_norms;
 }
 
 MemoryEstimate TeacherRankMemory(const ModelConfig& m, const RunConfig& run, bool gpu,
@@ -81,21 +123,24 @@ MemoryEstimate StudentRankMemory(const ModelConfig& m, const RunConfig& run, boo
   const double draft_vocab = static_cast<double>(std::min(run.draft.vocab_size, m.vocab_size));
   const double length = static_cast<double>(run.draft.ttt_length);
   const double params = DraftParameters(m, run);
+  const double embedding = static_cast<double>(m.vocab_size) * h * DtypeBytes(run.teachers.dtype, gpu);
   MemoryEstimate e;
   // The trainable draft, the frozen embeddings (the teacher's dtype) and
-  // the target head's draft rows (fp32).
-  e.weights = params * bytes +
-              static_cast<double>(m.vocab_size) * h * DtypeBytes(run.teachers.dtype, gpu) +
-              draft_vocab * h * 4;
+  // the target head: its draft rows in fp32 (EAGLE), or all of it in the
+  // compute dtype (DFlash).
+  e.weights = params * bytes + embedding +
+              (IsDFlash(run) ? static_cast<double>(m.vocab_size) * h * bytes : draft_vocab * h * 4);
   // Gradients in the compute dtype; below fp32, fp32 masters; AdamW's two
   // fp32 moments.
   e.optimizer = params * (bytes + (bytes < 4 ? 4 : 0) + 8);
-  // Per TTT step the layer's saved tensors (about 12H per token), and the
-  // draft logits of every step in one pass with their gradient written
-  // over them.
-  e.activations = tokens * length * (12 * h * bytes + draft_vocab * bytes);
-  // Prefetched batches: aux and last hidden states, ids and masks.
-  e.buffers = static_cast<double>(run.schedule.credit_window) * tokens * (4 * h * bytes + 16);
+  // EAGLE: per TTT step the layer's saved tensors (about 12H per token),
+  // and the draft logits of every step in one pass with their gradient
+  // written over them.
+  e.activations = IsDFlash(run) ? DFlashActivations(m, run, bytes)
+                                : tokens * length * (12 * h * bytes + draft_vocab * bytes);
+  // Prefetched batches: the captured layers' and the last hidden states,
+  // ids and masks.
+  e.buffers = static_cast<double>(run.schedule.credit_window) * tokens * ((CapturedLayers(run) + 1) * h * bytes + 16);
   return e;
 }
 

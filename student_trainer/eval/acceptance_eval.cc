@@ -60,8 +60,12 @@ absl::StatusOr<bool> AcceptanceEval::EnsureSet(bool log_waiting) {
     }
   }
   if (!ready && log_waiting && layout_.is_first()) {
-    std::printf("student[0]: eval set not ready at the teacher (%d of %d prompts generated); acceptance skipped\n",
-                generated, prompts);
+    // After the continuations, the teacher still runs the target over them
+    // for their hidden states.
+    const std::string stage = prompts > 0 && generated == prompts
+                                  ? absl::StrCat("all ", prompts, " continuations generated, their hidden states not yet")
+                                  : absl::StrCat(generated, " of ", prompts, " prompts generated");
+    std::printf("student[0]: eval set not ready at the teacher (%s); acceptance skipped\n", stage.c_str());
     std::fflush(stdout);
   }
   have_set_ = ready;

@@ -201,8 +201,27 @@ TEST(MemoryEstimateTest, CountsTheModelAsItsCheckpointHasIt) {
   // bf16 working weights + fp32 masters + two fp32 moments + bf16 grads.
   EXPECT_NEAR(s.optimizer / DraftParameters(m, run), 14.0, 1e-9);
   EXPECT_GT(s.activations, 5e9);  // 7 TTT steps of 8192 tokens
+  // EAGLE-3.1 adds one norm per captured layer.
+  run.draft.algorithm = "eagle3.1";
+  EXPECT_NEAR(DraftParameters(m, run) - 424.67e6, 3 * 4096, 0.01e6);
   EXPECT_EQ(FormatBytes(12.34e9), "12.3 GB");
   EXPECT_EQ(FormatBytes(850e6), "850 MB");
+}
+
+TEST(MemoryEstimateTest, ADFlashDraftIsCountedAsItsExportHoldsIt) {
+  const ModelConfig m = Llama8B();
+  RunConfig run;
+  run.draft.algorithm = "dflash";
+  run.schedule.tokens_per_batch = 4096;
+  // 5 layers of q/o 33.55M, k/v 8.39M, MLP 176.16M (+ norms), fc over 5
+  // captured layers 83.89M: 1174.4M, no head of its own.
+  EXPECT_NEAR(DraftParameters(m, run) / 1e6, 1174.4, 0.1);
+  const MemoryEstimate s = StudentRankMemory(m, run, /*gpu=*/true);
+  // The target's whole head beside its embedding, both bf16.
+  EXPECT_NEAR(s.weights - DraftParameters(m, run) * 2, 2 * 128256.0 * 4096 * 2, 1e6);
+  // 512 blocks of 16 through 5 layers dominate.
+  EXPECT_GT(s.activations, 5 * 8192 * (12 * 4096 + 3 * 14336) * 2.0);
+  EXPECT_LT(s.activations, 20e9);
 }
 
 }  // namespace
