@@ -162,6 +162,7 @@ DFlashDraftImpl::AttentionLayout DFlashDraftImpl::Layout(const DFlashBlocks& blo
   }
   ops::DFlashAttentionBlocks ranges;
   ranges.block_size = config_.block_size;
+  ranges.context_rows = context_rows;
   size_t s = 0;
   for (int64_t anchor : blocks.anchor_rows) {
     while (s + 1 < blocks.cu_seqlens.size() && anchor >= blocks.cu_seqlens[s + 1]) ++s;

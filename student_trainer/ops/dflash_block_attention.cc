@@ -30,6 +30,9 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+// A chunk's keys are padded to a multiple of this (where the context has
+// the rows): 16-bit rows of 64 keys keep cuBLAS on its aligned kernels.
+constexpr int64_t kKeyAlign = 64;
 
 at::ScalarType WideType(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
@@ -346,6 +349,9 @@ std::shared_ptr<const DFlashAttentionPlan> PlanDFlashAttention(
       limit.insert(limit.end(), B, keys);
     }
     if (c.keys > 0) {
+      if (blocks.context_rows > c.ctx_begin) {
+        c.keys = std::min((c.keys + kKeyAlign - 1) / kKeyAlign * kKeyAlign, blocks.context_rows - c.ctx_begin);
+      }
       c.limit = torch::tensor(limit, torch::kLong).to(device);
       c.deny = torch::arange(c.keys, c.limit.options()).unsqueeze(0).ge(c.limit.unsqueeze(1));
       plan->chunks.push_back(std::move(c));

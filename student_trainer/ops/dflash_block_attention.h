@@ -42,6 +42,10 @@ namespace e3::ops {
 struct DFlashAttentionBlocks {
   int64_t block_size = 16;
   std::vector<int64_t> context_begin, context_end;
+  // T, the context rows there are (0: unknown). Where known, a chunk's keys
+  // are padded to a multiple of 64 within them: the padded keys are
+  // masked, and the GEMMs over the chunk get aligned rows.
+  int64_t context_rows = 0;
   int64_t num_blocks() const { return static_cast<int64_t>(context_end.size()); }
 };
 

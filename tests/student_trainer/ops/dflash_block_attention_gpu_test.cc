@@ -49,6 +49,7 @@ ops::DFlashAttentionBlocks RandomBlocks(const std::vector<int64_t>& lengths,
     }
     begin += n;
   }
+  b.context_rows = begin;
   return b;
 }
 
@@ -77,7 +78,7 @@ template <typename Attention>
 Outcome Backprop(const Inputs& in, const at::Tensor& dout, const at::ScalarType dtype,
                  const at::Device& device, Attention attention) {
   std::vector<at::Tensor> x;
-  for (const at::Tensor& t : in.t) x.push_back(t.to(device, dtype).requires_grad_());
+  for (const at::Tensor& t : in.t) x.push_back(t.detach().to(device, dtype).clone().requires_grad_());
   Outcome r;
   r.out = attention(x[0], x[1], x[2], x[3], x[4]);
   (r.out * dout.to(device, dtype)).sum().backward();

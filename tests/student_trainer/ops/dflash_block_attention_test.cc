@@ -34,6 +34,7 @@ Case MakeCase() {
   torch::manual_seed(11);
   Case c;
   c.blocks.block_size = c.B;
+  c.blocks.context_rows = c.T();  // chunks padded past their last anchor, up to the context's end
   const std::vector<std::pair<int64_t, int64_t>> anchors = {{0, 0}, {0, 2}, {0, 3}, {0, 7},
                                                             {9, 9}, {9, 13}, {16, 18}, {16, 21}};
   for (const auto& [begin, anchor] : anchors) {
