@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/stream/sample_order.h"
+#include "common/stream/student_group.h"
 
 namespace e3 {
 namespace {
@@ -47,13 +48,34 @@ absl::Status CheckFingerprint(const char* message, const v1::DataFingerprint& f,
   for (auto [field, value] : {std::pair{"resume_fingerprint.dataset", &f.dataset()},
                               {"resume_fingerprint.chat_template", &f.chat_template()},
                               {"resume_fingerprint.samples", &f.samples()},
-                              {"resume_fingerprint.draft_vocab", &f.draft_vocab()}}) {
+                              {"resume_fingerprint.draft_vocab", &f.draft_vocab()},
+                              {"resume_fingerprint.aux_layers", &f.aux_layers()},
+                              {"resume_fingerprint.features", &f.features()}}) {
     if (auto s = CheckName(message, field, *value, limits.max_name_bytes, false); !s.ok()) return s;
   }
   if (f.epochs() < 0 || f.num_data_shards() < 0 || f.data_shard() < 0 || f.tokens_per_batch() < 0) {
     return Invalid(message, "resume_fingerprint", "has a negative epochs, shard or token budget; expected >= 0");
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckFeatures(const char* message, const v1::FeatureRequest& f, const RequestLimits& limits) {
+  if (f.aux_layer_ids_size() > limits.max_feature_layers) {
+    return Invalid(message, "features.aux_layer_ids",
+                   absl::StrCat("holds ", f.aux_layer_ids_size(), " layers; expected at most ",
+                                limits.max_feature_layers));
+  }
+  for (int i = 0; i < f.aux_layer_ids_size(); ++i) {
+    if (f.aux_layer_ids(i) < 0) {
+      return Invalid(message, absl::StrCat("features.aux_layer_ids[", i, "]"),
+                     absl::StrCat("is ", f.aux_layer_ids(i), "; expected a layer id >= 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckGroup(const char* message, const std::string& group) {
+  return CheckStudentGroupName(group, absl::StrCat(message, ".student_group"));
 }
 
 absl::Status CheckCursor(const char* message, const char* field, const v1::Cursor& c) {
@@ -107,6 +129,8 @@ absl::Status CheckSubscribeRequest(const v1::SubscribeRequest& req, const Reques
                    absl::StrCat("is ", req.credit_window(), "; expected >= 0 (0: the default)"));
   }
   if (auto s = CheckCursor(kMsg, "resume", req.resume()); !s.ok()) return s;
+  E3_RETURN_IF_ERROR(CheckGroup(kMsg, req.student_group()));
+  if (req.has_features()) E3_RETURN_IF_ERROR(CheckFeatures(kMsg, req.features(), limits));
   if (!req.nccl_unique_id().empty() && req.nccl_unique_id().size() != kNcclUniqueIdBytes) {
     return Invalid(kMsg, "nccl_unique_id",
                    absl::StrCat("is ", req.nccl_unique_id().size(), " bytes; expected 0 or ",
@@ -145,12 +169,18 @@ absl::Status CheckAckRequest(const v1::AckRequest& req, const RequestLimits& lim
                                 limits.max_ack_batch_ids));
   }
   if (req.has_committed()) E3_RETURN_IF_ERROR(CheckCursor(kMsg, "committed", req.committed()));
+  E3_RETURN_IF_ERROR(CheckGroup(kMsg, req.student_group()));
   // The generation is what fences an Ack to the subscription it belongs
   // to; without it any process that knows a subscriber id could commit.
   if (req.subscription_generation() == 0) {
     return Invalid(kMsg, "subscription_generation",
                    "is 0; an Ack carries the generation its Subscribe's acceptance announced");
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckGetEvalSetRequest(const v1::GetEvalSetRequest& req, const RequestLimits& limits) {
+  if (req.has_features()) return CheckFeatures("GetEvalSetRequest", req.features(), limits);
   return absl::OkStatus();
 }
 

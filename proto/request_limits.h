@@ -40,14 +40,20 @@ struct RequestLimits {
   int max_ack_batch_ids = 4096;
   // Names one GetWeights may ask for (the teacher serves a handful).
   int max_weight_names = 16;
+  // Aux layers one feature request may name (a draft reads a handful;
+  // the refusal of unknown ones lists them).
+  int max_feature_layers = 256;
 };
 
 absl::Status CheckGetInfoRequest(const v1::GetInfoRequest& req);
 // Rank and world within ShardSpec's bounds (so batch ids cannot collide),
-// a usable subscriber_id, a non-negative cursor and credit window, an NCCL
-// unique id of NCCL's size.
+// a usable subscriber_id and student group name, a non-negative cursor and
+// credit window, an NCCL unique id of NCCL's size, a bounded feature
+// request.
 absl::Status CheckSubscribeRequest(const v1::SubscribeRequest& req, const RequestLimits& limits);
 absl::Status CheckAckRequest(const v1::AckRequest& req, const RequestLimits& limits);
+// A bounded feature request.
+absl::Status CheckGetEvalSetRequest(const v1::GetEvalSetRequest& req, const RequestLimits& limits);
 absl::Status CheckGetWeightsRequest(const v1::GetWeightsRequest& req, const RequestLimits& limits);
 // A non-empty prompt of valid ids within the caps, and 1 <= max_new_tokens
 // <= the cap, together within the model's positions.

@@ -16,6 +16,7 @@ v1::DataFingerprint FingerprintToWire(const DataFingerprint& f) {
   w.set_tokens_per_batch(f.tokens_per_batch);
   w.set_draft_vocab(f.draft_vocab);
   w.set_aux_layers(f.aux_layers);
+  w.set_features(f.features);
   return w;
 }
 
@@ -31,7 +32,24 @@ DataFingerprint FingerprintFromWire(const v1::DataFingerprint& w) {
   f.tokens_per_batch = w.tokens_per_batch();
   f.draft_vocab = w.draft_vocab();
   f.aux_layers = w.aux_layers();
+  f.features = w.features();
   return f;
+}
+
+v1::FeatureRequest FeatureRequestToWire(const FeatureRequest& r) {
+  v1::FeatureRequest w;
+  for (int32_t id : r.aux_layer_ids) w.add_aux_layer_ids(id);
+  w.set_last_hidden(r.last_hidden);
+  w.set_target_argmax(r.target_argmax);
+  return w;
+}
+
+FeatureRequest FeatureRequestFromWire(const v1::FeatureRequest& w) {
+  FeatureRequest r;
+  r.aux_layer_ids.assign(w.aux_layer_ids().begin(), w.aux_layer_ids().end());
+  r.last_hidden = w.last_hidden();
+  r.target_argmax = w.target_argmax();
+  return r;
 }
 
 std::optional<uint64_t> ParseSubscriptionGeneration(const std::string& value) {

@@ -87,8 +87,14 @@ absl::Status Trainer::BuildTeachersAndDraft() {
   client.device = process_.device;
   client.stop = process_.stop;
   E3_ASSIGN_OR_RETURN(teachers_, TeacherPool::Connect(process_.teachers, client));
-  E3_ASSIGN_OR_RETURN(const FrozenWeights frozen,
-                      teachers_->FetchWeights(algorithm_->needs().target_head_rest));
+  // The draft declares what it reads; every teacher must capture it, and
+  // sends it only that.
+  E3_ASSIGN_OR_RETURN(const TeacherNeeds needs, algorithm_->needs(teachers_->info().config));
+  E3_RETURN_IF_ERROR(teachers_->RequestFeatures(needs.features));
+  std::printf("student[%d]: reads aux layers [%s] and %s of every batch%s\n", rank(),
+              absl::StrJoin(needs.features.aux_layer_ids, ", ").c_str(), FeatureTensorsText(needs.features).c_str(),
+              students().group.empty() ? "" : absl::StrCat(" (student group ", students().group, ")").c_str());
+  E3_ASSIGN_OR_RETURN(const FrozenWeights frozen, teachers_->FetchWeights(needs.target_head_rest));
   // Data parallelism: every rank starts from rank 0's weights, and the
   // optimizer averages gradients over the ranks before each update.
   E3_ASSIGN_OR_RETURN(group_, JoinDataParallelGroup(process_.launch, device_));

@@ -12,12 +12,14 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
 #include "common/config/command_line.h"
-#include "common/model/draft_aux_layers.h"
 #include "common/model/model_dir.h"
 #include "teacher_server/data/data_setup.h"
+#include "teacher_server/engine/captured_layers.h"
 #include "teacher_server/engine/engine.h"
+#include "teacher_server/engine/student_groups.h"
 #include "teacher_server/engine/stream_fingerprint.h"
 #include "teacher_server/models/causal_lm.h"
 #include "teacher_server/runtime/model_runtime.h"
@@ -36,20 +38,14 @@ std::atomic<int> g_signal{0};
 struct TeacherServerOptions {
   ModelRuntimeOptions runtime;
   TeacherDataOptions data;
-  EngineOptions engine;  // aux_layer_ids empty: the model's default
+  EngineOptions engine;  // aux_layer_ids: CapturedLayers, once the model is known
   ServeOptions serve;
   int64_t max_generate_new_tokens = ServiceOptions().max_generate_tokens;
   int64_t max_generate_prompt_tokens = ServiceOptions().max_generate_prompt_tokens;
   int threads = 0;
-  // Without aux_layer_ids, the layers this algorithm's drafts read.
-  std::string draft_algorithm;
-  int64_t dflash_layers = 0;
+  RunConfig config;  // what CapturedLayers reads: the drafts this teacher serves
+  std::vector<std::string> student_groups;
 };
-
-std::vector<int32_t> DefaultCaptureLayers(const TeacherServerOptions& o, const ModelConfig& model) {
-  if (o.draft_algorithm == "dflash") return DFlashTargetLayerIds(model.num_hidden_layers, o.dflash_layers);
-  return model.DefaultAuxLayerIds();
-}
 
 std::string HostName() {
   char buf[256] = {0};
@@ -67,8 +63,8 @@ absl::StatusOr<TeacherServerOptions> OptionsFromConfig(const RunConfig& c) {
   o.max_generate_new_tokens = c.teachers.max_generate_new_tokens;
   o.max_generate_prompt_tokens = c.teachers.max_generate_prompt_tokens;
   o.threads = static_cast<int>(c.teachers.threads);
-  o.draft_algorithm = c.draft.algorithm;
-  o.dflash_layers = c.draft.dflash_layers;
+  o.config = c;
+  o.student_groups = c.teachers.student_groups;
   return o;
 }
 
@@ -78,13 +74,21 @@ absl::StatusOr<TeacherServerOptions> OptionsFromConfig(const RunConfig& c) {
 absl::Status ServeModel(const TeacherServerOptions& o, CausalLM* model) {
   E3_ASSIGN_OR_RETURN(TeacherData data, SetUpTeacherData(o.data, model));
   EngineOptions eopts = o.engine;
-  if (eopts.aux_layer_ids.empty()) eopts.aux_layer_ids = DefaultCaptureLayers(o, model->config());
+  E3_ASSIGN_OR_RETURN(eopts.aux_layer_ids, CapturedLayers(o.config, model->config()));
+  std::printf("teacher: captures aux layers [%s], last hidden state and argmax; each student receives what its "
+              "draft reads\n",
+              absl::StrJoin(eopts.aux_layer_ids, ", ").c_str());
   E3_ASSIGN_OR_RETURN(eopts.fingerprint, StreamFingerprint(o.data, data, eopts));
   std::printf("teacher: data stream fingerprint: data %s, template %s, samples %s, draft vocab %s\n",
               eopts.fingerprint.dataset.c_str(), eopts.fingerprint.chat_template.c_str(),
               eopts.fingerprint.samples.c_str(), eopts.fingerprint.draft_vocab.c_str());
   SerializedCausalLM serialized(model);
-  E3_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(&serialized, data.dataset.get(), eopts));
+  E3_ASSIGN_OR_RETURN(std::unique_ptr<StudentGroups> groups,
+                      StudentGroups::Create(&serialized, data.dataset.get(), eopts, o.student_groups));
+  if (!o.student_groups.empty()) {
+    std::printf("teacher: serves the default student group and %s, each a data stream of its own\n",
+                absl::StrJoin(o.student_groups, ", ").c_str());
+  }
   E3_ASSIGN_OR_RETURN(std::unique_ptr<EvalSet> eval_set,
                       StartEvalSet(o.data, &serialized, data, eopts.aux_layer_ids, eopts.tokens_per_batch));
   TeacherMetrics metrics;
@@ -97,10 +101,10 @@ absl::Status ServeModel(const TeacherServerOptions& o, CausalLM* model) {
   sopts.max_generate_tokens = o.max_generate_new_tokens;
   sopts.max_generate_prompt_tokens = o.max_generate_prompt_tokens;
   E3_ASSIGN_OR_RETURN(std::unique_ptr<TeacherServiceImpl> service,
-                      TeacherServiceImpl::Create(engine.get(), &serialized, &data.vocab, data.dataset.get(),
+                      TeacherServiceImpl::Create(groups.get(), &serialized, &data.vocab, data.dataset.get(),
                                                  &metrics, sopts));
   service->SetEvalSet(eval_set.get());
-  return Serve(o.serve, engine.get(), service.get(), &metrics, g_signal);
+  return Serve(o.serve, groups.get(), service.get(), &metrics, g_signal);
 }
 
 absl::Status RunTeacher(const TeacherServerOptions& o) {

@@ -96,8 +96,8 @@ namespace e3 {
     "fed to the next step) or dflash (DFlash: a block of dflash_block_size tokens drafted in one "    \
     "pass from the target's captured layers)")                                                         \
   X(int64_t, dflash_layers, 5, Range(1, 64), kTeacher | kStudent, "dflash_layers",                   \
-    "dflash: draft decoder layers; with aux_layer_ids empty the teacher captures as many target "    \
-    "layers, spread over 1..L-3")                                                                      \
+    "dflash: draft decoder layers; with aux_layer_ids empty the draft reads as many target layers, "  \
+    "spread over 1..L-3")                                                                              \
   X(int64_t, dflash_block_size, 16, Range(2, 64), kStudent, "dflash_block_size",                     \
     "dflash: B, the anchor and the B - 1 tokens a block drafts")                                      \
   X(int64_t, dflash_num_anchors, 512, Range(1, kMaxInt64), kStudent, "dflash_num_anchors",           \
@@ -125,9 +125,12 @@ namespace e3 {
   X(std::string, init_from, "", Path(), kTeacher | kStudent | kLauncher, "init_from",                \
     "warm start: a draft export (config.json + model.safetensors) whose weights start the run when "  \
     "no checkpoint resumes it (fresh optimizer state and data stream); the teacher serves its draft " \
-    "vocab and, unless aux_layer_ids is given, captures its aux layers")                               \
-  X(std::vector<int64_t>, aux_layer_ids, {}, Commas(0), kTeacher, "aux_layer_ids",                   \
-    "decoder layers whose outputs the draft reads (ids in [0, L-2]); empty: [1, L/2-1, L-4]")         \
+    "vocab and, unless aux_layer_ids is given, the draft reads (and the teacher captures) its aux "   \
+    "layers")                                                                                          \
+  X(std::vector<int64_t>, aux_layer_ids, {}, Commas(0), kTeacher | kStudent, "aux_layer_ids",        \
+    "decoder layers whose outputs the draft reads, in its order (ids in [0, L-2]): the student asks "  \
+    "its teachers for them, the teacher captures them; empty: a warm start's, else the algorithm's "   \
+    "default ([1, L/2-1, L-4]; dflash: dflash_layers spread over 1..L-3)")                            \
   X(int64_t, ttt_length, 7, Range(1, 64), kStudent | kLauncher, "ttt_length",                         \
     "training-time-test steps")                                                                        \
   X(std::string, ttt_positions, "advancing", Choice("advancing|fixed"), kStudent, "ttt_positions",   \
@@ -241,8 +244,18 @@ namespace e3 {
     "transports offered (default: nccl,cuda_ipc,shm,inline on a GPU, shm,inline on the CPU)")         \
   X(double, subscriber_timeout_s, 60, Range(0.0, kInf), kTeacher, "subscriber_timeout_s",            \
     "buffers of a vanished subscriber are reclaimed after this")                                       \
+  X(std::vector<std::string>, serve_algorithms, {}, Commas(), kTeacher, "serve_algorithms",         \
+    "further draft algorithms (eagle3, eagle3.1, dflash) whose students this teacher serves besides " \
+    "draft.algorithm's: it also captures the layers each reads by default")                          \
+  X(std::vector<int64_t>, extra_aux_layer_ids, {}, Commas(0), kTeacher, "extra_aux_layer_ids",       \
+    "further decoder layers to capture, for students that read layers of their own "                 \
+    "(their aux_layer_ids)")                                                                           \
+  X(std::vector<std::string>, student_groups, {}, Commas(), kTeacher, "student_groups",              \
+    "named student groups served besides the default one, each a data stream of its own (its "       \
+    "cursors, commits, world and ledger <ledger>.<group>.jsonl); a student joins one with "          \
+    "students.group")                                                                                  \
   X(bool, exit_when_done, false, Any(), kTeacher, "exit_when_done",                                  \
-    "exit once every rank has committed every epoch")                                                 \
+    "exit once every rank of every student group has committed every epoch")                          \
   X(double, exit_grace_s, 60, Range(0.0, kInf), kTeacher, "exit_grace_s",                            \
     "with exit_when_done: once every epoch is committed, how long to wait for ranks not yet handed "  \
     "the end of their data (the students of a teacher restarted after their last commit) before "     \
@@ -306,6 +319,9 @@ namespace e3 {
   X(int64_t, rank, -1, Range(-1, 9999), kStudent, "rank", "data-parallel rank (-1: $RANK, else 0)")  \
   X(int64_t, world_size, -1, Range(-1, 10000), kStudent, "world_size",                               \
     "data-parallel world size (-1: $WORLD_SIZE, else 1)")                                             \
+  X(std::string, group, "", Any(), kStudent, "student_group",                                        \
+    "the student group this student trains in at its teachers (their teachers.student_groups); "     \
+    "empty: the default group")                                                                        \
   X(std::string, subscriber_id, "", Any(), kStudent, "subscriber_id",                                \
     "stable id of this student (default: rank-<rank>)")                                               \
   X(std::string, device, "", Any(), kStudent, "device",                                              \

@@ -1,6 +1,8 @@
 #include "common/model/draft_aux_layers.h"
 
+#include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -76,6 +78,52 @@ std::vector<int32_t> DFlashTargetLayerIds(int64_t num_target_layers, int64_t num
         std::nearbyint(first + static_cast<double>(i) * (last - first) / static_cast<double>(num_draft_layers - 1))));
   }
   return ids;
+}
+
+std::vector<int32_t> DefaultDraftAuxLayerIds(const std::string& algorithm, int64_t dflash_layers,
+                                             const ModelConfig& target) {
+  if (algorithm == "dflash") return DFlashTargetLayerIds(target.num_hidden_layers, dflash_layers);
+  return target.DefaultAuxLayerIds();
+}
+
+absl::StatusOr<std::vector<int32_t>> DraftAuxLayerIds(const std::string& algorithm,
+                                                      const std::vector<int64_t>& configured,
+                                                      const std::string& init_from, int64_t dflash_layers,
+                                                      const ModelConfig& target) {
+  std::vector<int32_t> ids;
+  for (int64_t id : configured) {
+    if (id < 0 || id > INT32_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat("draft.aux_layer_ids (--aux_layer_ids): ", id,
+                                                     " is not a layer id; expected ids in [0, ",
+                                                     target.num_hidden_layers - 2, "]"));
+    }
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  if (ids.empty() && !init_from.empty()) {
+    E3_ASSIGN_OR_RETURN(ids, ReadDraftAuxLayerIds(JoinPath(init_from, "config.json")));
+  }
+  if (ids.empty()) ids = DefaultDraftAuxLayerIds(algorithm, dflash_layers, target);
+  if (absl::Status s = CheckAuxLayerIds(ids, target.num_hidden_layers); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("draft.aux_layer_ids (--aux_layer_ids) [",
+                                                   absl::StrJoin(ids, ", "), "]: ", s.message()));
+  }
+  return ids;
+}
+
+std::vector<int32_t> AuxLayerUnion(const std::vector<std::vector<int32_t>>& lists) {
+  std::vector<int32_t> out;
+  if (lists.empty()) return out;
+  for (int32_t id : lists.front()) {
+    if (std::find(out.begin(), out.end(), id) == out.end()) out.push_back(id);
+  }
+  std::set<int32_t> rest;
+  for (size_t i = 1; i < lists.size(); ++i) {
+    for (int32_t id : lists[i]) {
+      if (std::find(out.begin(), out.end(), id) == out.end()) rest.insert(id);
+    }
+  }
+  out.insert(out.end(), rest.begin(), rest.end());
+  return out;
 }
 
 }  // namespace e3

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/model/model_config.h"
 #include "nlohmann/json.hpp"
 
 namespace e3 {
@@ -34,6 +35,28 @@ absl::StatusOr<std::vector<int32_t>> ReadDraftAuxLayerIds(const std::string& con
 // as Python's round(); one layer reads L/2. Qwen3-8B (L = 36) with 5
 // gives [1, 9, 17, 25, 33].
 std::vector<int32_t> DFlashTargetLayerIds(int64_t num_target_layers, int64_t num_draft_layers);
+
+// The layers a draft of `algorithm` (draft.algorithm) reads from `target`
+// by default: EAGLE-3's (and 3.1's) [1, L/2-1, L-4], DFlash's
+// `dflash_layers` spread over 1..L-3.
+std::vector<int32_t> DefaultDraftAuxLayerIds(const std::string& algorithm, int64_t dflash_layers,
+                                             const ModelConfig& target);
+
+// The layers a draft reads, in the order it concatenates them: `configured`
+// (draft.aux_layer_ids) when given; else those the draft export in
+// `init_from` (a warm start) names; else its algorithm's default. Both
+// services call it with the same settings: the student asks for these,
+// the teacher captures them. InvalidArgument when an id is not one
+// `target` can serve (CheckAuxLayerIds), naming draft.aux_layer_ids.
+absl::StatusOr<std::vector<int32_t>> DraftAuxLayerIds(const std::string& algorithm,
+                                                      const std::vector<int64_t>& configured,
+                                                      const std::string& init_from, int64_t dflash_layers,
+                                                      const ModelConfig& target);
+
+// Every layer of `lists`, once: the first list in its own order (what a
+// subscriber without a request receives keeps that order), then the
+// others' layers ascending.
+std::vector<int32_t> AuxLayerUnion(const std::vector<std::vector<int32_t>>& lists);
 
 }  // namespace e3
 

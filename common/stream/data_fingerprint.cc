@@ -37,8 +37,14 @@ std::vector<std::string> FingerprintDifferences(const DataFingerprint& c, const 
   }
   Compare(c.tokens_per_batch, t.tokens_per_batch, "token budget (--tokens_per_batch)", &d);
   Compare(Shown(c.draft_vocab), Shown(t.draft_vocab), "draft vocab (--draft_vocab_size, --vocab_map)", &d);
-  if (!c.aux_layers.empty() && !t.aux_layers.empty()) {
-    Compare(c.aux_layers, t.aux_layers, "aux layers (--aux_layer_ids)", &d);
+  // The plan is the subscriber's own: its side is the subscription now.
+  if (!c.aux_layers.empty() && !t.aux_layers.empty() && c.aux_layers != t.aux_layers) {
+    d.push_back(absl::StrCat("aux layers the draft reads (--aux_layer_ids, --draft_algorithm): cursor ", c.aux_layers,
+                             ", this subscription ", t.aux_layers));
+  }
+  if (!c.features.empty() && !t.features.empty() && c.features != t.features) {
+    d.push_back(absl::StrCat("tensors the draft reads (--draft_algorithm, --dflash_labels): cursor ", c.features,
+                             ", this subscription ", t.features));
   }
   return d;
 }
@@ -51,7 +57,8 @@ absl::Status CheckSameDataStream(const DataFingerprint& cursor, const DataFinger
   return absl::FailedPreconditionError(absl::StrCat(
       who, " was made for another data stream than this teacher serves, so its batch ids would name other samples; ",
       "differs: ", absl::StrJoin(differ, "; "),
-      ". Restart the teacher with the run's data and settings, or start the student afresh (a new --checkpoint_dir)"));
+      ". Restart the teacher with the run's data and settings and the student with its draft settings, or start the "
+      "student afresh (a new --checkpoint_dir)"));
 }
 
 nlohmann::json FingerprintToJson(const DataFingerprint& f) {
@@ -59,7 +66,8 @@ nlohmann::json FingerprintToJson(const DataFingerprint& f) {
           {"samples", f.samples},         {"data_seed", f.data_seed},
           {"epochs", f.epochs},           {"num_data_shards", f.num_data_shards},
           {"data_shard", f.data_shard},   {"tokens_per_batch", f.tokens_per_batch},
-          {"draft_vocab", f.draft_vocab}, {"aux_layers", f.aux_layers}};
+          {"draft_vocab", f.draft_vocab}, {"aux_layers", f.aux_layers},
+          {"features", f.features}};
 }
 
 absl::StatusOr<DataFingerprint> FingerprintFromJson(const nlohmann::json& j, const std::string& where) {
@@ -88,7 +96,7 @@ absl::StatusOr<DataFingerprint> FingerprintFromJson(const nlohmann::json& j, con
   };
   for (auto [key, out] : {std::pair{"dataset", &f.dataset}, {"chat_template", &f.chat_template},
                           {"samples", &f.samples}, {"draft_vocab", &f.draft_vocab},
-                          {"aux_layers", &f.aux_layers}}) {
+                          {"aux_layers", &f.aux_layers}, {"features", &f.features}}) {
     if (absl::Status s = text(key, out); !s.ok()) return s;
   }
   for (absl::Status s : {integer("data_seed", &f.data_seed), integer("epochs", &f.epochs),

@@ -3,10 +3,12 @@
 // of epoch e is a function of the samples served (the data file, the chat
 // template, cutting and sharding), their order (the data seed), the
 // batching (the token budget) and the draft vocab the student's head was
-// built for. The teacher announces it (GetInfo), the student keeps it with
-// each cursor in its checkpoint and presents it at Subscribe, and a
-// teacher serving other data refuses the cursor, naming what differs,
-// instead of serving other samples under the same batch ids.
+// built for, and what the subscriber reads of each batch (its feature
+// plan). The teacher announces it (GetInfo, with the plan of a subscriber
+// that asks for everything), the student keeps it with each cursor in its
+// checkpoint and presents it at Subscribe, and a teacher serving other
+// data, or a plan other than the cursor's, refuses the cursor, naming
+// what differs, instead of serving other samples under the same batch ids.
 #ifndef E3_COMMON_STREAM_DATA_FINGERPRINT_H_
 #define E3_COMMON_STREAM_DATA_FINGERPRINT_H_
 
@@ -29,10 +31,13 @@ struct DataFingerprint {
   int32_t data_shard = 0;
   int64_t tokens_per_batch = 0;
   std::string draft_vocab;  // d2t
-  // The layers whose states the batches carry ("1,3,4"): a draft trained
-  // on one set resumed against another would learn from other features.
-  // Empty in cursors written before it was recorded; then not compared.
+  // The subscriber's plan (common/stream/feature_request.h): the layers
+  // whose states its batches carry, in its order ("1,3,4"), and the
+  // tensors ("aux_hidden,target_argmax"). A draft trained on one plan
+  // resumed under another would learn from other features. Empty in
+  // cursors written before each was recorded; then not compared.
   std::string aux_layers;
+  std::string features;
 
   // No fingerprint: a student with no cursor yet, or a checkpoint written
   // before cursors carried one. It matches any teacher.

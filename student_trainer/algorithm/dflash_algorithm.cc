@@ -64,8 +64,15 @@ absl::StatusOr<std::unique_ptr<DFlashAlgorithm>> DFlashAlgorithm::Create(const D
   return a;
 }
 
-TeacherNeeds DFlashAlgorithm::needs() const {
+absl::StatusOr<TeacherNeeds> DFlashAlgorithm::needs(const ModelConfig& target) const {
   TeacherNeeds needs;
+  // The context reads the layers; the labels decide the rest: the
+  // target's greedy tokens, or its distribution (from last_hidden through
+  // the full head), or the data's own tokens.
+  E3_ASSIGN_OR_RETURN(needs.features.aux_layer_ids, DraftReadsLayers(settings_, target));
+  needs.features.target_argmax = blocks_.labels != DFlashLabels::kInputIds;
+  needs.features.last_hidden = blocks_.labels == DFlashLabels::kTargetDistribution;
+  // The draft's head is the target's whole lm_head.
   needs.target_head_rest = true;
   return needs;
 }

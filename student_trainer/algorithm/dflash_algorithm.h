@@ -1,7 +1,7 @@
 // DFlash (https://arxiv.org/abs/2602.06036) behind the draft-algorithm
-// seam: the block draft of dflash_draft.h over the layers the teacher
-// captures (without draft.aux_layer_ids the teacher captures
-// dflash_layers of them, spread as the recipes spread them), the target's
+// seam: the block draft of dflash_draft.h over the target layers it asks
+// its teacher for (without draft.aux_layer_ids, dflash_layers of them,
+// spread as the recipes spread them), the target's
 // embedding and full head from the teacher, fp32 master weights below
 // fp32. A step draws the batch's anchors (dflash_blocks.h), runs every
 // block in one pass and takes the optimizer step on the weighted block
@@ -31,7 +31,7 @@ class DFlashAlgorithm : public DraftAlgorithm {
 
   const char* name() const override { return "dflash"; }
   // The full head: the draft vocab's rows and the rest.
-  TeacherNeeds needs() const override;
+  absl::StatusOr<TeacherNeeds> needs(const ModelConfig& target) const override;
   absl::Status Build(const TeacherInfo& info, const FrozenWeights& frozen, ProcessGroup* group) override;
   std::string Describe() const override;
   const std::string& compute_dtype() const override { return dtype_name_; }

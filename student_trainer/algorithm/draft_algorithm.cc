@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/model/draft_aux_layers.h"
 #include "student_trainer/algorithm/dflash_algorithm.h"
 #include "student_trainer/algorithm/eagle3_algorithm.h"
 #include "student_trainer/step/ttt_step.h"
@@ -30,6 +31,10 @@ absl::StatusOr<std::unique_ptr<DraftOptimizer>> CreateScheduledOptimizer(const D
 
 int64_t DraftedPositions(const DraftSettings& draft) {
   return draft.algorithm == "dflash" ? draft.dflash_block_size - 1 : draft.ttt_length;
+}
+
+absl::StatusOr<std::vector<int32_t>> DraftReadsLayers(const DraftSettings& draft, const ModelConfig& target) {
+  return DraftAuxLayerIds(draft.algorithm, draft.aux_layer_ids, draft.init_from, draft.dflash_layers, target);
 }
 
 absl::StatusOr<std::unique_ptr<DraftAlgorithm>> CreateDraftAlgorithm(const DraftSettings& draft,

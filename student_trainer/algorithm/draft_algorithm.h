@@ -18,6 +18,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/config/run_config.h"
+#include "common/model/model_config.h"
+#include "common/stream/feature_request.h"
 #include "common/torch/process_group.h"
 #include "common/torch/torch_core.h"
 #include "student_trainer/draft/draft_model.h"
@@ -27,10 +29,14 @@
 
 namespace e3 {
 
-// What an algorithm asks of the teacher beyond each batch's stream (the
-// aux states of the layers the teacher captures, the last hidden state,
-// the target argmax and the loss mask).
+// What an algorithm asks of the teacher: what each batch carries besides
+// the ids and the loss mask (its feature request: the aux layers in the
+// order it reads them, the last hidden state, the target argmax), and
+// which frozen weights. The target's distribution is the student's own
+// work: last_hidden through the target head, whose rows outside the draft
+// vocab come with target_head_rest.
 struct TeacherNeeds {
+  FeatureRequest features;
   // The target head's rows outside the draft vocab, with the weights:
   // losses over the target's full distribution need its normaliser.
   bool target_head_rest = false;
@@ -51,10 +57,15 @@ class DraftAlgorithm {
 
   // Its name in the run config (draft.algorithm) and in logs.
   virtual const char* name() const = 0;
-  virtual TeacherNeeds needs() const = 0;
+  // What it reads from a teacher serving `target` (the layers may follow
+  // the model's depth); InvalidArgument naming the setting when its
+  // layers are not ones `target` can serve, or a warm start's export
+  // cannot be read.
+  virtual absl::StatusOr<TeacherNeeds> needs(const ModelConfig& target) const = 0;
   // Builds the draft for the teacher's model from its frozen tensors, on
   // this process's device, with its optimizer; `group` is the data-parallel
-  // group (null for one rank).
+  // group (null for one rank). `info.aux_layer_ids` are the layers its
+  // batches carry: those its needs() asked for.
   virtual absl::Status Build(const TeacherInfo& info, const FrozenWeights& frozen, ProcessGroup* group) = 0;
   // One line on what was built, for the log.
   virtual std::string Describe() const = 0;
@@ -98,6 +109,11 @@ absl::StatusOr<std::unique_ptr<DraftOptimizer>> CreateScheduledOptimizer(const D
 // The positions the step metrics of draft.algorithm report (for sizing
 // the metrics before the algorithm is built).
 int64_t DraftedPositions(const DraftSettings& draft);
+
+// The layers a draft of these settings reads from `target`
+// (common/model/draft_aux_layers.h: draft.aux_layer_ids, a warm start's,
+// or the algorithm's default).
+absl::StatusOr<std::vector<int32_t>> DraftReadsLayers(const DraftSettings& draft, const ModelConfig& target);
 
 absl::StatusOr<std::unique_ptr<DraftAlgorithm>> CreateDraftAlgorithm(const DraftSettings& draft,
                                                                      const ScheduleSettings& schedule,

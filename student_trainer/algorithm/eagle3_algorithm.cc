@@ -26,8 +26,14 @@ absl::StatusOr<std::unique_ptr<Eagle3Algorithm>> Eagle3Algorithm::Create(const D
   return a;
 }
 
-TeacherNeeds Eagle3Algorithm::needs() const {
+absl::StatusOr<TeacherNeeds> Eagle3Algorithm::needs(const ModelConfig& target) const {
   TeacherNeeds needs;
+  // fc reads the layers; the target's distribution over the draft vocab
+  // comes from last_hidden, and the argmax masks positions whose target
+  // token lies outside it.
+  E3_ASSIGN_OR_RETURN(needs.features.aux_layer_ids, DraftReadsLayers(settings_, target));
+  needs.features.last_hidden = true;
+  needs.features.target_argmax = true;
   needs.target_head_rest = NeedsFullTargetHead(ttt_.loss);
   return needs;
 }

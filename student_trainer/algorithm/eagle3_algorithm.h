@@ -26,7 +26,7 @@ class Eagle3Algorithm : public DraftAlgorithm {
                                                                  const at::Device& device);
 
   const char* name() const override { return settings_.algorithm == "eagle3.1" ? "eagle3.1" : "eagle3"; }
-  TeacherNeeds needs() const override;
+  absl::StatusOr<TeacherNeeds> needs(const ModelConfig& target) const override;
   absl::Status Build(const TeacherInfo& info, const FrozenWeights& frozen, ProcessGroup* group) override;
   std::string Describe() const override;
   const std::string& compute_dtype() const override { return dtype_name_; }

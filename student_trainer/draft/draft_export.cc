@@ -326,8 +326,8 @@ absl::Status LoadDraftExport(Eagle3DraftImpl& draft, const std::string& dir, Oth
   if (!file_config.aux_layer_ids.empty() && file_config.aux_layer_ids != mine.aux_layer_ids) {
     return absl::FailedPreconditionError(absl::StrCat(
         config_path, ": the draft was trained on aux layers [", absl::StrJoin(file_config.aux_layer_ids, ", "),
-        "], but the teacher captures [", absl::StrJoin(mine.aux_layer_ids, ", "),
-        "]: give the teacher --aux_layer_ids (draft.aux_layer_ids) of the draft"));
+        "], but this draft reads [", absl::StrJoin(mine.aux_layer_ids, ", "),
+        "]: set draft.aux_layer_ids (--aux_layer_ids) to the draft's, or leave it empty to read a warm start's"));
   }
   E3_RETURN_IF_ERROR(CheckSameTarget(file_config.target, mine.target, config_path, other_target));
   if (file_config.rope.type != mine.rope.type || file_config.rope.theta != mine.rope.theta) {

@@ -57,17 +57,40 @@ absl::StatusOr<StudentBatch> TeacherClient::Decode(const v1::BatchDescriptor& d)
   };
   // Host transports: the copies leave shm here, on the reader thread, so
   // the segment can be reclaimed as soon as the batch is acked.
-  E3_ASSIGN_OR_RETURN(b.tensors.input_ids, get("input_ids"));
-  E3_ASSIGN_OR_RETURN(b.tensors.cu_seqlens, get("cu_seqlens"));
-  E3_ASSIGN_OR_RETURN(b.tensors.loss_mask, get("loss_mask"));
-  E3_ASSIGN_OR_RETURN(b.tensors.aux_hidden, get("aux_hidden"));
-  E3_ASSIGN_OR_RETURN(b.tensors.last_hidden, get("last_hidden"));
-  E3_ASSIGN_OR_RETURN(b.tensors.target_argmax, get("target_argmax"));
+  E3_RETURN_IF_ERROR(DecodeTensors(get, &b));
   if (b.tensors.input_ids.numel() != b.num_tokens) {
     return absl::DataLossError(absl::StrCat("batch ", b.batch_id, ": ", b.tensors.input_ids.numel(),
                                             " input_ids but num_tokens says ", b.num_tokens));
   }
   return b;
+}
+
+absl::Status TeacherClient::DecodeTensors(const std::function<absl::StatusOr<at::Tensor>(const char*)>& get,
+                                          StudentBatch* b) const {
+  TeacherBatch& t = b->tensors;
+  E3_ASSIGN_OR_RETURN(t.input_ids, get("input_ids"));
+  E3_ASSIGN_OR_RETURN(t.cu_seqlens, get("cu_seqlens"));
+  E3_ASSIGN_OR_RETURN(t.loss_mask, get("loss_mask"));
+  const FeatureRequest wanted = features_.value_or(EveryFeature(info_.captured_layer_ids));
+  if (!wanted.aux_layer_ids.empty()) {
+    E3_ASSIGN_OR_RETURN(t.aux_hidden, get("aux_hidden"));
+    // The draft's fc reads exactly its layers: a teacher that sent others
+    // would train it on the wrong states.
+    const int64_t width = static_cast<int64_t>(wanted.aux_layer_ids.size()) * info_.config.hidden_size;
+    if (t.aux_hidden.dim() != 2 || t.aux_hidden.size(1) != width) {
+      return absl::DataLossError(absl::StrCat("batch ", b->batch_id, ": aux_hidden of shape [",
+                                              absl::StrJoin(t.aux_hidden.sizes(), ", "), "]; expected [T, ", width,
+                                              "] (aux layers [", absl::StrJoin(wanted.aux_layer_ids, ", "),
+                                              "] of hidden size ", info_.config.hidden_size, ")"));
+    }
+  }
+  if (wanted.last_hidden) {
+    E3_ASSIGN_OR_RETURN(t.last_hidden, get("last_hidden"));
+  }
+  if (wanted.target_argmax) {
+    E3_ASSIGN_OR_RETURN(t.target_argmax, get("target_argmax"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<at::Tensor> TeacherClient::FetchDevicePayload(const ReceivedBatch& received, TransportKind transport) {

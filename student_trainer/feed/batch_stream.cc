@@ -45,6 +45,8 @@ v1::SubscribeRequest TeacherClient::SubscribeRequestFor(const StreamCursor& from
     if (!stream_fingerprint_.empty()) *req.mutable_resume_fingerprint() = FingerprintToWire(stream_fingerprint_);
   }
   req.set_subscriber_id(options_.subscriber_id);
+  req.set_student_group(options_.group);
+  if (features_.has_value()) *req.mutable_features() = FeatureRequestToWire(*features_);
   req.set_host(options_.host);
   // Device transports: this student receives into GPU memory; for NCCL it
   // makes the communicator's unique id and starts joining now (the teacher
@@ -254,6 +256,7 @@ grpc::Status TeacherClient::SendAck(uint64_t generation, const std::vector<int64
   v1::AckRequest req;
   req.set_version(v1::PROTOCOL_VERSION_CURRENT);
   req.set_subscriber_id(options_.subscriber_id);
+  req.set_student_group(options_.group);
   req.set_rank(options_.layout.rank());
   req.set_subscription_generation(generation);
   for (int64_t id : batch_ids) req.add_batch_ids(id);

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
+#include "common/stream/student_group.h"
 #include "common/torch/tensor_convert.h"
 #include "proto/request_limits.h"
 #include "proto/subscription_wire.h"
@@ -27,6 +28,7 @@ using teacher_rpc::IsFatal;
 TeacherClientOptions TeacherClientOptions::FromSettings(const StudentsSettings& s, const ScheduleSettings& schedule) {
   TeacherClientOptions o;
   o.credit_window = static_cast<int>(schedule.credit_window);
+  o.group = s.group;
   o.auth.tls_ca = s.tls_ca;
   o.auth.tls_cert = s.tls_cert;
   o.auth.tls_key = s.tls_key;
@@ -48,6 +50,24 @@ std::unique_ptr<grpc::ClientContext> TeacherClient::NewContext(bool with_deadlin
   if (auth_ != nullptr) auth_->Attach(ctx.get());
   return ctx;
 }
+
+namespace {
+
+// An error unless the teacher serves `group` (every teacher serves the
+// default one).
+absl::Status CheckGroupServed(const v1::GetInfoResponse& resp, const std::string& group, const std::string& address) {
+  if (group.empty()) return absl::OkStatus();
+  for (const std::string& served : resp.student_groups()) {
+    if (served == group) return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "teacher at ", address, " serves no ", DescribeStudentGroup(group),
+      " (--student_group); it serves the default group",
+      resp.student_groups().empty() ? std::string() : absl::StrCat(" and ", absl::StrJoin(resp.student_groups(), ", ")),
+      ": start it with --student_groups=", group));
+}
+
+}  // namespace
 
 std::vector<std::string> ModelDifferences(const TeacherInfo& a, const TeacherInfo& b) {
   std::vector<std::string> differ;
@@ -82,13 +102,47 @@ absl::StatusOr<TeacherInfo> TeacherClient::FetchInfo(absl::Duration timeout, grp
                                             " but its config_json says ", info.config.hidden_size, ", ",
                                             info.config.vocab_size));
   }
-  info.aux_layer_ids.assign(resp.model().aux_layer_ids().begin(), resp.model().aux_layer_ids().end());
+  info.captured_layer_ids.assign(resp.model().aux_layer_ids().begin(), resp.model().aux_layer_ids().end());
+  info.aux_layer_ids = info.captured_layer_ids;
   info.draft_vocab_size = resp.model().draft_vocab_size();
   info.batches_per_epoch = resp.batches_per_epoch();
   info.epochs = resp.epochs();
   info.fingerprint = FingerprintFromWire(resp.data_fingerprint());
   info.target = IdentifyTarget(info.config, resp.model().model_dir());
+  E3_RETURN_IF_ERROR(CheckGroupServed(resp, options_.group, options_.address));
+  E3_RETURN_IF_ERROR(ApplyFeatures(&info));
   return info;
+}
+
+absl::Status TeacherClient::ApplyFeatures(TeacherInfo* info) const {
+  if (!features_.has_value()) return absl::OkStatus();
+  const FeatureRequest& want = *features_;
+  const std::string teacher = absl::StrCat("teacher at ", options_.address);
+  if (!info->raw.has_captured() && want.aux_layer_ids != info->captured_layer_ids) {
+    // It sends every layer it captures, and the draft reads other ones.
+    return absl::FailedPreconditionError(absl::StrCat(
+        teacher, " takes no feature request (an older teacher_server): it sends aux layers [",
+        absl::StrJoin(info->captured_layer_ids, ", "), "], and this draft reads [",
+        absl::StrJoin(want.aux_layer_ids, ", "),
+        "]; update the teacher, or give the student its layers (--aux_layer_ids)"));
+  }
+  absl::StatusOr<std::vector<int64_t>> positions = AuxPositions(want.aux_layer_ids, info->captured_layer_ids);
+  if (!positions.ok()) return absl::FailedPreconditionError(absl::StrCat(teacher, ": ", positions.status().message()));
+  info->aux_layer_ids = want.aux_layer_ids;
+  info->fingerprint = WithFeaturePlan(info->fingerprint, want);
+  return absl::OkStatus();
+}
+
+absl::Status TeacherClient::RequestFeatures(const FeatureRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (reader_.joinable()) return absl::FailedPreconditionError("the feature request comes before streaming");
+  features_ = request;
+  TeacherInfo info = info_;
+  info.aux_layer_ids = info.captured_layer_ids;
+  info.fingerprint = FingerprintFromWire(info.raw.data_fingerprint());
+  E3_RETURN_IF_ERROR(ApplyFeatures(&info));
+  info_ = std::move(info);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<TeacherClient>> TeacherClient::Connect(const TeacherClientOptions& options) {
@@ -101,6 +155,7 @@ absl::StatusOr<std::unique_ptr<TeacherClient>> TeacherClient::Connect(const Teac
   if (client->device_.is_cuda()) {
     client->ipc_ = std::make_unique<CudaIpcImporter>(client->device_.has_index() ? client->device_.index() : 0);
   }
+  E3_RETURN_IF_ERROR(CheckStudentGroupName(options.group, "--student_group (students.group)"));
   E3_RETURN_IF_ERROR(CheckMessageSizeCap(options.max_receive_message_bytes, "--max_receive_message_bytes"));
   E3_RETURN_IF_ERROR(CheckMessageSizeCap(options.max_send_message_bytes, "max_send_message_bytes"));
   E3_ASSIGN_OR_RETURN(PeerAuth auth, PeerAuth::ForClient(options.auth));

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -34,6 +35,7 @@
 #include "common/rpc/keepalive.h"
 #include "common/rpc/peer_auth.h"
 #include "common/stream/data_fingerprint.h"
+#include "common/stream/feature_request.h"
 #include "common/torch/torch_core.h"
 #include "common/transport/transport.h"
 #include "proto/teacher.grpc.pb.h"
@@ -48,6 +50,9 @@ class ReceivedBatch;  // proto/wire_codec.h
 struct TeacherClientOptions {
   std::string address = "127.0.0.1:50051";
   std::string subscriber_id;
+  // The student group this student trains in at the teacher
+  // (common/stream/student_group.h); empty: the default group.
+  std::string group;
   ParallelLayout layout;  // the student's data-parallel ranks
   int credit_window = 4;  // batches prefetched (and in flight at the teacher)
   std::vector<TransportKind> transports = {TransportKind::kShm, TransportKind::kInline};
@@ -87,11 +92,16 @@ struct TeacherClientOptions {
 struct TeacherInfo {
   v1::GetInfoResponse raw;
   ModelConfig config;  // parsed from the teacher's config.json
+  std::vector<int32_t> captured_layer_ids;  // every layer the teacher captures
+  // The layers this client's batches carry, in their order: its feature
+  // request's (TeacherClient::RequestFeatures), else every captured one.
   std::vector<int32_t> aux_layer_ids;
   int64_t draft_vocab_size = 0;
   int64_t batches_per_epoch = 0;
   int64_t epochs = 0;
-  DataFingerprint fingerprint;  // of the data stream it serves
+  // Of the data stream it serves, with this client's feature plan (that of
+  // everything captured until RequestFeatures).
+  DataFingerprint fingerprint;
   TargetIdentity target;        // its model, as a draft's export records it
 };
 
@@ -134,6 +144,12 @@ class TeacherClient {
   ~TeacherClient();
 
   const TeacherInfo& info() const { return info_; }
+  // What the draft reads of every batch (and of the eval set), before
+  // Start: from now on the client asks for it at each Subscribe, its
+  // info() describes what it receives, and its cursors carry the plan.
+  // FailedPrecondition naming the layers when the teacher does not capture
+  // them, or cannot send a part of what it captures (an older teacher).
+  absl::Status RequestFeatures(const FeatureRequest& request);
   // with_rest_head also fetches target_head_rest (the LK losses).
   absl::StatusOr<FrozenWeights> FetchWeights(bool with_rest_head = false);
   // The teacher's acceptance eval set (teacher --eval_prompts): whether it
@@ -164,8 +180,14 @@ class TeacherClient {
 
  private:
   explicit TeacherClient(TeacherClientOptions options) : options_(std::move(options)) {}
-  // GetInfo once, within `timeout`, parsed and checked.
+  // GetInfo once, within `timeout`, parsed and checked (this client's
+  // group served, its feature request applied).
   absl::StatusOr<TeacherInfo> FetchInfo(absl::Duration timeout, grpc::Status* rpc_status);
+  // `info` as this client receives it under features_.
+  absl::Status ApplyFeatures(TeacherInfo* info) const;
+  // A batch's tensors from `get` (by name): those features_ asks for, or
+  // all of them without a request.
+  absl::Status DecodeTensors(const std::function<absl::StatusOr<at::Tensor>(const char*)>& get, StudentBatch* b) const;
   // After the teacher was away: the same model and data stream as before?
   // FailedPrecondition (fatal) if not; the transport's error if it is
   // still unreachable.
@@ -197,6 +219,7 @@ class TeacherClient {
   std::unique_ptr<grpc::ClientContext> NewContext(bool with_deadline) const;
 
   TeacherClientOptions options_;
+  std::optional<FeatureRequest> features_;  // set once, before streaming
   std::unique_ptr<PeerAuth> auth_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::TeacherService::Stub> stub_;

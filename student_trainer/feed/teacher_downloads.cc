@@ -27,6 +27,8 @@ using teacher_rpc::ToTensor;
 absl::StatusOr<EvalSetFetch> TeacherClient::FetchEvalSet() {
   v1::GetEvalSetRequest req;
   req.set_version(v1::PROTOCOL_VERSION_CURRENT);
+  // The eval batches carry aux states only: the draft's layers of them.
+  if (features_.has_value()) *req.mutable_features() = FeatureRequestToWire(*features_);
   // The whole set in one stream (about 100 MB per batch on an 8B target):
   // a generous deadline of its own instead of the per-call one.
   auto ctx = NewContext(false);
@@ -62,6 +64,12 @@ absl::StatusOr<EvalSetFetch> TeacherClient::FetchEvalSet() {
     E3_ASSIGN_OR_RETURN(at::Tensor mask, get("loss_mask"));
     E3_ASSIGN_OR_RETURN(at::Tensor aux, get("aux_hidden"));
     E3_ASSIGN_OR_RETURN(EvalBatch b, EvalBatchFromWire(ids, cu, mask, aux));
+    const int64_t width = static_cast<int64_t>(info_.aux_layer_ids.size()) * info_.config.hidden_size;
+    if (b.aux_hidden.size(1) != width) {
+      return absl::DataLossError(absl::StrCat("GetEvalSet from ", options_.address, ": aux_hidden of ",
+                                              b.aux_hidden.size(1), " columns; expected ", width, " (aux layers [",
+                                              absl::StrJoin(info_.aux_layer_ids, ", "), "])"));
+    }
     out.batches.push_back(std::move(b));
   }
   if (static_cast<int>(out.batches.size()) != chunks[0].batch_count()) {

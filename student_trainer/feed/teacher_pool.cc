@@ -12,13 +12,13 @@ namespace {
 void LogTeacher(const TeacherClientOptions& client, const std::string& address,
                 const TeacherInfo& ti) {
   std::printf(
-      "student[%d/%d]: teacher %s: %s L=%ld H=%ld (TP=%d, EP=%d), aux layers [%s], draft vocab "
+      "student[%d/%d]: teacher %s: %s L=%ld H=%ld (TP=%d, EP=%d), captures aux layers [%s], draft vocab "
       "%ld, "
       "%ld samples, %ld batches/epoch x %ld\n",
       client.layout.rank(), client.layout.world_size(), address.c_str(), ti.config.architecture_name.c_str(),
       static_cast<long>(ti.config.num_hidden_layers), static_cast<long>(ti.config.hidden_size),
       ti.raw.layout().tp_size(), ti.raw.layout().ep_size(),
-      absl::StrJoin(ti.aux_layer_ids, ",").c_str(), static_cast<long>(ti.draft_vocab_size),
+      absl::StrJoin(ti.captured_layer_ids, ",").c_str(), static_cast<long>(ti.draft_vocab_size),
       static_cast<long>(ti.raw.dataset_samples()), static_cast<long>(ti.batches_per_epoch),
       static_cast<long>(ti.epochs));
 }
@@ -84,6 +84,11 @@ int64_t TeacherPool::planned_batches() const {
   int64_t planned = 0;
   for (const auto& c : clients_) planned += c->info().batches_per_epoch * c->info().epochs;
   return planned;
+}
+
+absl::Status TeacherPool::RequestFeatures(const FeatureRequest& request) {
+  for (auto& c : clients_) E3_RETURN_IF_ERROR(c->RequestFeatures(request));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<FrozenWeights> TeacherPool::FetchWeights(bool with_rest_head) {

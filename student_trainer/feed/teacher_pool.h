@@ -64,6 +64,10 @@ class TeacherPool {
   // Batches every teacher will deliver to this rank, all epochs.
   int64_t planned_batches() const;
 
+  // What the draft reads, asked of every teacher before Start
+  // (TeacherClient::RequestFeatures); info() then describes what arrives.
+  absl::Status RequestFeatures(const FeatureRequest& request);
+
   // The frozen weights of the first teacher, checked against the others'.
   // with_rest_head: also the target head's rows outside the draft vocab
   // (the LK losses), from the first teacher.

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/torch/tensor_convert.h"
+#include "teacher_server/models/aux_capture.h"
 #include "teacher_server/runtime/generation.h"
 
 namespace e3 {
@@ -18,6 +19,32 @@ struct PackedEval {
   std::vector<uint8_t> mask;
   std::vector<std::vector<int32_t>> samples;
 };
+
+// `batch` (host bytes) with its aux_hidden [T, num_layers * H] restricted
+// to the layers at `positions`; the other tensors copied as they are.
+absl::StatusOr<std::shared_ptr<const PayloadBuffer>> WithAuxLayers(const PayloadBuffer& batch, int64_t num_layers,
+                                                                   const std::vector<int64_t>& positions) {
+  std::vector<PayloadSource> sources;
+  at::Tensor aux;
+  for (const PayloadTensor& t : batch.tensors()) {
+    const uint8_t* data = batch.data() + t.offset;
+    if (t.name != "aux_hidden") {
+      sources.push_back({t.name, t.dtype, t.shape, data, t.nbytes});
+      continue;
+    }
+    E3_ASSIGN_OR_RETURN(const at::ScalarType type, ToScalarType(t.dtype));
+    try {
+      const at::Tensor all = torch::from_blob(const_cast<uint8_t*>(data), t.shape, torch::TensorOptions().dtype(type));
+      aux = SelectAuxStates(all, num_layers, positions).contiguous();
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("eval set: selecting aux layers: ", e.what_without_backtrace()));
+    }
+    sources.push_back({t.name, t.dtype, {aux.size(0), aux.size(1)}, aux.data_ptr(),
+                       static_cast<size_t>(aux.numel()) * DTypeSize(t.dtype)});
+  }
+  E3_ASSIGN_OR_RETURN(auto sliced, PayloadBuffer::Build(TransportKind::kInline, sources));
+  return std::shared_ptr<const PayloadBuffer>(std::move(sliced));
+}
 
 }  // namespace
 
@@ -46,6 +73,25 @@ EvalSetProgress EvalSet::progress() const {
 std::vector<std::shared_ptr<const PayloadBuffer>> EvalSet::batches() const {
   std::lock_guard<std::mutex> lock(mu_);
   return batches_;
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<const PayloadBuffer>>> EvalSet::batches(
+    const std::vector<int64_t>& aux_positions) const {
+  const int64_t captured = static_cast<int64_t>(options_.aux_layer_ids.size());
+  std::vector<std::shared_ptr<const PayloadBuffer>> all = batches();
+  if (EveryAuxLayer(aux_positions, captured) || all.empty()) return all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sliced_.find(aux_positions);
+    if (it != sliced_.end()) return it->second;
+  }
+  std::vector<std::shared_ptr<const PayloadBuffer>> out;
+  for (const auto& batch : all) {
+    E3_ASSIGN_OR_RETURN(std::shared_ptr<const PayloadBuffer> sliced, WithAuxLayers(*batch, captured, aux_positions));
+    out.push_back(std::move(sliced));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  return sliced_.emplace(aux_positions, std::move(out)).first->second;
 }
 
 void EvalSet::Run() {

@@ -15,12 +15,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/transport/batch_payload.h"
 #include "teacher_server/models/causal_lm.h"
 
@@ -54,6 +56,13 @@ class EvalSet {
   EvalSetProgress progress() const;
   // The eval batches, once ready (empty before).
   std::vector<std::shared_ptr<const PayloadBuffer>> batches() const;
+  // The same with aux_hidden restricted to the captured layers at
+  // `aux_positions` (indices into options.aux_layer_ids), in that order:
+  // what one student reads. The batches themselves for every layer in
+  // order; otherwise a copy, made once per plan (the students of a group
+  // fetch the same), so a handler asking again copies nothing.
+  absl::StatusOr<std::vector<std::shared_ptr<const PayloadBuffer>>> batches(
+      const std::vector<int64_t>& aux_positions) const;
 
  private:
   EvalSet(CausalLM* model, std::vector<std::vector<int32_t>> prompts, EvalSetOptions options);
@@ -70,6 +79,8 @@ class EvalSet {
   mutable std::mutex mu_;
   EvalSetProgress progress_;
   std::vector<std::shared_ptr<const PayloadBuffer>> batches_;
+  // Slices already made, by the positions they hold (guarded by mu_).
+  mutable std::map<std::vector<int64_t>, std::vector<std::shared_ptr<const PayloadBuffer>>> sliced_;
   std::thread thread_;
 };
 

@@ -1,5 +1,6 @@
 // The compute worker: picks the subscriber with credit whose next batch is
-// due, runs the model over it and stages the payload on its transport.
+// due, runs the model over it and stages what that subscriber reads (its
+// layers and tensors) as the payload on its transport.
 #include "teacher_server/engine/engine.h"
 
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/torch/tensor_convert.h"
+#include "teacher_server/models/aux_capture.h"
 
 namespace e3 {
 namespace {
@@ -25,7 +27,7 @@ PayloadSource SourceOf(const std::string& name, const at::Tensor& t, DType dtype
 
 }  // namespace
 
-bool Engine::PickWork(int* rank, uint64_t* generation, Cursor* cursor, TransportKind* transport) {
+bool Engine::PickWork(Work* work) {
   int best = -1;
   size_t best_load = 0;
   for (auto& [r, st] : ranks_) {
@@ -40,10 +42,11 @@ bool Engine::PickWork(int* rank, uint64_t* generation, Cursor* cursor, Transport
   }
   if (best < 0) return false;
   RankState& st = ranks_[best];
-  *rank = best;
-  *generation = st.generation;
-  *cursor = st.next_compute;
-  *transport = st.transport;
+  work->rank = best;
+  work->generation = st.generation;
+  work->cursor = st.next_compute;
+  work->transport = st.transport;
+  work->features = st.features;
   st.computing = true;
   st.next_compute = NormalizeLocked({st.next_compute.epoch, st.next_compute.next_batch + 1});
   return true;
@@ -51,10 +54,7 @@ bool Engine::PickWork(int* rank, uint64_t* generation, Cursor* cursor, Transport
 
 void Engine::WorkerLoop() {
   while (true) {
-    int rank = 0;
-    uint64_t generation = 0;
-    Cursor cursor;
-    TransportKind transport = TransportKind::kInline;
+    Work work;
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (stop_) return;
@@ -66,12 +66,15 @@ void Engine::WorkerLoop() {
           (void)ledger_.RecordEvent(absl::StrCat("{\"event\":\"reclaim\",\"rank\":", r, "}"));
         }
       }
-      if (draining_ || !PickWork(&rank, &generation, &cursor, &transport)) {
+      if (draining_ || !PickWork(&work)) {
         cv_.wait_for(lock, kIdleWake);
         continue;
       }
     }
-    auto batch = Compute(rank, cursor, transport);
+    const int rank = work.rank;
+    const uint64_t generation = work.generation;
+    const Cursor& cursor = work.cursor;
+    auto batch = Compute(work);
     std::function<void()> notify;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -100,20 +103,60 @@ void Engine::WorkerLoop() {
   }
 }
 
-absl::StatusOr<ReadyBatch> Engine::Compute(int rank, const Cursor& cursor, TransportKind transport) {
+absl::StatusOr<Engine::FeatureTensors> Engine::ComputeFeatures(const std::vector<std::vector<int32_t>>& samples,
+                                                               const BatchFeatures& features, bool device_payload) {
+  const int64_t H = model_->config().hidden_size;
+  const int64_t captured = static_cast<int64_t>(options_.aux_layer_ids.size());
+  const int64_t k = static_cast<int64_t>(features.aux_positions.size());
+  FeatureTensors out;
+  try {
+    if (samples.empty()) {
+      const auto options = torch::TensorOptions().dtype(model_->options().dtype);
+      out.aux = torch::empty({0, k * H}, options);
+      out.last = torch::empty({0, H}, options);
+      out.argmax = torch::empty({0}, torch::kInt);
+      return out;
+    }
+    E3_ASSIGN_OR_RETURN(PackedBatch batch, PackSamples(samples, model_->config().vocab_size, model_->options().device));
+    // Every forward captures the same layers (one CUDA graph per token
+    // budget serves every subscriber); the argmax only where it is read.
+    ForwardOptions fwd;
+    fwd.aux_layer_ids = options_.aux_layer_ids;
+    fwd.return_argmax = features.target_argmax;
+    auto t0 = std::chrono::steady_clock::now();
+    E3_ASSIGN_OR_RETURN(ForwardOutput fo, model_->Forward(batch, fwd));
+    // Device transports copy straight from GPU memory; host transports
+    // need the states on the CPU. The subscriber's layers are picked out
+    // where the forward left them, so only they are copied.
+    const at::Device dst = device_payload ? fo.last_hidden.device() : at::Device(at::kCPU);
+    if (k > 0) out.aux = SelectAuxStates(fo.aux_hidden, captured, features.aux_positions).to(dst).contiguous();
+    if (features.last_hidden) out.last = fo.last_hidden.to(dst).contiguous();
+    if (features.target_argmax) out.argmax = fo.target_argmax.to(dst, at::kInt).contiguous();
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.forward_seconds += secs;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("forward failed: ", e.what_without_backtrace()));
+  }
+  return out;
+}
+
+absl::StatusOr<ReadyBatch> Engine::Compute(const Work& work) {
   GlobalBatch g;
   int world;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    g = PlanLocked(cursor.epoch)[cursor.next_batch];
+    g = PlanLocked(work.cursor.epoch)[work.cursor.next_batch];
     world = world_;
   }
   ReadyBatch out;
-  out.rank = rank;
-  out.epoch = cursor.epoch;
-  out.index = cursor.next_batch;
-  out.batch_id = BatchIdOf(cursor.epoch, cursor.next_batch, rank);
-  for (size_t i = static_cast<size_t>(rank); i < g.sample_ids.size(); i += world) out.sample_ids.push_back(g.sample_ids[i]);
+  out.rank = work.rank;
+  out.epoch = work.cursor.epoch;
+  out.index = work.cursor.next_batch;
+  out.batch_id = BatchIdOf(work.cursor.epoch, work.cursor.next_batch, work.rank);
+  for (size_t i = static_cast<size_t>(work.rank); i < g.sample_ids.size(); i += world) {
+    out.sample_ids.push_back(g.sample_ids[i]);
+  }
 
   std::vector<int32_t> ids;
   std::vector<uint8_t> mask;
@@ -128,46 +171,19 @@ absl::StatusOr<ReadyBatch> Engine::Compute(int rank, const Cursor& cursor, Trans
   }
   out.num_tokens = static_cast<int64_t>(ids.size());
   const int64_t T = out.num_tokens;
-  const int64_t H = model_->config().hidden_size;
-  const int64_t k = static_cast<int64_t>(options_.aux_layer_ids.size());
-  at::Tensor aux, last, argmax;
-  DType hidden_dtype = DType::kF32;
+  const TransportKind transport = work.transport;
   const bool device_payload = transport == TransportKind::kNccl || transport == TransportKind::kCudaIpc;
-  try {
-    E3_ASSIGN_OR_RETURN(hidden_dtype, FromScalarType(model_->options().dtype));
-    if (T > 0) {
-      E3_ASSIGN_OR_RETURN(PackedBatch batch, PackSamples(samples, model_->config().vocab_size, model_->options().device));
-      ForwardOptions fwd;
-      fwd.aux_layer_ids = options_.aux_layer_ids;
-      fwd.return_argmax = true;
-      auto t0 = std::chrono::steady_clock::now();
-      E3_ASSIGN_OR_RETURN(ForwardOutput fo, model_->Forward(batch, fwd));
-      // Device transports copy straight from GPU memory; host transports
-      // need the states on the CPU.
-      const at::Device dst = device_payload ? fo.last_hidden.device() : at::Device(at::kCPU);
-      aux = fo.aux_hidden.to(dst).contiguous();
-      last = fo.last_hidden.to(dst).contiguous();
-      argmax = fo.target_argmax.to(dst, at::kInt).contiguous();
-      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.forward_seconds += secs;
-    } else {
-      at::ScalarType st = model_->options().dtype;
-      aux = torch::empty({0, k * H}, torch::TensorOptions().dtype(st));
-      last = torch::empty({0, H}, torch::TensorOptions().dtype(st));
-      argmax = torch::empty({0}, torch::kInt);
-    }
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("forward failed: ", e.what_without_backtrace()));
-  }
+  E3_ASSIGN_OR_RETURN(const DType hidden_dtype, FromScalarType(model_->options().dtype));
+  E3_ASSIGN_OR_RETURN(const FeatureTensors f, ComputeFeatures(samples, work.features, device_payload));
   std::vector<PayloadSource> sources = {
       {"input_ids", DType::kI32, {T}, ids.data(), ids.size() * 4},
       {"cu_seqlens", DType::kI32, {static_cast<int64_t>(cu.size())}, cu.data(), cu.size() * 4},
       {"loss_mask", DType::kU8, {T}, mask.data(), mask.size()},
-      SourceOf("aux_hidden", aux, hidden_dtype),
-      SourceOf("last_hidden", last, hidden_dtype),
-      SourceOf("target_argmax", argmax, DType::kI32),
   };
+  // Only what the subscriber asked for travels.
+  if (!work.features.aux_positions.empty()) sources.push_back(SourceOf("aux_hidden", f.aux, hidden_dtype));
+  if (work.features.last_hidden) sources.push_back(SourceOf("last_hidden", f.last, hidden_dtype));
+  if (work.features.target_argmax) sources.push_back(SourceOf("target_argmax", f.argmax, DType::kI32));
   if (device_payload) {
     if (device_pool_ == nullptr) {
       const at::Device d = model_->options().device;
@@ -179,7 +195,7 @@ absl::StatusOr<ReadyBatch> Engine::Compute(int rank, const Cursor& cursor, Trans
     E3_ASSIGN_OR_RETURN(auto payload, BuildDevicePayload(transport, sources, *device_pool_));
     out.payload = std::move(payload);
   } else {
-    const std::string shm_name = absl::StrCat(shm_segment_prefix(), out.batch_id);
+    const std::string shm_name = absl::StrCat(shm_segment_names(), out.batch_id);
     E3_ASSIGN_OR_RETURN(auto payload, PayloadBuffer::Build(transport, sources, shm_name));
     out.payload = std::move(payload);
   }

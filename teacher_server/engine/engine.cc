@@ -8,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/file_util.h"
 #include "common/base/status_macros.h"
-#include "common/model/draft_aux_layers.h"
 #include "common/torch/tensor_convert.h"
 #include "teacher_server/engine/stale_segments.h"
 #include "teacher_server/models/forward_graphs.h"
@@ -79,6 +78,8 @@ EngineStats Engine::stats() const {
 
 std::string Engine::shm_segment_prefix() const { return absl::StrCat(options_.shm_prefix, "-", ::getpid(), "-"); }
 
+std::string Engine::shm_segment_names() const { return absl::StrCat(shm_segment_prefix(), options_.shm_group_tag); }
+
 LedgerReport Engine::ledger_report() const {
   // Epochs every rank has committed past count as complete.
   std::lock_guard<std::mutex> lock(mu_);
@@ -101,11 +102,6 @@ absl::StatusOr<EngineOptions> EngineOptions::From(const RunConfig& c, bool cuda)
     e.transports = DefaultTransports(cuda);
   } else {
     E3_ASSIGN_OR_RETURN(e.transports, ParseTransportList(c.teachers.transports));
-  }
-  for (int64_t id : c.draft.aux_layer_ids) e.aux_layer_ids.push_back(static_cast<int32_t>(id));
-  const std::string init_from = c.draft.init_from;
-  if (e.aux_layer_ids.empty() && !init_from.empty()) {
-    E3_ASSIGN_OR_RETURN(e.aux_layer_ids, ReadDraftAuxLayerIds(JoinPath(init_from, "config.json")));
   }
   return e;
 }

@@ -24,6 +24,7 @@
 #include "common/data/dataset.h"
 #include "common/gpu/device_pool.h"
 #include "common/stream/data_fingerprint.h"
+#include "common/stream/feature_request.h"
 #include "common/stream/sample_order.h"
 #include "common/transport/batch_payload.h"
 #include "common/transport/transport.h"
@@ -58,25 +59,40 @@ struct EngineOptions {
   int64_t max_samples_per_batch = 0;  // per rank; 0: no bound
   int64_t epochs = 1;
   uint64_t seed = 42;
+  // The layers every forward captures (CapturedLayers: the union of what
+  // the students it serves read); each subscriber gets its own of them.
   std::vector<int32_t> aux_layer_ids;
   std::vector<TransportKind> transports = {TransportKind::kShm, TransportKind::kInline};
   int max_credit_window = 16;
   absl::Duration subscriber_timeout = absl::Seconds(60);
-  std::string shm_prefix = "/e3";  // segment names: <prefix>-<pid>-<rank>-<batch id>
+  std::string shm_prefix = "/e3";  // segment names: <prefix>-<pid>-<group tag><batch id>
+  // Set for each student group but the default one ("g1-"), so the
+  // engines of one teacher never name the same segment.
+  std::string shm_group_tag;
   std::string ledger_path;         // JSON lines; empty keeps the ledger in memory
   // The students' data-parallel world, when the launcher knows it: a
   // subscription claiming another is refused. 0: the first subscription
   // fixes it (for this process; the ledger keeps it once a commit
   // confirms it).
   int student_world_size = 0;
-  // What defines the stream (announced in GetInfo); a subscriber's cursor
-  // made under another is refused. Empty: no check.
+  // What defines the stream (announced in GetInfo, with the plan of a
+  // subscriber that asks for everything); a subscriber's cursor made under
+  // another stream, or under another plan than its request's, is refused.
+  // Empty: no check.
   DataFingerprint fingerprint;
 
-  // From the schedule, data, draft and teachers sections; the transports
-  // default to what the device offers (`cuda`). Without draft.aux_layer_ids
-  // a warm start captures its draft's (empty: the model's default).
+  // From the schedule, data and teachers sections; the transports default
+  // to what the device offers (`cuda`). aux_layer_ids is left empty: the
+  // captured layers need the model (CapturedLayers).
   static absl::StatusOr<EngineOptions> From(const RunConfig& config, bool cuda);
+};
+
+// What one subscriber's batches carry: its FeatureRequest resolved against
+// the captured layers.
+struct BatchFeatures {
+  std::vector<int64_t> aux_positions;  // into EngineOptions::aux_layer_ids, in the subscriber's order
+  bool last_hidden = true;
+  bool target_argmax = true;
 };
 
 struct SubscribeParams {
@@ -88,6 +104,9 @@ struct SubscribeParams {
   TransportKind transport = TransportKind::kInline;
   // The fingerprint `resume` was made under; empty: a fresh student.
   DataFingerprint fingerprint;
+  // What the subscriber's draft reads; unset: everything captured (an
+  // older student). A layer not captured is refused.
+  std::optional<FeatureRequest> features;
   // The subscriber's last checkpoint (<= resume), committed as an Ack's
   // `committed` would be: the commit it could not deliver while the
   // teacher was away.
@@ -196,6 +215,7 @@ class Engine {
     absl::Time detached_at;
     int credit_window = 4;
     TransportKind transport = TransportKind::kInline;
+    BatchFeatures features;
     Cursor next_compute;
     Cursor committed;
     Cursor acked_end;          // one past the furthest batch acked
@@ -229,9 +249,29 @@ class Engine {
       : model_(model), dataset_(dataset), options_(std::move(options)) {}
   absl::StatusOr<uint64_t> SubscribeImpl(const SubscribeParams& params, std::function<void()>* superseded_notify);
   void WorkerLoop();
+  // A rank's next batch to compute, as the worker takes it.
+  struct Work {
+    int rank = 0;
+    uint64_t generation = 0;
+    Cursor cursor;
+    TransportKind transport = TransportKind::kInline;
+    BatchFeatures features;
+  };
   // Picks a rank needing a batch; returns false when none does.
-  bool PickWork(int* rank, uint64_t* generation, Cursor* cursor, TransportKind* transport);
-  absl::StatusOr<ReadyBatch> Compute(int rank, const Cursor& cursor, TransportKind transport);
+  bool PickWork(Work* work);
+  absl::StatusOr<ReadyBatch> Compute(const Work& work);
+  // The target's features of `samples` that `features` asks for (the
+  // others undefined), on the model's GPU for a device payload, else on
+  // the CPU.
+  struct FeatureTensors {
+    at::Tensor aux, last, argmax;
+  };
+  absl::StatusOr<FeatureTensors> ComputeFeatures(const std::vector<std::vector<int32_t>>& samples,
+                                                 const BatchFeatures& features, bool device_payload);
+  // `request` resolved against the captured layers; unset: everything.
+  absl::StatusOr<BatchFeatures> ResolveFeatures(const std::optional<FeatureRequest>& request) const;
+  // The fingerprint a subscriber with `request` must present.
+  DataFingerprint FingerprintFor(const std::optional<FeatureRequest>& request) const;
   // Global batches hold `world` ranks' token budgets.
   BatcherOptions BatcherFor(int world) const;
   const std::vector<GlobalBatch>& PlanLocked(int64_t epoch);
@@ -246,6 +286,8 @@ class Engine {
   absl::Status CommitLocked(int rank, RankState& st, const Cursor& committed);
   // The checks a subscription must pass before it changes anything.
   absl::Status CheckSubscribeLocked(const SubscribeParams& p, int world);
+  // Every shm segment name of this engine starts with this.
+  std::string shm_segment_names() const;
   absl::Status CheckSubscriptionLocked(const AckParams& a, const RankState& st) const;
 
   CausalLM* model_;

@@ -3,10 +3,10 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/base/file_util.h"
 #include "common/base/fnv1a.h"
 #include "common/base/status_macros.h"
+#include "common/stream/feature_request.h"
 
 namespace e3 {
 namespace {
@@ -43,8 +43,9 @@ absl::StatusOr<DataFingerprint> StreamFingerprint(const TeacherDataOptions& o, c
   f.data_shard = o.data_shard;
   f.tokens_per_batch = engine.tokens_per_batch;
   f.draft_vocab = FingerprintHex(HashVector(served.vocab.d2t, kFingerprintSeed));
-  f.aux_layers = absl::StrJoin(engine.aux_layer_ids, ",");
-  return f;
+  // The plan of a subscriber that asks for everything (an older student):
+  // a subscriber with a request presents its own (WithFeaturePlan).
+  return WithFeaturePlan(f, EveryFeature(engine.aux_layer_ids));
 }
 
 }  // namespace e3

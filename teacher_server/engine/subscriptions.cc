@@ -46,6 +46,22 @@ absl::Status Engine::RestoreFromLedgerLocked() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<BatchFeatures> Engine::ResolveFeatures(const std::optional<FeatureRequest>& request) const {
+  BatchFeatures f;
+  if (!request.has_value()) {
+    for (size_t k = 0; k < options_.aux_layer_ids.size(); ++k) f.aux_positions.push_back(static_cast<int64_t>(k));
+    return f;
+  }
+  E3_ASSIGN_OR_RETURN(f.aux_positions, AuxPositions(request->aux_layer_ids, options_.aux_layer_ids));
+  f.last_hidden = request->last_hidden;
+  f.target_argmax = request->target_argmax;
+  return f;
+}
+
+DataFingerprint Engine::FingerprintFor(const std::optional<FeatureRequest>& request) const {
+  return WithFeaturePlan(options_.fingerprint, request.value_or(EveryFeature(options_.aux_layer_ids)));
+}
+
 absl::StatusOr<uint64_t> Engine::Subscribe(const SubscribeParams& p) {
   std::function<void()> superseded_notify;
   auto result = SubscribeImpl(p, &superseded_notify);
@@ -68,7 +84,7 @@ absl::Status Engine::CheckSubscribeLocked(const SubscribeParams& p, int world) {
   }
   const std::string who = absl::StrCat("subscriber \"", p.subscriber_id, "\" (rank ", p.rank, ")'s cursor ",
                                        p.resume.epoch, ":", p.resume.next_batch);
-  E3_RETURN_IF_ERROR(CheckSameDataStream(p.fingerprint, options_.fingerprint, who));
+  E3_RETURN_IF_ERROR(CheckSameDataStream(p.fingerprint, FingerprintFor(p.features), who));
   auto it = ranks_.find(p.rank);
   if (world_ != 0 && it != ranks_.end() && it->second.delivery_known &&
       it->second.delivered_high < NormalizeLocked(p.resume)) {
@@ -83,6 +99,7 @@ absl::Status Engine::CheckSubscribeLocked(const SubscribeParams& p, int world) {
 absl::StatusOr<uint64_t> Engine::SubscribeImpl(const SubscribeParams& p,
                                                  std::function<void()>* superseded_notify_out) {
   E3_ASSIGN_OR_RETURN(ShardSpec shard, ShardSpec::Create(p.rank, p.world_size));
+  E3_ASSIGN_OR_RETURN(BatchFeatures features, ResolveFeatures(p.features));
   std::lock_guard<std::mutex> lock(mu_);
   E3_RETURN_IF_ERROR(CheckSubscribeLocked(p, shard.world()));
   if (world_ == 0) world_ = shard.world();
@@ -111,6 +128,7 @@ absl::StatusOr<uint64_t> Engine::SubscribeImpl(const SubscribeParams& p,
   st.attached = true;
   st.credit_window = std::max(1, std::min(p.credit_window, options_.max_credit_window));
   st.transport = p.transport;
+  st.features = std::move(features);
   st.next_compute = resume;
   st.acked_end = p.resume;
   st.delivered_end = st.next_compute;

@@ -28,6 +28,16 @@ class AuxCapture {
   std::vector<at::Tensor> states_;
 };
 
+// True when `positions` are all `num_layers` captured layers in order.
+bool EveryAuxLayer(const std::vector<int64_t>& positions, int64_t num_layers);
+
+// The states of the layers at `positions` (indices into the `num_layers`
+// layers that `aux` [T, num_layers * H] concatenates), concatenated in
+// that order: what one subscriber asked for out of what was captured
+// (common/stream/feature_request.h). One gather on aux's device, or `aux`
+// itself when `positions` are every layer in order.
+at::Tensor SelectAuxStates(const at::Tensor& aux, int64_t num_layers, const std::vector<int64_t>& positions);
+
 }  // namespace e3
 
 #endif  // E3_TEACHER_SERVER_MODELS_AUX_CAPTURE_H_

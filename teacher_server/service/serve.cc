@@ -35,12 +35,12 @@ void RemovePortFile(const std::string& path, int port) {
   if (in >> written && written == port) std::remove(path.c_str());
 }
 
-// With every epoch committed: true once every rank has the end of its data
+// With every epoch committed (in every student group): true once every rank has the end of its data
 // from this process, or exit_grace_s after the ledger was first seen
 // complete (a rank that never comes back).
-bool DoneWaiting(const ServeOptions& o, const Engine& engine, std::optional<Clock::time_point>* complete_since) {
+bool DoneWaiting(const ServeOptions& o, const StudentGroups& groups, std::optional<Clock::time_point>* complete_since) {
   const auto now = Clock::now();
-  if (engine.EveryRankToldTheEnd()) {
+  if (groups.EveryRankToldTheEnd()) {
     std::printf("teacher: every rank committed every epoch and has the end of its data; exiting\n");
     return true;
   }
@@ -59,14 +59,14 @@ bool DoneWaiting(const ServeOptions& o, const Engine& engine, std::optional<Cloc
 
 // Until `signal` or, with exit_when_done, every rank has committed every
 // epoch: exports the engine's stats to Prometheus and logs progress.
-void WatchUntilDone(const ServeOptions& o, Engine* engine, TeacherServiceImpl* service,
+void WatchUntilDone(const ServeOptions& o, StudentGroups* groups, TeacherServiceImpl* service,
                     TeacherMetrics* metrics, const std::atomic<int>& signal) {
   auto last_print = Clock::now();
   std::optional<Clock::time_point> complete_since;
   int64_t last_tokens = 0;
   while (signal == 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    const EngineStats st = engine->stats();
+    const EngineStats st = groups->stats();
     metrics->Update(st);
     const auto now = Clock::now();
     const double dt = std::chrono::duration<double>(now - last_print).count();
@@ -79,7 +79,7 @@ void WatchUntilDone(const ServeOptions& o, Engine* engine, TeacherServiceImpl* s
       last_print = now;
       last_tokens = st.tokens_computed;
     }
-    if (o.exit_when_done && engine->ledger_report().epochs >= o.epochs && DoneWaiting(o, *engine, &complete_since)) {
+    if (o.exit_when_done && groups->EveryEpochCommitted(o.epochs) && DoneWaiting(o, *groups, &complete_since)) {
       return;
     }
   }
@@ -92,22 +92,22 @@ void WatchUntilDone(const ServeOptions& o, Engine* engine, TeacherServiceImpl* s
 // After a signal, always logs the outcome: a student stopped by the same
 // signal may have committed before this teacher noticed it, which settles
 // the drain at once. A teacher done with its data has nothing to report.
-void WaitForFinalCommits(const ServeOptions& o, Engine* engine, bool signalled) {
-  if (!signalled && engine->DrainSettled()) return;
-  if (!engine->DrainSettled()) {
+void WaitForFinalCommits(const ServeOptions& o, StudentGroups* groups, bool signalled) {
+  if (!signalled && groups->DrainSettled()) return;
+  if (!groups->DrainSettled()) {
     std::printf("teacher: waiting up to %.0f s for %d rank(s) to commit their final checkpoint\n", o.drain_timeout_s,
-                engine->DrainPending());
+                groups->DrainPending());
     std::fflush(stdout);
     const auto deadline = Clock::now() + std::chrono::duration<double>(o.drain_timeout_s);
-    while (!engine->DrainSettled() && Clock::now() < deadline) {
+    while (!groups->DrainSettled() && Clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
-  const int pending = engine->DrainPending();
+  const int pending = groups->DrainPending();
   if (pending == 0) {
     std::printf("teacher: every draining rank committed its final checkpoint (%d rank(s) held uncommitted "
                 "batches when the drain began)\n",
-                engine->DrainWaitedRanks());
+                groups->DrainWaitedRanks());
   } else {
     std::printf("teacher: %d rank(s) sent no final commit within %.0f s (--drain_timeout_s); their batches "
                 "are delivered again when they resume\n",
@@ -117,7 +117,7 @@ void WaitForFinalCommits(const ServeOptions& o, Engine* engine, bool signalled) 
 
 }  // namespace
 
-absl::Status Serve(const ServeOptions& o, Engine* engine, TeacherServiceImpl* service,
+absl::Status Serve(const ServeOptions& o, StudentGroups* groups, TeacherServiceImpl* service,
                    TeacherMetrics* metrics, const std::atomic<int>& signal) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -147,7 +147,7 @@ absl::Status Serve(const ServeOptions& o, Engine* engine, TeacherServiceImpl* se
   const std::string guard = o.auth != nullptr ? o.auth->Describe() : "nothing (plaintext, no token)";
   std::printf("teacher: serving on %s:%d (metrics on :%d), %ld batches/epoch for one rank; peers checked by %s\n",
               host.c_str(), bound_port, metrics_server ? metrics_server->port() : -1,
-              static_cast<long>(engine->batches_per_epoch(1)), guard.c_str());
+              static_cast<long>(groups->default_group().batches_per_epoch(1)), guard.c_str());
   if (!IsLoopbackAddress(o.listen) && (o.auth == nullptr || (!o.auth->tls() && !o.auth->token()))) {
     std::fprintf(stderr,
                  "teacher: WARNING: %s is reachable beyond this machine with neither TLS nor a token: anyone "
@@ -162,16 +162,19 @@ absl::Status Serve(const ServeOptions& o, Engine* engine, TeacherServiceImpl* se
   std::fflush(stdout);
   if (!o.port_file.empty()) WritePortFile(o.port_file, bound_port);
 
-  WatchUntilDone(o, engine, service, metrics, signal);
+  WatchUntilDone(o, groups, service, metrics, signal);
   server->GetHealthCheckService()->SetServingStatus(false);
   metrics->SetServing(false);
-  engine->Drain();
-  WaitForFinalCommits(o, engine, signal != 0);
+  groups->Drain();
+  WaitForFinalCommits(o, groups, signal != 0);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   if (!o.port_file.empty()) RemovePortFile(o.port_file, bound_port);
-  std::printf("teacher: ledger %s\n", engine->ledger_report().ToJson().c_str());
+  for (const auto& [group, report] : groups->ledger_reports()) {
+    const std::string which = group.empty() ? "" : absl::StrCat(" of student group ", group);
+    std::printf("teacher: ledger%s %s\n", which.c_str(), report.ToJson().c_str());
+  }
   std::fflush(stdout);
-  const absl::Status ledger = engine->ledger_failure();
+  const absl::Status ledger = groups->ledger_failure();
   if (!ledger.ok()) {
     return absl::DataLossError(absl::StrCat("the ledger misses what this teacher could not write: ", ledger.message()));
   }

@@ -1,7 +1,8 @@
 // The teacher's serving stage: the gRPC server (TeacherService and the
 // standard health service), /metrics, the port file a launcher waits for,
 // a progress line every 10 s, and the drain on a signal or, with
-// exit_when_done, once every rank has committed every epoch.
+// exit_when_done, once every rank of every student group has committed
+// every epoch.
 #ifndef E3_TEACHER_SERVER_SERVICE_SERVE_H_
 #define E3_TEACHER_SERVER_SERVICE_SERVE_H_
 
@@ -13,7 +14,7 @@
 #include "common/config/run_config.h"
 #include "common/rpc/keepalive.h"
 #include "common/rpc/peer_auth.h"
-#include "teacher_server/engine/engine.h"
+#include "teacher_server/engine/student_groups.h"
 #include "teacher_server/service/teacher_metrics.h"
 #include "teacher_server/service/teacher_service.h"
 
@@ -45,11 +46,11 @@ struct ServeOptions {
 };
 
 // Serves until `signal` is set (or the work is done), then drains: health
-// goes NOT_SERVING, the engine finishes what is in flight, the students
-// that still held uncommitted batches get up to drain_timeout_s to send
-// their final checkpoint's commit, the server shuts down, and the
-// ledger's summary is logged.
-absl::Status Serve(const ServeOptions& o, Engine* engine, TeacherServiceImpl* service,
+// goes NOT_SERVING, every group's engine finishes what is in flight, the
+// students that still held uncommitted batches get up to drain_timeout_s
+// to send their final checkpoint's commit, the server shuts down, and
+// each group's ledger summary is logged.
+absl::Status Serve(const ServeOptions& o, StudentGroups* groups, TeacherServiceImpl* service,
                    TeacherMetrics* metrics, const std::atomic<int>& signal);
 
 }  // namespace e3

@@ -308,10 +308,11 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
 }
 
 absl::StatusOr<std::unique_ptr<TeacherServiceImpl>> TeacherServiceImpl::Create(
-    Engine* engine, CausalLM* model, const VocabMap* vocab, const Dataset* dataset, TeacherMetrics* metrics,
+    StudentGroups* groups, CausalLM* model, const VocabMap* vocab, const Dataset* dataset, TeacherMetrics* metrics,
     ServiceOptions options) {
   auto s = std::unique_ptr<TeacherServiceImpl>(new TeacherServiceImpl());
-  s->engine_ = engine;
+  s->groups_ = groups;
+  s->engine_ = &groups->default_group();
   s->model_ = model;
   s->vocab_ = vocab;
   s->dataset_ = dataset;
@@ -380,6 +381,8 @@ grpc::ServerUnaryReactor* TeacherServiceImpl::GetInfo(grpc::CallbackServerContex
   resp->set_epochs(engine_->options().epochs);
   resp->set_shm_prefix(engine_->shm_segment_prefix());
   *resp->mutable_data_fingerprint() = FingerprintToWire(engine_->options().fingerprint);
+  *resp->mutable_captured() = FeatureRequestToWire(EveryFeature(engine_->options().aux_layer_ids));
+  for (const std::string& group : groups_->names()) resp->add_student_groups(group);
   return FinishUnary(ctx, grpc::Status::OK);
 }
 
@@ -391,6 +394,8 @@ grpc::ServerWriteReactor<v1::BatchDescriptor>* TeacherServiceImpl::Subscribe(grp
   if (auto s = CheckSubscribeRequest(*req, limits_); !s.ok()) {
     return new ErrorWriteReactor<v1::BatchDescriptor>(ToGrpcStatus(s));
   }
+  absl::StatusOr<Engine*> engine = groups_->Find(req->student_group());
+  if (!engine.ok()) return new ErrorWriteReactor<v1::BatchDescriptor>(ToGrpcStatus(engine.status()));
   std::vector<TransportKind> accepted;
   for (int t : req->accepted_transports()) {
     auto kind = FromWire(static_cast<v1::Transport>(t));
@@ -431,9 +436,10 @@ grpc::ServerWriteReactor<v1::BatchDescriptor>* TeacherServiceImpl::Subscribe(grp
   p.transport = *transport;
   if (req->has_resume_fingerprint()) p.fingerprint = FingerprintFromWire(req->resume_fingerprint());
   if (req->has_committed()) p.committed = Cursor{req->committed().epoch(), req->committed().next_batch()};
-  auto generation = engine_->Subscribe(p);
+  if (req->has_features()) p.features = FeatureRequestFromWire(req->features());
+  auto generation = (*engine)->Subscribe(p);
   if (!generation.ok()) return new ErrorWriteReactor<v1::BatchDescriptor>(ToGrpcStatus(generation.status()));
-  return new SubscribeReactor(ctx, engine_, metrics_, &open_streams_, p.rank, *generation, std::move(nccl),
+  return new SubscribeReactor(ctx, *engine, metrics_, &open_streams_, p.rank, *generation, std::move(nccl),
                               options_.messages.max_send_bytes);
 }
 
@@ -450,7 +456,9 @@ grpc::ServerUnaryReactor* TeacherServiceImpl::Ack(grpc::CallbackServerContext* c
   a.batch_ids.assign(req->batch_ids().begin(), req->batch_ids().end());
   if (req->has_committed()) a.committed = Cursor{req->committed().epoch(), req->committed().next_batch()};
   a.final_report = req->final_report();
-  auto credits = engine_->Ack(a);
+  absl::StatusOr<Engine*> engine = groups_->Find(req->student_group());
+  if (!engine.ok()) return FinishUnary(ctx, ToGrpcStatus(engine.status()));
+  auto credits = (*engine)->Ack(a);
   if (!credits.ok()) return FinishUnary(ctx, ToGrpcStatus(credits.status()));
   resp->set_credits(*credits);
   return FinishUnary(ctx, grpc::Status::OK);
@@ -506,18 +514,31 @@ grpc::ServerWriteReactor<v1::EvalSetChunk>* TeacherServiceImpl::GetEvalSet(grpc:
   if (grpc::Status auth = Authorize(ctx); !auth.ok()) return new ErrorWriteReactor<v1::EvalSetChunk>(auth);
   auto version = CheckProtocolVersion(req->version(), "client");
   if (!version.ok()) return new ErrorWriteReactor<v1::EvalSetChunk>(ToGrpcStatus(version));
+  if (auto s = CheckGetEvalSetRequest(*req, limits_); !s.ok()) {
+    return new ErrorWriteReactor<v1::EvalSetChunk>(ToGrpcStatus(s));
+  }
   if (eval_set_ == nullptr) {
     return new ErrorWriteReactor<v1::EvalSetChunk>(grpc::Status(
         grpc::StatusCode::FAILED_PRECONDITION, "this teacher has no eval set (start it with --eval_prompts)"));
   }
+  // The eval set's aux states are of the captured layers; a student gets
+  // its own, as with its batches.
+  const std::vector<int32_t>& captured = engine_->options().aux_layer_ids;
+  absl::StatusOr<std::vector<int64_t>> positions = AuxPositions(
+      req->has_features() ? FeatureRequestFromWire(req->features()).aux_layer_ids : captured, captured);
+  if (!positions.ok()) return new ErrorWriteReactor<v1::EvalSetChunk>(ToGrpcStatus(positions.status()));
   const EvalSetProgress progress = eval_set_->progress();
   if (!progress.error.ok()) {
     return new ErrorWriteReactor<v1::EvalSetChunk>(
         ToGrpcStatus(absl::Status(progress.error.code(), absl::StrCat("the eval set failed: ", progress.error.message()))));
   }
-  return new EvalSetReactor(progress,
-                            progress.ready ? eval_set_->batches() : std::vector<std::shared_ptr<const PayloadBuffer>>{},
-                            options_.messages.max_send_bytes);
+  std::vector<std::shared_ptr<const PayloadBuffer>> batches;
+  if (progress.ready) {
+    absl::StatusOr<std::vector<std::shared_ptr<const PayloadBuffer>>> sliced = eval_set_->batches(*positions);
+    if (!sliced.ok()) return new ErrorWriteReactor<v1::EvalSetChunk>(ToGrpcStatus(sliced.status()));
+    batches = std::move(sliced).value();
+  }
+  return new EvalSetReactor(progress, std::move(batches), options_.messages.max_send_bytes);
 }
 
 grpc::ServerUnaryReactor* TeacherServiceImpl::Generate(grpc::CallbackServerContext* ctx, const v1::GenerateRequest* req,

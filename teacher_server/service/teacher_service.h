@@ -18,7 +18,7 @@
 #include "proto/request_limits.h"
 #include "proto/teacher.grpc.pb.h"
 #include "teacher_server/data/eval_set.h"
-#include "teacher_server/engine/engine.h"
+#include "teacher_server/engine/student_groups.h"
 #include "teacher_server/models/causal_lm.h"
 #include "teacher_server/service/nccl_sender.h"
 #include "teacher_server/service/teacher_metrics.h"
@@ -54,7 +54,8 @@ void ApplyMessageLimits(const MessageLimits& limits, grpc::ServerBuilder* builde
 class TeacherServiceImpl final : public v1::TeacherService::CallbackService {
  public:
   // Builds the weight blobs (embed_tokens, target_head, d2t, t2d) once.
-  static absl::StatusOr<std::unique_ptr<TeacherServiceImpl>> Create(Engine* engine, CausalLM* model,
+  // Subscriptions and acks go to the engine of their student group.
+  static absl::StatusOr<std::unique_ptr<TeacherServiceImpl>> Create(StudentGroups* groups, CausalLM* model,
                                                                     const VocabMap* vocab, const Dataset* dataset,
                                                                     TeacherMetrics* metrics, ServiceOptions options);
 
@@ -81,6 +82,9 @@ class TeacherServiceImpl final : public v1::TeacherService::CallbackService {
   TeacherServiceImpl() = default;
   // The shared token's check, first in every handler (common/rpc/peer_auth.h).
   grpc::Status Authorize(const grpc::CallbackServerContext* ctx) const;
+  StudentGroups* groups_ = nullptr;
+  // The default group's: its options (captured layers, transports, data
+  // fingerprint) are every group's.
   Engine* engine_ = nullptr;
   CausalLM* model_ = nullptr;
   const VocabMap* vocab_ = nullptr;

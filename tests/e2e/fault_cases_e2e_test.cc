@@ -176,8 +176,11 @@ TEST(FaultCasesE2eTest, AnEditedCheckpointCursorIsRefused) {
   EXPECT_EQ(ExitCode(teacher, 60s), 0) << teacher.Log();
 }
 
-// A checkpoint made on layers [1, 3, 4] resumed against a teacher that
-// captures [2, 4, 5] exited 0 and labelled the export [2, 4, 5].
+// A checkpoint made on layers [1, 3, 4]: against a teacher that captures
+// [2, 4, 5] the student (still reading [1, 3, 4]) stops before it
+// subscribes, naming the layers missing; asking for [2, 4, 5] instead,
+// its checkpoint's export is refused for the layers it was trained on.
+// (Once, such a resume exited 0 and labelled the export [2, 4, 5].)
 TEST(FaultCasesE2eTest, AResumeAgainstOtherAuxLayersIsRefused) {
   const std::string dir = testing::ScratchDir("fault_aux_layers");
   {
@@ -192,9 +195,15 @@ TEST(FaultCasesE2eTest, AResumeAgainstOtherAuxLayersIsRefused) {
   const std::string port = Serve(teacher, dir);
   Subprocess student(Student(dir, port, {"--max_steps=6"}), dir + "/student2.log");
   EXPECT_NE(ExitCode(student, 120s), 0) << student.Log();
-  EXPECT_NE(student.Log().find("trained on aux layers [1, 3, 4], but the teacher captures [2, 4, 5]"),
+  EXPECT_NE(student.Log().find("the draft reads aux layers [1, 3, 4], but the teacher does not capture [1, 3]: it "
+                               "captures [2, 4, 5]"),
             std::string::npos)
       << student.Log();
+  Subprocess other_plan(Student(dir, port, {"--max_steps=6", "--aux_layer_ids=2,4,5"}), dir + "/student3.log");
+  EXPECT_NE(ExitCode(other_plan, 120s), 0) << other_plan.Log();
+  EXPECT_NE(other_plan.Log().find("trained on aux layers [1, 3, 4], but this draft reads [2, 4, 5]"),
+            std::string::npos)
+      << other_plan.Log();
   teacher.Signal(SIGTERM);
   EXPECT_EQ(ExitCode(teacher, 60s), 0) << teacher.Log();
 }

@@ -177,7 +177,7 @@ class RandomTeacherTrainE2eTest : public ::testing::TestWithParam<RandomTeacher>
 // block-scaled weights, GPT-OSS from MXFP4 experts with its sinks, biases
 // and a window of 8 under 256-token samples), served by a real teacher on
 // loopback; aux ids given out of the default's order, so the export's ids
-// are the teacher's and not a formula's.
+// are the ones the draft asked for and not a formula's.
 TEST_P(RandomTeacherTrainE2eTest, StudentLearnsAndExportsTheTargetsShape) {
   const RandomTeacher& p = GetParam();
   const std::string dir = testing::ScratchDir("train_e2e_" + p.fixture);
@@ -189,7 +189,9 @@ TEST_P(RandomTeacherTrainE2eTest, StudentLearnsAndExportsTheTargetsShape) {
   teacher_argv.push_back("--aux_layer_ids=2,0,1");
   Subprocess teacher(teacher_argv, dir + "/teacher.log");
   ASSERT_TRUE(testing::WaitForFile(dir + "/port", 60s)) << teacher.Log();
-  Subprocess student(testing::TrainingStudentArgv(dir, testing::ReadPortFile(dir + "/port")), dir + "/student.log");
+  std::vector<std::string> student_argv = testing::TrainingStudentArgv(dir, testing::ReadPortFile(dir + "/port"));
+  student_argv.push_back("--aux_layer_ids=2,0,1");  // the draft asks for them
+  Subprocess student(student_argv, dir + "/student.log");
   ASSERT_NO_FATAL_FAILURE(testing::ExpectTrainingRunEnds(student, teacher, 240s));
   EXPECT_NE(teacher.Log().find(p.architecture), std::string::npos) << teacher.Log();
 

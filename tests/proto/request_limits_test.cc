@@ -157,6 +157,38 @@ TEST(RequestLimitsTest, Ack) {
   ExpectRefused(CheckAckRequest(r, Limits()), "AckRequest.subscriber_id is empty");
 }
 
+// A feature request names at most max_feature_layers layers, none
+// negative; a student group name is one a file may carry.
+TEST(RequestLimitsTest, FeatureRequestsAndStudentGroups) {
+  v1::SubscribeRequest r = GoodSubscribe();
+  r.mutable_features()->add_aux_layer_ids(3);
+  r.set_student_group("dflash");
+  EXPECT_TRUE(CheckSubscribeRequest(r, Limits()).ok());
+  r.mutable_features()->add_aux_layer_ids(-2);
+  ExpectRefused(CheckSubscribeRequest(r, Limits()),
+                "SubscribeRequest.features.aux_layer_ids[1] is -2; expected a layer id >= 0");
+  r.mutable_features()->clear_aux_layer_ids();
+  for (int i = 0; i <= Limits().max_feature_layers; ++i) r.mutable_features()->add_aux_layer_ids(i);
+  ExpectRefused(CheckSubscribeRequest(r, Limits()),
+                "SubscribeRequest.features.aux_layer_ids holds 257 layers; expected at most 256");
+  r = GoodSubscribe();
+  r.set_student_group("../ledger");
+  ExpectRefused(CheckSubscribeRequest(r, Limits()), "SubscribeRequest.student_group \"../ledger\" has '.' at 0");
+
+  v1::AckRequest ack;
+  ack.set_subscriber_id("rank-0");
+  ack.set_subscription_generation(12);
+  ack.set_student_group("dflash");
+  EXPECT_TRUE(CheckAckRequest(ack, Limits()).ok());
+  ack.set_student_group(std::string(65, 'g'));
+  ExpectRefused(CheckAckRequest(ack, Limits()), "AckRequest.student_group is 65 characters; expected at most 64");
+
+  v1::GetEvalSetRequest eval;
+  EXPECT_TRUE(CheckGetEvalSetRequest(eval, Limits()).ok());
+  eval.mutable_features()->add_aux_layer_ids(-1);
+  ExpectRefused(CheckGetEvalSetRequest(eval, Limits()), "GetEvalSetRequest.features.aux_layer_ids[0] is -1");
+}
+
 TEST(RequestLimitsTest, GetWeights) {
   v1::GetWeightsRequest r;
   EXPECT_TRUE(CheckGetWeightsRequest(r, Limits()).ok());

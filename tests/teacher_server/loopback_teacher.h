@@ -1,5 +1,6 @@
 // One live teacher as far as a student can tell, for the service tests:
-// a real Engine, TeacherServiceImpl and gRPC server on 127.0.0.1:0 with
+// real engines (one per student group), a TeacherServiceImpl and a gRPC
+// server on 127.0.0.1:0 with
 // the server's message caps applied as serve.cc applies them, and a stub
 // connected to it. The small real model they serve
 // (tests/fixtures/golden/rand_default_mha, vocab 256, hidden 64) and a
@@ -17,7 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/data/vocab_map.h"
 #include "common/model/model_dir.h"
-#include "teacher_server/engine/engine.h"
+#include "teacher_server/engine/student_groups.h"
+#include "teacher_server/runtime/serialized_model.h"
 #include "teacher_server/service/teacher_service.h"
 #include "tests/teacher_server/golden_fixture.h"
 #include "tests/teacher_server/synthetic_dataset.h"
@@ -44,7 +46,11 @@ inline std::unique_ptr<LoopbackModel> LoadLoopbackModel(int num_samples, uint32_
 }
 
 struct LoopbackTeacher {
-  std::unique_ptr<Engine> engine;
+  // The groups' engines share the model one forward at a time, as the
+  // teacher's do.
+  std::unique_ptr<SerializedCausalLM> serialized;
+  std::unique_ptr<StudentGroups> groups;
+  Engine* engine = nullptr;  // the default group's
   TeacherMetrics metrics;
   std::unique_ptr<TeacherServiceImpl> service;
   std::unique_ptr<grpc::Server> server;
@@ -62,25 +68,30 @@ struct LoopbackTeacher {
     }
     server.reset();
     service.reset();
-    engine.reset();
+    engine = nullptr;
+    groups.reset();
   }
 };
 
 // Starts a teacher serving `dataset` (the model's own when null) with the
-// given options; `client_args` configures the stub's channel. Returns null,
+// given options, to the default student group and those named in
+// `groups`; `client_args` configures the stub's channel. Returns null,
 // with the failure recorded in gtest, when any part does not start.
 inline std::unique_ptr<LoopbackTeacher> StartLoopbackTeacher(const LoopbackModel& m, EngineOptions eopts,
                                                              ServiceOptions sopts = {},
                                                              const Dataset* dataset = nullptr,
-                                                             grpc::ChannelArguments client_args = {}) {
+                                                             grpc::ChannelArguments client_args = {},
+                                                             const std::vector<std::string>& groups = {}) {
   if (dataset == nullptr) dataset = m.dataset.get();
   auto t = std::make_unique<LoopbackTeacher>();
-  auto engine = Engine::Create(m.model.get(), dataset, std::move(eopts));
-  EXPECT_TRUE(engine.ok()) << engine.status();
-  if (!engine.ok()) return nullptr;
-  t->engine = std::move(engine).value();
+  t->serialized = std::make_unique<SerializedCausalLM>(m.model.get());
+  auto created = StudentGroups::Create(t->serialized.get(), dataset, std::move(eopts), groups);
+  EXPECT_TRUE(created.ok()) << created.status();
+  if (!created.ok()) return nullptr;
+  t->groups = std::move(created).value();
+  t->engine = &t->groups->default_group();
   auto service =
-      TeacherServiceImpl::Create(t->engine.get(), m.model.get(), m.vocab.get(), dataset, &t->metrics, sopts);
+      TeacherServiceImpl::Create(t->groups.get(), m.model.get(), m.vocab.get(), dataset, &t->metrics, sopts);
   EXPECT_TRUE(service.ok()) << service.status();
   if (!service.ok()) return nullptr;
   t->service = std::move(service).value();

@@ -408,7 +408,7 @@ TEST_F(DraftExportTest, TheExportRecordsItsTargetAndAuxLayers) {
   Eagle3Draft l = MakeTinyDraft(at::kFloat, 8, other_layers);
   const absl::Status layers = LoadDraftExport(*l, dir_);
   EXPECT_EQ(layers.code(), absl::StatusCode::kFailedPrecondition) << layers;
-  EXPECT_NE(std::string(layers.message()).find("trained on aux layers [1, 5, 8], but the teacher captures [2, 4, 5]"),
+  EXPECT_NE(std::string(layers.message()).find("trained on aux layers [1, 5, 8], but this draft reads [2, 4, 5]"),
             std::string::npos)
       << layers;
 }

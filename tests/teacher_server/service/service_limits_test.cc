@@ -16,7 +16,7 @@
 #include "common/model/model_dir.h"
 #include "proto/subscription_wire.h"
 #include "proto/wire_codec.h"
-#include "teacher_server/engine/engine.h"
+#include "teacher_server/engine/student_groups.h"
 #include "teacher_server/service/teacher_service.h"
 #include "tests/teacher_server/loopback_teacher.h"
 
@@ -316,13 +316,13 @@ TEST_F(ServiceLimitsTest, ABatchOverTheSendCapEndsTheStreamNamingTheFlag) {
 TEST_F(ServiceLimitsTest, CapsOutsideGrpcsRangeAreRefusedAtStart) {
   EngineOptions eopts;
   eopts.aux_layer_ids = {0, 2, 4};
-  auto engine = Engine::Create(m_->model.get(), m_->dataset.get(), eopts);
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto groups = StudentGroups::Create(m_->model.get(), m_->dataset.get(), eopts, {});
+  ASSERT_TRUE(groups.ok()) << groups.status();
   TeacherMetrics metrics;
   ServiceOptions sopts;
   sopts.messages.max_send_bytes = int64_t{3} << 30;
   auto service =
-      TeacherServiceImpl::Create(engine->get(), m_->model.get(), m_->vocab.get(), m_->dataset.get(), &metrics, sopts);
+      TeacherServiceImpl::Create(groups->get(), m_->model.get(), m_->vocab.get(), m_->dataset.get(), &metrics, sopts);
   ASSERT_FALSE(service.ok());
   EXPECT_NE(service.status().message().find("--max_send_message_bytes is 3221225472"),
             std::string::npos)
