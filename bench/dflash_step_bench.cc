@@ -9,10 +9,6 @@
 // bench/run_gpu_benches.sh prints the ratio.
 //
 //   ./build/bench/dflash_step_bench --shape=qwen3-8b --tokens=4096 --device=cuda:0
-#ifdef E3_HAS_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#endif
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,6 +17,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "bench/device_memory.h"
 #include "bench/kineto_profile.h"
 #include "common/torch/tensor_convert.h"
 #include "common/torch/torch_core.h"
@@ -70,27 +67,6 @@ std::vector<int32_t> SpreadLayers(int64_t k, int64_t L) {
   std::vector<int32_t> ids;
   for (int64_t i = 0; i < k; ++i) ids.push_back(static_cast<int32_t>(1 + i * (L - 4) / std::max<int64_t>(1, k - 1)));
   return ids;
-}
-
-struct MemoryStats {
-  double allocated = 0, peak = 0;  // bytes
-};
-
-MemoryStats DeviceMemory(const at::Device& device, bool reset_peak) {
-  MemoryStats m;
-#ifdef E3_HAS_CUDA
-  if (device.is_cuda()) {
-    torch::cuda::synchronize(device.index());
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-    m.allocated = static_cast<double>(stats.allocated_bytes[0].current);
-    m.peak = static_cast<double>(stats.allocated_bytes[0].peak);
-    if (reset_peak) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
-  }
-#else
-  (void)device;
-  (void)reset_peak;
-#endif
-  return m;
 }
 
 template <typename T>
@@ -158,9 +134,9 @@ int Main() {
   for (int i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) step();
   // Memory: what the step adds to what is resident between steps
   // (weights, optimizer state, frozen tensors, the batch).
-  const MemoryStats before = DeviceMemory(device, /*reset_peak=*/true);
+  const bench::MemoryStats before = bench::DeviceMemory(device, /*reset_peak=*/true);
   step();
-  const MemoryStats during = DeviceMemory(device, /*reset_peak=*/false);
+  const bench::MemoryStats during = bench::DeviceMemory(device, /*reset_peak=*/false);
   std::vector<double> ms;
   for (int i = 0; i < absl::GetFlag(FLAGS_steps); ++i) {
     const auto t0 = std::chrono::steady_clock::now();

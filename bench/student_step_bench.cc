@@ -13,10 +13,6 @@
 // throughput, to be set against the --world_size=1 run.
 //
 //   ./build/bench/student_step_bench --shape=llama-8b --device=cuda:0
-#ifdef E3_HAS_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#endif
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -27,6 +23,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "bench/device_memory.h"
 #include "bench/kineto_profile.h"
 #include "common/torch/process_group.h"
 #include "common/torch/tensor_convert.h"
@@ -94,27 +91,6 @@ double StepFlops(const Shape& s, int64_t draft_vocab, const std::vector<int64_t>
   const double attn_fwd = 2 * 2 * attn_pairs * s.heads * s.head_dim;  // QK^T and PV
   const double per_step = 6 * T * mid_params + 3 * attn_fwd + 6 * T * H * draft_vocab;
   return 4 * T * 3 * H * H + 2 * T * H * draft_vocab + ttt_length * per_step;
-}
-
-struct MemoryStats {
-  double allocated = 0, peak = 0;  // bytes
-};
-
-MemoryStats DeviceMemory(const at::Device& device, bool reset_peak) {
-  MemoryStats m;
-#ifdef E3_HAS_CUDA
-  if (device.is_cuda()) {
-    torch::cuda::synchronize(device.index());
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-    m.allocated = static_cast<double>(stats.allocated_bytes[0].current);
-    m.peak = static_cast<double>(stats.allocated_bytes[0].peak);
-    if (reset_peak) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
-  }
-#else
-  (void)device;
-  (void)reset_peak;
-#endif
-  return m;
 }
 
 int Main() {
@@ -273,9 +249,9 @@ int Main() {
   for (int i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) step(false);
   // Memory: what the step adds to what is resident between steps
   // (weights, optimizer state, frozen tensors, the batch).
-  const MemoryStats before = DeviceMemory(device, /*reset_peak=*/true);
+  const bench::MemoryStats before = bench::DeviceMemory(device, /*reset_peak=*/true);
   step(false);
-  const MemoryStats during = DeviceMemory(device, /*reset_peak=*/false);
+  const bench::MemoryStats during = bench::DeviceMemory(device, /*reset_peak=*/false);
   constexpr int kPhaseSteps = 3;
   for (int i = 0; i < kPhaseSteps; ++i) step(true);
   std::vector<double> ms;
