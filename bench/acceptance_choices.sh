@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What each training choice does to the real acceptance length (issue 28),
+# What each training choice does to the real acceptance length,
 # on the bundled tiny-code-llama and examples/data/eval_prompts.jsonl: one
 # teacher (its eval set: greedy continuations of the 100 prompts, 256 tokens
 # each, KV cache), then one student per choice, each from the same seed and

@@ -7,7 +7,7 @@
 # noise floor: what GPU nondeterminism alone (atomics in the backward)
 # moves the curves by.
 #
-# With MODE=kernels (issue 27) the same comparison holds the student's
+# With MODE=kernels the same comparison holds the student's
 # fast step against its reference step instead, both behind the sgl
 # teacher: runs reference, fast and fast_repeat.
 #

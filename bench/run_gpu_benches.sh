@@ -102,7 +102,7 @@ transport() {
 # The student step: our fast path and our reference path against the
 # PyTorch eager statement of SpecForge v0.2's step (same GPU, same run),
 # with SpecForge's fastest measured steps on an H200 as recorded anchors
-# (issue 27: 8B 109.5 ms with plain bf16 AdamW, 1B 75.2 ms with its
+# (8B 109.5 ms with plain bf16 AdamW, 1B 75.2 ms with its
 # BF16Optimizer). Also 4 samples of 512 tokens and a chat-like batch
 # (8 samples, the first 40% of each a prompt out of the loss).
 student() {
