@@ -240,7 +240,11 @@ absl::StatusOr<bool> Trainer::TrainOneBatch() {
   r.wait_seconds = pooled.wait_seconds;
   metrics_->RecordStep(r);
 
-  if (checkpoints_->Due(state_.step)) {
+  // The last step's checkpoint is Train's final one, taken once the eval
+  // set is held: its commit may be what lets an --exit_when_done teacher
+  // leave, and the final measurement still needs that teacher's eval set.
+  const bool last_step = schedule().max_steps > 0 && state_.step >= schedule().max_steps;
+  if (checkpoints_->Due(state_.step) && !last_step) {
     E3_RETURN_IF_ERROR(checkpoints_->Save(state_, algorithm_->trained(), algorithm_->optimizer(), *teachers_));
   }
   E3_ASSIGN_OR_RETURN(std::optional<AcceptanceReport> measured,
