@@ -220,7 +220,7 @@ TEST(MemoryEstimateTest, ADFlashDraftIsCountedAsItsExportHoldsIt) {
   // The target's whole head beside its embedding, both bf16.
   EXPECT_NEAR(s.weights - DraftParameters(m, run) * 2, 2 * 128256.0 * 4096 * 2, 1e6);
   // 512 blocks of 16 through 5 layers dominate.
-  EXPECT_GT(s.activations, 5 * 8192 * (12 * 4096 + 3 * 14336) * 2.0);
+  EXPECT_GT(s.activations, 5.0 * 8192 * (12 * 4096 + 3 * 14336) * 2);
   EXPECT_LT(s.activations, 20e9);
 }
 
