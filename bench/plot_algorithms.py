@@ -26,26 +26,15 @@ import matplotlib.pyplot as plt
 from matplotlib.lines import Line2D
 import yaml
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+import plot_run  # noqa: E402  (the step log reader)
+
 
 def read_run(run_dir):
     """Returns a dict: name, config, steps (step lines), evals ({step: eval}), summary."""
-    steps, evals = [], {}
     path = os.path.join(run_dir, "steps.jsonl")
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{number}: not JSON ({e.msg})")
-            if "eval" in record:
-                evals[record["step"]] = record["eval"]  # a resumed run's repeat replaces the first
-            elif "loss" in record:
-                steps.append(record)
-    if not steps:
-        raise ValueError(f"{path}: no training steps")
+    steps, eval_lines = plot_run.read_step_log(path)
+    evals = {r["step"]: r["eval"] for r in eval_lines}  # a resumed run's repeat replaces the first
     by_step = {s["step"]: s for s in steps}
     steps = [by_step[k] for k in sorted(by_step)]
     summary_path = os.path.join(run_dir, "summary-0.json")
