@@ -10,32 +10,16 @@
 #include <chrono>
 #include <thread>
 
-#include "common/model/model_dir.h"
 #include "teacher_server/engine/captured_layers.h"
 #include "teacher_server/engine/engine.h"
 #include "teacher_server/models/aux_capture.h"
-#include "tests/teacher_server/golden_fixture.h"
-#include "tests/teacher_server/synthetic_dataset.h"
+#include "tests/teacher_server/engine/engine_world.h"
 
 namespace e3 {
 namespace {
 
 using namespace std::chrono_literals;
 using ::testing::HasSubstr;
-
-struct FeatureWorld {
-  std::unique_ptr<ModelDir> dir;
-  std::unique_ptr<CausalLM> model;
-  std::unique_ptr<Dataset> dataset;
-};
-
-FeatureWorld MakeFeatureWorld() {
-  FeatureWorld w;
-  w.dir = std::move(ModelDir::Open(testing::SourcePath("tests/fixtures/golden/rand_default_mha")).value());
-  w.model = std::move(LoadCausalLM(*w.dir, ModelOptions{}).value());
-  w.dataset = testing::MakeSyntheticDataset(12, /*seed=*/5);
-  return w;
-}
 
 // rand_default_mha: 6 layers of hidden size 64, three of them captured.
 EngineOptions CapturingThreeLayers() {
@@ -45,18 +29,6 @@ EngineOptions CapturingThreeLayers() {
   o.transports = {TransportKind::kInline};
   o.shm_prefix = "/e3featuretest";
   return o;
-}
-
-ReadyBatch NextFeatureBatch(Engine& e, uint64_t generation) {
-  for (int i = 0; i < 15000; ++i) {
-    auto b = e.TakeNext(0, generation);
-    EXPECT_TRUE(b.ok()) << b.status();
-    if (!b.ok()) return {};
-    if (b->has_value()) return **b;
-    std::this_thread::sleep_for(2ms);
-  }
-  ADD_FAILURE() << "no batch within 30 s";
-  return {};
 }
 
 // The named tensor of a host payload as a tensor (a copy).
@@ -86,12 +58,12 @@ SubscribeParams FirstBatchOf(const std::string& id, std::optional<FeatureRequest
 }
 
 TEST(BatchFeaturesTest, ASubscriberGetsItsLayersInItsOrderAndOnlyItsTensors) {
-  FeatureWorld w = MakeFeatureWorld();
+  testing::EngineWorld w = testing::MakeEngineWorld(12, /*seed=*/5);
   auto engine = Engine::Create(w.model.get(), w.dataset.get(), CapturingThreeLayers());
   ASSERT_TRUE(engine.ok()) << engine.status();
   // An older student, without a request: everything, as before.
   const uint64_t all_gen = (*engine)->Subscribe(FirstBatchOf("everything", std::nullopt)).value();
-  const ReadyBatch all = NextFeatureBatch(**engine, all_gen);
+  const ReadyBatch all = testing::NextBatch(**engine, 0, all_gen);
   ASSERT_NE(all.payload, nullptr);
   EXPECT_EQ(TensorNames(*all.payload), (std::vector<std::string>{"input_ids", "cu_seqlens", "loss_mask", "aux_hidden",
                                                                  "last_hidden", "target_argmax"}));
@@ -100,7 +72,7 @@ TEST(BatchFeaturesTest, ASubscriberGetsItsLayersInItsOrderAndOnlyItsTensors) {
   mine.aux_layer_ids = {4, 0};
   mine.last_hidden = false;
   const uint64_t mine_gen = (*engine)->Subscribe(FirstBatchOf("mine", mine)).value();
-  const ReadyBatch b = NextFeatureBatch(**engine, mine_gen);
+  const ReadyBatch b = testing::NextBatch(**engine, 0, mine_gen);
   ASSERT_NE(b.payload, nullptr);
   ASSERT_EQ(b.sample_ids, all.sample_ids);
   EXPECT_EQ(TensorNames(*b.payload),
@@ -131,7 +103,7 @@ TEST(BatchFeaturesTest, SelectingEveryLayerInOrderCopiesNothing) {
 }
 
 TEST(BatchFeaturesTest, ALayerNotCapturedIsRefusedBeforeAnythingChanges) {
-  FeatureWorld w = MakeFeatureWorld();
+  testing::EngineWorld w = testing::MakeEngineWorld(12, /*seed=*/5);
   auto engine = Engine::Create(w.model.get(), w.dataset.get(), CapturingThreeLayers());
   ASSERT_TRUE(engine.ok()) << engine.status();
   FeatureRequest other;
@@ -143,7 +115,7 @@ TEST(BatchFeaturesTest, ALayerNotCapturedIsRefusedBeforeAnythingChanges) {
 }
 
 TEST(BatchFeaturesTest, ACursorOfAnotherPlanIsRefused) {
-  FeatureWorld w = MakeFeatureWorld();
+  testing::EngineWorld w = testing::MakeEngineWorld(12, /*seed=*/5);
   EngineOptions o = CapturingThreeLayers();
   o.fingerprint.dataset = "1111111111111111";
   o.fingerprint.samples = "2222222222222222";

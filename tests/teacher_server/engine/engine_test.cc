@@ -12,30 +12,14 @@
 #include <thread>
 
 #include "common/base/file_util.h"
-#include "common/model/model_dir.h"
 #include "tests/file_size_limit.h"
-#include "tests/teacher_server/golden_fixture.h"
-#include "tests/teacher_server/synthetic_dataset.h"
+#include "tests/teacher_server/engine/engine_world.h"
 #include "tests/wait_for.h"
 
 namespace e3 {
 namespace {
 
 using namespace std::chrono_literals;
-
-struct World {
-  std::unique_ptr<ModelDir> dir;
-  std::unique_ptr<CausalLM> model;
-  std::unique_ptr<Dataset> dataset;
-};
-
-World MakeWorld(int num_samples) {
-  World w;
-  w.dir = std::move(ModelDir::Open(testing::SourcePath("tests/fixtures/golden/rand_default_mha")).value());
-  w.model = std::move(LoadCausalLM(*w.dir, ModelOptions{}).value());
-  w.dataset = testing::MakeSyntheticDataset(num_samples, /*seed=*/3);
-  return w;
-}
 
 EngineOptions SmallBatches() {
   EngineOptions o;
@@ -46,18 +30,6 @@ EngineOptions SmallBatches() {
   return o;
 }
 
-// Waits for the next batch of a subscription (the worker computes async).
-ReadyBatch Next(Engine& e, int rank, uint64_t gen) {
-  for (int i = 0; i < 15000; ++i) {
-    auto b = e.TakeNext(rank, gen);
-    EXPECT_TRUE(b.ok()) << b.status();
-    if (!b.ok()) return {};
-    if (b->has_value()) return **b;
-    std::this_thread::sleep_for(2ms);
-  }
-  ADD_FAILURE() << "no batch within 30 s";
-  return {};
-}
 
 // Subscribes `rank` of a `world`-rank run as `id` from `resume`, with a
 // credit window of two batches.
@@ -98,7 +70,7 @@ int CountShmSegments(const std::string& prefix) {
 }
 
 TEST(EngineTest, EverySampleReachesExactlyOneRankOncePerEpoch) {
-  World w = MakeWorld(37);
+  testing::EngineWorld w = testing::MakeEngineWorld(37, /*seed=*/3);
   EngineOptions o = SmallBatches();
   o.epochs = 2;
   auto engine = Engine::Create(w.model.get(), w.dataset.get(), o);
@@ -119,7 +91,7 @@ TEST(EngineTest, EverySampleReachesExactlyOneRankOncePerEpoch) {
   while (done.size() < 2) {
     for (int r = 0; r < 2; ++r) {
       if (done.count(r)) continue;
-      ReadyBatch b = Next(**engine, r, gen[r]);
+      ReadyBatch b = testing::NextBatch(**engine, r, gen[r]);
       if (b.end_of_data) {
         done.insert(r);
         continue;
@@ -157,14 +129,14 @@ TEST(EngineTest, EverySampleReachesExactlyOneRankOncePerEpoch) {
 }
 
 TEST(EngineTest, ResubscribingWithACursorRedeliversUncommittedBatches) {
-  World w = MakeWorld(30);
+  testing::EngineWorld w = testing::MakeEngineWorld(30, /*seed=*/3);
   auto engine = Engine::Create(w.model.get(), w.dataset.get(), SmallBatches());
   ASSERT_TRUE(engine.ok());
   SubscribeParams p;
   p.subscriber_id = "first";
   p.credit_window = 3;
   uint64_t g1 = *(*engine)->Subscribe(p);
-  ReadyBatch b0 = Next(**engine, 0, g1), b1 = Next(**engine, 0, g1), b2 = Next(**engine, 0, g1);
+  ReadyBatch b0 = testing::NextBatch(**engine, 0, g1), b1 = testing::NextBatch(**engine, 0, g1), b2 = testing::NextBatch(**engine, 0, g1);
   // Trained b0 and b1 and checkpointed after b0 only; then the student dies.
   ASSERT_TRUE((*engine)->Ack(0, "first", {b0.batch_id, b1.batch_id}, Cursor{0, 1}).ok());
   (*engine)->Detach(0, g1);
@@ -173,7 +145,7 @@ TEST(EngineTest, ResubscribingWithACursorRedeliversUncommittedBatches) {
   p.resume = {0, 1};
   uint64_t g2 = *(*engine)->Subscribe(p);
   EXPECT_FALSE((*engine)->TakeNext(0, g1).ok());  // the old subscription is superseded
-  ReadyBatch again1 = Next(**engine, 0, g2), again2 = Next(**engine, 0, g2);
+  ReadyBatch again1 = testing::NextBatch(**engine, 0, g2), again2 = testing::NextBatch(**engine, 0, g2);
   EXPECT_EQ(again1.index, 1);
   EXPECT_EQ(again1.sample_ids, b1.sample_ids);
   EXPECT_EQ(again2.sample_ids, b2.sample_ids);
@@ -193,17 +165,17 @@ TEST(EngineTest, ResubscribingWithACursorRedeliversUncommittedBatches) {
 // final commit of each attached rank that holds batches beyond its commit,
 // and for no one else.
 TEST(EngineTest, DrainWaitsForTheFinalCommitOfRanksWithUncommittedBatches) {
-  World w = MakeWorld(30);
+  testing::EngineWorld w = testing::MakeEngineWorld(30, /*seed=*/3);
   auto engine = Engine::Create(w.model.get(), w.dataset.get(), SmallBatches());
   ASSERT_TRUE(engine.ok());
   uint64_t g0 = SubscribeRank(**engine, 0, 2, "busy");
   uint64_t g1 = SubscribeRank(**engine, 1, 2, "idle");
   // Rank 0 trained two batches and checkpointed after the first; rank 1
   // trained and committed everything it took.
-  ReadyBatch a0 = Next(**engine, 0, g0), a1 = Next(**engine, 0, g0);
+  ReadyBatch a0 = testing::NextBatch(**engine, 0, g0), a1 = testing::NextBatch(**engine, 0, g0);
   ASSERT_TRUE((*engine)->Ack(0, "busy", {a0.batch_id}, Cursor{0, 1}).ok());
   ASSERT_TRUE((*engine)->Ack(0, "busy", {a1.batch_id}, std::nullopt).ok());
-  ReadyBatch b0 = Next(**engine, 1, g1);
+  ReadyBatch b0 = testing::NextBatch(**engine, 1, g1);
   ASSERT_TRUE((*engine)->Ack(1, "idle", {b0.batch_id}, Cursor{0, 1}).ok());
   EXPECT_TRUE((*engine)->DrainSettled()) << "nothing to wait for before a drain";
 
@@ -224,16 +196,16 @@ TEST(EngineTest, DrainWaitsForTheFinalCommitOfRanksWithUncommittedBatches) {
 // does not (the rank may still checkpoint what it holds), and a new
 // subscription starts without the mark.
 TEST(EngineTest, AFinalReportBeforeTheDrainSettlesItsRank) {
-  World w = MakeWorld(30);
+  testing::EngineWorld w = testing::MakeEngineWorld(30, /*seed=*/3);
   auto engine = Engine::Create(w.model.get(), w.dataset.get(), SmallBatches());
   ASSERT_TRUE(engine.ok());
   uint64_t g0 = SubscribeRank(**engine, 0, 2, "early");
   uint64_t g1 = SubscribeRank(**engine, 1, 2, "plain");
   // Each rank trained one batch and holds a second it will not train.
-  ReadyBatch a0 = Next(**engine, 0, g0);
-  (void)Next(**engine, 0, g0);
-  ReadyBatch b0 = Next(**engine, 1, g1);
-  (void)Next(**engine, 1, g1);
+  ReadyBatch a0 = testing::NextBatch(**engine, 0, g0);
+  (void)testing::NextBatch(**engine, 0, g0);
+  ReadyBatch b0 = testing::NextBatch(**engine, 1, g1);
+  (void)testing::NextBatch(**engine, 1, g1);
   ASSERT_TRUE((*engine)->Ack(FinalReport(0, "early", g0, {a0.batch_id}, Cursor{0, 1})).ok());
   ASSERT_TRUE((*engine)->Ack(1, "plain", {b0.batch_id}, Cursor{0, 1}).ok());
 
@@ -246,22 +218,22 @@ TEST(EngineTest, AFinalReportBeforeTheDrainSettlesItsRank) {
 }
 
 TEST(EngineTest, ANewSubscriptionStartsWithoutTheFinalReport) {
-  World w = MakeWorld(30);
+  testing::EngineWorld w = testing::MakeEngineWorld(30, /*seed=*/3);
   auto engine = Engine::Create(w.model.get(), w.dataset.get(), SmallBatches());
   ASSERT_TRUE(engine.ok());
   uint64_t g = SubscribeRank(**engine, 0, 1, "first");
-  ReadyBatch a0 = Next(**engine, 0, g);
+  ReadyBatch a0 = testing::NextBatch(**engine, 0, g);
   ASSERT_TRUE((*engine)->Ack(FinalReport(0, "first", g, {a0.batch_id}, Cursor{0, 1})).ok());
   (*engine)->Detach(0, g);
   // Resumed from its checkpoint, it takes a batch and has not reported on it.
   g = SubscribeRank(**engine, 0, 1, "second", Cursor{0, 1});
-  (void)Next(**engine, 0, g);
+  (void)testing::NextBatch(**engine, 0, g);
   (*engine)->Drain();
   EXPECT_EQ((*engine)->DrainPending(), 1);
 }
 
 TEST(EngineTest, CreditWindowBoundsWorkAhead) {
-  World w = MakeWorld(40);
+  testing::EngineWorld w = testing::MakeEngineWorld(40, /*seed=*/3);
   auto engine = Engine::Create(w.model.get(), w.dataset.get(), SmallBatches());
   ASSERT_TRUE(engine.ok());
   SubscribeParams p;
@@ -272,7 +244,7 @@ TEST(EngineTest, CreditWindowBoundsWorkAhead) {
   ASSERT_TRUE(WaitFor([&] { return buffered() == 2; }));  // computed ahead...
   std::this_thread::sleep_for(300ms);
   EXPECT_EQ(buffered(), 2);  // ...then stopped at the window
-  ReadyBatch b = Next(**engine, 0, g);
+  ReadyBatch b = testing::NextBatch(**engine, 0, g);
   std::this_thread::sleep_for(300ms);
   EXPECT_EQ(buffered(), 2);  // taken but unacked still counts
   // Read before the ack: the worker may refill the window before this
@@ -286,7 +258,7 @@ TEST(EngineTest, CreditWindowBoundsWorkAhead) {
 }
 
 TEST(EngineTest, DeadSubscriberBuffersAreReclaimed) {
-  World w = MakeWorld(40);
+  testing::EngineWorld w = testing::MakeEngineWorld(40, /*seed=*/3);
   EngineOptions o = SmallBatches();
   o.subscriber_timeout = absl::Milliseconds(300);
   o.shm_prefix = "/e3reclaim" + std::to_string(::getpid());
@@ -298,7 +270,7 @@ TEST(EngineTest, DeadSubscriberBuffersAreReclaimed) {
   p.transport = TransportKind::kShm;
   uint64_t g = *(*engine)->Subscribe(p);
   {
-    ReadyBatch b = Next(**engine, 0, g);  // taken, never acked
+    ReadyBatch b = testing::NextBatch(**engine, 0, g);  // taken, never acked
     (void)b;
   }
   ASSERT_TRUE(WaitFor([&] { return (*engine)->stats().buffered_batches == 4; }));
@@ -313,7 +285,7 @@ TEST(EngineTest, DeadSubscriberBuffersAreReclaimed) {
 }
 
 TEST(EngineTest, InconsistentSubscriptionsAreRefused) {
-  World w = MakeWorld(10);
+  testing::EngineWorld w = testing::MakeEngineWorld(10, /*seed=*/3);
   auto engine = Engine::Create(w.model.get(), w.dataset.get(), SmallBatches());
   ASSERT_TRUE(engine.ok());
   SubscribeParams p;
@@ -349,14 +321,14 @@ struct LedgerDir {
 // names batches the rank was never sent: refused, in this process and
 // after a restart on the same ledger.
 TEST(EngineTest, AResumeCursorPastEveryDeliveryIsRefused) {
-  World w = MakeWorld(30);
+  testing::EngineWorld w = testing::MakeEngineWorld(30, /*seed=*/3);
   const LedgerDir ledger;
   EngineOptions o = ledger.Options();
   {
     auto engine = Engine::Create(w.model.get(), w.dataset.get(), o);
     ASSERT_TRUE(engine.ok()) << engine.status();
     const uint64_t g = SubscribeRank(**engine, 0, 1, "s");
-    ReadyBatch b0 = Next(**engine, 0, g), b1 = Next(**engine, 0, g);
+    ReadyBatch b0 = testing::NextBatch(**engine, 0, g), b1 = testing::NextBatch(**engine, 0, g);
     ASSERT_TRUE((*engine)->Ack(0, "s", {b0.batch_id, b1.batch_id}, Cursor{0, 2}).ok());
     SubscribeParams p;
     p.subscriber_id = "s";
@@ -381,7 +353,7 @@ TEST(EngineTest, AResumeCursorPastEveryDeliveryIsRefused) {
 // The launcher passes its student count: a subscriber claiming another
 // world is refused, and a ledger of another world is not reused.
 TEST(EngineTest, AConfiguredWorldRefusesAnyOther) {
-  World w = MakeWorld(12);
+  testing::EngineWorld w = testing::MakeEngineWorld(12, /*seed=*/3);
   const LedgerDir ledger;
   EngineOptions o = ledger.Options();
   o.student_world_size = 1;
@@ -396,7 +368,7 @@ TEST(EngineTest, AConfiguredWorldRefusesAnyOther) {
     EXPECT_NE(refused.status().message().find("world of 1 student ranks (--student_world_size)"), std::string::npos)
         << refused.status();
     const uint64_t g = SubscribeRank(**engine, 0, 1, "real");
-    ReadyBatch b = Next(**engine, 0, g);
+    ReadyBatch b = testing::NextBatch(**engine, 0, g);
     ASSERT_TRUE((*engine)->Ack(0, "real", {b.batch_id}, Cursor{0, 1}).ok());
   }
   o.student_world_size = 2;
@@ -408,7 +380,7 @@ TEST(EngineTest, AConfiguredWorldRefusesAnyOther) {
 // Subscribers that never committed do not fix the world of a restarted
 // teacher: twenty fake ranks cannot lock the real one out for good.
 TEST(EngineTest, AWorldNoCommitConfirmedIsNotRestored) {
-  World w = MakeWorld(12);
+  testing::EngineWorld w = testing::MakeEngineWorld(12, /*seed=*/3);
   const LedgerDir ledger;
   EngineOptions o = ledger.Options();
   {
@@ -428,13 +400,13 @@ TEST(EngineTest, AWorldNoCommitConfirmedIsNotRestored) {
 // naming it; nothing is counted that the file lacks, and commits resume
 // once it can be written.
 TEST(EngineTest, ALedgerThatCannotBeWrittenStopsCommitsUntilItCan) {
-  World w = MakeWorld(20);
+  testing::EngineWorld w = testing::MakeEngineWorld(20, /*seed=*/3);
   const LedgerDir ledger;
   EngineOptions o = ledger.Options();
   auto engine = Engine::Create(w.model.get(), w.dataset.get(), o);
   ASSERT_TRUE(engine.ok()) << engine.status();
   const uint64_t g = SubscribeRank(**engine, 0, 1, "s");
-  ReadyBatch b0 = Next(**engine, 0, g), b1 = Next(**engine, 0, g);
+  ReadyBatch b0 = testing::NextBatch(**engine, 0, g), b1 = testing::NextBatch(**engine, 0, g);
   ASSERT_TRUE((*engine)->Ack(0, "s", {b0.batch_id}, Cursor{0, 1}).ok());
   const int64_t size = static_cast<int64_t>(ReadFileToString(o.ledger_path).value().size());
   {

@@ -11,33 +11,15 @@
 #include <thread>
 
 #include "common/base/file_util.h"
-#include "common/model/model_dir.h"
 #include "teacher_server/runtime/serialized_model.h"
 #include "tests/scratch_dir.h"
-#include "tests/teacher_server/golden_fixture.h"
-#include "tests/teacher_server/synthetic_dataset.h"
+#include "tests/teacher_server/engine/engine_world.h"
 
 namespace e3 {
 namespace {
 
 using namespace std::chrono_literals;
 using ::testing::HasSubstr;
-
-struct GroupsWorld {
-  std::unique_ptr<ModelDir> dir;
-  std::unique_ptr<CausalLM> model;
-  std::unique_ptr<SerializedCausalLM> serialized;  // the groups' engines share it
-  std::unique_ptr<Dataset> dataset;
-};
-
-GroupsWorld MakeGroupsWorld(int num_samples) {
-  GroupsWorld w;
-  w.dir = std::move(ModelDir::Open(testing::SourcePath("tests/fixtures/golden/rand_default_mha")).value());
-  w.model = std::move(LoadCausalLM(*w.dir, ModelOptions{}).value());
-  w.serialized = std::make_unique<SerializedCausalLM>(w.model.get());
-  w.dataset = testing::MakeSyntheticDataset(num_samples, /*seed=*/7);
-  return w;
-}
 
 EngineOptions GroupsOptions(const std::string& dir) {
   EngineOptions o;
@@ -47,18 +29,6 @@ EngineOptions GroupsOptions(const std::string& dir) {
   o.shm_prefix = "/e3groupstest";
   o.ledger_path = dir.empty() ? "" : JoinPath(dir, "ledger.jsonl");  // empty: in memory
   return o;
-}
-
-ReadyBatch NextGroupBatch(Engine& e, int rank, uint64_t generation) {
-  for (int i = 0; i < 15000; ++i) {
-    auto b = e.TakeNext(rank, generation);
-    EXPECT_TRUE(b.ok()) << b.status();
-    if (!b.ok()) return {};
-    if (b->has_value()) return **b;
-    std::this_thread::sleep_for(2ms);
-  }
-  ADD_FAILURE() << "no batch within 30 s";
-  return {};
 }
 
 // Takes, acks and commits every batch of `rank` until the end of its data;
@@ -72,7 +42,7 @@ std::vector<int64_t> TrainToTheEnd(Engine& e, int rank, int world, const std::st
   const uint64_t generation = e.Subscribe(p).value();
   std::vector<int64_t> samples;
   while (true) {
-    const ReadyBatch b = NextGroupBatch(e, rank, generation);
+    const ReadyBatch b = testing::NextBatch(e, rank, generation);
     if (b.end_of_data || b.payload == nullptr) break;
     samples.insert(samples.end(), b.sample_ids.begin(), b.sample_ids.end());
     EXPECT_TRUE(e.Ack(rank, id, {b.batch_id}, Cursor{b.epoch, b.index + 1}).ok());
@@ -82,8 +52,9 @@ std::vector<int64_t> TrainToTheEnd(Engine& e, int rank, int world, const std::st
 
 TEST(StudentGroupsTest, EachGroupIsADataStreamOfItsOwn) {
   const std::string dir = testing::ScratchDir("student_groups");
-  GroupsWorld w = MakeGroupsWorld(10);
-  auto groups = StudentGroups::Create(w.serialized.get(), w.dataset.get(), GroupsOptions(dir), {"dflash"});
+  testing::EngineWorld w = testing::MakeEngineWorld(10, /*seed=*/7);
+  SerializedCausalLM serialized(w.model.get());  // the groups' engines share it
+  auto groups = StudentGroups::Create(&serialized, w.dataset.get(), GroupsOptions(dir), {"dflash"});
   ASSERT_TRUE(groups.ok()) << groups.status();
   EXPECT_EQ((*groups)->names(), (std::vector<std::string>{"dflash"}));
   Engine& first = (*groups)->default_group();
@@ -120,16 +91,17 @@ TEST(StudentGroupsTest, EachGroupIsADataStreamOfItsOwn) {
 
 TEST(StudentGroupsTest, TheGroupsNameDifferentShmSegments) {
   const std::string dir = testing::ScratchDir("student_groups_shm");
-  GroupsWorld w = MakeGroupsWorld(4);
-  auto groups = StudentGroups::Create(w.serialized.get(), w.dataset.get(), GroupsOptions(dir), {"b"});
+  testing::EngineWorld w = testing::MakeEngineWorld(4, /*seed=*/7);
+  SerializedCausalLM serialized(w.model.get());  // the groups' engines share it
+  auto groups = StudentGroups::Create(&serialized, w.dataset.get(), GroupsOptions(dir), {"b"});
   ASSERT_TRUE(groups.ok()) << groups.status();
   SubscribeParams p;
   p.subscriber_id = "s";
   p.transport = TransportKind::kShm;
   Engine& first = (*groups)->default_group();
   Engine& other = *(*groups)->Find("b").value();
-  const ReadyBatch a = NextGroupBatch(first, 0, first.Subscribe(p).value());
-  const ReadyBatch b = NextGroupBatch(other, 0, other.Subscribe(p).value());
+  const ReadyBatch a = testing::NextBatch(first, 0, first.Subscribe(p).value());
+  const ReadyBatch b = testing::NextBatch(other, 0, other.Subscribe(p).value());
   ASSERT_NE(a.payload, nullptr);
   ASSERT_NE(b.payload, nullptr);
   EXPECT_EQ(a.batch_id, b.batch_id);
@@ -140,8 +112,9 @@ TEST(StudentGroupsTest, TheGroupsNameDifferentShmSegments) {
 }
 
 TEST(StudentGroupsTest, AGroupNotServedIsRefusedNamingThoseThatAre) {
-  GroupsWorld w = MakeGroupsWorld(4);
-  auto groups = StudentGroups::Create(w.serialized.get(), w.dataset.get(), GroupsOptions(""), {"dflash", "e31"});
+  testing::EngineWorld w = testing::MakeEngineWorld(4, /*seed=*/7);
+  SerializedCausalLM serialized(w.model.get());  // the groups' engines share it
+  auto groups = StudentGroups::Create(&serialized, w.dataset.get(), GroupsOptions(""), {"dflash", "e31"});
   ASSERT_TRUE(groups.ok()) << groups.status();
   auto missing = (*groups)->Find("medusa");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -150,10 +123,11 @@ TEST(StudentGroupsTest, AGroupNotServedIsRefusedNamingThoseThatAre) {
 }
 
 TEST(StudentGroupsTest, BadGroupNamesAreRefusedAtStartup) {
-  GroupsWorld w = MakeGroupsWorld(4);
+  testing::EngineWorld w = testing::MakeEngineWorld(4, /*seed=*/7);
+  SerializedCausalLM serialized(w.model.get());  // the groups' engines share it
   for (const std::vector<std::string>& names :
        std::vector<std::vector<std::string>>{{"a/b"}, {"x", "x"}, {""}, {std::string(65, 'g')}}) {
-    auto groups = StudentGroups::Create(w.serialized.get(), w.dataset.get(), GroupsOptions(""), names);
+    auto groups = StudentGroups::Create(&serialized, w.dataset.get(), GroupsOptions(""), names);
     EXPECT_EQ(groups.status().code(), absl::StatusCode::kInvalidArgument) << names.front();
     EXPECT_THAT(std::string(groups.status().message()), HasSubstr("teachers.student_groups"));
   }
