@@ -33,7 +33,6 @@ absl::StatusOr<FlatParameters> FlatParameters::Create(
     total += p.numel();
   }
   flat.data_ = at::zeros({total}, options);
-  flat.grad_ = at::zeros({total}, options);
   flat.anchor_ = at::zeros({1}, options.dtype(at::kFloat)).requires_grad_(true);
   torch::NoGradGuard no_grad;
   for (auto& [name, slot] : flat.slots_) {
@@ -57,7 +56,12 @@ const FlatParameters::Slot& FlatParameters::SlotOf(const std::string& name) cons
 at::Tensor FlatParameters::View(const std::string& name) const {
   return SliceOf(data_, SlotOf(name));
 }
+void FlatParameters::EnsureGrad() const {
+  if (!grad_.defined()) grad_ = at::zeros({data_.numel()}, data_.options());
+}
+
 at::Tensor FlatParameters::GradView(const std::string& name) const {
+  EnsureGrad();
   return SliceOf(grad_, SlotOf(name));
 }
 at::Tensor FlatParameters::ViewIn(const at::Tensor& flat, const std::string& name) const {
@@ -93,10 +97,12 @@ absl::StatusOr<at::Tensor> FlatParameters::Rows(const std::vector<std::string>& 
   return RowsOf(data_, names);
 }
 absl::StatusOr<at::Tensor> FlatParameters::GradRows(const std::vector<std::string>& names) const {
+  EnsureGrad();
   return RowsOf(grad_, names);
 }
 
 void FlatParameters::AttachGrads() {
+  EnsureGrad();
   for (auto& [name, slot] : slots_) {
     if (!slot.param.grad().defined() || !slot.param.grad().is_alias_of(grad_)) {
       slot.param.mutable_grad() = SliceOf(grad_, slot);
@@ -106,6 +112,7 @@ void FlatParameters::AttachGrads() {
 
 void FlatParameters::ZeroGrad() {
   torch::NoGradGuard no_grad;
+  EnsureGrad();
   grad_.zero_();
   AttachGrads();
 }

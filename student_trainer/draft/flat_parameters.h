@@ -39,7 +39,12 @@ class FlatParameters {
       const std::vector<std::pair<std::string, at::Tensor>>& params);
 
   const at::Tensor& data() const { return data_; }
-  const at::Tensor& grad() const { return grad_; }
+  // Allocated (zeros) on first use: a copy that only ever holds weights
+  // (the fp32 master of the fused optimizer) never pays for a gradient.
+  const at::Tensor& grad() const {
+    EnsureGrad();
+    return grad_;
+  }
   int64_t numel() const { return data_.numel(); }
   // An input for the fast ops' autograd Functions that requires grad (see
   // ops::LinearAccumulate); its own gradient is never set.
@@ -63,6 +68,8 @@ class FlatParameters {
   void ZeroGrad();
 
  private:
+  void EnsureGrad() const;
+
   struct Slot {
     int64_t offset = 0;
     std::vector<int64_t> shape;
@@ -73,7 +80,8 @@ class FlatParameters {
   at::Tensor SliceOf(const at::Tensor& flat, const Slot& slot) const;
   const Slot& SlotOf(const std::string& name) const;
 
-  at::Tensor data_, grad_, anchor_;
+  at::Tensor data_, anchor_;
+  mutable at::Tensor grad_;  // see grad()
   std::map<std::string, Slot> slots_;
 };
 
