@@ -254,6 +254,52 @@ bool DFlashChunkSoftmaxBackward(Dtype dtype, const float* scores, const float* d
                                 const float* delta, const int64_t* limits, int64_t period, int64_t rows, int64_t keys,
                                 float scale, void* probs, void* dscores, void* stream);
 
+// ---------------------------------------------------------------------------
+// DFlash block attention, context part, flash-style
+// (student_trainer/ops/dflash_block_attention.h): the B query rows of block
+// i under every query head see the context rows [context_begin[i],
+// context_end[i]) of their key/value head, and no score or probability
+// leaves the chip. q and dout are [blocks * B, q_heads, D], k and v
+// [context_rows, kv_heads, D], all contiguous in the dtype; lse, delta are
+// fp32 [blocks * B, q_heads]; out, dq fp32 [blocks * B, q_heads, D]; dk, dv
+// fp32 [context_rows, kv_heads, D].
+struct DFlashContextShape {
+  int64_t blocks = 0, block_size = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t context_rows = 0;  // T
+  int64_t key_tiles = 0;     // key tiles the backward visits: ceil(max context_end / kDFlashBackwardKeyTile)
+  float scale = 1.f;         // softmax scale
+};
+// The backward's tiles of context rows: tile j is rows [j * kDFlashBackwardKeyTile, (j + 1) * kDFlashBackwardKeyTile).
+constexpr int64_t kDFlashBackwardKeyTile = 128;
+// Device int32 arrays: context_begin, context_end [blocks]; for key tile j,
+// tile_first_block[j] and tile_end_block[j] bound
+// a run of blocks that holds every block whose context meets the tile
+// (first == end: none).
+struct DFlashContextBlocks {
+  const int32_t* context_begin = nullptr;
+  const int32_t* context_end = nullptr;
+  const int32_t* tile_first_block = nullptr;
+  const int32_t* tile_end_block = nullptr;
+};
+// The kernels take head_dim 64 or 128 and (q_heads / kv_heads) * B a
+// multiple of 16 up to 128.
+bool DFlashContextAttentionTakes(const DFlashContextShape& shape);
+// Forward: for each row with context, out = softmax(scale q k^T) v over
+// its keys (fp32 accumulators, P rounded to the dtype before the product)
+// and lse its log-sum-exp; rows without context are left as they are (the
+// caller's zeros and -inf).
+bool DFlashContextForward(Dtype dtype, const DFlashContextShape& shape, const DFlashContextBlocks& blocks,
+                          const void* q, const void* k, const void* v, float* out, float* lse, void* stream);
+// Backward, given the merged lse and delta = rowsum(dout * out): with P =
+// exp(scale q k^T - lse) and dS = P (dout v^T - delta), rounded to the
+// dtype before their products,
+//   dq += scale * dS k,   dk += scale * dS^T q,   dv += P^T dout
+// (GQA: dk, dv sum over the query heads of their key/value head).
+// Deterministic: every output element has one writer.
+bool DFlashContextBackward(Dtype dtype, const DFlashContextShape& shape, const DFlashContextBlocks& blocks,
+                           const void* q, const void* k, const void* v, const void* dout, const float* lse,
+                           const float* delta, float* dq, float* dk, float* dv, void* stream);
+
 }  // namespace e3::kernels
 
 #endif  // E3_KERNELS_STUDENT_OPS_H_

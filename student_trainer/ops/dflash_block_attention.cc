@@ -16,12 +16,17 @@ struct DFlashAttentionChunk {
   int64_t first_block = 0, num_blocks = 0;
   int64_t ctx_begin = 0, keys = 0;
   at::Tensor limit;  // [num_blocks * B] int64 on the device: query row i sees keys [0, limit[i])
-  at::Tensor deny;   // [num_blocks * B, keys] bool on the device: the keys a query row must not see
 };
 
 struct DFlashAttentionPlan {
   int64_t block_size = 0, num_blocks = 0, num_heads = 0;
   std::vector<DFlashAttentionChunk> chunks;  // those with at least one context key
+  // For the flash kernels (where options.flash): int32 on the device,
+  // [context_begin (blocks), context_end (blocks), tile_first_block
+  // (key_tiles), tile_end_block (key_tiles)] (kernels/student_ops.h).
+  bool flash = false;
+  int64_t key_tiles = 0, max_context_end = 0;
+  at::Tensor flash_index;
 };
 
 namespace {
@@ -119,7 +124,8 @@ ChunkOperands Operands(const Inputs& in, const DFlashAttentionPlan& plan,
 // wide dtype.
 at::Tensor ChunkScores(const Inputs& in, const DFlashAttentionChunk& c, const ChunkOperands& x) {
   at::Tensor s = WideBmm(x.qg, x.k.transpose(1, 2), in.wide).mul_(in.scale);
-  s.view({in.kv_heads(), -1, c.deny.size(0), c.keys}).masked_fill_(c.deny, kNegInf);
+  const at::Tensor deny = at::arange(c.keys, c.limit.options()).unsqueeze(0).ge(c.limit.unsqueeze(1));
+  s.view({in.kv_heads(), -1, deny.size(0), c.keys}).masked_fill_(deny, kNegInf);
   return s;
 }
 
@@ -130,6 +136,48 @@ bool FusedSoftmaxTakes(const Inputs& in, kernels::Dtype* dt) {
   return compat::kHasMmFloatOut && in.wide == at::kFloat && StudentKernelDtype(in.q, dt) &&
          in.k_ctx.scalar_type() == in.q.scalar_type() &&
          in.v_ctx.scalar_type() == in.q.scalar_type();
+}
+
+// Where the flash kernels take the context part: the plan allows them, the
+// kernels take the dtype (16-bit CUDA, kernels on) and the shape.
+bool FlashTakes(const Inputs& in, const DFlashAttentionPlan& plan, kernels::Dtype* dt,
+                kernels::DFlashContextShape* shape) {
+  // The kernels trust the ranges: past the context rows they decline, and
+  // the chunks' narrow() names the mistake.
+  if (!plan.flash || !plan.flash_index.defined() || plan.max_context_end > in.k_ctx.size(0) ||
+      !StudentKernelDtype(in.q, dt) ||
+      in.k_ctx.scalar_type() != in.q.scalar_type() || in.v_ctx.scalar_type() != in.q.scalar_type()) {
+    return false;
+  }
+  shape->blocks = plan.num_blocks;
+  shape->block_size = plan.block_size;
+  shape->q_heads = in.q.size(1);
+  shape->kv_heads = in.kv_heads();
+  shape->head_dim = in.q.size(2);
+  shape->context_rows = in.k_ctx.size(0);
+  shape->key_tiles = plan.key_tiles;
+  shape->scale = static_cast<float>(in.scale);
+  return kernels::DFlashContextAttentionTakes(*shape);
+}
+
+kernels::DFlashContextBlocks FlashBlocks(const DFlashAttentionPlan& plan) {
+  const int32_t* index = plan.flash_index.data_ptr<int32_t>();
+  const int64_t nb = plan.num_blocks;
+  return {index, index + nb, index + 2 * nb, index + 2 * nb + plan.key_tiles};
+}
+
+// The context part in the flash kernels (false: they declined).
+bool FlashForward(const Inputs& in, const DFlashAttentionPlan& plan, at::Tensor* out, at::Tensor* lse) {
+  kernels::Dtype dt;
+  kernels::DFlashContextShape shape;
+  if (!FlashTakes(in, plan, &dt, &shape)) return false;
+  const at::Tensor q = in.q.contiguous(), k = in.k_ctx.contiguous(), v = in.v_ctx.contiguous();
+  if (!kernels::DFlashContextForward(dt, shape, FlashBlocks(plan), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                     out->data_ptr<float>(), lse->data_ptr<float>(), StudentKernelStream(q))) {
+    return false;
+  }
+  CheckStudentKernelLaunch("DFlashContextForward");
+  return true;
 }
 #endif
 
@@ -191,9 +239,12 @@ std::pair<at::Tensor, at::Tensor> ChunkSoftmaxBackward(const Inputs& in,
   return {p.to(dt), ds.to(dt)};
 }
 
-// Each block's scaled scores against its own rows, [nB, Hkv, g * B, B].
-at::Tensor BlockScores(const Inputs& in, int64_t B) {
-  const at::Tensor qb = BlockQueries(in.q, B, in.kv_heads()).to(in.wide);
+// Each block's grouped queries [nB, Hkv, g * B, D] (wide), and their
+// scaled scores against the block's own rows, [nB, Hkv, g * B, B].
+at::Tensor WideBlockQueries(const Inputs& in, int64_t B) {
+  return BlockQueries(in.q, B, in.kv_heads()).to(in.wide);
+}
+at::Tensor BlockScores(const Inputs& in, const at::Tensor& qb, int64_t B) {
   return at::matmul(qb, BlockKeys(in.k_blk, B).to(in.wide).transpose(-1, -2)).mul_(in.scale);
 }
 
@@ -204,6 +255,9 @@ std::pair<at::Tensor, at::Tensor> ContextForward(const Inputs& in,
   const int64_t R = in.q.size(0), Hq = in.q.size(1), D = in.q.size(2), B = plan.block_size;
   at::Tensor out = at::zeros({R, Hq, D}, in.q.options().dtype(in.wide));
   at::Tensor lse = at::full({R, Hq}, kNegInf, in.q.options().dtype(in.wide));
+#ifdef E3_HAS_CUDA
+  if (FlashForward(in, plan, &out, &lse)) return {out, lse};
+#endif
   for (const DFlashAttentionChunk& c : plan.chunks) {
     const int64_t rows = c.num_blocks * B, r0 = c.first_block * B;
     const ChunkOperands x = Operands(in, plan, c);
@@ -217,7 +271,7 @@ std::pair<at::Tensor, at::Tensor> ContextForward(const Inputs& in,
 
 // The block part, likewise (every row has its block's keys).
 std::pair<at::Tensor, at::Tensor> BlockForward(const Inputs& in, int64_t B) {
-  at::Tensor s = BlockScores(in, B);
+  at::Tensor s = BlockScores(in, WideBlockQueries(in, B), B);
   const at::Tensor l = at::logsumexp(s, -1);
   s.sub_(l.unsqueeze(-1)).exp_();
   const at::Tensor o = at::matmul(s, BlockKeys(in.v_blk, B).to(in.wide));
@@ -228,11 +282,38 @@ struct Grads {
   at::Tensor q, k_ctx, v_ctx, k_blk, v_blk;  // wide
 };
 
+#ifdef E3_HAS_CUDA
+// The context part's gradients in the flash kernels (false: they declined).
+bool FlashBackward(const Inputs& in, const DFlashAttentionPlan& plan, const at::Tensor& dout,
+                   const at::Tensor& lse, const at::Tensor& delta, Grads* g) {
+  kernels::Dtype dt;
+  kernels::DFlashContextShape shape;
+  if (!FlashTakes(in, plan, &dt, &shape) || dout.scalar_type() != in.q.scalar_type() ||
+      g->q.scalar_type() != at::kFloat) {
+    return false;
+  }
+  const at::Tensor q = in.q.contiguous(), k = in.k_ctx.contiguous(), v = in.v_ctx.contiguous();
+  const at::Tensor d = dout.contiguous(), l = lse.to(at::kFloat).contiguous(),
+                   dl = delta.to(at::kFloat).contiguous();
+  if (!kernels::DFlashContextBackward(dt, shape, FlashBlocks(plan), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                      d.data_ptr(), l.data_ptr<float>(), dl.data_ptr<float>(),
+                                      g->q.data_ptr<float>(), g->k_ctx.data_ptr<float>(),
+                                      g->v_ctx.data_ptr<float>(), StudentKernelStream(q))) {
+    return false;
+  }
+  CheckStudentKernelLaunch("DFlashContextBackward");
+  return true;
+}
+#endif
+
 // The context part's share of the gradients, from the merged
 // log-sum-exp `lse` and delta = rowsum(dout * out), both [R, Hq].
 void ContextBackward(const Inputs& in, const DFlashAttentionPlan& plan, const at::Tensor& dout,
                      const at::Tensor& lse, const at::Tensor& delta, Grads* g) {
   const int64_t B = plan.block_size, kv = in.kv_heads();
+#ifdef E3_HAS_CUDA
+  if (FlashBackward(in, plan, dout, lse, delta, g)) return;
+#endif
   for (const DFlashAttentionChunk& c : plan.chunks) {
     const int64_t rows = c.num_blocks * B, r0 = c.first_block * B;
     const ChunkOperands x = Operands(in, plan, c);
@@ -250,10 +331,10 @@ void ContextBackward(const Inputs& in, const DFlashAttentionPlan& plan, const at
 void BlockBackward(const Inputs& in, int64_t B, const at::Tensor& dout, const at::Tensor& lse,
                    const at::Tensor& delta, Grads* g) {
   const int64_t kv = in.kv_heads();
-  at::Tensor p = BlockScores(in, B);
+  const at::Tensor qb = WideBlockQueries(in, B);
+  at::Tensor p = BlockScores(in, qb, B);
   p.sub_(BlockQueries(lse.unsqueeze(-1), B, kv)).exp_();
   const at::Tensor dob = BlockQueries(dout, B, kv).to(in.wide);
-  const at::Tensor qb = BlockQueries(in.q, B, kv).to(in.wide);
   g->v_blk = UngroupBlockKeys(at::matmul(p.transpose(-1, -2), dob));
   at::Tensor ds = at::matmul(dob, BlockKeys(in.v_blk, B).to(in.wide).transpose(-1, -2));
   ds.sub_(BlockQueries(delta.unsqueeze(-1), B, kv)).mul_(p).mul_(in.scale);
@@ -324,6 +405,41 @@ int64_t ChunkEnd(const DFlashAttentionBlocks& b, int64_t first, int64_t heads, i
   return last;
 }
 
+#ifdef E3_HAS_CUDA
+// The flash kernels' index: each block's context range, and for each of the
+// backward's key tiles the run of blocks [first, end) that holds every
+// block whose context meets it (blocks of a sample are consecutive, so the
+// run is short).
+void PlanFlash(const DFlashAttentionBlocks& b, const at::Device& device, DFlashAttentionPlan* plan) {
+  constexpr int64_t kTile = kernels::kDFlashBackwardKeyTile;
+  const int64_t nb = b.num_blocks();
+  int64_t max_end = 0;
+  for (int64_t i = 0; i < nb; ++i) {
+    if (b.context_end[i] > b.context_begin[i]) max_end = std::max(max_end, b.context_end[i]);
+  }
+  if (max_end > std::numeric_limits<int32_t>::max() || nb > std::numeric_limits<int32_t>::max()) return;
+  const int64_t tiles = (max_end + kTile - 1) / kTile;
+  std::vector<int32_t> index(2 * nb + 2 * tiles, 0);
+  int32_t* first = index.data() + 2 * nb;
+  int32_t* end = first + tiles;
+  std::fill(first, first + tiles, std::numeric_limits<int32_t>::max());
+  for (int64_t i = 0; i < nb; ++i) {
+    index[i] = static_cast<int32_t>(b.context_begin[i]);
+    index[nb + i] = static_cast<int32_t>(b.context_end[i]);
+    if (b.context_end[i] <= b.context_begin[i]) continue;
+    for (int64_t t = b.context_begin[i] / kTile; t <= (b.context_end[i] - 1) / kTile; ++t) {
+      first[t] = std::min(first[t], static_cast<int32_t>(i));
+      end[t] = std::max(end[t], static_cast<int32_t>(i + 1));
+    }
+  }
+  for (int64_t t = 0; t < tiles; ++t) first[t] = std::min(first[t], end[t]);
+  plan->flash = true;
+  plan->key_tiles = tiles;
+  plan->max_context_end = max_end;
+  plan->flash_index = torch::tensor(index, torch::kInt).to(device);
+}
+#endif
+
 }  // namespace
 
 std::shared_ptr<const DFlashAttentionPlan> PlanDFlashAttention(
@@ -353,11 +469,13 @@ std::shared_ptr<const DFlashAttentionPlan> PlanDFlashAttention(
         c.keys = std::min((c.keys + kKeyAlign - 1) / kKeyAlign * kKeyAlign, blocks.context_rows - c.ctx_begin);
       }
       c.limit = torch::tensor(limit, torch::kLong).to(device);
-      c.deny = torch::arange(c.keys, c.limit.options()).unsqueeze(0).ge(c.limit.unsqueeze(1));
       plan->chunks.push_back(std::move(c));
     }
     first = last;
   }
+#ifdef E3_HAS_CUDA
+  if (options.flash && device.is_cuda()) PlanFlash(blocks, device, plan.get());
+#endif
   return plan;
 }
 

@@ -9,11 +9,14 @@
 //
 // Here the two sets are separate softmax parts merged by their
 // log-sum-exp, as flash attention merges key tiles:
-//   context part  the blocks in chunks of consecutive anchors; a chunk's
-//                 queries against the context rows up to its last anchor,
-//                 two GEMMs, its scores never more than `chunk_scores`
-//                 elements (the chunk's own [rows, keys] mask is the only
-//                 mask built);
+//   context part  on a CUDA device, flash kernels
+//                 (kernels/dflash_context_attention.cu): every block walks
+//                 tiles of its context rows in shared memory and no score
+//                 leaves the chip; elsewhere (CPU, fp64, a head size the
+//                 kernels do not take) the blocks in chunks of consecutive
+//                 anchors, a chunk's queries against the context rows up
+//                 to its last anchor as two GEMMs, its scores never more
+//                 than `chunk_scores` elements;
 //   block part    every block's B x B scores at once, [blocks, heads, B, B].
 // The forward keeps only the output and the merged log-sum-exp; the
 // backward recomputes each chunk's scores and takes both parts'
@@ -53,10 +56,15 @@ struct DFlashAttentionOptions {
   // The most scores (query heads x rows x keys) one chunk computes at
   // once: 2^27, 512 MiB in fp32. A chunk holds at least one block.
   int64_t chunk_scores = int64_t{1} << 27;
+  // On a CUDA device, the context part in the flash kernels
+  // (kernels/dflash_context_attention.cu: key tiles in shared memory, no
+  // score leaves the chip) wherever they take the dtype and the shape;
+  // false, or where they decline: the chunks above.
+  bool flash = true;
 };
 
-// The chunks of one batch's blocks, and each chunk's mask ([rows, keys]
-// bool on the device): planned once per batch, shared by every layer.
+// The chunks of one batch's blocks and the flash kernels' index: planned
+// once per batch, shared by every layer.
 struct DFlashAttentionPlan;
 std::shared_ptr<const DFlashAttentionPlan> PlanDFlashAttention(const DFlashAttentionBlocks& blocks,
                                                                int64_t num_heads, const at::Device& device,
