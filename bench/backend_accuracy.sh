@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 6's training comparison: the same draft trained against the hf and
+# The backends' training comparison: the same draft trained against the hf and
 # the sgl teacher backends, same seeds and data, on tiny-code-llama, then
 # acc_j at every TTT step j averaged over the last 100 steps of each run
 # (bench/plot_backend_accuracy.py prints the table, checks |delta acc_j| <=

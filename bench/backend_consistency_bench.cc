@@ -1,6 +1,6 @@
 // How far the `sgl` backend's outputs are from the `hf` reference, per aux
 // layer and for the last hidden state, on the same weights and batches
-// (issue 6's consistency measure 1). For each tensor it prints the max
+// (the first consistency measure). For each tensor it prints the max
 // absolute difference and that difference over the tensor's max |value|,
 // and the target-argmax agreement.
 //

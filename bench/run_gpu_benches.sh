@@ -331,39 +331,40 @@ PY
   done
 }
 
-# Issue 27's end to end: the sgl teacher and the student share one GPU on
-# $E2E_SHAPE (default llama-8b, random weights), 2048-token batches; the
-# student's trained tokens per second over the run, its data wait, and the
-# isolated fast student step for scale.
+# End to end on one GPU: the sgl teacher and the student share it on
+# $E2E_SHAPE (default llama-8b, random weights), 2048-token batches, the
+# draft $E2E_ALGORITHM (default eagle3; dflash: 512 blocks of 16 per
+# batch); the student's trained tokens per second and its data wait.
 e2e_one_gpu() {
   local shape=${E2E_SHAPE:-llama-8b} dir="$MODELS/${E2E_SHAPE:-llama-8b}"
+  local algorithm=--draft_algorithm=${E2E_ALGORITHM:-eagle3}
   ensure_model $shape
   cp "$SRC/examples/tiny-code-llama/"{tokenizer.json,tokenizer_config.json,chat_template.jinja} "$dir/"
   local run=${LOGS:-$(mktemp -d)}
   mkdir -p "$run"
   "$BUILD/teacher_server/teacher_server" --model_dir="$dir" --data="$SRC/examples/data/train_conversations.jsonl" \
     --device=cuda:0 --tokens_per_batch=2048 --max_seq_len=2048 --draft_vocab_size=32000 --listen=127.0.0.1:0 \
-    --gemm_tuning=false --port_file="$run/port" --metrics_port=-1 > "$run/teacher.log" 2>&1 &
+    --gemm_tuning=false --port_file="$run/port" --metrics_port=-1 $algorithm > "$run/teacher.log" 2>&1 &
   local tpid=$!
   for _ in $(seq 1500); do [ -s "$run/port" ] && break; sleep 0.2; done
   if [ ! -s "$run/port" ]; then echo "teacher did not start:"; tail -20 "$run/teacher.log"; kill $tpid; return 1; fi
   if ! "$BUILD/student_trainer/student_trainer" --teacher=127.0.0.1:$(head -1 "$run/port") --device=cuda:0 \
     --max_steps=${E2E_STEPS:-120} --log_every=20 --metrics_port=-1 --summary_json="$run/summary.json" \
-    --step_log="$run/steps.jsonl" > "$run/student.log" 2>&1; then
+    --step_log="$run/steps.jsonl" $algorithm > "$run/student.log" 2>&1; then
     echo "student failed:"; tail -20 "$run/student.log"; tail -5 "$run/teacher.log"; kill $tpid; return 1
   fi
   kill $tpid; wait $tpid || true
   tail -3 "$run/student.log"
-  python3 - "$run/summary.json" "$run/steps.jsonl" "$shape" <<'PY' | json_or_print
+  python3 - "$run/summary.json" "$run/steps.jsonl" "$shape" "${E2E_ALGORITHM:-eagle3}" <<'PY' | json_or_print
 import json, sys
 s = json.load(open(sys.argv[1]))
 steps = [json.loads(l) for l in open(sys.argv[2]) if l.strip()][20:]  # steady state: past the first 20 steps
 tok = sum(x["tokens"] for x in steps)
 sec = sum(x["seconds"] for x in steps)
 wait = sum(x.get("data_wait_seconds", 0) for x in steps)
-print(f"e2e {sys.argv[3]} on one GPU (sgl teacher + fast student, {s['transport']}): {s['tokens_per_second']:.0f} trained"
+print(f"e2e {sys.argv[3]} {sys.argv[4]} on one GPU (sgl teacher + fast student, {s['transport']}): {s['tokens_per_second']:.0f} trained"
       f" tok/s over the run, {tok/sec:.0f} in steady state (steps 21-{s['steps']}); data wait {100*wait/sec:.1f}%")
-print(json.dumps({"bench": "e2e_one_gpu", "shape": sys.argv[3], "transport": s["transport"],
+print(json.dumps({"bench": "e2e_one_gpu", "shape": sys.argv[3], "algorithm": sys.argv[4], "transport": s["transport"],
                   "trained_tok_per_s": s["tokens_per_second"], "steady_tok_per_s": tok / sec,
                   "steady_data_wait_share": wait / sec, "steps": s["steps"]}))
 PY

@@ -1,20 +1,21 @@
 // DFlash block attention, context part, flash-style (see student_ops.h):
-// tensor-core tiles (mma.sync m16n8k16, fp32 accumulators) over key tiles
-// of 64 context rows held in shared memory; scores and probabilities live
-// in registers only.
+// tensor-core tiles (mma.sync m16n8k16, fp32 accumulators) over tiles of
+// context rows copied into shared memory by cp.async, double buffered;
+// scores and probabilities live in registers only.
 //
-// Forward and dQ: one CTA per (block, key/value head). Its M = g * B query
-// rows (the block's B rows under each of the g query heads that read this
-// key/value head) share one key range, the context before the anchor, so
-// every warp takes 16 of them and walks the same key tiles. The forward
-// keeps the online softmax of flash attention; the dQ pass recomputes P
-// from the merged log-sum-exp.
+// Forward and dQ: a CTA per (run of consecutive blocks, key/value head).
+// A block's M = g * B query rows (its B rows under each of the g query
+// heads that read this key/value head) share one key range, the context
+// before the anchor, and consecutive blocks share most of it, so each warp
+// takes 16 rows of one block and the CTA walks the union of its blocks'
+// ranges in tiles of 64 rows. The forward keeps the online softmax of
+// flash attention; the dQ pass recomputes P from the merged log-sum-exp.
 //
-// dK/dV: one CTA per (key tile, key/value head), each warp owning 16 of the
-// tile's keys and accumulating their gradients in registers while it walks
-// the blocks whose context covers the tile (a contiguous run of blocks,
-// planned on the host), 64 query rows at a time. No atomics: each output
-// element has one writer, so the results are deterministic.
+// dK/dV: a CTA per (tile of 128 context rows, key/value head), each warp
+// owning 16 of the keys and accumulating their gradients in registers
+// while it walks the blocks whose context covers them (a contiguous run of
+// blocks, planned on the host), 64 query rows at a time. No atomics: each
+// output element has one writer, so the results are deterministic.
 //
 // Fragment layouts are PTX's for mma.m16n8k16 (g = lane / 4, t = lane % 4):
 //   A (16 x 16): a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)

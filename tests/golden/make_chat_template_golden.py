@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden renders of real chat templates by transformers (issue 29).
+"""Golden renders of real chat templates by transformers.
 
 Renders every conversation of tests/fixtures/chat_templates/conversations.json
 with every template of templates.json through transformers' own

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tokenizer families against HF `tokenizers` (issue 29).
+"""Tokenizer families against HF `tokenizers`.
 
 Real tokenizer.json files of these families are megabytes, so this builds
 equivalent ones with the `tokenizers` library itself: the same pipeline
