@@ -32,8 +32,8 @@
 namespace e3::kernels {
 namespace {
 
-constexpr int kKeyTile = 64;   // context rows per tile
-constexpr int kQueryTile = 64; // query rows per step of the dK/dV pass
+constexpr int kKeyTile = 64;    // context rows per tile
+constexpr int kQueryTile = 64;  // query rows per step of the dK/dV pass
 constexpr float kLog2e = 1.4426950408889634f;
 
 template <typename T>
@@ -83,8 +83,9 @@ struct Args {
   const int32_t *ctx_begin, *ctx_end, *tile_first, *tile_end;
   const float *lse_in, *delta;
   float *out, *lse_out, *dq, *dk, *dv;
-  int block_size, q_heads, kv_heads, group, rows_per_block;  // group = q_heads / kv_heads; M = group * B
-  int blocks_per_cta;                                          // forward and dQ: 128 / M (at least 1)
+  int block_size, q_heads, kv_heads, group,
+      rows_per_block;  // group = q_heads / kv_heads; M = group * B
+  int blocks_per_cta;  // forward and dQ: 128 / M (at least 1)
   int64_t num_blocks, context_rows;
   float scale, scale_log2;  // scale and scale * log2(e)
 };
@@ -101,7 +102,8 @@ __device__ __forceinline__ int64_t QueryRowOffset(const Args& a, int64_t blk, in
 // `valid` false the 16 bytes are zero (nothing is read).
 __device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -114,8 +116,8 @@ __device__ __forceinline__ void CpAsyncWait() {
 // fragment loads); rows at or past `valid` become zeros, so no stale value
 // meets a zero probability.
 template <int D>
-__device__ __forceinline__ void AsyncKeyRows(uint16_t* tile, int rows, const uint16_t* x, const Args& a, int h,
-                                             int64_t first, int64_t valid) {
+__device__ __forceinline__ void AsyncKeyRows(uint16_t* tile, int rows, const uint16_t* x,
+                                             const Args& a, int h, int64_t first, int64_t valid) {
   constexpr int kChunks = D / kVec, kLd = D + 8;
   for (int i = threadIdx.x; i < rows * kChunks; i += blockDim.x) {
     const int r = i / kChunks, c = (i % kChunks) * kVec;
@@ -127,7 +129,8 @@ __device__ __forceinline__ void AsyncKeyRows(uint16_t* tile, int rows, const uin
 // The 16 x 16 A fragments of a 16-row strip whose rows start at `lo` and
 // `hi` (rows g and g + 8), over the full head dimension: D / 16 of them.
 template <int D>
-__device__ __forceinline__ void LoadRowFragments(const uint16_t* lo, const uint16_t* hi, uint32_t a[D / 16][4]) {
+__device__ __forceinline__ void LoadRowFragments(const uint16_t* lo, const uint16_t* hi,
+                                                 uint32_t a[D / 16][4]) {
   const int t = threadIdx.x & 3;
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
@@ -141,7 +144,8 @@ __device__ __forceinline__ void LoadRowFragments(const uint16_t* lo, const uint1
 // s[n] (+)= A x tile^T over 64 tile rows: s is [16 rows, 64 keys] as 8 C
 // tiles; the B operand is the tile's rows (row-major, contiguous pairs).
 template <typename T, int D>
-__device__ __forceinline__ void RowsTimesTileT(const uint32_t a[D / 16][4], const uint16_t* tile, float s[8][4]) {
+__device__ __forceinline__ void RowsTimesTileT(const uint32_t a[D / 16][4], const uint16_t* tile,
+                                               float s[8][4]) {
   constexpr int kLd = D + 8;
   const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
 #pragma unroll
@@ -157,8 +161,8 @@ __device__ __forceinline__ void RowsTimesTileT(const uint32_t a[D / 16][4], cons
 // The same with the A strip read from shared memory step by step (rows
 // `lo` and `hi` of a tile): fewer registers where the accumulators are many.
 template <typename T, int D>
-__device__ __forceinline__ void SharedRowsTimesTileT(const uint16_t* lo, const uint16_t* hi, const uint16_t* tile,
-                                                     float s[8][4]) {
+__device__ __forceinline__ void SharedRowsTimesTileT(const uint16_t* lo, const uint16_t* hi,
+                                                     const uint16_t* tile, float s[8][4]) {
   constexpr int kLd = D + 8;
   const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
 #pragma unroll
@@ -176,7 +180,8 @@ __device__ __forceinline__ void SharedRowsTimesTileT(const uint16_t* lo, const u
 // acc[n] += P x tile: P [16 rows, 64 tile rows] as 8 C tiles (rounded to
 // T), tile [64, D] row-major; acc is [16, D] as D / 8 C tiles.
 template <typename T, int D>
-__device__ __forceinline__ void ProbsTimesTile(const float p[8][4], const uint16_t* tile, float acc[D / 8][4]) {
+__device__ __forceinline__ void ProbsTimesTile(const float p[8][4], const uint16_t* tile,
+                                               float acc[D / 8][4]) {
   constexpr int kLd = D + 8;
   const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
 #pragma unroll
@@ -209,7 +214,7 @@ __device__ __forceinline__ float QuadMax(float v) {
 struct QueryWarp {
   int64_t blk = 0, cb = 0, ce = 0;  // this warp's block and its context range
   bool has_context = false;
-  int64_t off[2] = {0, 0};          // rows g and g + 8: offsets into q / dout / out
+  int64_t off[2] = {0, 0};                 // rows g and g + 8: offsets into q / dout / out
   int64_t range_begin = 0, range_end = 0;  // the CTA's key range
 };
 template <int D>
@@ -240,8 +245,8 @@ __device__ __forceinline__ QueryWarp MakeQueryWarp(const Args& a) {
 
 // Starts tile `it` of the CTA's range into stage it % 2 (K and V rows).
 template <int D>
-__device__ __forceinline__ void AsyncContextTile(uint16_t* smem, const Args& a, const QueryWarp& w, int it,
-                                                 bool with_v) {
+__device__ __forceinline__ void AsyncContextTile(uint16_t* smem, const Args& a, const QueryWarp& w,
+                                                 int it, bool with_v) {
   constexpr int kTile = kKeyTile * (D + 8);
   uint16_t* stage = smem + (it & 1) * 2 * kTile;
   const int64_t first = w.range_begin + static_cast<int64_t>(it) * kKeyTile;
@@ -262,7 +267,8 @@ __global__ void __launch_bounds__(256) ContextForwardKernel(Args a) {
   extern __shared__ __align__(16) uint16_t smem[];
   const int t = threadIdx.x & 3;
   const QueryWarp w = MakeQueryWarp<D>(a);
-  if (w.range_end <= w.range_begin) return;  // no context in the CTA: the caller's zeros and -inf stand
+  if (w.range_end <= w.range_begin)
+    return;  // no context in the CTA: the caller's zeros and -inf stand
   uint32_t qa[D / 16][4] = {};
   if (w.has_context) LoadRowFragments<D>(a.q + w.off[0], a.q + w.off[1], qa);
   float o[D / 8][4] = {};
@@ -294,8 +300,9 @@ __global__ void __launch_bounds__(256) ContextForwardKernel(Args a) {
       }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const float new_max = fmaxf(row_max[r], QuadMax(tile_max[r]));  // finite: the tile meets [cb, ce)
-        const float correction = exp2f(row_max[r] - new_max);           // 0 on the first tile
+        const float new_max =
+            fmaxf(row_max[r], QuadMax(tile_max[r]));           // finite: the tile meets [cb, ce)
+        const float correction = exp2f(row_max[r] - new_max);  // 0 on the first tile
         row_max[r] = new_max;
         row_sum[r] *= correction;
 #pragma unroll
@@ -334,8 +341,8 @@ __global__ void __launch_bounds__(256) ContextForwardKernel(Args a) {
 // dS = P * (dP - delta), both in place; s and dp are [16 rows, 64 keys]
 // C tiles whose element (n, e) is key `key(n, e)` of row `row(e)`.
 template <typename SeenFn, typename RowFn>
-__device__ __forceinline__ void SoftmaxGrad(float s[8][4], float dp[8][4], float scale_log2, SeenFn seen,
-                                            RowFn lse2_delta) {
+__device__ __forceinline__ void SoftmaxGrad(float s[8][4], float dp[8][4], float scale_log2,
+                                            SeenFn seen, RowFn lse2_delta) {
 #pragma unroll
   for (int n = 0; n < 8; ++n) {
 #pragma unroll
@@ -442,7 +449,8 @@ __device__ __forceinline__ DkvStage<D> StageOf(uint16_t* base, int stage) {
 // Starts query rows [m0, m0 + 64) of block `blk` (Q and dO; rows past M are
 // zeros) into `st`, and writes their log-sum-exp (log2 units) and delta.
 template <int D>
-__device__ __forceinline__ void AsyncQueryRows(const DkvStage<D>& st, const Args& a, int64_t blk, int m0) {
+__device__ __forceinline__ void AsyncQueryRows(const DkvStage<D>& st, const Args& a, int64_t blk,
+                                               int m0) {
   constexpr int kChunks = D / kVec, kLd = D + 8;
   const int M = a.rows_per_block, h = blockIdx.y;
   for (int i = threadIdx.x; i < kQueryTile * kChunks; i += blockDim.x) {
@@ -468,7 +476,8 @@ __global__ void __launch_bounds__(kDkvWarps * 32) ContextDkvKernel(Args a) {
   uint16_t* ks = smem;
   uint16_t* vs = ks + kKeys * kLd;
   uint16_t* stages = vs + kKeys * kLd;
-  const int h = blockIdx.y, warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  const int h = blockIdx.y, warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2,
+            t = threadIdx.x & 3;
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kKeys;
   const int64_t blk_end = a.tile_end[blockIdx.x];
   auto next_block = [&](int64_t b) {
@@ -501,7 +510,8 @@ __global__ void __launch_bounds__(kDkvWarps * 32) ContextDkvKernel(Args a) {
     }
     __syncthreads();
     const int64_t cb = a.ctx_begin[blk], ce = a.ctx_end[blk];
-    if (warp_first < ce && warp_first + 16 > cb) {  // warp-uniform: its keys meet the block's context
+    if (warp_first < ce &&
+        warp_first + 16 > cb) {  // warp-uniform: its keys meet the block's context
       const DkvStage<D> st = StageOf<D>(stages, stage);
       const int lo = (warp * 16 + g) * kLd, hi = lo + 8 * kLd;
       float s[8][4] = {}, dp[8][4] = {};
@@ -571,7 +581,8 @@ bool DispatchHeadDim(int64_t head_dim, F&& f) {
 // Lets `kernel` take `bytes` of dynamic shared memory (false: refused).
 template <typename Kernel>
 bool AllowShared(Kernel kernel, int bytes) {
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) ==
+         cudaSuccess;
 }
 
 // Launches a query-side kernel (forward or dQ) over every block.
@@ -579,7 +590,8 @@ template <typename Kernel>
 void LaunchQuerySide(Kernel kernel, int shared_bytes, const Args& a, void* stream) {
   const dim3 grid(static_cast<unsigned>((a.num_blocks + a.blocks_per_cta - 1) / a.blocks_per_cta),
                   static_cast<unsigned>(a.kv_heads));
-  kernel<<<grid, a.blocks_per_cta * a.rows_per_block / 16 * 32, shared_bytes, AsStream(stream)>>>(a);
+  kernel<<<grid, a.blocks_per_cta * a.rows_per_block / 16 * 32, shared_bytes, AsStream(stream)>>>(
+      a);
 }
 
 }  // namespace
@@ -592,9 +604,11 @@ bool DFlashContextAttentionTakes(const DFlashContextShape& s) {
          s.kv_heads <= 65535;
 }
 
-bool DFlashContextForward(Dtype dtype, const DFlashContextShape& shape, const DFlashContextBlocks& blocks,
-                          const void* q, const void* k, const void* v, float* out, float* lse, void* stream) {
-  if (!DFlashContextAttentionTakes(shape) || !Aligned16(q) || !Aligned16(k) || !Aligned16(v) || !Aligned16(out)) {
+bool DFlashContextForward(Dtype dtype, const DFlashContextShape& shape,
+                          const DFlashContextBlocks& blocks, const void* q, const void* k,
+                          const void* v, float* out, float* lse, void* stream) {
+  if (!DFlashContextAttentionTakes(shape) || !Aligned16(q) || !Aligned16(k) || !Aligned16(v) ||
+      !Aligned16(out)) {
     return false;
   }
   if (shape.blocks == 0) return true;
@@ -615,9 +629,10 @@ bool DFlashContextForward(Dtype dtype, const DFlashContextShape& shape, const DF
   });
 }
 
-bool DFlashContextBackward(Dtype dtype, const DFlashContextShape& shape, const DFlashContextBlocks& blocks,
-                           const void* q, const void* k, const void* v, const void* dout, const float* lse,
-                           const float* delta, float* dq, float* dk, float* dv, void* stream) {
+bool DFlashContextBackward(Dtype dtype, const DFlashContextShape& shape,
+                           const DFlashContextBlocks& blocks, const void* q, const void* k,
+                           const void* v, const void* dout, const float* lse, const float* delta,
+                           float* dq, float* dk, float* dv, void* stream) {
   if (!DFlashContextAttentionTakes(shape) || !Aligned16(q) || !Aligned16(k) || !Aligned16(v) ||
       !Aligned16(dout) || !Aligned16(dq) || !Aligned16(dk) || !Aligned16(dv)) {
     return false;
@@ -641,10 +656,12 @@ bool DFlashContextBackward(Dtype dtype, const DFlashContextShape& shape, const D
           !AllowShared(ContextDkvKernel<T, kD>, DkvSharedBytes<kD>())) {
         return false;
       }
-      if (shape.blocks > 0) LaunchQuerySide(ContextDqKernel<T, kD>, QuerySideSharedBytes<kD>(), a, stream);
+      if (shape.blocks > 0)
+        LaunchQuerySide(ContextDqKernel<T, kD>, QuerySideSharedBytes<kD>(), a, stream);
       if (shape.key_tiles > 0) {
         constexpr int kBytes = DkvSharedBytes<kD>();
-        const dim3 grid(static_cast<unsigned>(shape.key_tiles), static_cast<unsigned>(shape.kv_heads));
+        const dim3 grid(static_cast<unsigned>(shape.key_tiles),
+                        static_cast<unsigned>(shape.kv_heads));
         ContextDkvKernel<T, kD><<<grid, kDkvWarps * 32, kBytes, AsStream(stream)>>>(a);
       }
       return true;

@@ -3,20 +3,24 @@
 namespace e3 {
 namespace {
 
-void CheckConvInputs(const at::Tensor& x, const at::Tensor& weight, const std::vector<int64_t>& cu_seqlens) {
-  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && weight.size(0) == x.size(1) && weight.size(1) >= 1,
-              "causal conv1d: x must be [T, C] and the weight [C, K], got ", x.sizes(), " and ", weight.sizes());
+void CheckConvInputs(const at::Tensor& x, const at::Tensor& weight,
+                     const std::vector<int64_t>& cu_seqlens) {
+  TORCH_CHECK(
+      x.dim() == 2 && weight.dim() == 2 && weight.size(0) == x.size(1) && weight.size(1) >= 1,
+      "causal conv1d: x must be [T, C] and the weight [C, K], got ", x.sizes(), " and ",
+      weight.sizes());
   TORCH_CHECK(cu_seqlens.size() >= 2 && cu_seqlens.front() == 0 && cu_seqlens.back() == x.size(0),
               "causal conv1d: cu_seqlens must run from 0 to the ", x.size(0), " rows");
   for (size_t i = 1; i < cu_seqlens.size(); ++i) {
-    TORCH_CHECK(cu_seqlens[i] >= cu_seqlens[i - 1], "causal conv1d: cu_seqlens must not decrease (entry ", i, ")");
+    TORCH_CHECK(cu_seqlens[i] >= cu_seqlens[i - 1],
+                "causal conv1d: cu_seqlens must not decrease (entry ", i, ")");
   }
 }
 
 }  // namespace
 
-at::Tensor CausalConv1dSilu(const at::Tensor& x, const at::Tensor& weight, const std::vector<int64_t>& cu_seqlens,
-                            at::Tensor* state) {
+at::Tensor CausalConv1dSilu(const at::Tensor& x, const at::Tensor& weight,
+                            const std::vector<int64_t>& cu_seqlens, at::Tensor* state) {
   CheckConvInputs(x, weight, cu_seqlens);
   torch::NoGradGuard no_grad;
   const at::ScalarType wide = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -35,7 +39,8 @@ at::Tensor CausalConv1dSilu(const at::Tensor& x, const at::Tensor& weight, const
   for (int64_t s = 0; s < n; ++s) {
     const int64_t begin = cu_seqlens[s], length = cu_seqlens[s + 1] - begin;
     if (length == 0) continue;
-    const at::Tensor rows = at::cat({states[s].t(), x.narrow(0, begin, length).to(wide)});  // [K - 1 + L, C]
+    const at::Tensor rows =
+        at::cat({states[s].t(), x.narrow(0, begin, length).to(wide)});  // [K - 1 + L, C]
     at::Tensor sum = at::zeros({length, C}, rows.options());
     for (int64_t i = 0; i < K; ++i) sum.add_(rows.narrow(0, i, length) * w.select(1, i));
     y.narrow(0, begin, length).copy_(at::silu(sum));

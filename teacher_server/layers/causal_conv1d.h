@@ -22,8 +22,8 @@ namespace e3 {
 // entry (an undefined tensor: zeros) and its last K - 1 inputs on return
 // (older rows of the entry state where the sequence is shorter). Sums in
 // fp32 (fp64 for fp64 inputs), y rounded once to x's dtype.
-at::Tensor CausalConv1dSilu(const at::Tensor& x, const at::Tensor& weight, const std::vector<int64_t>& cu_seqlens,
-                            at::Tensor* state = nullptr);
+at::Tensor CausalConv1dSilu(const at::Tensor& x, const at::Tensor& weight,
+                            const std::vector<int64_t>& cu_seqlens, at::Tensor* state = nullptr);
 
 }  // namespace e3
 

@@ -47,9 +47,11 @@ struct GatedDeltaRuleInputs {
 // `state`, where given: [N, H, Dk, Dv] (N = cu_seqlens.size() - 1), each
 // sequence's initial state on entry (an undefined tensor: zeros) and its
 // final state on return, in the arithmetic dtype.
-at::Tensor GatedDeltaRuleRecurrent(const GatedDeltaRuleInputs& in, const std::vector<int64_t>& cu_seqlens,
+at::Tensor GatedDeltaRuleRecurrent(const GatedDeltaRuleInputs& in,
+                                   const std::vector<int64_t>& cu_seqlens,
                                    at::Tensor* state = nullptr);
-at::Tensor GatedDeltaRuleChunked(const GatedDeltaRuleInputs& in, const std::vector<int64_t>& cu_seqlens,
+at::Tensor GatedDeltaRuleChunked(const GatedDeltaRuleInputs& in,
+                                 const std::vector<int64_t>& cu_seqlens,
                                  at::Tensor* state = nullptr, int64_t chunk = 64);
 
 }  // namespace e3

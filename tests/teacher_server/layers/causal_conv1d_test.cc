@@ -23,43 +23,51 @@ constexpr int64_t kC = 6, kK = 4;
 
 // torch's own depthwise conv over one sequence from zero history.
 at::Tensor TorchConv(const at::Tensor& x, const at::Tensor& w) {
-  const at::Tensor out =
-      at::conv1d(x.t().unsqueeze(0), w.unsqueeze(1), /*bias=*/{}, /*stride=*/1, /*padding=*/kK - 1, /*dilation=*/1,
-                 /*groups=*/kC);
+  const at::Tensor out = at::conv1d(x.t().unsqueeze(0), w.unsqueeze(1), /*bias=*/{}, /*stride=*/1,
+                                    /*padding=*/kK - 1, /*dilation=*/1,
+                                    /*groups=*/kC);
   return at::silu(out.squeeze(0).narrow(1, 0, x.size(0)).t());
 }
 
 TEST(CausalConv1dTest, MatchesTorchConv1dPerPackedSequence) {
   torch::manual_seed(1);
   const std::vector<int64_t> cu{0, 1, 3, 3, 20};
-  const at::Tensor x = torch::randn({20, kC}, torch::kDouble), w = torch::randn({kC, kK}, torch::kDouble);
+  const at::Tensor x = torch::randn({20, kC}, torch::kDouble),
+                   w = torch::randn({kC, kK}, torch::kDouble);
   const at::Tensor y = CausalConv1dSilu(x, w, cu);
   for (size_t s = 0; s + 1 < cu.size(); ++s) {
     const int64_t len = cu[s + 1] - cu[s];
     if (len == 0) continue;
-    EXPECT_LT(RelInf(y.narrow(0, cu[s], len), TorchConv(x.narrow(0, cu[s], len), w)), 1e-14) << "sequence " << s;
+    EXPECT_LT(RelInf(y.narrow(0, cu[s], len), TorchConv(x.narrow(0, cu[s], len), w)), 1e-14)
+        << "sequence " << s;
   }
 }
 
 TEST(CausalConv1dTest, PrefixThenRowByRowEqualsTheWholeSequence) {
   torch::manual_seed(2);
-  const at::Tensor x = torch::randn({12, kC}, torch::kDouble), w = torch::randn({kC, kK}, torch::kDouble);
+  const at::Tensor x = torch::randn({12, kC}, torch::kDouble),
+                   w = torch::randn({kC, kK}, torch::kDouble);
   const at::Tensor whole = CausalConv1dSilu(x, w, {0, 12});
   at::Tensor state;
-  std::vector<at::Tensor> parts{CausalConv1dSilu(x.narrow(0, 0, 2), w, {0, 2}, &state)};  // shorter than K - 1
-  EXPECT_TRUE(at::equal(state.select(2, 0), torch::zeros({1, kC}, torch::kDouble)));     // the zero history left
-  for (int64_t t = 2; t < 12; ++t) parts.push_back(CausalConv1dSilu(x.narrow(0, t, 1), w, {0, 1}, &state));
+  std::vector<at::Tensor> parts{
+      CausalConv1dSilu(x.narrow(0, 0, 2), w, {0, 2}, &state)};  // shorter than K - 1
+  EXPECT_TRUE(at::equal(state.select(2, 0),
+                        torch::zeros({1, kC}, torch::kDouble)));  // the zero history left
+  for (int64_t t = 2; t < 12; ++t)
+    parts.push_back(CausalConv1dSilu(x.narrow(0, t, 1), w, {0, 1}, &state));
   EXPECT_LT(RelInf(torch::cat(parts), whole), 1e-14);
   EXPECT_TRUE(at::equal(state[0], x.narrow(0, 12 - (kK - 1), kK - 1).t()));
 }
 
 TEST(CausalConv1dTest, Bf16RowsAreRoundedOnceFromFp32Sums) {
   torch::manual_seed(3);
-  const at::Tensor x = torch::randn({9, kC}).to(torch::kBFloat16), w = torch::randn({kC, kK}).to(torch::kBFloat16);
+  const at::Tensor x = torch::randn({9, kC}).to(torch::kBFloat16),
+                   w = torch::randn({kC, kK}).to(torch::kBFloat16);
   const at::Tensor y = CausalConv1dSilu(x, w, {0, 9});
   EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
   const at::Tensor exact = TorchConv(x.to(torch::kDouble), w.to(torch::kDouble));
-  // One rounding: within half a bf16 ulp (2^-9 relative) of the exact value, up to the fp32 sum's error.
+  // One rounding: within half a bf16 ulp (2^-9 relative) of the exact value, up to the fp32 sum's
+  // error.
   EXPECT_LT(RelInf(y.to(torch::kDouble), exact), 2.5e-3);
 }
 

@@ -44,7 +44,8 @@ GatedDeltaRuleInputs RandomInputs(int64_t T, at::ScalarType dtype, uint64_t seed
 at::Tensor ScalarLoop(const GatedDeltaRuleInputs& in) {
   const int64_t T = in.q.size(0);
   at::Tensor out = torch::zeros({T, kH, kDv}, torch::kDouble);
-  auto q = in.q.accessor<double, 3>(), k = in.k.accessor<double, 3>(), v = in.v.accessor<double, 3>();
+  auto q = in.q.accessor<double, 3>(), k = in.k.accessor<double, 3>(),
+       v = in.v.accessor<double, 3>();
   auto g = in.g.accessor<double, 2>(), beta = in.beta.accessor<double, 2>();
   auto o = out.accessor<double, 3>();
   for (int64_t h = 0; h < kH; ++h) {
@@ -68,8 +69,9 @@ at::Tensor ScalarLoop(const GatedDeltaRuleInputs& in) {
 }
 
 GatedDeltaRuleInputs Slice(const GatedDeltaRuleInputs& in, int64_t begin, int64_t length) {
-  return {in.q.narrow(0, begin, length), in.k.narrow(0, begin, length), in.v.narrow(0, begin, length),
-          in.g.narrow(0, begin, length), in.beta.narrow(0, begin, length)};
+  return {in.q.narrow(0, begin, length), in.k.narrow(0, begin, length),
+          in.v.narrow(0, begin, length), in.g.narrow(0, begin, length),
+          in.beta.narrow(0, begin, length)};
 }
 
 TEST(GatedDeltaRuleTest, RecurrentMatchesTheScalarRecurrence) {
@@ -90,7 +92,8 @@ TEST(GatedDeltaRuleTest, ChunkedMatchesRecurrentOverPackedRaggedSequences) {
     for (int64_t chunk : {16, 64}) {
       at::Tensor s = with_initial ? s_chunk.clone() : at::Tensor();
       const at::Tensor got = GatedDeltaRuleChunked(in, cu, &s, chunk);
-      EXPECT_LT(RelInf(got, expected), 1e-11) << "chunk " << chunk << (with_initial ? ", initial states" : "");
+      EXPECT_LT(RelInf(got, expected), 1e-11)
+          << "chunk " << chunk << (with_initial ? ", initial states" : "");
       EXPECT_LT(RelInf(s, s_rec), 1e-11) << "chunk " << chunk;
     }
     // The empty sequence keeps its initial state.
@@ -105,15 +108,17 @@ TEST(GatedDeltaRuleTest, PrefixInChunksThenTokensEqualsTheWholeSequence) {
   at::Tensor state;
   const at::Tensor head = GatedDeltaRuleChunked(Slice(in, 0, prefix), {0, prefix}, &state);
   std::vector<at::Tensor> parts{head};
-  for (int64_t t = prefix; t < T; ++t) parts.push_back(GatedDeltaRuleRecurrent(Slice(in, t, 1), {0, 1}, &state));
+  for (int64_t t = prefix; t < T; ++t)
+    parts.push_back(GatedDeltaRuleRecurrent(Slice(in, t, 1), {0, 1}, &state));
   EXPECT_LT(RelInf(torch::cat(parts), whole), 1e-11);
 }
 
 TEST(GatedDeltaRuleTest, Fp32ChunksStayCloseToFp64OverALongSequence) {
   const int64_t T = 2048;
   const GatedDeltaRuleInputs exact = RandomInputs(T, torch::kDouble, 4);
-  const GatedDeltaRuleInputs f32{exact.q.to(torch::kFloat), exact.k.to(torch::kFloat), exact.v.to(torch::kFloat),
-                                 exact.g.to(torch::kFloat), exact.beta.to(torch::kFloat)};
+  const GatedDeltaRuleInputs f32{exact.q.to(torch::kFloat), exact.k.to(torch::kFloat),
+                                 exact.v.to(torch::kFloat), exact.g.to(torch::kFloat),
+                                 exact.beta.to(torch::kFloat)};
   const at::Tensor got = GatedDeltaRuleChunked(f32, {0, T});
   EXPECT_EQ(got.scalar_type(), torch::kFloat);
   EXPECT_LT(RelInf(got.to(torch::kDouble), GatedDeltaRuleRecurrent(exact, {0, T})), 1e-4);
