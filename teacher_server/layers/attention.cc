@@ -140,21 +140,28 @@ at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const A
                          const at::Tensor& cos, const at::Tensor& sin, const PackedLayout& layout,
                          const AttentionOptions& options, const at::Tensor& residual, KvCacheSlot cache) {
   const int64_t T = x.size(0);
-  at::Tensor q, k, v;
+  at::Tensor q, k, v, gate;
   at::Tensor qk_heads;  // q's heads then k's, [T, heads + kv heads, D], where the qkv product is fused
+  const int64_t q_per_head = shape.head_dim * (shape.output_gate ? 2 : 1);
   if (w.qkv_proj.defined()) {
-    const int64_t q_out = shape.num_heads * shape.head_dim, kv_out = shape.num_kv_heads * shape.head_dim;
+    const int64_t q_out = shape.num_heads * q_per_head, kv_out = shape.num_kv_heads * shape.head_dim;
     at::Tensor qkv = Gemm(x, w.qkv_proj, w.qkv_bias, at::Tensor(), options.gemm);
-    q = qkv.narrow(-1, 0, q_out).view({T, shape.num_heads, shape.head_dim});
+    q = qkv.narrow(-1, 0, q_out).view({T, shape.num_heads, q_per_head});
     k = qkv.narrow(-1, q_out, kv_out).view({T, shape.num_kv_heads, shape.head_dim});
     v = qkv.narrow(-1, q_out + kv_out, kv_out).view({T, shape.num_kv_heads, shape.head_dim});
-    qk_heads = qkv.narrow(-1, 0, q_out + kv_out).view({T, shape.num_heads + shape.num_kv_heads, shape.head_dim});
+    if (!shape.output_gate) {
+      qk_heads = qkv.narrow(-1, 0, q_out + kv_out).view({T, shape.num_heads + shape.num_kv_heads, shape.head_dim});
+    }
   } else {
-    q = Gemm(x, w.q_proj, w.q_bias, at::Tensor(), options.gemm).view({T, shape.num_heads, shape.head_dim});
+    q = Gemm(x, w.q_proj, w.q_bias, at::Tensor(), options.gemm).view({T, shape.num_heads, q_per_head});
     k = Gemm(x, w.k_proj, w.k_bias, at::Tensor(), options.gemm).view({T, shape.num_kv_heads, shape.head_dim});
     v = Gemm(x, w.v_proj, w.v_bias, at::Tensor(), options.gemm).view({T, shape.num_kv_heads, shape.head_dim});
   }
-  if (options.rope_in_place) {
+  if (shape.output_gate) {
+    gate = q.narrow(-1, shape.head_dim, shape.head_dim).reshape({T, shape.num_heads * shape.head_dim});
+    q = q.narrow(-1, 0, shape.head_dim).contiguous();
+  }
+  if (options.rope_in_place && !shape.qk_norm_weight_in_fp32) {
     // Qwen3's q/k norms and rope in one pass where the kernel takes them.
     auto norm_and_rope = [&](at::Tensor& x, const at::Tensor& norm) {
       if (norm.defined()) {
@@ -173,8 +180,9 @@ at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const A
       norm_and_rope(k, w.k_norm);
     }
   } else {
-    if (w.q_norm.defined()) q = RmsNorm(q, w.q_norm, shape.qk_norm_eps);
-    if (w.k_norm.defined()) k = RmsNorm(k, w.k_norm, shape.qk_norm_eps);
+    const auto norm = shape.qk_norm_weight_in_fp32 ? RmsNormWeightInFp32 : RmsNorm;
+    if (w.q_norm.defined()) q = norm(q, w.q_norm, shape.qk_norm_eps);
+    if (w.k_norm.defined()) k = norm(k, w.k_norm, shape.qk_norm_eps);
     q = RopeOnPrefix(q, cos, sin, shape.rotary_dim);
     k = RopeOnPrefix(k, cos, sin, shape.rotary_dim);
   }
@@ -197,7 +205,9 @@ at::Tensor SelfAttention(const at::Tensor& x, const AttentionWeights& w, const A
   } else {
     o = PackedCausalAttention(q, k, v, layout, scaling, options.kernel);
   }
-  return Gemm(o.reshape({T, shape.num_heads * shape.head_dim}), w.o_proj, w.o_bias, residual, options.gemm);
+  o = o.reshape({T, shape.num_heads * shape.head_dim});
+  if (gate.defined()) o = o * at::sigmoid(gate);
+  return Gemm(o, w.o_proj, w.o_bias, residual, options.gemm);
 }
 
 }  // namespace e3

@@ -62,6 +62,14 @@ struct AttentionShape {
   int64_t head_dim = 0;
   int64_t rotary_dim = 0;
   double qk_norm_eps = 1e-6;  // used when q_norm/k_norm are set
+  // The q/k norms multiply by their weight in fp32 before the cast back
+  // (RmsNormWeightInFp32): Qwen3-Next's zero-centred norms, whose fp32
+  // weight the loader stores as 1 + w.
+  bool qk_norm_weight_in_fp32 = false;
+  // Qwen3-Next's gated attention: q_proj's rows hold, per head, D query
+  // rows then D gate rows, and the attention output is multiplied by
+  // sigmoid(gate) before o_proj.
+  bool output_gate = false;
   // Keys a query sees, itself included, on a sliding-window layer (GPT-OSS;
   // sink_attention.h). 0: every earlier key of its sample.
   int64_t sliding_window = 0;
