@@ -71,6 +71,7 @@ class NodeRun {
   absl::Status Start(const PlannedProcess& p, std::vector<std::string> extra_args);
   absl::StatusOr<std::string> WaitForTeachers();
   absl::Status WatchStudents();
+  absl::Status ServeStudentGroups();
   void StopTeachers();
   // The first process that failed, described with the end of its log.
   absl::Status CheckProcesses();
@@ -223,6 +224,36 @@ absl::Status NodeRun::WatchStudents() {
   }
 }
 
+// Teachers that also serve named student groups (teachers.student_groups,
+// whose students are launched apart from this run) stay up after this
+// run's students finish: they exit on their own once every group has
+// committed its data (--exit_when_done), and until then the launcher
+// watches them. A signal or a failed teacher ends the wait. Students
+// stopped early (schedule.max_steps) never commit all their data, so their
+// teachers could not tell when to leave: they stop with the run.
+absl::Status NodeRun::ServeStudentGroups() {
+  const std::vector<std::string>& groups = plan_.config.teachers.student_groups;
+  if (groups.empty()) return absl::OkStatus();
+  const std::string names = absl::StrJoin(groups, ", ");
+  if (plan_.config.schedule.max_steps > 0) {
+    board_.Print(absl::StrCat("e3_launch: schedule.max_steps stopped this run's students early; the teachers stop "
+                              "with them and no longer serve student groups ",
+                              names));
+    return absl::OkStatus();
+  }
+  board_.Print(absl::StrCat("e3_launch: this run's students are done; the teachers keep serving student groups ",
+                            names, " until each has committed its data (Ctrl-C stops them)"));
+  while (true) {
+    bool teachers_running = false;
+    for (Running& r : procs_) teachers_running |= r.plan->teacher && r.child->Running();
+    if (!teachers_running) return absl::OkStatus();
+    E3_RETURN_IF_ERROR(CheckProcesses());
+    if (g_signal != 0) return Interrupted();
+    ShowStatus();
+    std::this_thread::sleep_for(100ms);
+  }
+}
+
 // Teachers exit once every rank has committed all their data, so after
 // students that ran to the end of it they get a while; students stopped
 // early (schedule.max_steps) leave them serving. Then SIGTERM: they drain.
@@ -299,6 +330,10 @@ int NodeRun::Run() {
       if (status.ok() && !p.teacher) status = Start(p, {"--teacher=" + *teachers});
     }
     if (status.ok()) status = WatchStudents();
+    if (status.ok()) {
+      PrintSummaries();
+      status = ServeStudentGroups();
+    }
   } else {
     status = teachers.status();
   }
@@ -313,7 +348,6 @@ int NodeRun::Run() {
     board_.Keep();
     return g_signal != 0 ? 130 : 1;
   }
-  PrintSummaries();
   StopTeachers();
   ShowStatus(/*force=*/true);
   board_.Keep();

@@ -14,6 +14,7 @@
 #include "tests/e2e/launcher_run.h"
 #include "tests/e2e/subprocess.h"
 #include "tests/free_port.h"
+#include "tests/wait_for.h"
 
 namespace e3 {
 namespace {
@@ -157,6 +158,46 @@ TEST(LauncherE2eTest, AStudentThatDiesStopsTheTeacher) {
   EXPECT_NE(log.find("e3_launch: stopping the other processes"), std::string::npos) << log;
   // The teacher drained on SIGTERM: its ledger is in its log.
   EXPECT_NE(ReadFile(dir + "/run/teacher-0.log").find("teacher: ledger"), std::string::npos);
+}
+
+// A teacher that also serves a named student group outlives this run's
+// student: the launcher waits while a student launched apart trains in
+// the group, and ends when the teacher, every group done, exits.
+TEST(LauncherE2eTest, TeachersKeepServingStudentGroupsUntilTheyAreDone) {
+  const std::string dir = testing::ScratchDir("launcher_student_groups");
+  testing::TinyRunLength length;
+  length.max_samples = 24;
+  length.max_steps = 0;  // to the end of the data: the teacher can tell when the run's group is done
+  const std::string config = testing::WriteTinyRunConfig(dir, length);
+  Subprocess launch({Launcher(), "--config=" + config, "--status_every_s=1", "teachers.student_groups=extra"},
+                    dir + "/launch.log");
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return launch.Log().find("the teachers keep serving student groups extra") != std::string::npos; },
+      240s))
+      << launch.Log();
+  EXPECT_FALSE(launch.Wait(2s).has_value()) << "the launcher left before the group trained\n" << launch.Log();
+  const std::string port = ReadFile(dir + "/run/teacher-0.port");
+  const std::string extra = dir + "/extra";
+  ASSERT_TRUE(MakeDirs(extra).ok());
+  Subprocess student({testing::StudentBinary(), "--config=" + dir + "/run/run.yaml", "--device=cpu",
+                      "--auth_token_file=" + dir + "/run/auth_token", "--teacher=127.0.0.1:" + port,
+                      "--student_group=extra", "--checkpoint_dir=" + extra + "/checkpoints",
+                      "--output_dir=" + extra + "/draft", "--summary_json=" + extra + "/summary.json",
+                      "--step_log=" + extra + "/steps.jsonl", "--best_dir=" + extra + "/best",
+                      "--tensorboard_dir=" + extra + "/tb", "--metrics_port=-1"},
+                     dir + "/extra.log");
+  auto student_end = student.Wait(240s);
+  ASSERT_TRUE(student_end.has_value() && WIFEXITED(*student_end) && WEXITSTATUS(*student_end) == 0)
+      << student.Log();
+  auto launch_end = launch.Wait(120s);
+  ASSERT_TRUE(launch_end.has_value()) << "the launcher did not end with its teacher\n" << launch.Log();
+  EXPECT_TRUE(WIFEXITED(*launch_end) && WEXITSTATUS(*launch_end) == 0) << launch.Log();
+  EXPECT_NE(launch.Log().find("e3_launch: done"), std::string::npos) << launch.Log();
+  // Both groups trained to the end of the same data.
+  const auto mine = nlohmann::json::parse(ReadFile(dir + "/run/summary-0.json"));
+  const auto theirs = nlohmann::json::parse(ReadFile(extra + "/summary.json"));
+  EXPECT_GT(theirs["steps"].get<int64_t>(), 0);
+  EXPECT_EQ(theirs["steps"], mine["steps"]);
 }
 
 }  // namespace
